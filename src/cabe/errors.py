@@ -1,0 +1,68 @@
+"""Typed errors for bad input.
+
+Every error cabe raises for user input carries a machine-readable ``code``, the
+``field`` it is about (a CLI option / JSON field name in snake_case, or ``None``),
+and ``params`` used to fill the sentence from the language catalog. The core never
+builds sentences itself: :func:`cabe.i18n.error_message` does, in the user's language.
+
+Hierarchy::
+
+    CabeError                      (base; exit code 2 on the CLI, HTTP 422 on the API)
+    ├── InvalidValueError          a number out of range, NaN, a bad choice
+    ├── UnknownPresetError         unknown model preset or GPU name
+    ├── ConfigError                a config.json that is malformed or unsupported
+    ├── HubError                   a Hugging Face id that cannot be fetched (gated, unknown, offline)
+    └── MissingDependencyError     an optional extra is not installed
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+
+class CabeError(ValueError):
+    """Base class of all user-facing errors."""
+
+    def __init__(self, code: str, field: str | None = None, **params: Any) -> None:
+        self.code = code
+        self.field = field
+        self.params: Mapping[str, Any] = dict(params)
+        super().__init__(f"{code}: field={field} {self.params}")
+
+    def to_dict(self, lang: str = "en") -> dict[str, Any]:
+        from cabe.i18n import error_message
+
+        return {
+            "code": self.code,
+            "field": self.field,
+            "params": {k: _jsonable(v) for k, v in self.params.items()},
+            "message": error_message(self, lang),
+        }
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return str(v)
+
+
+class InvalidValueError(CabeError):
+    """A value is out of range, not a number, or not one of the allowed choices."""
+
+
+class UnknownPresetError(CabeError):
+    """A model preset or GPU name that cabe does not know."""
+
+
+class ConfigError(CabeError):
+    """A config.json that is malformed or describes an unsupported architecture."""
+
+
+class HubError(CabeError):
+    """A Hugging Face model id whose config.json could not be fetched."""
+
+
+class MissingDependencyError(CabeError):
+    """An optional extra (``[trace]``, ``[web]``, ``[hub]``) is not installed."""
