@@ -1,0 +1,139 @@
+"""Where a model comes from: a bundled preset, a local ``config.json``, or a Hugging Face id.
+
+Presets are data files (``cabe/data/models/<name>.json``: a Hub ``config.json`` plus a ``_cabe``
+block), read lazily on first use. Hub ids are fetched with ``huggingface_hub`` (``config.json``
+only, cached; never ``trust_remote_code``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from cabe.architecture import ModelSpec
+from cabe.errors import ConfigError, HubError, MissingDependencyError, UnknownPresetError
+
+#: Largest config.json cabe reads (a real one is a few kB).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: its config dict, how it was found, and the preset metadata if any."""
+
+    name: str
+    kind: str  # "preset" | "file" | "hub" | "inline"
+    config: Mapping[str, Any]
+    meta: Mapping[str, Any]
+
+    @property
+    def spec(self) -> ModelSpec:
+        return ModelSpec.from_config(self.config, name=self.name)
+
+
+def _models_dir() -> Any:
+    return resources.files("cabe") / "data" / "models"
+
+
+@lru_cache(maxsize=1)
+def preset_names() -> tuple[str, ...]:
+    """Names of the bundled model presets, sorted."""
+    return tuple(sorted(p.name[:-5] for p in _models_dir().iterdir() if p.name.endswith(".json")))
+
+
+@lru_cache(maxsize=None)
+def _load_preset_raw(name: str) -> dict[str, Any]:
+    return json.loads((_models_dir() / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def preset(name: str) -> ModelSource:
+    """Load a preset by short name (case-insensitive). Raises :class:`UnknownPresetError`."""
+    key = name.strip().lower()
+    if key not in preset_names():
+        raise UnknownPresetError("unknown_model", "model", value=name, suggestions=", ".join(_suggest(key)))
+    raw = dict(_load_preset_raw(key))
+    meta = raw.pop("_cabe", {})
+    return ModelSource(name=key, kind="preset", config=raw, meta=meta)
+
+
+def _suggest(key: str, limit: int = 5) -> list[str]:
+    import difflib
+
+    names = preset_names()
+    close = difflib.get_close_matches(key, names, n=limit, cutoff=0.5)
+    if not close:
+        close = [n for n in names if key and key.split("-")[0] in n][:limit]
+    return close or list(names[:limit])
+
+
+def from_mapping(config: Any, name: str = "config.json") -> ModelSource:
+    """A config given inline (an uploaded ``config.json`` parsed as JSON)."""
+    if not isinstance(config, Mapping):
+        raise ConfigError("config_not_object", "model")
+    cfg = dict(config)
+    cfg.pop("_cabe", None)
+    src = ModelSource(name=name, kind="inline", config=cfg, meta={})
+    src.spec  # validate now: a bad config fails here, not later
+    return src
+
+
+def from_file(path: str | os.PathLike[str]) -> ModelSource:
+    """Read a local ``config.json``. Raises :class:`ConfigError` for unreadable or malformed files."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        size = p.stat().st_size
+    except OSError:
+        raise ConfigError("config_not_found", "model", path=str(p)) from None
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError("config_too_large", "model", path=str(p), limit=MAX_CONFIG_BYTES)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError("config_malformed", "model", path=str(p), detail=str(exc)) from None
+    src = from_mapping(data, name=str(p))
+    return ModelSource(name=str(p), kind="file", config=src.config, meta={})
+
+
+def from_hub(repo_id: str, *, revision: str | None = None) -> ModelSource:
+    """Fetch ``config.json`` of a Hugging Face model (cached by huggingface_hub; offline-aware)."""
+    try:
+        import huggingface_hub as hf
+        from huggingface_hub import errors as hf_errors
+    except ImportError:
+        raise MissingDependencyError("missing_extra", "model", extra="hub", package="huggingface_hub") from None
+    try:
+        path = hf.hf_hub_download(repo_id, "config.json", revision=revision)
+    except hf_errors.GatedRepoError:
+        raise HubError("hub_gated", "model", repo=repo_id) from None
+    except hf_errors.RepositoryNotFoundError:
+        raise HubError("hub_not_found", "model", repo=repo_id) from None
+    except hf_errors.EntryNotFoundError:
+        raise HubError("hub_no_config", "model", repo=repo_id) from None
+    except hf_errors.LocalEntryNotFoundError:
+        # Raised when offline (HF_HUB_OFFLINE=1 or no network) and the file is not cached.
+        raise HubError("hub_offline", "model", repo=repo_id) from None
+    except (hf_errors.HfHubHTTPError, OSError, ValueError) as exc:
+        raise HubError("hub_error", "model", repo=repo_id, detail=str(exc)[:200]) from None
+    src = from_file(path)
+    return ModelSource(name=repo_id, kind="hub", config=src.config, meta={"hf_id": repo_id})
+
+
+def resolve(model: str) -> ModelSource:
+    """Resolve what the user typed: a preset name, a path to a config.json, or a Hub id."""
+    if not isinstance(model, str) or not model.strip():
+        raise ConfigError("empty_model", "model")
+    text = model.strip()
+    if text.lower() in preset_names():
+        return preset(text)
+    if text.endswith(".json") or os.sep in text and Path(text).exists() or Path(text).is_file():
+        return from_file(text)
+    if "/" in text and not text.startswith((".", "/")):
+        return from_hub(text)
+    return preset(text)  # raises UnknownPresetError with suggestions
