@@ -1,0 +1,144 @@
+"""The model presets in ``src/cabe/data/models``: metadata, and exact parameter counts.
+
+Every preset is a Hugging Face ``config.json`` plus a ``_cabe`` block. ``_cabe.parameters``
+must equal what transformers counts when it builds the config (on the meta device, so no
+memory is used), and, once ``cabe.architecture`` exists, what cabe's analytic count gives.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+MODELS_DIR = Path(__file__).resolve().parents[1] / "src" / "cabe" / "data" / "models"
+PRESET_FILES = sorted(MODELS_DIR.glob("*.json"))
+IDS = [p.stem for p in PRESET_FILES]
+
+REQUIRED_PRESETS = {
+    "llama-7b", "llama-13b", "llama-65b", "llama-2-7b", "llama-2-13b", "llama-2-70b",
+    "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b",
+    "mistral-7b-v0.1", "mistral-7b-v0.3", "mixtral-8x7b",
+    "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b",
+    "qwen3-8b", "gemma-2-2b", "gemma-2-9b", "gemma-2-27b",
+    "gemma-3-1b", "gemma-3-4b", "gemma-3-12b", "gemma-3-27b",
+    "phi-3-mini", "phi-4", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
+    "pythia-1.4b", "pythia-6.9b", "falcon-7b", "olmo-2-7b",
+}
+
+# Published totals (model cards / papers / the Hub's safetensors metadata) for a spot check that
+# the configs describe the real models, independent of the ``_cabe`` block.
+PUBLISHED = {
+    "llama-7b": 6_738_415_616,
+    "llama-2-7b": 6_738_415_616,
+    "llama-2-70b": 68_976_648_192,
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-3.1-70b": 70_553_706_496,
+    "mistral-7b-v0.1": 7_241_732_096,
+    "mistral-7b-v0.3": 7_248_023_552,
+    "mixtral-8x7b": 46_702_792_704,
+    "qwen2.5-7b": 7_615_616_512,
+    "gemma-2-9b": 9_241_705_984,
+    "gpt2": 124_439_808,
+    "gpt2-xl": 1_557_611_200,
+}
+
+CABE_KEYS = {
+    "name": str,
+    "display": str,
+    "hf_id": str,
+    "parameters": int,
+    "parameters_source": str,
+    "gated": bool,
+    "family": str,
+    "notes": str,
+}
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _hf_fields(cfg: dict) -> dict:
+    """The config without cabe's block, deep-copied (transformers mutates nested dicts)."""
+    return copy.deepcopy({k: v for k, v in cfg.items() if k != "_cabe"})
+
+
+def test_required_presets_present():
+    missing = REQUIRED_PRESETS - set(IDS)
+    assert not missing, f"missing presets: {sorted(missing)}"
+
+
+def test_no_index_file():
+    # The loader lists the directory; an index would drift from it.
+    assert not any(p.stem.startswith("_") for p in PRESET_FILES)
+
+
+@pytest.mark.parametrize("path", PRESET_FILES, ids=IDS)
+def test_cabe_block(path: Path):
+    cfg = _load(path)
+    assert isinstance(cfg, dict)
+    meta = cfg.get("_cabe")
+    assert isinstance(meta, dict), "missing _cabe block"
+    for key, typ in CABE_KEYS.items():
+        assert key in meta, f"_cabe.{key} missing"
+        assert type(meta[key]) is typ, f"_cabe.{key} should be {typ.__name__}"
+    assert set(meta) <= set(CABE_KEYS), f"unexpected _cabe keys: {set(meta) - set(CABE_KEYS)}"
+    assert meta["name"] == path.stem
+    assert NAME_RE.match(meta["name"]), meta["name"]
+    assert meta["display"].strip() and meta["notes"].strip() and meta["parameters_source"].strip()
+    assert re.fullmatch(r"[\w.\-]+/[\w.\-]+", meta["hf_id"]), meta["hf_id"]
+    assert 10**8 < meta["parameters"] < 10**12
+    if meta["name"] in PUBLISHED:
+        assert meta["parameters"] == PUBLISHED[meta["name"]]
+
+
+@pytest.mark.parametrize("path", PRESET_FILES, ids=IDS)
+def test_config_shape(path: Path):
+    cfg = _load(path)
+    assert isinstance(cfg.get("model_type"), str)
+    archs = cfg.get("architectures")
+    assert isinstance(archs, list) and len(archs) == 1
+    assert archs[0].endswith(("ForCausalLM", "LMHeadModel")), archs
+    # Every integer size that exists is positive.
+    for key in ("hidden_size", "n_embd", "intermediate_size", "num_hidden_layers", "n_layer",
+                "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "vocab_size"):
+        if cfg.get(key) is not None:
+            assert type(cfg[key]) is int and cfg[key] > 0, key
+    if cfg["model_type"] == "gemma3_text":
+        assert "vision_config" not in cfg and "text_config" not in cfg
+
+
+def _transformers_count(cfg: dict) -> int:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    fields = _hf_fields(cfg)
+    model_type = fields.pop("model_type")
+    config = transformers.AutoConfig.for_model(model_type, **fields)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    # parameters() yields tied (shared) tensors once.
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("path", PRESET_FILES, ids=IDS)
+def test_parameters_match_transformers(path: Path):
+    cfg = _load(path)
+    assert _transformers_count(cfg) == cfg["_cabe"]["parameters"]
+
+
+@pytest.mark.parametrize("path", PRESET_FILES, ids=IDS)
+def test_parameters_match_analytic(path: Path):
+    try:
+        from cabe.architecture import ModelSpec
+    except ImportError:
+        pytest.skip("cabe.architecture.ModelSpec not available yet")
+    cfg = _load(path)
+    spec = ModelSpec.from_config(_hf_fields(cfg))
+    assert spec.parameter_count == cfg["_cabe"]["parameters"]
