@@ -1,0 +1,318 @@
+"""Activation memory: the tensors autograd saves for backward, per token, per decoder layer.
+
+Each :class:`Term` is one saved tensor (or a group of equal ones), with its size in bytes per
+token and its formula in the config's symbols: h = hidden size, q = heads × head_dim,
+kv = kv heads × head_dim, f = intermediate (MLP) size, nh = attention heads, s = sequence,
+V = vocabulary, E = experts, k = experts per token, r = LoRA rank, a = bytes of the compute
+dtype (2 for bf16/fp16, 4 for fp32), ρ = bytes of the residual stream (4 under autocast).
+
+Where the terms come from (each checked against saved-tensor hooks on transformers 5 models):
+
+* RMSNorm (Llama family) upcasts its input to fp32 (4h, saved by ``pow``/``mul``), keeps the
+  fp32 ``rsqrt`` per token (4), the normalised tensor cast back (ρh, saved by ``weight *`` only
+  when the norm weight trains) and its output (saved by the next linear layer). Gemma's norm
+  multiplies by (1 + w) in fp32, so its normalised tensor is fp32 (4h).
+* A linear layer saves its input only when its weight trains (for the weight gradient); under
+  autocast each linear saves its own 16-bit cast of the input (2·in).
+* Attention (SDPA flash / memory-efficient, as CUDA picks): q and k after rotary, v, the output
+  and the fp32 log-sum-exp (4·nh). Rotary saves nothing per layer (``q * cos`` keeps cos only).
+  Eager attention saves the fp32 softmax (4·nh·s) and its cast (a·nh·s): quadratic in s.
+* Gated MLP (SwiGLU / GeGLU): gate output, activation output, up output, and their product
+  (saved by ``down_proj`` when it trains): 4·a·f. Plain MLP (GELU): 2·a·f (5·a·f for GPT-2's
+  tanh-approximated gelu_new, which is a chain of element-wise ops).
+* LoRA: ``lora_A`` saves its input — a fresh fp32 cast (4·in) per adapted module when the base
+  is 16-bit and PEFT keeps the adapters fp32 — and ``lora_B`` saves the rank-r output (4r).
+* Logits: the lm_head output (a·V), its fp32 upcast in the loss (4V, transient), and
+  log-softmax's fp32 output (4V, saved).
+
+The textbook formula s·b·h·(34 + 5·nh·s/h) (Korthikanti et al. 2022, GPT-3 style MHA, GELU MLP
+of 4h, dropout everywhere) misses SwiGLU's three f-sized tensors, RMSNorm's fp32 upcasts and
+the fp32 logits, and counts dropout masks Llama does not have: see :func:`korthikanti`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cabe.architecture import ModelSpec
+from cabe.method import lora_targets
+from cabe.precision import Dtypes
+from cabe.training import TrainingSetup
+
+
+@dataclass(frozen=True)
+class Term:
+    """One saved tensor group: ``bytes_per_token`` for one layer (or for the model head)."""
+
+    name: str
+    bytes_per_token: int
+    formula: str
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    terms: tuple[Term, ...]
+    backward_workspace_per_token: int  # transient extra while one layer runs backward
+    forward_workspace_per_token: int  # transient extra while one layer runs forward
+
+    @property
+    def bytes_per_token(self) -> int:
+        return sum(t.bytes_per_token for t in self.terms)
+
+
+def attention_kind(spec: ModelSpec, setup: TrainingSetup) -> str:
+    """What attention really runs: ``eager`` or ``flash`` (fused SDPA kernels).
+
+    NOTE: transformers 5 has no SDPA path for Gemma 2 (logit soft-capping): ``sdpa`` means eager.
+    """
+    if setup.attention == "eager":
+        return "eager"
+    if spec.model_type == "gemma2" and setup.attention == "sdpa":
+        return "eager"
+    return "flash"
+
+
+def layer_activations(
+    spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, *, base_trainable: bool, adapters: bool
+) -> LayerActivations:
+    """Saved bytes per token of ONE decoder layer through which gradients flow."""
+    h, q, kv, f, nh = spec.hidden_size, spec.q_dim, spec.kv_dim, spec.intermediate_size, spec.num_heads
+    s = setup.seq + (setup.prompt_tokens if setup.method == "prompt-tuning" else 0)
+    a = dt.compute
+    rho = dt.residual
+    amp = dt.amp
+    targets = {lin.name for lin in lora_targets(spec, setup.lora_targets)} if adapters else set()
+    r = setup.lora_rank
+    adapter_cast = dt.adapter != dt.compute and not amp  # PEFT casts the input to the fp32 adapter
+    terms: list[Term] = []
+
+    def add(name: str, nbytes: int, formula: str) -> None:
+        if nbytes:
+            terms.append(Term(name, nbytes, formula))
+
+    def linear_inputs(group: str, names: list[tuple[str, int]], shared_bytes: int, shared_formula: str) -> None:
+        """Inputs saved by the linear layers ``names`` (name, in_features) that read one tensor."""
+        trained = [n for n, _ in names if base_trainable]
+        if amp:
+            for n, inf in names:
+                if base_trainable or n in targets:
+                    add(f"{group}.{n}.input_cast", 2 * inf, f"2·{_sym(inf, spec)}")
+            return
+        shared_needed = bool(trained) or (any(n in targets for n, _ in names) and not adapter_cast)
+        if shared_needed:
+            add(f"{group}.input", shared_bytes, shared_formula)
+        if adapter_cast:
+            for n, inf in names:
+                if n in targets:
+                    add(f"{group}.{n}.lora_input_fp32", 4 * inf, f"4·{_sym(inf, spec)}")
+
+    def lora_mid(names: list[str]) -> None:
+        for n in names:
+            if n in targets:
+                per = 2 * r if amp else 4 * r
+                add(f"lora.{n}.A_output", per, f"{per // r}·r")
+
+    def rms_norm(name: str, width: int, width_sym: str, trainable: bool, gemma: bool, rows: int = 1,
+                 rows_sym: str = "") -> None:
+        add(f"{name}.fp32_input", 4 * width, f"4·{width_sym}")
+        add(f"{name}.rsqrt", 4 * rows, f"4·{rows_sym}" if rows_sym else "4")
+        if trainable:
+            nb = 4 * width if (gemma or rho == 4) else rho * width
+            add(f"{name}.normalized", nb, f"{nb // width}·{width_sym}")
+
+    fam = spec.family
+    attn = attention_kind(spec, setup)
+    gqa = spec.num_kv_heads != spec.num_heads
+
+    if fam in ("llama", "gemma", "phi3", "mixtral", "olmo2"):
+        gemma = fam == "gemma"
+        post_norm_only = fam == "olmo2"
+        # ---- attention block -----------------------------------------------------------------
+        if post_norm_only:
+            attn_in_bytes, attn_in_formula = rho * h, f"{rho}·h"  # the residual itself feeds q, k, v
+        else:
+            rms_norm("input_norm", h, "h", base_trainable, gemma)
+            attn_in_bytes, attn_in_formula = rho * h, f"{rho}·h"
+        if fam == "phi3":
+            linear_inputs("attn", [("qkv_proj", h)], attn_in_bytes, attn_in_formula)
+            lora_mid(["qkv_proj"])
+        else:
+            linear_inputs("attn", [("q_proj", h), ("k_proj", h), ("v_proj", h)], attn_in_bytes, attn_in_formula)
+            lora_mid(["q_proj", "k_proj", "v_proj"])
+        if spec.qk_norm == "head":
+            # per-head norms: one rsqrt per head
+            rms_norm("q_norm", q, "q", base_trainable, gemma, nh, "nh")
+            rms_norm("k_norm", kv, "kv", base_trainable, gemma, spec.num_kv_heads, "nkv")
+        elif spec.qk_norm == "full":
+            rms_norm("q_norm", q, "q", base_trainable, True)
+            rms_norm("k_norm", kv, "kv", base_trainable, True)
+        _attention_core(add, attn, a, q, kv, nh, s, gqa, spec)
+        o_trains = base_trainable or "o_proj" in targets
+        if attn == "eager" and (base_trainable or ("o_proj" in targets and not adapter_cast)):
+            add("attn.output", a * q, f"{a}·q")  # transpose(1, 2).contiguous() before o_proj
+        if amp and o_trains:
+            pass  # the attention output is already 16-bit: o_proj saves it without a cast
+        if adapter_cast and "o_proj" in targets:
+            add("attn.o_proj.lora_input_fp32", 4 * q, "4·q")
+        lora_mid(["o_proj"])
+        if gemma and spec.norms_per_layer == 4:
+            rms_norm("post_attention_norm", h, "h", base_trainable, True)
+        if post_norm_only:
+            rms_norm("post_attention_norm", h, "h", base_trainable, True)
+        # ---- MLP block -------------------------------------------------------------------------
+        if post_norm_only:
+            mlp_in_bytes = rho * h
+        else:
+            rms_norm("mlp_norm", h, "h", base_trainable, gemma)
+            mlp_in_bytes = rho * h
+        if fam == "mixtral":
+            _moe(add, spec, a, rho, base_trainable)
+        else:
+            if fam == "phi3":
+                linear_inputs("mlp", [("gate_up_proj", h)], mlp_in_bytes, f"{rho}·h")
+                lora_mid(["gate_up_proj"])
+            else:
+                linear_inputs("mlp", [("gate_proj", h), ("up_proj", h)], mlp_in_bytes, f"{rho}·h")
+                lora_mid(["gate_proj", "up_proj"])
+            add("mlp.gate_output", a * f, f"{a}·f")
+            add("mlp.act_output", a * f, f"{a}·f")
+            add("mlp.up_output", a * f, f"{a}·f")
+            if base_trainable or ("down_proj" in targets and not adapter_cast):
+                add("mlp.product", a * f, f"{a}·f")
+            if adapter_cast and "down_proj" in targets:
+                add("mlp.down_proj.lora_input_fp32", 4 * f, "4·f")
+            lora_mid(["down_proj"])
+        if (gemma and spec.norms_per_layer == 4) or post_norm_only:
+            rms_norm("post_mlp_norm", h, "h", base_trainable, True)
+        bwd = 3 * a * f + 2 * rho * h
+    else:  # gpt2, gpt_neox, falcon: LayerNorm, plain GELU MLP
+        ln_stats = 8  # mean and rstd, fp32 per token
+        parallel = spec.parallel_block
+        n_ln = spec.norms_per_layer
+        add("ln.input", rho * h * (1 if parallel else n_ln), f"{rho}·h" if parallel or n_ln == 1 else f"{n_ln}·{rho}·h")
+        add("ln.mean_rstd", ln_stats * n_ln, f"{n_ln}·8")
+        attn_name = "c_attn" if fam == "gpt2" else "query_key_value"
+        linear_inputs("attn", [(attn_name, h)], rho * h, f"{rho}·h")
+        lora_mid([attn_name])
+        _attention_core(add, attn, a, q, kv, nh, s, gqa, spec)
+        out_name = "c_proj" if fam == "gpt2" else "dense"
+        if attn == "eager" and (base_trainable or out_name in targets):
+            add("attn.output", a * q, f"{a}·q")
+        if adapter_cast and out_name in targets:
+            add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
+        if spec.hidden_dropout > 0:
+            add("attn.resid_dropout_mask", h, "1·h")
+        fc_name = "c_fc" if fam == "gpt2" else "dense_h_to_4h"
+        if not parallel or n_ln == 2:
+            linear_inputs("mlp", [(fc_name, h)], rho * h if n_ln == 2 else 0, f"{rho}·h")
+        else:
+            linear_inputs("mlp", [(fc_name, h)], 0, "")  # shares the attention block's LN output
+        lora_mid([fc_name])
+        chain = 4 if spec.activation in ("gelu_new", "gelu_fast") else 1
+        add("mlp.fc_output", a * f, f"{a}·f")
+        if chain > 1:
+            add("mlp.gelu_tanh_chain", (chain - 1) * a * f, f"{chain - 1}·{a}·f")
+        down = "c_proj" if fam == "gpt2" else "dense_4h_to_h"
+        if base_trainable or (down in targets and not adapter_cast):
+            add("mlp.act_output", a * f, f"{a}·f")
+        if adapter_cast and down in targets:
+            add(f"mlp.{down}.lora_input_fp32", 4 * f, "4·f")
+        if spec.hidden_dropout > 0:
+            add("mlp.dropout_mask", h, "1·h")
+        bwd = 2 * a * f + 2 * rho * h
+    fwd = _attention_forward_workspace(attn, a, nh, s)
+    if attn == "eager":
+        bwd = max(bwd, (4 + 2 * a) * nh * s)
+    return LayerActivations(tuple(terms), bwd, fwd)
+
+
+def _sym(n: int, spec: ModelSpec) -> str:
+    if n == spec.hidden_size:
+        return "h"
+    if n == spec.q_dim:
+        return "q"
+    if n == spec.intermediate_size:
+        return "f"
+    return str(n)
+
+
+def _attention_core(add, attn: str, a: int, q: int, kv: int, nh: int, s: int, gqa: bool, spec: ModelSpec) -> None:
+    if attn == "flash":
+        add("attn.query", a * q, f"{a}·q")
+        add("attn.key", a * kv, f"{a}·kv")
+        add("attn.value", a * kv, f"{a}·kv")
+        add("attn.output", a * q, f"{a}·q")
+        add("attn.logsumexp", 4 * nh, "4·nh")
+        return
+    kv_saved = q if gqa else kv  # repeat_kv materialises the expanded keys and values
+    add("attn.query", a * q, f"{a}·q")
+    add("attn.key", a * kv_saved, f"{a}·{'q' if gqa else 'kv'}")
+    add("attn.value", a * kv_saved, f"{a}·{'q' if gqa else 'kv'}")
+    add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
+    if a != 4:
+        add("attn.probs", a * nh * s, f"{a}·nh·s")
+    if spec.config.get("attn_logit_softcapping"):
+        add("attn.softcap_tanh", a * nh * s, f"{a}·nh·s")
+    if spec.attention_dropout > 0:
+        add("attn.dropout", (1 + a) * nh * s, f"(1+{a})·nh·s")
+
+
+def _attention_forward_workspace(attn: str, a: int, nh: int, s: int) -> int:
+    if attn == "eager":
+        return 2 * a * nh * s  # raw scores and the masked scores before softmax
+    return 0
+
+
+def _moe(add, spec: ModelSpec, a: int, rho: int, base_trainable: bool) -> None:
+    h, f, e, k = spec.hidden_size, spec.intermediate_size, spec.num_experts, spec.experts_per_token
+    if base_trainable:
+        add("moe.router_input", rho * h, f"{rho}·h")
+    add("moe.router_softmax", 4 * e, "4·E")
+    add("moe.routing", 8 * k * 3 + 4 * k, "28·k")
+    add("moe.expert_input", k * a * h, f"k·{a}·h")
+    add("moe.gate_up_output", k * 2 * a * f, f"k·2·{a}·f")
+    add("moe.act_output", k * a * f, f"k·{a}·f")
+    if base_trainable:
+        add("moe.product", k * a * f, f"k·{a}·f")
+    add("moe.expert_output", k * a * h, f"k·{a}·h")
+
+
+def checkpointed_layer_bytes_per_token(dt: Dtypes) -> int:
+    """With gradient checkpointing, a layer keeps only its input: the residual stream (ρ·h)."""
+    return dt.residual
+
+
+@dataclass(frozen=True)
+class HeadActivations:
+    final_norm: int  # saved by the final norm (per token)
+    logits: int  # lm_head output kept until the loss is done (per token)
+    saved_logsoftmax: int  # log-softmax output saved for backward (per token)
+    forward_peak_extra: int  # transient fp32 upcast at the loss (per token)
+    backward_peak_extra: int  # grads of log-softmax and of the logits at the head's backward
+
+
+def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadActivations:
+    h, v = spec.hidden_size, spec.vocab_size
+    rho = dt.residual
+    a = dt.compute
+    full = setup.method == "full"
+    if spec.norm == "rmsnorm":
+        final_norm = 4 * h + 4 + (rho * h if full else 0) + (rho * h if full else 0)
+    else:
+        final_norm = rho * h + 8 + (rho * h if full else 0)
+    logits = a * v
+    upcast = 0 if a == 4 else 4 * v
+    softcap = 2 * 4 * v if spec.final_logit_softcapping else 0
+    return HeadActivations(
+        final_norm=final_norm,
+        logits=logits,
+        saved_logsoftmax=4 * v + softcap,
+        forward_peak_extra=upcast,
+        backward_peak_extra=4 * v + 4 * v + (a * v if a != 4 else 0),
+    )
+
+
+def korthikanti(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """The textbook per-layer estimate s·b·h·(34 + 5·a·s/h) bytes (16-bit, no recompute)."""
+    s, b, h, nh = setup.seq, setup.batch, spec.hidden_size, spec.num_heads
+    return int(s * b * h * (34 + 5 * nh * s / h))

@@ -1,0 +1,385 @@
+"""The analytic estimate: (model, setup) -> Report, with the peak taken where it really is.
+
+The training step is walked at layer granularity, steady state (step 2 onwards: optimizer state
+exists from the start; ``zero_grad(set_to_none=True)`` frees gradients after each step):
+
+1. forward: weights + optimizer state (+ gradients when accumulating) + autocast weight copies +
+   saved activations of every layer + the loss head (logits, fp32 upcast, log-softmax);
+2. backward at the head: log-softmax gradients (fp32) on top of everything saved;
+3. backward through layer i (both ends are checked; in between it is linear in i): gradients of
+   layers ≥ i exist, activations and weight copies of layers ≤ i are still saved, plus the
+   layer's backward workspace (with checkpointing, the layer's recomputed activations);
+4. optimizer step: weights + gradients + state + step temporaries.
+
+The peak is the largest of these moments; its components are what is live then, and they sum
+to ``total_bytes``. CUDA context and allocator slack are reported beside it, never inside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cabe.activations import (
+    attention_kind,
+    checkpointed_layer_bytes_per_token,
+    head_activations,
+    layer_activations,
+)
+from cabe.architecture import ModelSpec
+from cabe.errors import InvalidValueError
+from cabe.method import Tensor, parameter_tensors, quantized_bytes
+from cabe.optimizer import optimizer_memory, round_alloc
+from cabe.precision import dtypes_for
+from cabe.report import GB, GiB, Report, Step
+from cabe.training import TrainingSetup, number
+
+#: The seed calculator's presets for bytes per parameter (mixed-precision Adam, 8-bit Adam, SGD+momentum).
+BYTES_PER_PARAM_PRESETS = {"adam-mixed": 16.0, "adam-8bit": 12.0, "sgd-momentum": 8.0}
+
+#: Fraction of the peak the caching allocator typically holds on top of it (fragmentation and cached
+#: free blocks). Basis: torchtune PR #527 (allocated 13.99 GB, reserved 15.97 GB) and the allocator's
+#: 2 MiB / 20 MiB segment rounding; replaced by the replay of `cabe trace` when that is run.
+ALLOCATOR_SLACK_FRACTION = 0.05
+DEFAULT_CUDA_CONTEXT_BYTES = 600 * 2**20
+
+
+# =============================================================================================
+# simple mode (seed 004): V = N·B + A
+# =============================================================================================
+
+
+def estimate_simple(params_billion: float, bytes_per_param: float, activations_gb: float = 0.0) -> Report:
+    """The seed calculator: model states M = N·B (GB), total V = M + A."""
+    n = number("params", params_billion, minimum=0.0, maximum=1e6, strict=True)
+    b = number("bytes_per_param", bytes_per_param, minimum=0.0, maximum=1024, strict=True)
+    a = number("activations_gb", activations_gb, minimum=0.0, maximum=1e7)
+    states = round(n * b * GB)
+    act = round(a * GB)
+    steps = (
+        Step("simple.model_states", "M = N·B = {n} × {b} = {m} GB", states, {"n": n, "b": b, "m": states / GB}),
+        Step("simple.total", "V = M + A = {m} + {a} = {v} GB", states + act,
+             {"m": states / GB, "a": a, "v": (states + act) / GB}),
+    )
+    return Report(
+        mode="simple",
+        total_bytes=states + act,
+        components={"model_states": states, "activations": act},
+        parameters=round(n * 1e9),
+        trainable_parameters=round(n * 1e9),
+        peak_phase="optimizer" if act == 0 else "forward",
+        phase_peaks={},
+        steps=steps,
+        setup={"params": n, "bytes_per_param": b, "activations_gb": a},
+        notes=("simple_mode",),
+    )
+
+
+# =============================================================================================
+# lesson mode: a parameter count, a precision and an optimizer, no architecture
+# =============================================================================================
+
+_LESSON_STATE = {  # optimizer state bytes per parameter, by optimizer, for fp32 moments
+    "adamw": 8, "paged-adamw": 8, "adamw-8bit": 2, "paged-adamw-8bit": 2, "sgd": 0, "sgd-momentum": 4,
+    "adafactor": 0, "lion": 4,
+}
+
+
+def estimate_lesson(params_billion: float, setup: TrainingSetup, activations_gb: float = 0.0) -> Report:
+    """Model states from a parameter count alone, component by component, as the lesson does.
+
+    fp32: weights 4 + gradients 4 + optimizer. Mixed precision (the lesson's "BF16"): 16-bit
+    weights 2 + 16-bit gradients 2 + fp32 master copy 4 + optimizer; the lesson leaves the
+    master copy out (78.4 instead of 104.3 GiB for 7B with Adam). Pure 16-bit: everything 2 B.
+    """
+    n_b = number("params", params_billion, minimum=0.0, maximum=1e6, strict=True)
+    a_gb = number("activations_gb", activations_gb, minimum=0.0, maximum=1e7)
+    n = round(n_b * 1e9)
+    p = setup.precision
+    state_per = _LESSON_STATE[setup.optimizer]
+    if p == "fp32":
+        w, g, master = 4, 4, 0
+    elif p in ("bf16-amp", "fp16-amp"):
+        w, g, master = 2, 2, 4
+    else:
+        w, g, master = 2, 2, 0
+        if setup.optimizer in ("adamw", "paged-adamw", "sgd-momentum", "lion"):
+            state_per //= 2  # moments in the parameter dtype
+    comps = {
+        "weights": n * w,
+        "gradients": n * g,
+        "master_weights": n * master,
+        "optimizer": n * state_per,
+        "activations": round(a_gb * GB),
+    }
+    steps = [
+        Step("lesson.weights", "{n} × {b} B = {bytes} B = {gib} GiB", comps["weights"],
+             {"n": n, "b": w, "bytes": comps["weights"], "gib": comps["weights"] / GiB}),
+        Step("lesson.gradients", "{n} × {b} B = {bytes} B = {gib} GiB", comps["gradients"],
+             {"n": n, "b": g, "bytes": comps["gradients"], "gib": comps["gradients"] / GiB}),
+    ]
+    if master:
+        steps.append(Step("lesson.master_weights", "{n} × {b} B = {bytes} B = {gib} GiB", comps["master_weights"],
+                          {"n": n, "b": master, "bytes": comps["master_weights"], "gib": comps["master_weights"] / GiB}))
+    steps.append(Step("lesson.optimizer." + setup.optimizer, "{n} × {b} B = {bytes} B = {gib} GiB", comps["optimizer"],
+                      {"n": n, "b": state_per, "bytes": comps["optimizer"], "gib": comps["optimizer"] / GiB}))
+    total = sum(comps.values())
+    lesson = None
+    if master:
+        seed_figure = comps["weights"] + comps["gradients"] + comps["optimizer"]
+        lesson = {
+            "lesson_bytes": seed_figure,
+            # the lesson adds figures already rounded to 0.1: 13.1 + 13.1 + 52.2 = 78.4
+            "lesson_gib": round(sum(round(comps[k] / GiB, 1) for k in ("weights", "gradients", "optimizer")), 1),
+            "correct_bytes": seed_figure + comps["master_weights"],
+            "correct_gib": round((seed_figure + comps["master_weights"]) / GiB, 1),
+            "bytes_per_param": w + g + master + state_per,
+            "reason": "lesson_drops_master",
+        }
+        steps.append(Step("lesson.correction", "{lesson} GiB + {master} GiB = {correct} GiB", seed_figure + comps["master_weights"],
+                          {"lesson": seed_figure / GiB, "master": comps["master_weights"] / GiB,
+                           "correct": (seed_figure + comps["master_weights"]) / GiB}))
+    steps.append(Step("lesson.total", "{total} B = {gb} GB = {gib} GiB", total,
+                      {"total": total, "gb": total / GB, "gib": total / GiB}))
+    comps = {k: v for k, v in comps.items() if v or k in ("weights", "gradients", "optimizer", "activations")}
+    return Report(
+        mode="lesson",
+        total_bytes=total,
+        components=comps,
+        parameters=n,
+        trainable_parameters=n,
+        peak_phase="optimizer",
+        phase_peaks={},
+        steps=tuple(steps),
+        setup={"params": n_b, "activations_gb": a_gb, **setup.to_dict()},
+        lesson=lesson,
+        notes=("lesson_mode",),
+    )
+
+
+# =============================================================================================
+# architecture mode
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class _Moment:
+    phase: str
+    components: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.components.values())
+
+
+def _bytes_per_element(t: Tensor, setup: TrainingSetup) -> int:
+    dt = dtypes_for(setup)
+    if t.kind == "adapter":
+        return dt.adapter
+    if t.kind == "prompt":
+        return 4
+    if t.kind in ("norm", "embedding", "lm_head") and setup.method == "qlora":
+        return 4  # prepare_model_for_kbit_training casts them to fp32
+    return dt.weight if t.trainable else dt.frozen
+
+
+def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[str, Any] | None = None) -> Report:
+    """Peak allocated bytes of a training step for an architecture and a setup."""
+    if setup.method == "freeze" and setup.trainable_layers > spec.num_layers:
+        raise InvalidValueError("out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0,
+                                maximum=spec.num_layers)
+    dt = dtypes_for(setup)
+    tensors = parameter_tensors(spec, setup)
+    kinds = {t.kind for t in tensors}
+    bytes_of = {k: 0 for k in kinds}
+    weights = 0
+    quant = 0
+    for t in tensors:
+        if t.kind == "quantized":
+            quant += quantized_bytes(t.numel, setup.double_quant) * t.count
+            continue
+        b = _bytes_per_element(t, setup)
+        bytes_of[t.kind] = b
+        weights += round_alloc(t.numel * b) * t.count
+    bytes_of_trainable = {k: v for k, v in bytes_of.items()}
+    grads = sum(round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count for t in tensors if t.trainable)
+    opt = optimizer_memory(tensors, setup, bytes_of_trainable)
+    n_params = spec.parameter_count
+    n_train = sum(t.total for t in tensors if t.trainable)
+
+    # ---- which layers does the gradient flow through? ----------------------------------------
+    layers = spec.num_layers
+    if setup.method == "freeze":
+        grad_layers = min(setup.trainable_layers, layers)
+        trainable_layers = grad_layers
+    else:
+        grad_layers = layers
+        trainable_layers = layers if setup.method == "full" else 0
+    tokens = setup.batch * (setup.seq + (setup.prompt_tokens if setup.method == "prompt-tuning" else 0))
+
+    # ---- activations per layer -------------------------------------------------------------
+    act_train = layer_activations(spec, setup, dt, base_trainable=True, adapters=False)
+    act_frozen = layer_activations(spec, setup, dt, base_trainable=False, adapters=setup.adapters)
+    per_layer = act_train if trainable_layers else act_frozen
+    full_layer_bytes = tokens * per_layer.bytes_per_token
+    if setup.checkpointing:
+        saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
+    else:
+        saved_layer_bytes = full_layer_bytes
+    rotary = 2 * tokens * spec.rotary_dim * dt.residual if spec.position == "rotary" else 0
+    acts_all = grad_layers * saved_layer_bytes + (rotary if grad_layers else 0)
+
+    # autocast keeps a 16-bit copy of every weight a matmul saves for backward
+    copies_layer = 0
+    copies_head = 0
+    if dt.weight_copies:
+        copies_layer = sum(round_alloc(lin.weight_count * 2) for lin in spec.layer_linears)
+        copies_head = round_alloc(spec.vocab_size * spec.hidden_size * 2)
+    copies_fwd = copies_layer * (layers if setup.checkpointing else grad_layers) + copies_head
+
+    head = head_activations(spec, setup, dt)
+    head_saved = tokens * (head.final_norm + head.saved_logsoftmax)
+    grads_in_fwd = grads if setup.grad_accum > 1 else 0
+
+    base = {"weights": weights + quant, "optimizer": opt.state_bytes}
+    moments: list[_Moment] = []
+    # 1. forward, at the loss (fp32 upcast + log-softmax on top of the bf16 logits)
+    moments.append(_Moment("forward", {
+        **base, "gradients": grads_in_fwd, "weight_copies": copies_fwd, "activations": acts_all,
+        "logits": head_saved + tokens * (head.logits + head.forward_peak_extra),
+    }))
+    # 2. backward at the head: gradients of log-softmax and of the logits
+    copies_bwd = copies_layer * grad_layers + copies_head
+    moments.append(_Moment("backward", {
+        **base, "gradients": grads_in_fwd, "weight_copies": copies_bwd, "activations": acts_all,
+        "logits": head_saved + tokens * head.backward_peak_extra,
+    }))
+    # 3. backward through the layers: first (top) and last (bottom) layer
+    grads_head = sum(round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count
+                     for t in tensors if t.trainable and t.kind in ("lm_head", "norm") and t.name == "final_norm"
+                     or t.trainable and t.kind == "lm_head")
+    grads_layer = (grads - grads_head - sum(round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count
+                                            for t in tensors if t.trainable and t.kind in ("embedding", "prompt")))
+    grads_per_layer = grads_layer // max(grad_layers, 1) if grad_layers else 0
+    work_tokens = tokens * per_layer.backward_workspace_per_token
+    recompute = full_layer_bytes if setup.checkpointing else 0
+    if grad_layers:
+        for i_from_top in (0, grad_layers - 1):
+            remaining = grad_layers - i_from_top  # layers whose activations are still saved
+            g_now = grads_in_fwd or (grads_head + grads_per_layer * (i_from_top + 1))
+            moments.append(_Moment("backward", {
+                **base, "gradients": g_now,
+                "weight_copies": copies_layer * remaining,
+                "activations": remaining * saved_layer_bytes + recompute + rotary + work_tokens,
+                "logits": 0,
+            }))
+    # 4. end of backward / optimizer step
+    moments.append(_Moment("optimizer", {
+        **base, "gradients": grads, "optimizer_temporaries": opt.temp_bytes,
+    }))
+
+    peak = max(moments, key=lambda m: m.total)
+    phase_peaks: dict[str, int] = {}
+    for m in moments:
+        phase_peaks[m.phase] = max(phase_peaks.get(m.phase, 0), m.total)
+    components = {k: v for k, v in peak.components.items()}
+    for k in ("weights", "gradients", "optimizer", "activations"):
+        components.setdefault(k, 0)
+    total = sum(components.values())
+
+    # ---- explanation ----------------------------------------------------------------------
+    steps = _explain_model(spec, setup, dt, tensors, weights, quant, grads, opt, n_params, n_train, tokens,
+                           per_layer, saved_layer_bytes, grad_layers, copies_fwd, head, peak, total)
+    notes: list[str] = []
+    if attention_kind(spec, setup) == "eager" and setup.attention != "eager":
+        notes.append("gemma2_eager")
+    if opt.paged_bytes:
+        notes.append("paged_outside_allocator")
+    if setup.grad_accum > 1:
+        notes.append("grad_accum_keeps_grads")
+    model = {
+        "name": spec.name,
+        "model_type": spec.model_type,
+        "hidden_size": spec.hidden_size,
+        "num_layers": spec.num_layers,
+        "num_heads": spec.num_heads,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "intermediate_size": spec.intermediate_size,
+        "vocab_size": spec.vocab_size,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "parameter_breakdown": spec.parameter_breakdown(),
+        **(model_meta or {}),
+    }
+    return Report(
+        mode="architecture",
+        total_bytes=total,
+        components=components,
+        parameters=n_params,
+        trainable_parameters=n_train,
+        peak_phase=peak.phase,
+        phase_peaks=phase_peaks,
+        steps=tuple(steps),
+        setup={**setup.to_dict(), "effective_batch": setup.effective_batch, "tokens": tokens},
+        model=model,
+        paged_bytes=opt.paged_bytes,
+        cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,
+        allocator_slack_bytes=round(total * ALLOCATOR_SLACK_FRACTION),
+        notes=tuple(notes),
+    )
+
+
+def _explain_model(spec, setup, dt, tensors, weights, quant, grads, opt, n_params, n_train, tokens, per_layer,
+                   saved_layer_bytes, grad_layers, copies, head, peak, total) -> list[Step]:
+    steps: list[Step] = []
+    steps.append(Step("model.parameters", "{n} = {breakdown}", None,
+                      {"n": n_params, "breakdown": " + ".join(f"{v:,}" for v in spec.parameter_breakdown().values())}))
+    frozen = n_params - sum(t.total for t in tensors if t.trainable and t.kind not in ("adapter", "prompt"))
+    if quant:
+        qn = sum(t.total for t in tensors if t.kind == "quantized")
+        steps.append(Step("weights.quantized", "{n} × {per} B = {bytes} B = {gib} GiB", quant,
+                          {"n": qn, "per": round(quant / qn, 4), "bytes": quant, "gib": quant / GiB}))
+    dense_n = sum(t.total for t in tensors if t.kind != "quantized")
+    steps.append(Step("weights.dense", "{n} × {per} B = {bytes} B = {gib} GiB", weights,
+                      {"n": dense_n, "per": round(weights / max(dense_n, 1), 3), "bytes": weights,
+                       "gib": weights / GiB, "frozen": frozen}))
+    steps.append(Step("gradients", "{n} × {per} B = {bytes} B = {gib} GiB", grads,
+                      {"n": n_train, "per": dt.grad if setup.method in ("full", "freeze") else dt.adapter,
+                       "bytes": grads, "gib": grads / GiB}))
+    steps.append(Step("optimizer." + setup.optimizer, "{n} × {per} B = {bytes} B = {gib} GiB", opt.state_bytes,
+                      {"n": n_train, "per": round(opt.state_bytes_per_param, 3), "bytes": opt.state_bytes,
+                       "gib": opt.state_bytes / GiB}))
+    if opt.paged_bytes:
+        steps.append(Step("optimizer.paged", "{bytes} B = {gib} GiB", opt.paged_bytes,
+                          {"bytes": opt.paged_bytes, "gib": opt.paged_bytes / GiB}))
+    if opt.temp_bytes:
+        steps.append(Step("optimizer_temporaries." + setup.resolved_optimizer_impl, "{bytes} B = {gib} GiB",
+                          opt.temp_bytes, {"bytes": opt.temp_bytes, "gib": opt.temp_bytes / GiB}))
+    if copies:
+        steps.append(Step("weight_copies", "2 B × {n} = {bytes} B = {gib} GiB", copies,
+                          {"n": copies // 2, "bytes": copies, "gib": copies / GiB}))
+    per_token = per_layer.bytes_per_token
+    formula = " + ".join(t.formula for t in per_layer.terms)
+    steps.append(Step("activations.per_layer", "{terms} = {per_token} B/token", None,
+                      {"terms": formula, "per_token": per_token,
+                       "detail": [{"name": t.name, "formula": t.formula, "bytes_per_token": t.bytes_per_token}
+                                  for t in per_layer.terms]}))
+    if setup.checkpointing:
+        steps.append(Step("activations.checkpointed", "{layers} × {tokens} tokens × {rho}·{h} = {bytes} B = {gib} GiB",
+                          grad_layers * saved_layer_bytes,
+                          {"layers": grad_layers, "tokens": tokens, "rho": dt.residual, "h": spec.hidden_size,
+                           "bytes": grad_layers * saved_layer_bytes, "gib": grad_layers * saved_layer_bytes / GiB}))
+    else:
+        steps.append(Step("activations.layers", "{layers} × {tokens} tokens × {per_token} B = {bytes} B = {gib} GiB",
+                          grad_layers * saved_layer_bytes,
+                          {"layers": grad_layers, "tokens": tokens, "per_token": per_token,
+                           "bytes": grad_layers * saved_layer_bytes, "gib": grad_layers * saved_layer_bytes / GiB}))
+    steps.append(Step("logits", "{tokens} tokens × {v} × ({a} + 4 + 4) B = {bytes} B = {gib} GiB",
+                      tokens * (head.logits + head.saved_logsoftmax + head.forward_peak_extra),
+                      {"tokens": tokens, "v": spec.vocab_size, "a": dt.compute,
+                       "bytes": tokens * (head.logits + head.saved_logsoftmax + head.forward_peak_extra),
+                       "gib": tokens * (head.logits + head.saved_logsoftmax + head.forward_peak_extra) / GiB}))
+    steps.append(Step("peak." + peak.phase, " + ".join("{" + k + "}" for k, v in peak.components.items() if v)
+                      + " = {total} B = {gib} GiB", total,
+                      {**{k: v for k, v in peak.components.items() if v}, "total": total, "gib": total / GiB}))
+    return steps

@@ -1,0 +1,104 @@
+"""The report every interface returns: named components in bytes that sum to the total.
+
+The core fills codes and numbers only; :mod:`cabe.render` and :mod:`cabe.i18n` turn them into
+words. ``to_json()`` is the object the CLI's ``--json`` prints and the HTTP API returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+GB = 10**9
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Step:
+    """One explained figure: ``formula`` with the worked numbers, and the resulting bytes.
+
+    ``key`` names the line in the language catalogs (``step.<key>``); ``params`` fill it.
+    """
+
+    key: str
+    formula: str
+    bytes: int | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Report:
+    mode: str  # "simple" | "lesson" | "architecture"
+    total_bytes: int
+    components: dict[str, int]
+    parameters: int
+    trainable_parameters: int
+    peak_phase: str
+    phase_peaks: dict[str, int]
+    steps: tuple[Step, ...]
+    setup: dict[str, Any]
+    model: dict[str, Any] | None = None
+    paged_bytes: int = 0
+    cuda_context_bytes: int = 0
+    allocator_slack_bytes: int = 0
+    notes: tuple[str, ...] = ()
+    lesson: dict[str, Any] | None = None
+    gpu: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if sum(self.components.values()) != self.total_bytes:
+            raise AssertionError("components must sum to total_bytes")  # internal invariant, not user input
+
+    @property
+    def reserved_bytes(self) -> int:
+        """What ``torch.cuda.max_memory_reserved()`` is expected to show: peak + allocator slack."""
+        return self.total_bytes + self.allocator_slack_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        """What nvidia-smi is expected to show: reserved + CUDA context (and paged state if resident)."""
+        return self.reserved_bytes + self.cuda_context_bytes + self.paged_bytes
+
+    @property
+    def total_gb(self) -> float:
+        return self.total_bytes / GB
+
+    @property
+    def total_gib(self) -> float:
+        return self.total_bytes / GiB
+
+    def explain(self, lang: str = "en", units: str = "GB") -> str:
+        from cabe.render import render_explain
+
+        return render_explain(self, lang=lang, units=units)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mode": self.mode,
+            "total_bytes": self.total_bytes,
+            "total_gb": round(self.total_bytes / GB, 3),
+            "total_gib": round(self.total_bytes / GiB, 3),
+            "components": dict(self.components),
+            "parameters": self.parameters,
+            "trainable_parameters": self.trainable_parameters,
+            "peak_phase": self.peak_phase,
+            "phase_peaks": dict(self.phase_peaks),
+            "paged_bytes": self.paged_bytes,
+            "allocator_slack_bytes": self.allocator_slack_bytes,
+            "reserved_bytes": self.reserved_bytes,
+            "cuda_context_bytes": self.cuda_context_bytes,
+            "device_bytes": self.device_bytes,
+            "setup": self.setup,
+            "model": self.model,
+            "steps": [
+                {"key": s.key, "formula": s.formula, "bytes": s.bytes, "params": s.params} for s in self.steps
+            ],
+            "notes": list(self.notes),
+        }
+        if self.lesson is not None:
+            out["lesson"] = self.lesson
+        if self.gpu is not None:
+            out["gpu"] = self.gpu
+        out.update(self.extra)
+        return out
