@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The whole test suite from nothing: makes .venv, installs cabe with every extra, installs
+# Chromium for the browser tests (Debian's package; needs root or sudo), runs pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+# torch pinned in the same command as everything that depends on it (a CPU wheel, see README)
+.venv/bin/python -m pip install -q -e '.[hub,web,trace,test,browser]' 'torch==2.13.0'
+if ! command -v chromium >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null) \
+    || echo "warning: could not install chromium; browser tests will be skipped" >&2
+fi
+exec .venv/bin/python -m pytest -n 2 "$@"

@@ -1,0 +1,113 @@
+"""One request shape for every interface: a dict of snake_case fields -> a Report.
+
+The CLI turns its options into this dict, the HTTP API takes it as JSON, the web page builds it
+from its form. Fields (all optional, but a model or a parameter count is needed):
+
+* ``params`` (billions), ``bytes_per_param``, ``activations_gb`` — the seed's simple mode;
+  ``params`` without ``bytes_per_param`` is the lesson's mode (precision + optimizer).
+* ``model`` (a preset name or Hugging Face id; a local path too when ``allow_files``) or
+  ``config`` (a config.json object).
+* every :class:`~cabe.training.TrainingSetup` field: ``method``, ``precision``, ``optimizer``,
+  ``optimizer_impl``, ``batch``, ``seq``, ``grad_accum``, ``checkpointing``, ``attention``,
+  ``lora_rank``, ``lora_alpha``, ``lora_targets``, ``quant``, ``double_quant``,
+  ``compute_dtype``, ``trainable_layers``, ``prompt_tokens``.
+* ``gpu``: a card name for the "fits?" answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, Mapping
+
+from cabe import gpus as gpu_catalog
+from cabe import models
+from cabe.errors import CabeError, InvalidValueError
+from cabe.estimate import estimate_lesson, estimate_model, estimate_simple
+from cabe.report import Report
+from cabe.training import TrainingSetup, parse_targets
+
+SETUP_FIELDS = tuple(f.name for f in fields(TrainingSetup))
+REQUEST_FIELDS = ("params", "bytes_per_param", "activations_gb", "model", "config", "gpu") + SETUP_FIELDS
+
+
+def setup_from(body: Mapping[str, Any]) -> TrainingSetup:
+    kw: dict[str, Any] = {}
+    for name in SETUP_FIELDS:
+        v = body.get(name)
+        if v is None or v == "":
+            continue
+        if name == "lora_targets":
+            v = parse_targets(v) if isinstance(v, str) else tuple(str(x) for x in v) if isinstance(v, (list, tuple)) else v
+        kw[name] = v
+    return TrainingSetup(**kw)
+
+
+def model_source(body: Mapping[str, Any], *, allow_files: bool) -> models.ModelSource | None:
+    config = body.get("config")
+    model = body.get("model")
+    if config is not None and config != "":
+        return models.from_mapping(config)
+    if model is None or model == "":
+        return None
+    if not isinstance(model, str):
+        raise InvalidValueError("not_string", "model", value=model)
+    if not allow_files:
+        text = model.strip()
+        if text.lower() not in models.preset_names():
+            if text.startswith((".", "/", "~")) or text.endswith(".json") or "\\" in text:
+                raise InvalidValueError("no_files_here", "model", value=model)
+            if "/" in text:
+                return models.from_hub(text)
+            return models.preset(text)
+    return models.resolve(model)
+
+
+def build(body: Mapping[str, Any], *, allow_files: bool = False) -> Report:
+    """Validate a request and compute its report. Raises :class:`~cabe.errors.CabeError`."""
+    if not isinstance(body, Mapping):
+        raise InvalidValueError("body_not_object", None)
+    unknown = [k for k in body if k not in REQUEST_FIELDS and k not in ("lang", "units")]
+    if unknown:
+        raise InvalidValueError("unknown_field", unknown[0], allowed=", ".join(REQUEST_FIELDS))
+    setup = setup_from(body)
+    src = model_source(body, allow_files=allow_files)
+    params = body.get("params")
+    if src is not None:
+        if params not in (None, ""):
+            raise InvalidValueError("model_and_params", "params")
+        meta = {"source": src.kind, **{k: v for k, v in src.meta.items() if k in ("display", "hf_id", "gated", "family")}}
+        report = estimate_model(src.spec, setup, model_meta=meta)
+    elif params not in (None, ""):
+        bpp = body.get("bytes_per_param")
+        act = body.get("activations_gb") or 0.0
+        if bpp not in (None, ""):
+            report = estimate_simple(params, bpp, act)
+        else:
+            report = estimate_lesson(params, setup, act)
+    else:
+        raise InvalidValueError("missing_model", "model")
+    card_name = body.get("gpu")
+    if card_name:
+        card = gpu_catalog.gpu(str(card_name))
+        fit = gpu_catalog.fit(report, card, precision=setup.precision if src is not None else None)
+        report = _with(report, gpu=fit)
+    return report
+
+
+def _with(report: Report, **changes: Any) -> Report:
+    from dataclasses import replace
+
+    return replace(report, **changes)
+
+
+def estimate_json(body: Mapping[str, Any], *, allow_files: bool = False, fits: bool = True) -> dict[str, Any]:
+    """The JSON object of ``cabe estimate --json`` and ``POST /api/estimate``."""
+    report = build(body, allow_files=allow_files)
+    out = report.to_json()
+    if fits:
+        out["fits_on"] = [g["gpu"] for g in gpu_catalog.fits_table(report) if g["fits"]]
+    return out
+
+
+def error_json(err: CabeError, lang: str = "en") -> dict[str, Any]:
+    return {"error": err.to_dict(lang)}
