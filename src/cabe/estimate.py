@@ -129,8 +129,8 @@ def estimate_lesson(params_billion: float, setup: TrainingSetup, activations_gb:
         seed_figure = comps["weights"] + comps["gradients"] + comps["optimizer"]
         lesson = {
             "lesson_bytes": seed_figure,
-            # the lesson adds figures already rounded to 0.1: 13.1 + 13.1 + 52.2 = 78.4
-            "lesson_gib": round(sum(round(comps[k] / GiB, 1) for k in ("weights", "gradients", "optimizer")), 1),
+            # the lesson halves its rounded fp32 figure (26.1 -> 13.1) and adds: 13.1 + 13.1 + 52.2 = 78.4
+            "lesson_gib": round(2 * _half_up(round(n * 4 / GiB, 1) / 2) + round(comps["optimizer"] / GiB, 1), 1),
             "correct_bytes": seed_figure + comps["master_weights"],
             "correct_gib": round((seed_figure + comps["master_weights"]) / GiB, 1),
             "bytes_per_param": w + g + master + state_per,
@@ -155,6 +155,13 @@ def estimate_lesson(params_billion: float, setup: TrainingSetup, activations_gb:
         lesson=lesson,
         notes=("lesson_mode",),
     )
+
+
+def _half_up(x: float) -> float:
+    """Round to one decimal, halves up (13.05 -> 13.1), as the lesson does by hand."""
+    import math
+
+    return math.floor(x * 10 + 0.5 + 1e-9) / 10
 
 
 # =============================================================================================

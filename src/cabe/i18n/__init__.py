@@ -62,7 +62,7 @@ def fmt_number(x: Any, lang: str, digits: int | None = None) -> str:
             digits = 1 if abs(x) >= 100 else 2 if abs(x) >= 1 else 4
         s = f"{x:,.{digits}f}"
         if "." in s:
-            s = s.rstrip("0").rstrip(".") if digits > 2 else s
+            s = s.rstrip("0").rstrip(".")
     if lang == "es":
         s = s.replace(",", "\u0000").replace(".", ",").replace("\u0000", ".")
     return s

@@ -1,0 +1,5 @@
+import sys
+
+from cabe.cli import main
+
+sys.exit(main())

@@ -1,0 +1,94 @@
+"""Pure text rendering of reports (``format_*`` return strings; the CLI prints them).
+
+Every figure names its unit: the chosen one first (GB = 10^9 bytes or GiB = 2^30 bytes), the
+other beside it in parentheses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cabe.i18n import fill, fmt_number, t
+from cabe.report import GB, GiB, Report
+
+
+def fmt_bytes(n: int, lang: str, units: str = "GB", both: bool = True) -> str:
+    gb = f"{fmt_number(round(n / GB, 2), lang, 2 if n < 100 * GB else 1)} GB"
+    gib = f"{fmt_number(round(n / GiB, 2), lang, 2 if n < 100 * GiB else 1)} GiB"
+    first, second = (gib, gb) if units == "GiB" else (gb, gib)
+    return f"{first} ({second})" if both else first
+
+
+def format_report(report: Report, *, lang: str = "en", units: str = "GB", explain: bool = False) -> str:
+    lines: list[str] = []
+    width = 44
+    lines.append(f"{t('ui.total', lang)}: {fmt_bytes(report.total_bytes, lang, units)}"
+                 + (f" — {t('ui.peak_at', lang, phase=t('phase.' + report.peak_phase, lang))}"
+                    if report.mode == "architecture" else ""))
+    if report.model and report.model.get("name"):
+        lines.append(f"model: {report.model.get('display') or report.model['name']} ({report.model['model_type']})")
+    if report.mode == "architecture":
+        s = report.setup
+        lines.append(t("ui.parameters", lang, n=report.parameters, t=report.trainable_parameters))
+        lines.append(fill(t("ui.setup", lang), {
+            "method": s["method"], "precision": s["precision"], "optimizer": s["optimizer"], "batch": s["batch"],
+            "seq": s["seq"], "eff": s["effective_batch"]}, lang))
+    lines.append("")
+    for name, nbytes in report.components.items():
+        label = t("component." + name, lang)
+        share = f"{fmt_number(round(100 * nbytes / report.total_bytes, 1), lang, 1)}%" if report.total_bytes else ""
+        lines.append(f"  {label:<{width}} {fmt_bytes(nbytes, lang, units):>28}  {share:>6}")
+    lines.append(f"  {'─' * (width + 36)}")
+    lines.append(f"  {t('ui.total', lang):<{width}} {fmt_bytes(report.total_bytes, lang, units):>28}")
+    if report.mode == "architecture":
+        lines.append("")
+        lines.append(fill(t("ui.beside_peak", lang), {
+            "slack": fmt_bytes(report.allocator_slack_bytes, lang, units, both=False),
+            "ctx": fmt_bytes(report.cuda_context_bytes, lang, units, both=False),
+            "device": fmt_bytes(report.device_bytes, lang, units, both=False)}, lang))
+    if report.paged_bytes:
+        lines.append(fill(t("ui.paged", lang), {"paged": fmt_bytes(report.paged_bytes, lang, units)}, lang))
+    if report.lesson:
+        lines.append("")
+        lines.append(t("ui.lesson_vs_correct", lang, lesson=report.lesson["lesson_gib"],
+                       correct=report.lesson["correct_gib"], bpp=report.lesson["bytes_per_param"]))
+    if report.gpu:
+        g = report.gpu
+        lines.append("")
+        lines.append(fill(t("ui.fit_line", lang), {
+            "gpu": g["display"], "verdict": t("ui.fits" if g["fits"] else "ui.does_not_fit", lang),
+            "need": fmt_bytes(g["needed_bytes"], lang, units, both=False),
+            "have": fmt_bytes(g["memory_bytes"], lang, units, both=False),
+            "margin": fmt_bytes(g["margin_bytes"], lang, units, both=False)}, lang))
+    for note in report.notes:
+        if note in ("simple_mode", "lesson_mode", "gemma2_eager", "paged_outside_allocator", "grad_accum_keeps_grads"):
+            lines.append("· " + t("note." + note, lang))
+    if explain:
+        lines.append("")
+        lines.append(format_explain(report, lang=lang))
+    return "\n".join(lines)
+
+
+def format_explain(report: Report, *, lang: str = "en") -> str:
+    lines = [t("ui.explain", lang) + ":"]
+    for i, step in enumerate(report.steps, 1):
+        params = {k: v for k, v in step.params.items() if k != "detail"}
+        lines.append(f"{i:>2}. {t('step.' + step.key, lang)}")
+        lines.append(f"    {fill(step.formula, _round_params(params), lang)}")
+        for d in step.params.get("detail", []) or []:
+            lines.append(f"      {d['name']:<36} {d['formula']:>10} = {fmt_number(d['bytes_per_token'], lang)} B")
+    return "\n".join(lines)
+
+
+def render_explain(report: Report, *, lang: str = "en", units: str = "GB") -> str:
+    return format_explain(report, lang=lang)
+
+
+def _round_params(params: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        if isinstance(v, float):
+            out[k] = round(v, 2) if abs(v) >= 1 else round(v, 4)
+        else:
+            out[k] = v
+    return out

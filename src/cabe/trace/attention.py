@@ -1,0 +1,218 @@
+"""Attention the way CUDA runs it, on fake tensors.
+
+Three pieces:
+
+* :func:`cuda_sdp_choice` ports ``select_sdp_backend`` from
+  ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (PyTorch main, read for this
+  module): priority flash > memory-efficient > math; flash needs fp16/bf16, no
+  ``attn_mask``, equal q/k/v head dims <= 256, ``is_causal`` only with equal q/k lengths,
+  equal heads or ``enable_gqa`` with q-heads divisible by kv-heads; memory-efficient needs
+  head dims divisible by ``minimum_gemm_alignment`` (8 for 16-bit, 4 for fp32 on sm80+) and
+  accepts masks and (since 2.5, not on ROCm) GQA. The device is taken to be an sm90
+  (H100/H200). The cuDNN backend, which recent PyTorch builds prefer on sm90/sm100 when the
+  runtime cuDNN is newer than 9.15 (``check_prefer_cudnn_attention``), is not modelled: its
+  saved tensors (output + fp32 softmax stats) have the same size as flash's.
+  The tracker answers ``aten._fused_sdp_choice`` with it, so PyTorch's own C++ SDPA glue
+  (padding, GQA handling) then calls the kernel CUDA would call; every fused kernel has a
+  meta implementation.
+* :func:`flash_attention_forward` is registered with transformers as ``cabe_flash``:
+  ``flash_attention_2`` semantics (inputs in (b, s, h, d), no ``repeat_kv``, no mask,
+  fp32 inputs cast to the autocast / compute dtype first) through
+  ``aten._flash_attention_forward``, the same FlashAttention-2 code.
+* :func:`intercept` adds what the CUDA kernels allocate internally, following
+  ``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp``: ``mha_fwd`` returns a
+  device ``rng_state`` (2 x uint64) and an ``_unused`` uint64 scalar, both saved for
+  backward (the meta kernel puts them on ``meta``); ``mha_bwd`` allocates
+  ``softmax_d`` (b, h, round128(s_q)) fp32, ``dq_accum`` (b, round128(s_q), h,
+  round(d, 32|64)) fp32 and, for GQA, ``dk_expanded``/``dv_expanded`` (b, s_k, h_q, d)
+  before summing them into dk/dv; all are freed when the kernel returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+# at::SDPBackend values (aten/src/ATen/native/transformers/sdp_utils_cpp.h, enum class SDPBackend)
+SDP_ERROR, SDP_MATH, SDP_FLASH, SDP_EFFICIENT, SDP_CUDNN, SDP_OVERRIDEABLE = -1, 0, 1, 2, 3, 4
+SDP_NAMES = {SDP_MATH: "math", SDP_FLASH: "flash", SDP_EFFICIENT: "efficient", SDP_CUDNN: "cudnn"}
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _heads_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool) -> bool:
+    # check_batch_size_and_num_heads_dense<supports_gqa=true> (sdp_utils_cpp.h)
+    if not (q.size(0) == k.size(0) == v.size(0)):
+        return False
+    hq, hk, hv = q.size(-3), k.size(-3), v.size(-3)
+    if enable_gqa:
+        return hk == hv and hq % hk == 0
+    return hq == hk == hv
+
+
+def cuda_sdp_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
+                    dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None,
+                    enable_gqa: bool = False) -> int:
+    """The SDPA backend PyTorch picks on an sm90 GPU (see module docstring)."""
+    if not (q.dim() == k.dim() == v.dim() == 4):  # check_tensor_shapes
+        return SDP_MATH
+    if q.size(-2) == 0 or k.size(-2) == 0:  # check_nonzero_sequence_lengths_dense
+        return SDP_MATH
+    # can_use_flash_attention
+    dq, dk, dv = q.size(-1), k.size(-1), v.size(-1)
+    flash = (
+        attn_mask is None
+        and dq == dk == dv and dq <= 256
+        and (not is_causal or q.size(-2) == k.size(-2))
+        and q.dtype in _HALF and k.dtype == q.dtype and v.dtype == q.dtype
+        and _heads_ok(q, k, v, enable_gqa)
+        and (q.stride(-1) == 1 or dq == 1) and (k.stride(-1) == 1 or dq == 1) and (v.stride(-1) == 1 or dq == 1)
+    )
+    if flash:
+        return SDP_FLASH
+    # can_use_mem_efficient_attention; minimum_gemm_alignment on sm80+: 8 for 16-bit, 4 for fp32
+    align = 8 if q.dtype in _HALF else 4
+    eff = (
+        dq == dk and dq % align == 0 and dq > 0 and dv % align == 0 and dv > 0
+        and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and _heads_ok(q, k, v, enable_gqa)
+        and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+        and (attn_mask is None or attn_mask.stride(-1) == 1)
+    )
+    if eff:
+        return SDP_EFFICIENT
+    return SDP_MATH
+
+
+def _round(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+class AttentionState:
+    """Per-trace bookkeeping: which kernels ran, and the device to put rng state on."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.choices: dict[str, int] = {}
+
+    def note(self, name: str) -> None:
+        self.choices[name] = self.choices.get(name, 0) + 1
+
+
+def _device_rng(state: AttentionState, tracker: Any, out: tuple, seed_i: int, off_i: int) -> tuple:
+    # mha_fwd: rng_state = at::empty({2}, uint64, CUDA); _unused = at::empty({}, uint64, CUDA)
+    out = list(out)
+    if isinstance(out[seed_i], torch.Tensor) and out[seed_i].device.type == "meta" and state.device.type != "meta":
+        out[seed_i] = torch.empty((2,), dtype=torch.uint64, device=state.device)
+        out[off_i] = torch.empty((), dtype=torch.uint64, device=state.device)
+        tracker.record(out[seed_i], "flash_rng_state")
+        tracker.record(out[off_i], "flash_rng_state")
+    return tuple(out)
+
+
+def _flash_bwd_scratch(tracker: Any, b: int, sq: int, sk: int, hq: int, hk: int, d: int, dtype: torch.dtype) -> None:
+    """mha_bwd's internal buffers (flash_api.cpp), allocated after dq/dk/dv and freed on return."""
+    d_rounded = _round(d, 32 if d <= 128 else 64)
+    sq_r = _round(sq, 128)
+    frees = [
+        tracker.scratch(b * hq * sq_r * 4, "flash_bwd.softmax_d"),
+        tracker.scratch(b * sq_r * hq * d_rounded * 4, "flash_bwd.dq_accum"),
+    ]
+    if hk != hq:
+        esz = torch.empty((), dtype=dtype).element_size()
+        frees.append(tracker.scratch(b * sk * hq * d * esz, "flash_bwd.dk_expanded"))
+        frees.append(tracker.scratch(b * sk * hq * d * esz, "flash_bwd.dv_expanded"))
+    for f in reversed(frees):
+        f()
+
+
+def intercept(state: AttentionState, tracker: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    if func is aten._fused_sdp_choice.default:
+        choice = cuda_sdp_choice(*args, **kwargs)
+        state.note(SDP_NAMES.get(choice, str(choice)))
+        return choice
+    if func is aten._scaled_dot_product_flash_attention.default:
+        out = func(*args, **kwargs)
+        tracker.record(out[0], "sdpa_flash")
+        tracker.record(out[1], "sdpa_flash.lse")
+        return _device_rng(state, tracker, out, 6, 7)
+    if func is aten._flash_attention_forward.default:
+        out = func(*args, **kwargs)
+        tracker.record(out[0], "flash_attn")
+        tracker.record(out[1], "flash_attn.lse")
+        return _device_rng(state, tracker, out, 2, 3)
+    if func is aten._scaled_dot_product_flash_attention_backward.default:
+        out = func(*args, **kwargs)
+        for o in out:
+            tracker.record(o, "sdpa_flash_backward")
+        q, k = args[1], args[2]  # (b, h, s, d)
+        _flash_bwd_scratch(tracker, q.size(0), q.size(2), k.size(2), q.size(1), k.size(1), q.size(3), q.dtype)
+        return out
+    if func is aten._flash_attention_backward.default:
+        out = func(*args, **kwargs)
+        for o in out:
+            tracker.record(o, "flash_attn_backward")
+        q, k = args[1], args[2]  # (b, s, h, d)
+        _flash_bwd_scratch(tracker, q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), q.dtype)
+        return out
+    if func is aten._scaled_dot_product_efficient_attention_backward.default:
+        q, k, v = args[1], args[2], args[3]
+        if q.size(1) != k.size(1):
+            # The meta kernel sizes dk/dv with the query's heads (GQA). Allocate what it
+            # returns as the expanded gradients, then the real kv-head-sized dk/dv.
+            gq, gk_exp, gv_exp, gb = func(*args, **kwargs)
+            tracker.record(gq, "sdpa_efficient_backward")
+            tracker.record(gk_exp, "sdpa_efficient_backward.dk_expanded")
+            tracker.record(gv_exp, "sdpa_efficient_backward.dv_expanded")
+            gk = torch.empty_like(k)
+            gv = torch.empty_like(v)
+            tracker.record(gk, "sdpa_efficient_backward")
+            tracker.record(gv, "sdpa_efficient_backward")
+            del gk_exp, gv_exp
+            return gq, gk, gv, gb
+        return NotImplemented
+    return NotImplemented
+
+
+def flash_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                            value: torch.Tensor, attention_mask: Any, dropout: float = 0.0,
+                            scaling: float | None = None, is_causal: bool | None = None,
+                            **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' ``flash_attention_2`` memory behaviour via ``aten._flash_attention_forward``."""
+    q = query.transpose(1, 2)
+    k = key.transpose(1, 2)
+    v = value.transpose(1, 2)
+    if q.dtype == torch.float32:
+        # modeling_flash_attention_utils: fp32 inputs are cast to the autocast dtype (or the
+        # pre-quantization / weight dtype); we use the compute dtype the engine sets.
+        if torch.is_autocast_enabled("cuda"):
+            target = torch.get_autocast_dtype("cuda")
+        else:
+            target = getattr(module, "_cabe_flash_dtype", torch.bfloat16)
+        q, k, v = q.to(target), k.to(target), v.to(target)
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    causal = bool(causal and q.size(1) > 1)
+    out = torch.ops.aten._flash_attention_forward(
+        q, k, v, None, None, q.size(1), k.size(1), float(dropout if module.training else 0.0),
+        causal, False, scale=scaling,
+    )[0]
+    return out, None
+
+
+_REGISTERED = False
+
+
+def register_flash() -> str:
+    """Register ``cabe_flash`` with transformers' attention and mask interfaces."""
+    global _REGISTERED
+    if not _REGISTERED:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+        AttentionInterface.register("cabe_flash", flash_attention_forward)
+        ALL_MASK_ATTENTION_FUNCTIONS.register("cabe_flash", flash_attention_mask)
+        _REGISTERED = True
+    return "cabe_flash"

@@ -1,0 +1,307 @@
+"""The HTTP server of ``cabe serve``: a JSON API (with an OpenAPI document) and the web page.
+
+Starlette + uvicorn (the ``[web]`` extra). Every route is a thin layer over :mod:`cabe.api`:
+the same request dict, the same report, the same errors (HTTP 422 with the sentence in the
+asker's language). Request bodies are size-limited; an uploaded ``config.json`` arrives as the
+``config`` field of a JSON body, is parsed as JSON only, and is never executed or stored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Mapping
+
+from cabe import api, i18n
+from cabe import gpus as gpu_catalog
+from cabe import models
+from cabe.errors import CabeError, InvalidValueError
+from cabe.web import page
+from cabe.web.openapi import openapi_document
+
+log = logging.getLogger("cabe.web")
+
+#: Largest request body accepted (a config.json is a few kB).
+MAX_BODY_BYTES = 256 * 1024
+
+#: Exceptions a malformed (but not malicious) body can still raise deep in the core; they become
+#: 422 rather than 500, and are logged so that the core can be fixed.
+_BAD_INPUT = (TypeError, ValueError, KeyError, AttributeError, OverflowError, IndexError, ZeroDivisionError)
+
+
+def _starlette() -> Any:
+    try:
+        import starlette  # noqa: F401
+    except ImportError:  # pragma: no cover - depends on the environment
+        from cabe.errors import MissingDependencyError
+
+        raise MissingDependencyError("missing_extra", None, extra="web", package="starlette") from None
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BadJson(Exception):
+    pass
+
+
+def lang_from(request: Any, body: Mapping[str, Any] | None = None) -> str:
+    """``lang`` in the body, else ``?lang=``, else Accept-Language, else English."""
+    explicit = None
+    if isinstance(body, Mapping) and isinstance(body.get("lang"), str):
+        explicit = body["lang"]
+    explicit = explicit or request.query_params.get("lang")
+    if explicit and explicit.lower()[:2] in i18n.LANGS:
+        return explicit.lower()[:2]
+    return accept_language(request.headers.get("accept-language", ""))
+
+
+def accept_language(header: str) -> str:
+    best, best_q = i18n.DEFAULT_LANG, -1.0
+    for i, part in enumerate(header.split(",")):
+        bits = part.strip().split(";")
+        code = bits[0].strip().lower()[:2]
+        q = 1.0
+        for b in bits[1:]:
+            b = b.strip()
+            if b.startswith("q="):
+                try:
+                    q = float(b[2:])
+                except ValueError:
+                    q = 0.0
+        if code in i18n.LANGS and q > best_q:
+            best, best_q = code, q
+    return best
+
+
+async def read_body(request: Any, limit: int = MAX_BODY_BYTES) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None:
+        try:
+            if int(length) > limit:
+                raise BodyTooLarge()
+        except ValueError:
+            raise BadJson() from None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Any) -> Any:
+    raw = await read_body(request)
+    try:
+        return json.loads(raw.decode("utf-8")) if raw.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise BadJson() from None
+
+
+def _json(data: Any, status: int = 200) -> Any:
+    from starlette.responses import Response
+
+    return Response(json.dumps(data, ensure_ascii=False, allow_nan=False, default=str), status_code=status,
+                    media_type="application/json")
+
+
+def _web_error(code: str, lang: str, status: int, field: str | None = None, **params: Any) -> Any:
+    return _json({"error": {"code": code, "field": field, "params": params,
+                            "message": i18n.t("web.error." + code, lang, **params)}}, status)
+
+
+def _needs_thread(body: Mapping[str, Any]) -> bool:
+    """A Hugging Face id means a network fetch: keep it off the event loop."""
+    m = body.get("model")
+    return isinstance(m, str) and "/" in m and m.strip().lower() not in models.preset_names()
+
+
+async def _call(fn: Any, body: Any) -> Any:
+    if isinstance(body, Mapping) and _needs_thread(body):
+        from starlette.concurrency import run_in_threadpool
+
+        return await run_in_threadpool(fn, body)
+    return fn(body)
+
+
+async def _guarded(request: Any, fn: Any) -> Any:
+    lang = lang_from(request)
+    try:
+        body = await read_json(request)
+    except BodyTooLarge:
+        return _web_error("body_too_large", lang, 413, limit=MAX_BODY_BYTES)
+    except BadJson:
+        return _web_error("invalid_json", lang, 422)
+    lang = lang_from(request, body)
+    try:
+        return _json(await _call(fn, body))
+    except CabeError as err:
+        return _json(api.error_json(err, lang), 422)
+    except _BAD_INPUT as exc:  # a hole in the core's validation: answer 422, log it for a fix
+        log.warning("unvalidated input reached the core: %r", exc)
+        return _web_error("invalid_request", lang, 422)
+
+
+# --------------------------------------------------------------------------------------- routes
+
+
+async def estimate(request: Any) -> Any:
+    return await _guarded(request, lambda body: api.estimate_json(body, allow_files=False))
+
+
+def _int(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidValueError("not_integer", name, value=value)
+    if not lo <= value <= hi:
+        raise InvalidValueError("out_of_range", name, value=value, minimum=lo, maximum=hi)
+    return value
+
+
+def lora_json(body: Any) -> dict[str, Any]:
+    from cabe.method import lora_parameters
+    from cabe.training import DEFAULT_LORA_TARGETS, MAX_RANK, parse_targets
+
+    if not isinstance(body, Mapping):
+        raise InvalidValueError("body_not_object", None)
+    allowed = ("model", "config", "rank", "targets", "lang")
+    for k in body:
+        if k not in allowed:
+            raise InvalidValueError("unknown_field", k, allowed=", ".join(allowed))
+    src = api.model_source(body, allow_files=False)
+    if src is None:
+        raise InvalidValueError("missing_model", "model")
+    rank = _int("rank", body.get("rank", 8), 1, MAX_RANK)
+    targets = body.get("targets", None)
+    if targets is None or targets == "":
+        tt: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    elif isinstance(targets, str):
+        tt = parse_targets(targets)
+    elif isinstance(targets, list) and targets and all(isinstance(x, str) for x in targets):
+        tt = tuple(targets)
+    else:
+        raise InvalidValueError("empty_list" if targets == [] else "not_string", "targets", value=targets)
+    spec = src.spec
+    rows = lora_parameters(spec, rank, tt)
+    total = sum(r.parameters for r in rows)
+    return {
+        "model": src.name,
+        "rank": rank,
+        "targets": list(tt),
+        "num_layers": spec.num_layers,
+        "per_target": [
+            {"name": r.name, "in_features": r.in_features, "out_features": r.out_features,
+             "per_layer": r.per_layer, "parameters": r.parameters}
+            for r in rows
+        ],
+        "total_parameters": total,
+        "model_parameters": src.meta.get("parameters"),
+    }
+
+
+async def lora(request: Any) -> Any:
+    return await _guarded(request, lora_json)
+
+
+def models_json() -> list[dict[str, Any]]:
+    out = []
+    for name in models.preset_names():
+        meta = models.preset(name).meta
+        out.append({"name": name, **{k: meta.get(k) for k in ("display", "hf_id", "parameters", "family", "gated")}})
+    return out
+
+
+_MODELS_CACHE: list[dict[str, Any]] | None = None
+
+
+async def list_models(request: Any) -> Any:
+    global _MODELS_CACHE
+    if _MODELS_CACHE is None:
+        _MODELS_CACHE = models_json()
+    return _json({"models": _MODELS_CACHE})
+
+
+async def list_gpus(request: Any) -> Any:
+    return _json({"gpus": [g.to_json() for g in gpu_catalog.all_gpus()]})
+
+
+async def health(request: Any) -> Any:
+    from cabe import __version__ as version
+
+    return _json({"status": "ok", "version": version})
+
+
+async def openapi(request: Any) -> Any:
+    return _json(openapi_document())
+
+
+async def index(request: Any) -> Any:
+    from starlette.responses import HTMLResponse
+
+    lang = lang_from(request)
+    return HTMLResponse(page.render_page(request.query_params, lang), headers=_PAGE_HEADERS)
+
+
+async def fragment(request: Any) -> Any:
+    """The page's result panels for a query string (+ an uploaded config), for the script."""
+    lang = lang_from(request)
+    try:
+        body = await read_json(request)
+    except BodyTooLarge:
+        return _web_error("body_too_large", lang, 413, limit=MAX_BODY_BYTES)
+    except BadJson:
+        return _web_error("invalid_json", lang, 422)
+    if not isinstance(body, Mapping) or not isinstance(body.get("query", ""), str):
+        return _web_error("invalid_request", lang, 422)
+    from urllib.parse import parse_qsl
+
+    query = dict(parse_qsl(body.get("query", ""), keep_blank_values=True))
+    lang = query.get("lang") if query.get("lang") in i18n.LANGS else lang
+    config = body.get("config")
+    return _json(page.render_fragments(query, lang, config=config))
+
+
+_PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+                               "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def create_app() -> Any:
+    _starlette()
+    from importlib import resources
+
+    from starlette.applications import Starlette
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+
+    static_dir = str(resources.files("cabe") / "web" / "static")
+    routes = [
+        Route("/", index, methods=["GET"]),
+        Route("/fragment", fragment, methods=["POST"]),
+        Route("/api/estimate", estimate, methods=["POST"]),
+        Route("/api/lora", lora, methods=["POST"]),
+        Route("/api/models", list_models, methods=["GET"]),
+        Route("/api/gpus", list_gpus, methods=["GET"]),
+        Route("/api/health", health, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Mount("/static", app=StaticFiles(directory=static_dir), name="static"),
+    ]
+    return Starlette(routes=routes)
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Run the server (blocks). Binds 127.0.0.1 unless another host is asked for."""
+    app = create_app()
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            server_header=False, limit_concurrency=1000)
+    server = uvicorn.Server(config)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"cabe: http://{shown}:{port}", flush=True)
+    server.run()
