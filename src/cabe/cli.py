@@ -33,7 +33,7 @@ def _common_model_options(p: argparse.ArgumentParser) -> None:
     s.add_argument("--attention", help="eager | sdpa | flash (default sdpa)")
     s.add_argument("--lora-rank", help="LoRA rank r (default 8)")
     s.add_argument("--lora-alpha", help="LoRA alpha (default 16)")
-    s.add_argument("--lora-targets", help="comma list of module names as PEFT spells them, or all-linear (default q_proj,v_proj)")
+    s.add_argument("--lora-targets", help="comma list of module names as PEFT spells them, or all-linear (default: PEFT's default for the model, q_proj,v_proj for Llama)")
     s.add_argument("--quant", help="QLoRA quant type: nf4 | fp4")
     s.add_argument("--double-quant", dest="double_quant", action="store_true", default=None, help="QLoRA double quantization (default on)")
     s.add_argument("--no-double-quant", dest="double_quant", action="store_false")
@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     lo = sub.add_parser("lora", help="LoRA adapter parameters per target module for a model and rank")
     lo.add_argument("--model", "-m", required=False)
     lo.add_argument("--lora-rank", "--rank", dest="lora_rank", default="8")
-    lo.add_argument("--lora-targets", "--targets", dest="lora_targets", default="q_proj,v_proj")
+    lo.add_argument("--lora-targets", "--targets", dest="lora_targets", default=None,
+                    help="comma list or all-linear (default: PEFT's default for the model)")
     _output_options(lo)
 
     tr = sub.add_parser("trace", help="run the training step through PyTorch on fake tensors (needs cabe[trace])")
@@ -224,7 +225,7 @@ def _cmd_lora(args: argparse.Namespace, lang: str, units: str) -> int:
     if not args.model:
         raise InvalidValueError("empty_model", "model")
     spec = models.resolve(args.model).spec
-    setup = TrainingSetup(lora_rank=_to_int("lora_rank", args.lora_rank), lora_targets=parse_targets(args.lora_targets))
+    setup = TrainingSetup(lora_rank=_to_int("lora_rank", args.lora_rank), lora_targets=parse_targets(args.lora_targets) if args.lora_targets else ())
     rows = lora_parameters(spec, setup.lora_rank, setup.lora_targets)
     total = sum(r.parameters for r in rows)
     if args.json:

@@ -20,6 +20,15 @@ QUANT_CODE_BYTES = 16 * 4  # the 16-entry NF4/FP4 code book, fp32
 DOUBLE_QUANT_CODE_BYTES = 256 * 4  # the 8-bit dynamic code for the absmax values
 
 
+#: PEFT's default LoRA targets per model type (peft/utils/constants.py).
+PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
+    "gpt2": ("c_attn",),
+    "gpt_neox": ("query_key_value",),
+    "falcon": ("query_key_value",),
+    "phi3": ("qkv_proj",),
+}
+
+
 @dataclass(frozen=True)
 class Tensor:
     """A group of identical parameter tensors: ``count`` tensors of ``numel`` elements each."""
@@ -53,6 +62,8 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[Linear, ...
     layer). Raises :class:`InvalidValueError` for a name the model does not have.
     """
     names = spec.linear_names
+    if not targets:
+        targets = PEFT_DEFAULT_TARGETS.get(spec.model_type, ("q_proj", "v_proj"))
     if any(t == "all-linear" for t in targets):
         wanted = set(names)
     else:

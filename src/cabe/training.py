@@ -30,8 +30,9 @@ ATTENTIONS: tuple[str, ...] = get_args(Attention)
 QUANTS: tuple[str, ...] = get_args(Quant)
 COMPUTE_DTYPES: tuple[str, ...] = get_args(ComputeDtype)
 
-#: LoRA targets used when none are given: PEFT's default for Llama-like models.
-DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
+#: LoRA targets when none are given: PEFT's default for the model type
+#: (peft.utils.constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING). An empty tuple means "that default".
+DEFAULT_LORA_TARGETS: tuple[str, ...] = ()
 
 # Upper bounds that catch typos (a batch of 10^9) without limiting real use.
 MAX_BATCH = 1 << 20
@@ -99,8 +100,6 @@ class TrainingSetup:
         number("lora_alpha", self.lora_alpha, minimum=0.0, strict=True)
         if isinstance(self.lora_targets, str):
             object.__setattr__(self, "lora_targets", parse_targets(self.lora_targets))
-        if not self.lora_targets:
-            raise InvalidValueError("empty_list", "lora_targets")
         for flag in ("checkpointing", "double_quant"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidValueError("not_bool", flag, value=getattr(self, flag))

@@ -83,6 +83,10 @@ def fill(template: str, params: dict[str, Any], lang: str) -> str:
 
 def t(key: str, lang: str = DEFAULT_LANG, **params: Any) -> str:
     """The sentence for ``key`` in ``lang``, placeholders filled. Unknown keys return the key."""
+    return text(key, lang, params)
+
+
+def text(key: str, lang: str, params: dict[str, Any]) -> str:
     template = catalog(lang).get(key) or catalog(DEFAULT_LANG).get(key) or key
     return fill(template, params, lang)
 
@@ -91,7 +95,7 @@ def error_message(err: Any, lang: str = DEFAULT_LANG) -> str:
     params = dict(err.params)
     field = err.field or ""
     params.setdefault("field", field.replace("_", "-") if field else "")
-    return t("error." + err.code, lang, **params)
+    return text("error." + err.code, lang, params)
 
 
 def placeholders(template: str) -> set[str]:

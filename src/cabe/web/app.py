@@ -228,9 +228,16 @@ async def list_gpus(request: Any) -> Any:
 
 
 async def health(request: Any) -> Any:
-    from cabe import __version__ as version
+    return _json({"status": "ok", "version": _version()})
 
-    return _json({"status": "ok", "version": version})
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("cabe")
+    except Exception:  # not installed as a distribution (e.g. PYTHONPATH=src)
+        return "unknown"
 
 
 async def openapi(request: Any) -> Any:
