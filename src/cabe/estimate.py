@@ -18,6 +18,7 @@ to ``total_bytes``. CUDA context and allocator slack are reported beside it, nev
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from cabe.activations import (
@@ -179,8 +180,7 @@ class _Moment:
         return sum(self.components.values())
 
 
-def _bytes_per_element(t: Tensor, setup: TrainingSetup) -> int:
-    dt = dtypes_for(setup)
+def _bytes_per_element(t: Tensor, setup: TrainingSetup, dt: Any) -> int:
     if t.kind == "adapter":
         return dt.adapter
     if t.kind == "prompt":
@@ -190,11 +190,21 @@ def _bytes_per_element(t: Tensor, setup: TrainingSetup) -> int:
     return dt.weight if t.trainable else dt.frozen
 
 
-def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[str, Any] | None = None) -> Report:
-    """Peak allocated bytes of a training step for an architecture and a setup."""
-    if setup.method == "freeze" and setup.trainable_layers > spec.num_layers:
-        raise InvalidValueError("out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0,
-                                maximum=spec.num_layers)
+@dataclass(frozen=True)
+class _States:
+    tensors: list
+    bytes_of: dict
+    weights: int
+    quant: int
+    grads: int
+    opt: Any
+    n_train: int
+
+
+@lru_cache(maxsize=256)
+def _model_states(spec: ModelSpec, setup: TrainingSetup) -> _States:
+    """Weights, gradients and optimizer state: independent of batch and sequence, so cached
+    (a solver sweeping batch or sequence pays for them once)."""
     dt = dtypes_for(setup)
     tensors = parameter_tensors(spec, setup)
     kinds = {t.kind for t in tensors}
@@ -205,14 +215,27 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         if t.kind == "quantized":
             quant += quantized_bytes(t.numel, setup.double_quant) * t.count
             continue
-        b = _bytes_per_element(t, setup)
+        b = _bytes_per_element(t, setup, dt)
         bytes_of[t.kind] = b
         weights += round_alloc(t.numel * b) * t.count
     bytes_of_trainable = {k: v for k, v in bytes_of.items()}
     grads = sum(round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count for t in tensors if t.trainable)
     opt = optimizer_memory(tensors, setup, bytes_of_trainable)
-    n_params = spec.parameter_count
     n_train = sum(t.total for t in tensors if t.trainable)
+    return _States(tensors, bytes_of_trainable, weights, quant, grads, opt, n_train)
+
+
+def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[str, Any] | None = None) -> Report:
+    """Peak allocated bytes of a training step for an architecture and a setup."""
+    if setup.method == "freeze" and setup.trainable_layers > spec.num_layers:
+        raise InvalidValueError("out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0,
+                                maximum=spec.num_layers)
+    dt = dtypes_for(setup)
+    states = _model_states(spec, setup.with_(batch=1, seq=1, grad_accum=1, checkpointing=False, attention="sdpa"))
+    tensors, bytes_of_trainable, weights, quant, grads, opt = (
+        states.tensors, states.bytes_of, states.weights, states.quant, states.grads, states.opt)
+    n_params = spec.parameter_count
+    n_train = states.n_train
 
     # ---- which layers does the gradient flow through? ----------------------------------------
     layers = spec.num_layers
@@ -225,9 +248,10 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     tokens = setup.batch * (setup.seq + (setup.prompt_tokens if setup.method == "prompt-tuning" else 0))
 
     # ---- activations per layer -------------------------------------------------------------
-    act_train = layer_activations(spec, setup, dt, base_trainable=True, adapters=False)
-    act_frozen = layer_activations(spec, setup, dt, base_trainable=False, adapters=setup.adapters)
-    per_layer = act_train if trainable_layers else act_frozen
+    if trainable_layers:
+        per_layer = layer_activations(spec, setup, dt, base_trainable=True, adapters=False)
+    else:
+        per_layer = layer_activations(spec, setup, dt, base_trainable=False, adapters=setup.adapters)
     full_layer_bytes = tokens * per_layer.bytes_per_token
     if setup.checkpointing:
         saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size

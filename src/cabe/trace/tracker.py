@@ -57,9 +57,12 @@ def storage_key(t: torch.Tensor) -> int:
 class AllocationTracker(TorchDispatchMode):
     """Dispatch mode that logs allocations; see the module docstring."""
 
-    def __init__(self, intercept: Callable[[Any, tuple, dict], Any] | None = None) -> None:
+    def __init__(self, device_type: str = "cuda",
+                 intercept: Callable[[Any, Any, tuple, dict], Any] | None = None) -> None:
         super().__init__()
-        self.intercept = intercept  # (func, args, kwargs) -> result or NotImplemented
+        self.device_type = device_type  # only storages on this device count
+        self.intercept = intercept  # (tracker, func, args, kwargs) -> result or NotImplemented
+        self.ignored: set[int] = set()  # allocations no longer counted (see forget)
         self.live: dict[int, int] = {}  # storage key -> allocation id
         self.size = array("q")  # allocation id -> rounded bytes
         self.raw_size = array("q")  # allocation id -> exact bytes
@@ -107,6 +110,8 @@ class AllocationTracker(TorchDispatchMode):
     def _free(self, key: int, aid: int) -> None:
         if self.live.get(key) == aid:
             del self.live[key]
+        if aid in self.ignored:
+            return
         if aid not in self.paged:
             self.live_bytes -= self.size[aid]
         self.events.append(-(aid + 1))
@@ -115,6 +120,8 @@ class AllocationTracker(TorchDispatchMode):
 
     def record(self, t: torch.Tensor, op: str = "") -> int | None:
         """Register ``t``'s storage if it is new; return its allocation id."""
+        if t.device.type != self.device_type:
+            return None
         st = t.untyped_storage()
         key = st._cdata
         aid = self.live.get(key)
@@ -141,6 +148,14 @@ class AllocationTracker(TorchDispatchMode):
             self.event_step.append(self.step)
 
         return free
+
+    def forget(self, t: torch.Tensor) -> None:
+        """Stop counting ``t``'s storage now (e.g. a CPU-resident optimizer ``step`` in a CPU run)."""
+        aid = self.aid_of(t) if t.device.type == self.device_type else None
+        if aid is None or aid in self.ignored:
+            return
+        self._free(-1, aid)
+        self.ignored.add(aid)
 
     def aid_of(self, t: torch.Tensor) -> int | None:
         return self.live.get(storage_key(t))
