@@ -33,6 +33,7 @@ from cabe.method import Tensor, parameter_tensors, quantized_bytes
 from cabe.optimizer import optimizer_memory, round_alloc
 from cabe.precision import dtypes_for
 from cabe.report import GB, GiB, Report, Step
+from cabe.step import StepParts, timeline
 from cabe.training import TrainingSetup, number
 
 #: The seed calculator's presets for bytes per parameter (mixed-precision Adam, 8-bit Adam, SGD+momentum).
@@ -170,14 +171,6 @@ def _half_up(x: float) -> float:
 # =============================================================================================
 
 
-@dataclass(frozen=True)
-class _Moment:
-    phase: str
-    components: dict[str, int]
-
-    @property
-    def total(self) -> int:
-        return sum(self.components.values())
 
 
 def _bytes_per_element(t: Tensor, setup: TrainingSetup, dt: Any) -> int:
@@ -258,7 +251,6 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     else:
         saved_layer_bytes = full_layer_bytes
     rotary = 2 * tokens * spec.rotary_dim * dt.residual if spec.position == "rotary" else 0
-    acts_all = grad_layers * saved_layer_bytes + (rotary if grad_layers else 0)
 
     # autocast keeps a 16-bit copy of every weight a matmul saves for backward
     copies_layer = 0
@@ -266,49 +258,34 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     if dt.weight_copies:
         copies_layer = sum(round_alloc(lin.weight_count * 2) for lin in spec.layer_linears)
         copies_head = round_alloc(spec.vocab_size * spec.hidden_size * 2)
-    copies_fwd = copies_layer * (layers if setup.checkpointing else grad_layers) + copies_head
 
     head = head_activations(spec, setup, dt)
-    head_saved = tokens * (head.final_norm + head.saved_logsoftmax)
-    grads_in_fwd = grads if setup.grad_accum > 1 else 0
-
-    base = {"weights": weights + quant, "optimizer": opt.state_bytes}
-    moments: list[_Moment] = []
-    # 1. forward, at the loss (fp32 upcast + log-softmax on top of the bf16 logits)
-    moments.append(_Moment("forward", {
-        **base, "gradients": grads_in_fwd, "weight_copies": copies_fwd, "activations": acts_all,
-        "logits": head_saved + tokens * (head.logits + head.forward_peak_extra),
-    }))
-    # 2. backward at the head: gradients of log-softmax and of the logits
-    copies_bwd = copies_layer * grad_layers + copies_head
-    moments.append(_Moment("backward", {
-        **base, "gradients": grads_in_fwd, "weight_copies": copies_bwd, "activations": acts_all,
-        "logits": head_saved + tokens * head.backward_peak_extra,
-    }))
-    # 3. backward through the layers: first (top) and last (bottom) layer
     grads_head = sum(round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count
-                     for t in tensors if t.trainable and t.kind in ("lm_head", "norm") and t.name == "final_norm"
-                     or t.trainable and t.kind == "lm_head")
+                     for t in tensors if t.trainable and (t.kind == "lm_head" or t.name == "final_norm"))
     grads_layer = (grads - grads_head - sum(round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count
                                             for t in tensors if t.trainable and t.kind in ("embedding", "prompt")))
-    grads_per_layer = grads_layer // max(grad_layers, 1) if grad_layers else 0
-    work_tokens = tokens * per_layer.backward_workspace_per_token
-    recompute = full_layer_bytes if setup.checkpointing else 0
-    if grad_layers:
-        for i_from_top in (0, grad_layers - 1):
-            remaining = grad_layers - i_from_top  # layers whose activations are still saved
-            g_now = grads_in_fwd or (grads_head + grads_per_layer * (i_from_top + 1))
-            moments.append(_Moment("backward", {
-                **base, "gradients": g_now,
-                "weight_copies": copies_layer * remaining,
-                "activations": remaining * saved_layer_bytes + recompute + rotary + work_tokens,
-                "logits": 0,
-            }))
-    # 4. end of backward / optimizer step
-    moments.append(_Moment("optimizer", {
-        **base, "gradients": grads, "optimizer_temporaries": opt.temp_bytes,
-    }))
-
+    parts = StepParts(
+        weights=weights + quant,
+        optimizer=opt.state_bytes,
+        grads=grads,
+        grads_head=grads_head,
+        grads_per_layer=grads_layer // grad_layers if grad_layers else 0,
+        grad_layers=grad_layers,
+        copies_layer=copies_layer,
+        copies_head=copies_head,
+        copies_fwd_layers=layers if setup.checkpointing else grad_layers,
+        saved_layer=saved_layer_bytes,
+        recompute_layer=full_layer_bytes if setup.checkpointing else 0,
+        workspace_layer=tokens * per_layer.backward_workspace_per_token,
+        rotary=rotary if grad_layers else 0,
+        head_saved=tokens * (head.final_norm + head.saved_logsoftmax),
+        head_forward_extra=tokens * (head.logits + head.forward_peak_extra),
+        head_backward_extra=tokens * head.backward_peak_extra,
+        optimizer_temporaries=opt.temp_bytes,
+        grads_in_forward=setup.grad_accum > 1,
+    )
+    moments = timeline(parts)
+    copies_fwd = copies_layer * parts.copies_fwd_layers + copies_head
     peak = max(moments, key=lambda m: m.total)
     phase_peaks: dict[str, int] = {}
     for m in moments:
@@ -357,6 +334,8 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,
         allocator_slack_bytes=round(total * ALLOCATOR_SLACK_FRACTION),
         notes=tuple(notes),
+        extra={"peak_at": peak.where,
+               "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments]},
     )
 
 

@@ -1,0 +1,81 @@
+"""The training step as a sequence of moments, and the peak among them.
+
+:class:`StepParts` holds the per-GPU sizes a step is made of (bytes); :func:`timeline` walks the
+steady-state step (step 2 onwards) and returns what is live at each moment that can be a peak.
+Sharding (:mod:`cabe.sharding`) transforms the parts before the walk; the walk is the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Moment:
+    """What is live at one moment of the step: component name -> bytes."""
+
+    phase: str  # "forward" | "backward" | "optimizer"
+    where: str  # e.g. "loss", "head", "top_layer", "bottom_layer", "step"
+    components: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.components.values())
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """Per-GPU sizes, in bytes, that a training step is made of."""
+
+    weights: int  # parameters as stored (incl. 4-bit weights and their quantization state)
+    optimizer: int  # optimizer state held by the allocator
+    grads: int  # every gradient, at the end of backward
+    grads_head: int  # gradients made at the head (lm_head, final norm)
+    grads_per_layer: int
+    grad_layers: int  # layers the gradient flows through (all but frozen-bottom ones)
+    copies_layer: int  # autocast 16-bit weight copies of one layer
+    copies_head: int
+    copies_fwd_layers: int  # layers whose copies are alive at the end of forward
+    saved_layer: int  # what one layer keeps for backward (its input only, with checkpointing)
+    recompute_layer: int  # checkpointing: the activations of the layer being recomputed
+    workspace_layer: int  # transient extra while one layer runs backward
+    rotary: int  # cos/sin tables shared by all layers
+    head_saved: int  # final norm + log-softmax output, saved for backward
+    head_forward_extra: int  # logits + fp32 upcast, alive while the loss is computed
+    head_backward_extra: int  # gradients of log-softmax and of the logits
+    optimizer_temporaries: int
+    grads_in_forward: bool  # gradient accumulation: last micro-batch's gradients still live
+    # extra per-phase components from sharding (communication buffers, gathered layers ...)
+    extra_forward: dict[str, int] = field(default_factory=dict)
+    extra_backward: dict[str, int] = field(default_factory=dict)
+    extra_optimizer: dict[str, int] = field(default_factory=dict)
+
+
+def timeline(p: StepParts) -> list[Moment]:
+    """The moments of a steady-state step that can hold the peak.
+
+    Between the top and the bottom layer of the backward pass, live memory is linear in the
+    layer index (activations freed, gradients added at constant rates), so the two ends bound it.
+    """
+    base = {"weights": p.weights, "optimizer": p.optimizer}
+    g_acc = p.grads if p.grads_in_forward else 0
+    acts_all = p.grad_layers * p.saved_layer + p.rotary
+    moments = [
+        Moment("forward", "loss", {
+            **base, "gradients": g_acc, "weight_copies": p.copies_layer * p.copies_fwd_layers + p.copies_head,
+            "activations": acts_all, "logits": p.head_saved + p.head_forward_extra, **p.extra_forward}),
+        Moment("backward", "head", {
+            **base, "gradients": g_acc, "weight_copies": p.copies_layer * p.grad_layers + p.copies_head,
+            "activations": acts_all, "logits": p.head_saved + p.head_backward_extra, **p.extra_backward}),
+    ]
+    if p.grad_layers:
+        for from_top, where in ((0, "top_layer"), (p.grad_layers - 1, "bottom_layer")):
+            remaining = p.grad_layers - from_top
+            grads = g_acc or (p.grads_head + p.grads_per_layer * (from_top + 1))
+            moments.append(Moment("backward", where, {
+                **base, "gradients": grads, "weight_copies": p.copies_layer * remaining,
+                "activations": remaining * p.saved_layer + p.recompute_layer + p.rotary + p.workspace_layer,
+                **p.extra_backward}))
+    moments.append(Moment("optimizer", "step", {
+        **base, "gradients": p.grads, "optimizer_temporaries": p.optimizer_temporaries, **p.extra_optimizer}))
+    return moments
