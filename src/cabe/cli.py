@@ -40,6 +40,14 @@ def _common_model_options(p: argparse.ArgumentParser) -> None:
     s.add_argument("--compute-dtype", help="QLoRA compute dtype: bf16 | fp16 | fp32")
     s.add_argument("--trainable-layers", help="freeze: how many of the last layers train (default 1)")
     s.add_argument("--prompt-tokens", help="prompt tuning: number of virtual tokens (default 20)")
+    d = p.add_argument_group("several GPUs")
+    d.add_argument("--gpus", help="total number of GPUs (default 1); memory is reported per GPU")
+    d.add_argument("--shard", help="none | ddp | zero1 | zero2 | zero3 | fsdp | fsdp-hybrid")
+    d.add_argument("--offload", help="none | optimizer | parameters | both (CPU offload)")
+    d.add_argument("--tp", help="tensor-parallel degree")
+    d.add_argument("--pp", help="pipeline-parallel degree")
+    d.add_argument("--ep", help="expert-parallel degree (MoE)")
+    d.add_argument("--gpus-per-node", help="GPUs per node (default 8)")
 
 
 def _output_options(p: argparse.ArgumentParser) -> None:
@@ -48,7 +56,8 @@ def _output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--units", default="GB", help="GB (10^9 bytes) or GiB (2^30 bytes)")
 
 
-_INT_FIELDS = ("batch", "seq", "grad_accum", "lora_rank", "trainable_layers", "prompt_tokens")
+_INT_FIELDS = ("batch", "seq", "grad_accum", "lora_rank", "trainable_layers", "prompt_tokens", "gpus", "tp", "pp", "ep",
+               "gpus_per_node")
 _FLOAT_FIELDS = ("params", "bytes_per_param", "activations_gb", "lora_alpha")
 
 
@@ -56,7 +65,7 @@ def request_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Turn parsed options into the request dict of :mod:`cabe.api` (numbers validated here)."""
     body: dict[str, Any] = {}
     for name in ("model", "method", "precision", "optimizer", "optimizer_impl", "attention", "lora_targets", "quant",
-                 "compute_dtype", "gpu"):
+                 "compute_dtype", "gpu", "shard", "offload"):
         v = getattr(args, name, None)
         if v is not None:
             body[name] = v
@@ -123,6 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
     _common_model_options(me)
     _output_options(me)
 
+    for name, module, help_text in (("fit", "cabe.commands.fit", "make it fit: largest batch, longest sequence, fewest GPUs, what to change"),
+                                    ("infer", "cabe.commands.infer", "inference / serving memory: weights, KV cache, concurrent sequences")):
+        try:
+            mod = __import__(module, fromlist=["add_arguments"])
+        except ImportError:
+            continue
+        sp = sub.add_parser(name, help=help_text)
+        mod.add_arguments(sp)
+        _output_options(sp)
+        sp.set_defaults(_module=mod)
+
     sv = sub.add_parser("serve", help="start the web calculator and JSON API (needs cabe[web])")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all interfaces)")
     sv.add_argument("--port", default="8000", help="port (default 8000)")
@@ -149,6 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         units = getattr(args, "units", "GB")
         if units not in ("GB", "GiB"):
             raise InvalidValueError("bad_choice", "units", value=units, allowed="GB, GiB")
+        if getattr(args, "_module", None) is not None:
+            return args._module.run(args, lang, units)
         return _COMMANDS[args.command](args, lang, units)
     except CabeError as err:
         from cabe.i18n import error_message

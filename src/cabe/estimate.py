@@ -284,6 +284,12 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         optimizer_temporaries=opt.temp_bytes,
         grads_in_forward=setup.grad_accum > 1,
     )
+    shard_info: dict[str, Any] = {}
+    if setup.distributed:
+        # Multi-GPU plans: sharding transforms the per-GPU parts; the walk of the step is the same.
+        from cabe.sharding import shard_parts
+
+        parts, shard_info = shard_parts(parts, spec, setup)
     moments = timeline(parts)
     copies_fwd = copies_layer * parts.copies_fwd_layers + copies_head
     peak = max(moments, key=lambda m: m.total)
@@ -334,7 +340,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,
         allocator_slack_bytes=round(total * ALLOCATOR_SLACK_FRACTION),
         notes=tuple(notes),
-        extra={"peak_at": peak.where,
+        extra={"peak_at": peak.where, **({"distributed": shard_info} if shard_info else {}),
                "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments]},
     )
 

@@ -21,6 +21,8 @@ OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Attention = Literal["eager", "sdpa", "flash"]
 Quant = Literal["nf4", "fp4"]
 ComputeDtype = Literal["bf16", "fp16", "fp32"]
+Shard = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid"]
+Offload = Literal["none", "optimizer", "parameters", "both"]
 
 METHODS: tuple[str, ...] = get_args(Method)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -29,6 +31,8 @@ OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
 QUANTS: tuple[str, ...] = get_args(Quant)
 COMPUTE_DTYPES: tuple[str, ...] = get_args(ComputeDtype)
+SHARDS: tuple[str, ...] = get_args(Shard)
+OFFLOADS: tuple[str, ...] = get_args(Offload)
 
 #: LoRA targets when none are given: PEFT's default for the model type
 #: (peft.utils.constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING). An empty tuple means "that default".
@@ -62,6 +66,12 @@ class TrainingSetup:
         quant, double_quant, compute_dtype: QLoRA (bitsandbytes) settings.
         trainable_layers: for ``freeze``, how many of the last decoder layers train.
         prompt_tokens: for ``prompt-tuning``, the number of virtual tokens.
+        gpus: data-parallel world size × tp × pp (total GPUs); memory is reported per GPU.
+        shard: ``none`` (one GPU), ``ddp``, DeepSpeed ``zero1``/``zero2``/``zero3``, ``fsdp``
+            (full sharding), ``fsdp-hybrid`` (shard within a node, replicate across nodes).
+        offload: CPU offload of optimizer state and/or parameters (ZeRO-Offload / FSDP offload).
+        tp, pp, ep: tensor-, pipeline- and expert-parallel degrees.
+        gpus_per_node: GPUs in one node (hybrid sharding and host-RAM-per-node figures).
     """
 
     method: Method = "full"
@@ -81,6 +91,13 @@ class TrainingSetup:
     compute_dtype: ComputeDtype = "bf16"
     trainable_layers: int = 1
     prompt_tokens: int = 20
+    gpus: int = 1
+    shard: Shard = "none"
+    offload: Offload = "none"
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    gpus_per_node: int = 8
 
     def __post_init__(self) -> None:
         _choice("method", self.method, METHODS)
@@ -97,6 +114,10 @@ class TrainingSetup:
         _int_range("lora_rank", self.lora_rank, 1, MAX_RANK)
         _int_range("trainable_layers", self.trainable_layers, 0, 1 << 12)
         _int_range("prompt_tokens", self.prompt_tokens, 1, MAX_SEQ)
+        _choice("shard", self.shard, SHARDS)
+        _choice("offload", self.offload, OFFLOADS)
+        for name in ("gpus", "tp", "pp", "ep", "gpus_per_node"):
+            _int_range(name, getattr(self, name), 1, 1 << 20)
         number("lora_alpha", self.lora_alpha, minimum=0.0, strict=True)
         if isinstance(self.lora_targets, str):
             object.__setattr__(self, "lora_targets", parse_targets(self.lora_targets))
@@ -121,6 +142,11 @@ class TrainingSetup:
         if self.optimizer_impl is not None:
             return self.optimizer_impl
         return "foreach"
+
+    @property
+    def distributed(self) -> bool:
+        """True when memory is split or replicated over several GPUs (or offloaded)."""
+        return self.gpus > 1 or self.shard != "none" or self.offload != "none" or self.tp > 1 or self.pp > 1
 
     @property
     def adapters(self) -> bool:
