@@ -39,6 +39,8 @@ def setup_from(body: Mapping[str, Any]) -> TrainingSetup:
         if name == "lora_targets":
             v = parse_targets(v) if isinstance(v, str) else tuple(str(x) for x in v) if isinstance(v, (list, tuple)) else v
         kw[name] = v
+    if "precision" not in kw and kw.get("method") == "qlora":
+        kw["precision"] = "bf16"  # QLoRA: 4-bit base, bf16 compute (precision is shown, compute_dtype decides)
     if "precision" not in kw and kw.get("method") in ("lora", "prompt-tuning"):
         # NOTE: LoRA users load the base in bf16 (torch_dtype=torch.bfloat16); an fp32 base is opt-in.
         kw["precision"] = "bf16"

@@ -65,7 +65,7 @@ def stacked_bar(segments: Sequence[tuple[str, float]], markers: Sequence[tuple[s
         anchor = "end" if cx > width * 0.6 else "start"
         dx = -4 if anchor == "end" else 4
         parts.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{bar_y - 10}" y2="{ly - 4}" class="{cls}"/>'
-                     f'<text x="{cx + dx:.1f}" y="{ly}" class="{cls}-label" text-anchor="{anchor}">'
+                     f'<text x="{cx + dx:.1f}" y="{ly}" class="{"marker-label chosen" if chosen else "marker-label"}" text-anchor="{anchor}">'
                      f'{escape(label)} · {escape(fmt(cap))} {unit}</text>')
     parts.append(f'<text x="{sx(total):.1f}" y="{bar_y - 14}" class="total-label" '
                  f'text-anchor="{"end" if sx(total) > width * 0.6 else "start"}">{escape(fmt(total))} {unit}</text>')
