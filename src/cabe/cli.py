@@ -181,6 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug, not bad input: say so in one sentence, never a traceback
+        from cabe.i18n import t as _t
+
+        print(f"cabe: {_t('error.internal', lang, detail=f'{type(exc).__name__}: {exc}')}", file=sys.stderr)
+        return 1
 
 
 def _cmd_estimate(args: argparse.Namespace, lang: str, units: str) -> int:

@@ -349,8 +349,8 @@ def _explain_model(spec, setup, dt, tensors, weights, quant, grads, opt, n_param
                    saved_layer_bytes, grad_layers, copies, head, peak, total) -> list[Step]:
     steps: list[Step] = []
     pos = " + {p}·{h}" if spec.position_embedding_count else ""
-    head = "" if spec.tie_word_embeddings else " + {v}·{h}"
-    steps.append(Step("model.parameters", "{v}·{h}" + pos + " + {layers} × {per_layer} + {norm}" + head + " = {n}", None,
+    lm_head = "" if spec.tie_word_embeddings else " + {v}·{h}"
+    steps.append(Step("model.parameters", "{v}·{h}" + pos + " + {layers} × {per_layer} + {norm}" + lm_head + " = {n}", None,
                       {"v": spec.vocab_size, "h": spec.hidden_size, "p": spec.max_positions, "layers": spec.num_layers,
                        "per_layer": spec.layer_count, "norm": spec.norm_param_count, "n": n_params}))
     frozen = n_params - sum(t.total for t in tensors if t.trainable and t.kind not in ("adapter", "prompt"))

@@ -252,7 +252,8 @@ def _plan_form(s: Mapping[str, str], lang: str) -> str:
   <small id="model-hint" class="hint">{_e("web.plan.model_hint", lang)}</small>
   <label for="config-file">{_e("web.plan.upload", lang)}</label>
   <input id="config-file" type="file" accept=".json,application/json" aria-describedby="upload-hint">
-  <small id="upload-hint" class="hint">{_e("web.plan.upload_hint", lang)}</small>
+  <small id="upload-hint" class="hint" data-loaded="{_e("web.plan.upload_loaded", lang)}"
+    data-bad="{_e("web.plan.upload_bad", lang)}">{_e("web.plan.upload_hint", lang)}</small>
 </fieldset>
 <fieldset><legend>{_e("web.plan.group_training", lang)}</legend>
   {_select("method", _t("web.plan.method", lang), _choice_labels("web.method", training.METHODS, lang), s["method"])}
@@ -440,7 +441,8 @@ def render_page(q: Mapping[str, str], lang: str) -> str:
   {_seed_form(s, lang)}
   <h3 id="seed-results-h">{_e("web.seed.results", lang)}</h3>
   <div id="seed-results" aria-live="polite" aria-labelledby="seed-results-h"
-    data-empty="{_e("web.seed.empty", lang)}">{render_seed_results(s, lang)}</div>
+    data-empty="{_e("web.seed.empty", lang)}" data-label-m="{_e("web.seed.model_states", lang)}"
+    data-label-v="{_e("web.seed.total", lang)}">{render_seed_results(s, lang)}</div>
   <p><button type="submit" class="secondary">{_e("web.submit", lang)}</button></p>
 </section>
 <section class="card plan" aria-labelledby="plan-h">

@@ -10,6 +10,7 @@
   var configName = "";
   var seq = 0;             // drops stale answers
   var timer = null;
+  var file = document.getElementById("config-file");
 
   // Same rules as cabe.i18n.fmt_number.
   function fmt(x, digits) {
@@ -149,11 +150,14 @@
     timer = setTimeout(update, 200);
   }
 
-  form.addEventListener("input", function (e) { if (e.target.type !== "file") schedule(); });
+  form.addEventListener("input", function (e) {
+    if (e.target.type === "file") return;
+    if (e.target.id === "model" && config) { config = null; if (file) file.value = ""; }
+    schedule();
+  });
   form.addEventListener("change", function (e) { if (e.target.type !== "file") schedule(); });
   form.addEventListener("submit", function (e) { e.preventDefault(); clearTimeout(timer); update(); });
 
-  var file = document.getElementById("config-file");
   var hint = document.getElementById("upload-hint");
   if (file) {
     file.addEventListener("change", function () {
