@@ -94,6 +94,8 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False) -> Report:
     card_name = body.get("gpu")
     if card_name:
         card = gpu_catalog.gpu(str(card_name))
+        if report.mode == "architecture":
+            report = _with(report, cuda_context_bytes=card.cuda_context_bytes)
         fit = gpu_catalog.fit(report, card, precision=setup.precision if src is not None else None)
         report = _with(report, gpu=fit)
     return report

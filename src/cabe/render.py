@@ -35,6 +35,8 @@ def format_report(report: Report, *, lang: str = "en", units: str = "GB", explai
             "seq": s["seq"], "eff": s["effective_batch"]}, lang))
     lines.append("")
     for name, nbytes in report.components.items():
+        if not nbytes and name not in ("weights", "gradients", "optimizer", "activations", "model_states"):
+            continue
         label = t("component." + name, lang)
         share = f"{fmt_number(round(100 * nbytes / report.total_bytes, 1), lang, 1)}%" if report.total_bytes else ""
         lines.append(f"  {label:<{width}} {fmt_bytes(nbytes, lang, units):>28}  {share:>6}")
