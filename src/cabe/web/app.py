@@ -189,7 +189,7 @@ def lora_json(body: Any) -> dict[str, Any]:
     return {
         "model": src.name,
         "rank": rank,
-        "targets": list(tt),
+        "targets": [r.name for r in rows],
         "num_layers": spec.num_layers,
         "per_target": [
             {"name": r.name, "in_features": r.in_features, "out_features": r.out_features,
