@@ -22,7 +22,7 @@
       if (digits === undefined) digits = Math.abs(x) >= 100 ? 1 : Math.abs(x) >= 1 ? 2 : 4;
       var fixed = Math.abs(x).toFixed(digits).split(".");
       s = fixed[0].replace(/\B(?=(\d{3})+(?!\d))/g, ",") + (fixed.length > 1 ? "." + fixed[1] : "");
-      if (digits > 2 && s.indexOf(".") >= 0) s = s.replace(/0+$/, "").replace(/\.$/, "");
+      if (s.indexOf(".") >= 0) s = s.replace(/0+$/, "").replace(/\.$/, "");
       if (x < 0) s = "-" + s;
     }
     if (lang === "es") s = s.replace(/,/g, "\u0000").replace(/\./g, ",").replace(/\u0000/g, ".");
