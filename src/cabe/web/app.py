@@ -251,6 +251,12 @@ async def index(request: Any) -> Any:
     return HTMLResponse(page.render_page(request.query_params, lang), headers=_PAGE_HEADERS)
 
 
+async def favicon(request: Any) -> Any:
+    from starlette.responses import RedirectResponse
+
+    return RedirectResponse("/static/favicon.svg", status_code=301)
+
+
 async def fragment(request: Any) -> Any:
     """The page's result panels for a query string (+ an uploaded config), for the script."""
     lang = lang_from(request)
@@ -290,6 +296,7 @@ def create_app() -> Any:
     routes = [
         Route("/", index, methods=["GET"]),
         Route("/fragment", fragment, methods=["POST"]),
+        Route("/favicon.ico", favicon, methods=["GET"]),
         Route("/api/estimate", estimate, methods=["POST"]),
         Route("/api/lora", lora, methods=["POST"]),
         Route("/api/models", list_models, methods=["GET"]),

@@ -419,6 +419,7 @@ def render_page(q: Mapping[str, str], lang: str) -> str:
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{_e("web.title", lang)} — {_e("web.seed.title", lang)}</title>
+<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">
 <link rel="stylesheet" href="/static/style.css">
 <script src="/static/app.js" defer></script>
 </head>

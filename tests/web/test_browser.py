@@ -1,0 +1,206 @@
+"""The page in a real browser: Debian's Chromium driven by Playwright (no browser download).
+
+Skipped cleanly when Playwright or /usr/bin/chromium is missing. Screenshots of the main
+views go to artifacts/screenshots/ (gitignored).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cabe.api import estimate_json
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = os.environ.get("CABE_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+SHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US")
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    pg.base = server  # type: ignore[attr-defined]
+    yield pg
+    ctx.close()
+    assert not errors, errors
+
+
+def shot(pg, name: str, full: bool = True) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=full)
+
+
+def settle(pg) -> None:
+    """Wait for the debounce and the answers."""
+    pg.wait_for_timeout(350)
+    pg.wait_for_load_state("networkidle")
+    pg.wait_for_function("!document.querySelector('#plan-results[aria-busy]')")
+
+
+def test_seed_example_112_then_132(page):
+    page.goto(page.base + "/?lang=en")
+    page.fill("#n", "")
+    settle(page)
+    assert page.inner_text("#seed-results").strip() == "Enter a value to see the results."
+    page.fill("#n", "7")
+    page.select_option("#b", "16")
+    page.fill("#a", "0")
+    settle(page)
+    assert page.inner_text("#seed-total") == "112 GB"
+    assert "7 × 16 = 112 GB" in page.inner_text("#seed-m")
+    shot(page, "seed-112-en", full=False)
+    page.fill("#a", "20")
+    settle(page)
+    assert page.inner_text("#seed-total") == "132 GB"
+    assert "112 + 20 = 132 GB" in page.inner_text("#seed-v")
+    assert "a=20" in page.url  # the state is in the address
+
+
+def test_seed_custom_bytes(page):
+    page.goto(page.base + "/?lang=en")
+    page.select_option("#b", "custom")
+    page.fill("#bc", "10")
+    page.fill("#n", "7")
+    settle(page)
+    assert page.inner_text("#seed-total") == "70 GB"
+
+
+def test_planner_lora_24gb_matches_core(page):
+    page.goto(page.base + "/?lang=en")
+    page.fill("#model", "llama-3.1-8b")
+    page.select_option("#method", "lora")
+    page.fill("#batch", "1")
+    page.fill("#seq", "1024")
+    page.select_option("#gpu", "rtx-4090")
+    settle(page)
+    core = estimate_json({"model": "llama-3.1-8b", "method": "lora", "batch": 1, "seq": 1024, "gpu": "rtx-4090",
+                          "checkpointing": False, "double_quant": True, "precision": "bf16-amp",
+                          "optimizer": "adamw", "attention": "sdpa", "grad_accum": 1, "lora_rank": 8,
+                          "lora_alpha": "16", "quant": "nf4"})
+    verdict = page.locator("#verdict")
+    assert verdict.get_attribute("data-fits") == str(core["gpu"]["fits"]).lower()
+    text = verdict.inner_text()
+    assert text.startswith("Fits on" if core["gpu"]["fits"] else "Does not fit on")
+    shot(page, "planner-lora-4090-en")
+    # a bigger run does not fit, and the page says so
+    page.fill("#seq", "8192")
+    page.fill("#batch", "8")
+    settle(page)
+    core = estimate_json({"model": "llama-3.1-8b", "method": "lora", "batch": 8, "seq": 8192, "gpu": "rtx-4090"})
+    assert page.locator("#verdict").get_attribute("data-fits") == str(core["gpu"]["fits"]).lower()
+
+
+def test_switch_language_and_shared_url(page):
+    page.goto(page.base + "/?lang=en")
+    page.fill("#n", "7,5" if False else "7.5")
+    page.fill("#a", "20")
+    page.fill("#model", "qwen2.5-7b")
+    page.select_option("#method", "qlora")
+    page.select_option("#gpu", "rtx-3090")
+    settle(page)
+    en_total = page.inner_text("#seed-total")
+    assert en_total == "140 GB"
+    plan_en = page.inner_text("#plan-total")
+    page.click("#lang-switch")
+    page.wait_for_load_state("networkidle")
+    assert page.locator("html").get_attribute("lang") == "es"
+    assert "Calculadora de VRAM para entrenar un LLM" in page.inner_text("h2#seed-h")
+    assert page.input_value("#n") == "7.5"
+    assert page.inner_text("#seed-total") == "140 GB"
+    shot(page, "planner-qlora-es")
+    # a copied address gives the same result in a fresh page
+    url = page.url
+    other = page.context.new_page()
+    other.goto(url)
+    assert other.inner_text("#seed-total") == "140 GB"
+    assert other.input_value("#model") == "qwen2.5-7b"
+    assert other.input_value("#method") == "qlora"
+    assert other.inner_text("#plan-total") == page.inner_text("#plan-total")
+    assert plan_en.replace(".", ",") == page.inner_text("#plan-total") or plan_en == page.inner_text("#plan-total")
+    other.close()
+
+
+def test_spanish_decimal_comma(page):
+    page.goto(page.base + "/?lang=es")
+    page.fill("#n", "7,5")
+    page.fill("#a", "0")
+    settle(page)
+    assert page.inner_text("#seed-total") == "120 GB"
+    assert "7,5 × 16 = 120 GB" in page.inner_text("#seed-m")
+    assert page.inner_text("#seed-total-gib") == "111,76 GiB"
+
+
+def test_error_message_in_language(page):
+    page.goto(page.base + "/?lang=es")
+    page.fill("#batch", "0")
+    settle(page)
+    err = page.locator("#plan-results .error")
+    assert err.get_attribute("data-field") == "batch"
+    core_msg = page.request.post(page.base + "/api/estimate",
+                                 data={"model": "gpt2", "batch": 0, "lang": "es"}).json()["error"]["message"]
+    assert err.inner_text() == core_msg.replace("gpt2", "gpt2")
+
+
+def test_keyboard_only(page):
+    page.goto(page.base + "/?lang=en")
+    page.keyboard.press("Tab")  # skip link
+    assert page.evaluate("document.activeElement.className") == "skip"
+    page.keyboard.press("Tab")  # language switch
+    page.keyboard.press("Tab")  # parameters
+    assert page.evaluate("document.activeElement.id") == "n"
+    page.keyboard.press("Control+A")
+    page.keyboard.type("13")
+    page.keyboard.press("Tab")  # bytes per parameter select
+    assert page.evaluate("document.activeElement.id") == "b"
+    page.keyboard.press("Tab")  # custom
+    page.keyboard.press("Tab")  # activations
+    assert page.evaluate("document.activeElement.id") == "a"
+    page.keyboard.press("Control+A")
+    page.keyboard.type("8")
+    page.keyboard.press("Enter")  # submits the form (handled in place by the script)
+    settle(page)
+    assert page.inner_text("#seed-total") == "216 GB"  # 13 × 16 + 8
+    shot(page, "keyboard-focus", full=False)
+
+
+def test_works_without_javascript(browser, server):
+    ctx = browser.new_context(java_script_enabled=False, viewport={"width": 1400, "height": 1000})
+    pg = ctx.new_page()
+    pg.goto(server + "/?lang=en")
+    pg.fill("#n", "7")
+    pg.fill("#a", "20")
+    pg.click("section.seed button[type=submit]")
+    pg.wait_for_load_state("load")
+    assert pg.inner_text("#seed-total") == "132 GB"
+    assert "a=20" in pg.url
+    shot(pg, "no-js-132")
+    ctx.close()
+
+
+def test_units_gib(page):
+    page.goto(page.base + "/?lang=en&model=gpt2&units=GiB")
+    assert page.inner_text("#plan-total").endswith("GiB")
+    page.select_option("#units", "GB")
+    settle(page)
+    assert page.inner_text("#plan-total").endswith(" GB")
+    assert "units=GB" in page.url
