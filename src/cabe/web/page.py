@@ -125,10 +125,12 @@ class Units:
 
 
 def component_label(key: str, lang: str) -> str:
+    text = key.replace("_", " ")
     for k in ("component." + key, "web.component." + key):
         if _has(k, lang):
-            return _t(k, lang)
-    return key.replace("_", " ")
+            text = _t(k, lang)
+            break
+    return text[:1].upper() + text[1:]
 
 
 def step_label(key: str, params: Mapping[str, Any], lang: str) -> str:
@@ -291,6 +293,23 @@ def _sweep(body: Mapping[str, Any], key: str, values: tuple[int, ...]) -> list[t
     return pts
 
 
+def _clip(pts: list[tuple[float, float]], cap: float) -> list[tuple[float, float]]:
+    """Keep the curve readable near the card's limit: stop after the first point above ``cap``."""
+    out: list[tuple[float, float]] = []
+    for p in pts:
+        out.append(p)
+        if p[1] > cap and len(out) >= 3:
+            break
+    return out
+
+
+def _short(x: int, lang: str) -> str:
+    """Axis labels: 16384 -> '16k'."""
+    if x >= 1024 and x % 1024 == 0:
+        return f"{x // 1024}k"
+    return i18n.fmt_number(x, lang)
+
+
 def _sweep_values(current: Any, grid: tuple[int, ...]) -> tuple[int, ...]:
     vals = set(grid)
     if isinstance(current, int) and 0 < current <= max(grid) * 4:
@@ -336,10 +355,10 @@ def render_plan_results(s: Mapping[str, str], lang: str, config: Any = None) -> 
     markers: list[tuple[str, float, bool]] = []
     if card is not None:
         markers.append((card.display, card.memory_bytes / u.div, True))
-        seen = {card.memory_bytes}
-        for g in gpu_catalog.all_gpus():
-            if g.memory_bytes > card.memory_bytes and g.memory_bytes not in seen and len(markers) < 4:
-                seen.add(g.memory_bytes)
+        last = card.memory_bytes
+        for g in gpu_catalog.all_gpus():  # the next cards up, each clearly bigger than the last
+            if g.memory_bytes > last * 1.08 and len(markers) < 4:
+                last = g.memory_bytes
                 markers.append((g.display, g.memory_bytes / u.div, False))
     title = _t("web.chart.bar_title", lang, gpu=card.display if card else "")
     parts.append(f'<h3>{_e("web.res.chart", lang)}</h3>')
@@ -381,9 +400,10 @@ def render_plan_results(s: Mapping[str, str], lang: str, config: Any = None) -> 
     if out["mode"] == "architecture":
         limit = fit["usable_bytes"] / u.div if fit else None
         limit_label = _t("web.chart.limit", lang, gpu=card.display if card else "")
-        seq_pts = _sweep(body, "seq", _sweep_values(body.get("seq"), SEQ_SWEEP))
-        bat_pts = _sweep(body, "batch", _sweep_values(body.get("batch"), BATCH_SWEEP))
-        fmt_x = lambda x: i18n.fmt_number(int(x), lang)  # noqa: E731
+        cap = max(2.5 * fit["usable_bytes"] if fit else 0, 1.6 * total)
+        seq_pts = _clip(_sweep(body, "seq", _sweep_values(body.get("seq"), SEQ_SWEEP)), cap)
+        bat_pts = _clip(_sweep(body, "batch", _sweep_values(body.get("batch"), BATCH_SWEEP)), cap)
+        fmt_x = lambda x: _short(int(x), lang)  # noqa: E731
         c1 = charts.line_chart([(x, y / u.div) for x, y in seq_pts], limit, title=_t("web.chart.vs_seq", lang),
                                x_label=_t("web.chart.seq", lang), y_label=u.name, limit_label=limit_label,
                                fmt=u.num, fmt_x=fmt_x, chart_id="seq")
