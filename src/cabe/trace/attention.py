@@ -12,10 +12,16 @@ Three pieces:
   (H100/H200). The cuDNN backend, which recent PyTorch builds prefer on sm90/sm100 when the
   runtime cuDNN is newer than 9.15 (``check_prefer_cudnn_attention``), is not modelled: its
   saved tensors (output + fp32 softmax stats) have the same size as flash's.
-  The tracker answers ``aten._fused_sdp_choice`` with it, so PyTorch's own C++ SDPA glue
-  (padding, GQA handling) then calls the kernel CUDA would call; every fused kernel has a
-  meta implementation.
-* :func:`flash_attention_forward` is registered with transformers as ``cabe_flash``:
+  ``scaled_dot_product_attention`` asks the ``_fused_sdp_choice_stub`` DispatchStub, which
+  a CPU build lacks for CUDA (and which is no dispatcher op a mode could answer), so the
+  fake run would take the math path. :func:`routed_sdpa` replaces
+  ``torch.nn.functional.scaled_dot_product_attention`` during a trace and reproduces the
+  CUDA branch of ``scaled_dot_product_attention`` in
+  ``aten/src/ATen/native/transformers/attention.cpp``: ``convert_boolean_attn_mask``,
+  ``pad_last_dim<8>`` + original scale for flash, ``preprocess_mask`` (pad to 8 if the
+  mask is unaligned, expand) for memory-efficient, the math kernel otherwise. Every fused
+  kernel has a meta implementation.
+* :func:`flash_attention_forward` is registered with transformers as ``cabe_fa2`` (a name without "flash": transformers would look for a hub kernel):
   ``flash_attention_2`` semantics (inputs in (b, s, h, d), no ``repeat_kv``, no mask,
   fp32 inputs cast to the autocast / compute dtype first) through
   ``aten._flash_attention_forward``, the same FlashAttention-2 code.
@@ -129,11 +135,56 @@ def _flash_bwd_scratch(tracker: Any, b: int, sq: int, sk: int, hq: int, hk: int,
         f()
 
 
+def routed_sdpa(state: AttentionState, original: Any, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
+                scale: Any = None, enable_gqa: bool = False) -> torch.Tensor:
+    """``scaled_dot_product_attention`` as CUDA runs it (see module docstring)."""
+    if torch.is_autocast_enabled(query.device.type if query.device.type != "meta" else "cuda"):
+        # SDPA is on autocast's lower-precision list (autocast_mode.cpp): floating inputs are
+        # cast before the backend is chosen; our replacement runs above the Autocast key.
+        dt = torch.get_autocast_dtype("cuda")
+        query, key, value = (t.to(dt) if t.is_floating_point() else t for t in (query, key, value))
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = attn_mask.to(dt)
+    choice = cuda_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    state.note(SDP_NAMES.get(choice, str(choice)))
+    if choice == SDP_MATH:
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, enable_gqa=enable_gqa)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:  # convert_boolean_attn_mask
+        new_mask = torch.zeros_like(attn_mask, dtype=query.dtype)
+        new_mask.masked_fill_(attn_mask.logical_not(), float("-inf"))
+        attn_mask = new_mask
+    if choice == SDP_FLASH:
+        og = query.size(-1)
+
+        def pad8(t: torch.Tensor) -> torch.Tensor:  # pad_last_dim<8, false>
+            return t if t.size(-1) % 8 == 0 else torch.nn.functional.pad(t, (0, 8 - t.size(-1) % 8))
+
+        og_scale = scale if scale is not None else 1.0 / (og ** 0.5)  # sdp::calculate_scale
+        out = aten._scaled_dot_product_flash_attention(pad8(query), pad8(key), pad8(value), dropout_p,
+                                                       is_causal, False, scale=og_scale)[0]
+        return out if out.size(-1) == og else out[..., :og]  # post_process_flash_output
+    # memory-efficient
+    compute_lse = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    if attn_mask is not None:  # preprocess_mask, mem_eff_alignment = 8
+        aligned = all(attn_mask.stride(i) % 8 == 0 for i in range(attn_mask.dim() - 1)) and attn_mask.stride(-1) == 1
+        if not aligned:
+            last = attn_mask.size(-1)
+            attn_mask = torch.nn.functional.pad(attn_mask, (0, 8 - last % 8))[..., :last]
+        attn_mask = attn_mask.expand(query.size(0), query.size(1), query.size(2), key.size(2))
+    return aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, compute_lse, dropout_p,
+                                                        is_causal, scale=scale)[0]
+
+
 def intercept(state: AttentionState, tracker: Any, func: Any, args: tuple, kwargs: dict) -> Any:
-    if func is aten._fused_sdp_choice.default:
-        choice = cuda_sdp_choice(*args, **kwargs)
-        state.note(SDP_NAMES.get(choice, str(choice)))
-        return choice
+    if func is aten._local_scalar_dense.default:
+        # A fake tensor has no value. Host reads happen in optimizers (Adafactor's RMS of the
+        # parameter, GradScaler's found_inf): answer 0 (no inf found) -- no allocation depends on it.
+        t = args[0]
+        if t.dtype == torch.bool:
+            return False
+        return 0.0 if t.is_floating_point() else 0
     if func is aten._scaled_dot_product_flash_attention.default:
         out = func(*args, **kwargs)
         tracker.record(out[0], "sdpa_flash")
@@ -193,6 +244,12 @@ def flash_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         else:
             target = getattr(module, "_cabe_flash_dtype", torch.bfloat16)
         q, k, v = q.to(target), k.to(target), v.to(target)
+    try:
+        from cabe.trace.engine import _current_attention_state
+
+        _current_attention_state().note("flash_attention_2")
+    except IndexError:
+        pass
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     causal = bool(causal and q.size(1) > 1)
     out = torch.ops.aten._flash_attention_forward(
@@ -206,13 +263,13 @@ _REGISTERED = False
 
 
 def register_flash() -> str:
-    """Register ``cabe_flash`` with transformers' attention and mask interfaces."""
+    """Register ``cabe_fa2`` (a name without "flash": transformers would look for a hub kernel) with transformers' attention and mask interfaces."""
     global _REGISTERED
     if not _REGISTERED:
         from transformers import AttentionInterface
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
 
-        AttentionInterface.register("cabe_flash", flash_attention_forward)
-        ALL_MASK_ATTENTION_FUNCTIONS.register("cabe_flash", flash_attention_mask)
+        AttentionInterface.register("cabe_fa2", flash_attention_forward)
+        ALL_MASK_ATTENTION_FUNCTIONS.register("cabe_fa2", flash_attention_mask)
         _REGISTERED = True
-    return "cabe_flash"
+    return "cabe_fa2"

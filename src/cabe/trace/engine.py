@@ -276,7 +276,7 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
         elif setup.checkpointing:
             model.gradient_checkpointing_enable(**gc_kwargs)
             model.enable_input_require_grads()
-        targets: Any = list(setup.lora_targets)
+        targets: Any = list(setup.lora_targets) or None  # None: PEFT's default for the model type
         if targets == ["all-linear"]:
             targets = "all-linear"
         lcfg = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha, target_modules=targets,
@@ -284,7 +284,7 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
         try:
             model = get_peft_model(model, lcfg)
         except ValueError as exc:
-            raise ConfigError("bad_lora_targets", "lora_targets", targets=",".join(setup.lora_targets),
+            raise ConfigError("bad_lora_targets", "lora_targets", targets=",".join(setup.lora_targets) or "(peft default)",
                               reason=str(exc)[:300]) from None
     elif setup.method == "prompt-tuning":
         from peft import PromptTuningConfig, get_peft_model
@@ -315,6 +315,13 @@ class _Patch:
         self._undo.clear()
 
 
+_ASTATE: list[Any] = []
+
+
+def _current_attention_state() -> Any:
+    return _ASTATE[-1]
+
+
 @contextlib.contextmanager
 def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
     """Patches for the duration of one trace (``kind``: fake | meta | cpu)."""
@@ -332,6 +339,13 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
     p = _Patch()
     try:
         if kind != "cpu":
+            import functools
+
+            from cabe.trace.attention import routed_sdpa
+
+            astate = _current_attention_state()
+            p.set(torch.nn.functional, "scaled_dot_product_attention",
+                  functools.partial(routed_sdpa, astate, torch.nn.functional.scaled_dot_product_attention))
             # transformers would read position_ids to detect packed sequences (data-dependent);
             # a training batch of whole sequences has none.
             p.set(mu, "find_packed_sequence_indices", lambda position_ids: None)
@@ -353,7 +367,20 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
             p.set(torch.cuda, "synchronize", lambda *a, **k: None)
             p.set(torch.cuda, "empty_cache", lambda *a, **k: None)
         if bnb_opt is not None:
+            import bitsandbytes.functional as bnb_f
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
             p.set(bnb_opt, "sync_gpu", lambda t: None)
+            real_map = bnb_f.create_dynamic_map
+
+            def create_dynamic_map(*a: Any, **k: Any) -> Any:
+                # computed from values on the host, outside the fake mode (a 256-entry table)
+                with unset_fake_temporarily():
+                    out = real_map(*a, **k)
+                fm = torch._guards.detect_fake_mode()
+                return fm.from_tensor(out) if fm is not None else out
+
+            p.set(bnb_f, "create_dynamic_map", create_dynamic_map)
         yield
     finally:
         p.restore()
@@ -457,18 +484,30 @@ def run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: st
     import torch
 
     from cabe.trace.attention import AttentionState
-    from cabe.trace.attention import intercept as attn_intercept
-    from cabe.trace.quant import gemm_4bit_scratch
-    from cabe.trace.tracker import AllocationTracker
 
     t0 = time.perf_counter()
     notes: list[str] = []
     if steps < 2 and not inventory:
         raise ConfigError("out_of_range", "steps", value=steps, minimum=2, maximum=100)
+    device = torch.device({"fake": "cuda", "meta": "meta", "cpu": "cpu"}[kind])
+    astate = AttentionState(device)
+    _ASTATE.append(astate)
+    try:
+        return _run_trace(config, setup, steps, kind, inventory, notes, device, astate, t0)
+    finally:
+        _ASTATE.pop()
+
+
+def _run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str, inventory: bool,
+               notes: list[str], device: Any, astate: Any, t0: float) -> Any:
+    import torch
+
+    from cabe.trace.attention import intercept as attn_intercept
+    from cabe.trace.quant import gemm_4bit_scratch
+    from cabe.trace.tracker import AllocationTracker
+
     with trace_environment(kind, setup):
         model, cfg = build_model(config, setup, notes)
-        device = torch.device({"fake": "cuda", "meta": "meta", "cpu": "cpu"}[kind])
-        astate = AttentionState(device)
         gemm4 = None
         if setup.method == "qlora":
             try:
@@ -492,21 +531,19 @@ def run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: st
             fake_ctx = contextlib.nullcontext()
         with fake_ctx, tracker:
             tracker.set_phase("setup")
+            materialize(model, device)
             if kind == "cpu":
                 with torch.no_grad():
-                    model.to_empty(device=device)
                     for p in model.parameters():
                         if p.is_floating_point():
                             p.normal_(0.0, 0.02)
-                    for name, b in model.named_buffers():
+                    for b in model.buffers():
                         if b.is_floating_point():
                             b.uniform_(0.0, 1.0)
-            else:
-                model.to_empty(device=device)
             if setup.method == "qlora":
-                from cabe.trace.quant import materialize
+                from cabe.trace.quant import materialize as quant_materialize
 
-                materialize(model, setup, device, tracker)
+                quant_materialize(model, setup, device, tracker)
             _tag_params(model, tracker)
             n_params = sum(_numel_stored(p) for p in model.parameters())
             trainable = [p for p in model.parameters() if p.requires_grad]
@@ -524,6 +561,40 @@ def run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: st
     result.setup = setup.to_dict()
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def materialize(model: Any, device: Any) -> None:
+    """``Module.to_empty`` without tensor swapping: a new (uninitialised) storage for every
+    parameter and buffer, in module order, shared parameters (tied embeddings) once.
+
+    ``to_empty`` swaps tensors in place, which fails for parameters other objects hold
+    weak references to (PEFT's prompt encoder), so parameters are replaced instead; attributes
+    set on a parameter (bitsandbytes' ``quant_type``...) are carried over.
+    """
+    import torch
+
+    memo: dict[int, Any] = {}
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            new = memo.get(id(p))
+            if new is None:
+                with torch.no_grad():
+                    data = torch.empty_like(p, device=device)
+                new = torch.nn.Parameter(data, requires_grad=p.requires_grad)
+                for k, v in vars(p).items():
+                    setattr(new, k, v)
+                memo[id(p)] = new
+            mod._parameters[name] = new
+        for name, b in list(mod._buffers.items()):
+            if b is None:
+                continue
+            new = memo.get(id(b))
+            if new is None:
+                new = torch.empty_like(b, device=device)
+                memo[id(b)] = new
+            mod._buffers[name] = new
 
 
 def _numel_stored(p: Any) -> int:
@@ -609,8 +680,7 @@ def _train(model: Any, cfg: Any, setup: TrainingSetup, steps: int, device: Any, 
                 tracker.region = None
             tracker.set_phase("optimizer")
             if scaler is not None:
-                scaler.unscale_(opt)
-                opt.step()
+                scaler.step(opt)
                 scaler.update()
             else:
                 opt.step()
@@ -631,7 +701,7 @@ def _train(model: Any, cfg: Any, setup: TrainingSetup, steps: int, device: Any, 
     res.steps = steps
     res.notes = notes
     if scaler is not None:
-        res.notes.append("fp16-amp: GradScaler unscale_/step/update simulated")
+        res.notes.append("fp16-amp: GradScaler.scale/step/update included")
     return res
 
 
