@@ -54,6 +54,7 @@ class LayerActivations:
     terms: tuple[Term, ...]
     backward_workspace_per_token: int  # transient extra while one layer runs backward
     forward_workspace_per_token: int  # transient extra while one layer runs forward
+    per_layer_bytes: int = 0  # saved tensors that do not grow with tokens (Gemma's fp32 1 + w)
 
     @property
     def bytes_per_token(self) -> int:
@@ -112,13 +113,19 @@ def layer_activations(
                 per = 2 * r if amp else 4 * r
                 add(f"lora.{n}.A_output", per, f"{per // r}·r")
 
+    per_layer_const = [0]
+
     def rms_norm(name: str, width: int, width_sym: str, trainable: bool, gemma: bool, rows: int = 1,
-                 rows_sym: str = "") -> None:
+                 rows_sym: str = "", in_bytes: int | None = None) -> None:
+        """``in_bytes``: dtype of the norm's input (the residual stream ρ, or a for q/k norms)."""
         add(f"{name}.fp32_input", 4 * width, f"4·{width_sym}")
         add(f"{name}.rsqrt", 4 * rows, f"4·{rows_sym}" if rows_sym else "4")
+        width_in = rho if in_bytes is None else in_bytes
         if trainable:
-            nb = 4 * width if (gemma or rho == 4) else rho * width
+            nb = 4 * width if gemma else width_in * width
             add(f"{name}.normalized", nb, f"{nb // width}·{width_sym}")
+        if gemma and fam == "gemma":
+            per_layer_const[0] += 4 * (spec.head_dim if rows_sym else width)  # (1 + w) in fp32, saved by the multiply
 
     fam = spec.family
     attn = attention_kind(spec, setup)
@@ -141,15 +148,18 @@ def layer_activations(
             lora_mid(["q_proj", "k_proj", "v_proj"])
         if spec.qk_norm == "head":
             # per-head norms: one rsqrt per head
-            rms_norm("q_norm", q, "q", base_trainable, gemma, nh, "nh")
-            rms_norm("k_norm", kv, "kv", base_trainable, gemma, spec.num_kv_heads, "nkv")
+            rms_norm("q_norm", q, "q", base_trainable, gemma, nh, "nh", in_bytes=a)
+            rms_norm("k_norm", kv, "kv", base_trainable, gemma, spec.num_kv_heads, "nkv", in_bytes=a)
         elif spec.qk_norm == "full":
             rms_norm("q_norm", q, "q", base_trainable, True)
             rms_norm("k_norm", kv, "kv", base_trainable, True)
         _attention_core(add, attn, a, q, kv, nh, s, gqa, spec)
         o_trains = base_trainable or "o_proj" in targets
-        if attn == "eager" and (base_trainable or ("o_proj" in targets and not adapter_cast)):
-            add("attn.output", a * q, f"{a}·q")  # transpose(1, 2).contiguous() before o_proj
+        # eager, and flash after a rotary written with torch.cat (Phi-3): the kernel's output is laid out
+        # (b, heads, s, d), so transpose(1, 2).contiguous() copies it before o_proj.
+        copies_output = attn == "eager" or fam == "phi3"
+        if copies_output and (base_trainable or ("o_proj" in targets and not adapter_cast)):
+            add("attn.output_for_o_proj", a * q, f"{a}·q")
         if amp and o_trains:
             pass  # the attention output is already 16-bit: o_proj saves it without a cast
         if adapter_cast and "o_proj" in targets:
@@ -223,7 +233,7 @@ def layer_activations(
     fwd = _attention_forward_workspace(attn, a, nh, s)
     if attn == "eager":
         bwd = max(bwd, (4 + 2 * a) * nh * s)
-    return LayerActivations(tuple(terms), bwd, fwd)
+    return LayerActivations(tuple(terms), bwd, fwd, per_layer_const[0])
 
 
 def _sym(n: int, spec: ModelSpec) -> str:
@@ -269,7 +279,8 @@ def _moe(add, spec: ModelSpec, a: int, rho: int, base_trainable: bool) -> None:
         add("moe.router_input", rho * h, f"{rho}·h")
     add("moe.router_softmax", 4 * e, "4·E")
     add("moe.routing", 8 * k * 3 + 4 * k, "28·k")
-    add("moe.expert_input", k * a * h, f"k·{a}·h")
+    if base_trainable:
+        add("moe.expert_input", k * a * h, f"k·{a}·h")  # gathered tokens, kept for the expert weight grads
     add("moe.gate_up_output", k * 2 * a * f, f"k·2·{a}·f")
     add("moe.act_output", k * a * f, f"k·{a}·f")
     if base_trainable:

@@ -245,7 +245,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         per_layer = layer_activations(spec, setup, dt, base_trainable=True, adapters=False)
     else:
         per_layer = layer_activations(spec, setup, dt, base_trainable=False, adapters=setup.adapters)
-    full_layer_bytes = tokens * per_layer.bytes_per_token
+    full_layer_bytes = tokens * per_layer.bytes_per_token + per_layer.per_layer_bytes
     if setup.checkpointing:
         saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
     else:
