@@ -108,9 +108,9 @@ def _json(data: Any, status: int = 200) -> Any:
                     media_type="application/json")
 
 
-def _web_error(code: str, lang: str, status: int, field: str | None = None, **params: Any) -> Any:
+def _web_error(code: str, lang: str, http_status: int, field: str | None = None, **params: Any) -> Any:
     return _json({"error": {"code": code, "field": field, "params": params,
-                            "message": i18n.t("web.error." + code, lang, **params)}}, status)
+                            "message": i18n.t("web.error." + code, lang, **params)}}, http_status)
 
 
 def _needs_thread(body: Mapping[str, Any]) -> bool:
@@ -248,7 +248,9 @@ async def index(request: Any) -> Any:
     from starlette.responses import HTMLResponse
 
     lang = lang_from(request)
-    return HTMLResponse(page.render_page(request.query_params, lang), headers=_PAGE_HEADERS)
+    query = dict(request.query_params)
+    html = await _call(lambda q: page.render_page(q, lang), query)
+    return HTMLResponse(html, headers=_PAGE_HEADERS)
 
 
 async def favicon(request: Any) -> Any:
@@ -273,7 +275,17 @@ async def fragment(request: Any) -> Any:
     query = dict(parse_qsl(body.get("query", ""), keep_blank_values=True))
     lang = query.get("lang") if query.get("lang") in i18n.LANGS else lang
     config = body.get("config")
-    return _json(page.render_fragments(query, lang, config=config))
+    return _json(await _call(lambda q: page.render_fragments(q, lang, config=config), query))
+
+
+async def http_error(request: Any, exc: Any) -> Any:
+    """404 / 405 (and any other HTTP error) as the API's JSON error, in the asker's language."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    headers = getattr(exc, "headers", None) or {}
+    resp = _web_error(code, lang_from(request), exc.status_code, status=exc.status_code)
+    for k, v in headers.items():
+        resp.headers[k] = v
+    return resp
 
 
 _PAGE_HEADERS = {
@@ -289,6 +301,7 @@ def create_app() -> Any:
     from importlib import resources
 
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
@@ -305,7 +318,7 @@ def create_app() -> Any:
         Route("/openapi.json", openapi, methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=static_dir), name="static"),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000) -> None:

@@ -153,6 +153,8 @@
   form.addEventListener("input", function (e) {
     if (e.target.type === "file") return;
     if (e.target.id === "model" && config) { config = null; if (file) file.value = ""; }
+    // A Hugging Face id means a download on the server: wait for Enter or leaving the field.
+    if (e.target.id === "model" && e.target.value.indexOf("/") >= 0) return;
     schedule();
   });
   form.addEventListener("change", function (e) { if (e.target.type !== "file") schedule(); });
