@@ -1,0 +1,309 @@
+"""Several GPUs: ZeRO paper golden figures, DeepSpeed's own estimators, properties, torchtune FSDP rows."""
+
+from __future__ import annotations
+
+import csv
+import pathlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cabe import api
+from cabe.errors import InvalidValueError
+from cabe.estimate import estimate_model
+from cabe.models import preset
+from cabe.report import GB
+from cabe.sharding import ShardConfig, shard_parts, zero_paper_model_states
+from cabe.training import TrainingSetup
+
+LLAMA2_7B = preset("llama-2-7b").spec
+P7 = LLAMA2_7B.parameter_count  # 6,738,415,616
+
+
+# ---- ZeRO paper, Fig. 1: 7.5B parameters, 64 GPUs, K = 12 ------------------------------------
+
+
+@pytest.mark.parametrize("stage,expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_figure_1(stage, expected_gb):
+    assert round(zero_paper_model_states(7.5e9, 64, stage) / GB, 1) == expected_gb
+
+
+def _model_states(shard: str, gpus: int = 8, **kw) -> int:
+    r = estimate_model(LLAMA2_7B, TrainingSetup(gpus=gpus, shard=shard, batch=1, seq=128, **kw))
+    return r.extra["distributed"]["per_gpu"]["model_states_bytes"]
+
+
+@pytest.mark.parametrize("shard,stage", [("ddp", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3)])
+def test_shard_parts_model_states_follow_the_paper(shard, stage):
+    # bf16-amp: DDP keeps fp32 weights + fp32 grads + Adam (16 B = 2+2+K with K=12); ZeRO keeps the
+    # 16-bit module, 16-bit grads, and a partitioned fp32 master + Adam (K = 12).
+    mine = _model_states(shard)
+    paper = zero_paper_model_states(P7, 8, stage)
+    # differences: allocator rounding (512 B per tensor) and, for ZeRO-3, norms kept whole
+    # (stage3_param_persistence_threshold = 1e5 elements) — both well under 1 %.
+    assert mine == pytest.approx(paper, rel=0.01)
+
+
+# ---- DeepSpeed's estimators, reimplemented from deepspeed/runtime/zero/stage_1_and_2.py and stage3.py --
+
+
+def ds_zero2(total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1, cpu_offload: bool = True,
+             additional_buffer_factor: float = 1.5) -> tuple[int, int]:
+    """estimate_zero2_model_states_mem_needs (stage_1_and_2.py), verbatim arithmetic: (cpu, gpu)."""
+    total_gpus = num_nodes * num_gpus_per_node
+    if cpu_offload:
+        gpu_mem = 2 * total_params
+        cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+    else:
+        gpu_mem = 2 * total_params + int(18 * total_params / total_gpus)
+        cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu_mem), int(gpu_mem)
+
+
+def ds_zero3(total_params: int, largest_layer_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1,
+             cpu_offload: bool = True, cpu_offload_params: bool = True, zero_init: bool = True,
+             additional_buffer_factor: float = 1.5) -> tuple[int, int]:
+    """estimate_zero3_model_states_mem_needs (stage3.py), verbatim arithmetic: (cpu, gpu)."""
+    total_gpus = num_nodes * num_gpus_per_node
+    gpus_factor = 1 / num_nodes
+    largest_layer_memory = 4 * largest_layer_params
+    if cpu_offload:
+        if cpu_offload_params:
+            gpu_mem = largest_layer_memory
+            if zero_init:
+                cpu_mem = total_params * 18 * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = total_params * max(4 * num_gpus_per_node, 18 * gpus_factor) * additional_buffer_factor
+        else:
+            gpu_mem = largest_layer_memory + int(2 * total_params / total_gpus)
+            if zero_init:
+                cpu_mem = total_params * 16 * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = total_params * max(4 * num_gpus_per_node, 16 * gpus_factor) * additional_buffer_factor
+    else:
+        gpu_mem = largest_layer_memory + int(18 * total_params / total_gpus)
+        if zero_init:
+            cpu_mem = largest_layer_params * 4 * num_gpus_per_node * additional_buffer_factor
+        else:
+            cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu_mem), int(gpu_mem)
+
+
+_STATE_KEYS = ("weights", "gradients", "optimizer", "master_weights", "fp32_grad_partition", "optimizer_temporaries",
+               "gathered_params", "module_grads", "ipg_buckets")
+
+
+def _states_at(report, phase: str) -> int:
+    from cabe.step import timeline  # noqa: F401  (the moments are in the report)
+
+    return max(m["total_bytes"] for m in report.extra["moments"] if m["phase"] == phase)
+
+
+def _model_only(shard: str, gpus: int, offload: str = "none") -> tuple[dict, object]:
+    # batch 1 × 16 tokens: activations and logits are a few MB, so the peak is model states + buffers
+    r = estimate_model(LLAMA2_7B, TrainingSetup(gpus=gpus, shard=shard, offload=offload, batch=1, seq=16))
+    return r.extra["distributed"], r
+
+
+@pytest.mark.parametrize("gpus", [2, 8, 64])
+def test_zero2_against_deepspeed_estimator(gpus):
+    info, r = _model_only("zero2", gpus)
+    _, ds_gpu = ds_zero2(P7, num_gpus_per_node=gpus, cpu_offload=False)
+    step = _states_at(r, "optimizer")
+    # At the optimizer step cabe holds exactly DeepSpeed's 2P + 18P/N: 16-bit params (2P), 16-bit grad
+    # partition (2P/N), fp32 grad partition (4P/N), fp32 master (4P/N), Adam (8P/N); FusedAdam has no
+    # temporaries. The remaining difference is allocator rounding and the few MB of activations.
+    assert step == pytest.approx(ds_gpu, rel=0.01)
+    # In backward cabe adds what the estimator leaves out: the ipg bucket, reduce_bucket_size (5e8)
+    # 16-bit elements = 1 GB, allocated by backward() whatever the model size.
+    assert info["per_gpu"]["communication_bytes"]["ipg_buckets"] == 500_000_000 * 2
+
+
+def test_zero2_offload_against_deepspeed_estimator():
+    info, r = _model_only("zero2", 8, offload="optimizer")
+    ds_cpu, ds_gpu = ds_zero2(P7, num_gpus_per_node=8, cpu_offload=True)
+    # GPU: DeepSpeed counts the 16-bit parameters only (2P); cabe has the same weights, no gradients,
+    # no optimizer state on the GPU...
+    assert info["per_gpu"]["weights_bytes"] == pytest.approx(ds_gpu, rel=0.01)
+    assert info["per_gpu"]["gradients_bytes"] == 0 and info["per_gpu"]["optimizer_bytes"] == 0
+    # ...host RAM: cabe counts the steady state, fp32 master + Adam + fp32 grads = 16P per node, and
+    # beside it the loading peak, every process materialising the fp32 model: 4P × 8 = 32P.
+    # DeepSpeed takes max(4·N, 16)·P, i.e. the larger of those two, times a 1.5 "buffer factor".
+    assert info["host_ram_bytes_per_node"] == pytest.approx(16 * P7, rel=0.01)
+    assert info["host_ram_load_peak_bytes_per_node"] == pytest.approx(32 * P7, rel=0.01)
+    steady_or_load = max(info["host_ram_bytes_per_node"], info["host_ram_load_peak_bytes_per_node"])
+    assert ds_cpu == pytest.approx(1.5 * steady_or_load, rel=0.01)
+
+
+@pytest.mark.parametrize("gpus", [8, 64])
+def test_zero3_against_deepspeed_estimator(gpus):
+    info, r = _model_only("zero3", gpus)
+    # DeepSpeed's largest layer: max over modules of params(recurse=False); for Llama-2-7B the
+    # embedding (and lm_head), 32000 × 4096.
+    largest = 32000 * 4096
+    _, ds_gpu = ds_zero3(P7, largest, num_gpus_per_node=gpus, cpu_offload=False)
+    step = _states_at(r, "optimizer")
+    back = _states_at(r, "backward")
+    # At the step cabe holds 20P/N: 16-bit params 2 + 16-bit grads 2 + fp32 grads 4 (the sub-group's fp32
+    # copy, stage3.py _prepare_fp32_grad_for_sub_group; sub_group_size 1e9 covers the whole partition
+    # here) + fp32 master 4 + Adam 8. DeepSpeed's stage-3 estimator says 18P/N: it drops one of the two
+    # gradient copies that its own stage-2 formula (2P + 18P/N) counts.
+    assert step == pytest.approx(20 * P7 / gpus, rel=0.02)
+    # In backward: 14P/N + gathered module + prefetch bucket + its gradients + ipg bucket. The
+    # estimator's 4·largest = 2 B params + 2 B grads of that module; cabe adds the prefetch bucket
+    # (stage3_prefetch_bucket_size 5e7 × 2 B = 0.1 GB) and the ipg bucket (5e8 × 2 B = 1 GB).
+    extra = 50_000_000 * 2 + 500_000_000 * 2
+    # backward: 2 + 2 + 4 + 8 = 16P/N resident (+ persistent norms), the estimator's 18P/N minus 2P/N.
+    assert back == pytest.approx(ds_gpu - 2 * P7 / gpus + extra, rel=0.03)
+    assert step == pytest.approx(ds_gpu - 4 * largest + 2 * P7 / gpus, rel=0.02)
+
+
+def test_zero3_offload_params_host_ram():
+    info, _ = _model_only("zero3", 8, offload="both")
+    ds_cpu, ds_gpu = ds_zero3(P7, 32000 * 4096, num_gpus_per_node=8, cpu_offload=True, cpu_offload_params=True)
+    # host: 16-bit params (2P) + master, Adam, fp32 grads (16P) = 18P per node; DeepSpeed: 18P × 1.5.
+    assert info["host_ram_bytes_per_node"] == pytest.approx(18 * P7, rel=0.01)
+    assert ds_cpu == pytest.approx(1.5 * info["host_ram_bytes_per_node"], rel=0.01)
+    assert info["per_gpu"]["weights_bytes"] < 0.01 * P7  # only the persistent norms stay on the GPU
+
+
+# ---- properties -------------------------------------------------------------------------------
+
+SEVEN_B = [preset(n).spec for n in ("llama-2-7b", "mistral-7b-v0.1", "qwen2.5-7b")]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(SEVEN_B), st.sampled_from(["zero3", "fsdp"]), st.integers(1, 96), st.integers(1, 4),
+       st.sampled_from([128, 512, 2048]), st.sampled_from(["full", "lora", "qlora"]), st.booleans())
+def test_per_gpu_memory_never_rises_with_more_gpus(spec, shard, n, batch, seq, method, ckpt):
+    s = TrainingSetup(method=method, shard=shard, gpus=n, batch=batch, seq=seq, checkpointing=ckpt)
+    a = estimate_model(spec, s).total_bytes
+    b = estimate_model(spec, s.with_(gpus=n + 1)).total_bytes
+    assert b <= a
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(SEVEN_B), st.integers(2, 128), st.integers(1, 4), st.sampled_from([128, 1024, 4096]),
+       st.booleans(), st.sampled_from(["bf16-amp", "bf16", "fp32"]))
+def test_zero_stages_are_ordered(spec, n, batch, seq, ckpt, precision):
+    totals = {}
+    for shard in ("ddp", "zero1", "zero2", "zero3"):
+        s = TrainingSetup(precision=precision, shard=shard, gpus=n, batch=batch, seq=seq, checkpointing=ckpt)
+        totals[shard] = estimate_model(spec, s).total_bytes
+    assert totals["zero3"] <= totals["zero2"] <= totals["zero1"] <= totals["ddp"]
+
+
+def test_lora_frozen_params_sharded_but_not_in_optimizer():
+    r = api.build({"model": "llama-2-7b", "method": "lora", "gpus": 8, "shard": "fsdp", "batch": 1, "seq": 128})
+    pg = r.extra["distributed"]["per_gpu"]
+    assert pg["weights_bytes"] == pytest.approx(2 * P7 / 8, rel=0.01)  # bf16 base sharded 8 ways
+    assert pg["optimizer_bytes"] < 0.001 * P7  # Adam only over the adapters
+
+
+def test_zero1_and_2_keep_frozen_base_whole():
+    # ZeRO-1/2 flatten only requires_grad parameters into the partitioned groups.
+    r = api.build({"model": "llama-2-7b", "method": "lora", "gpus": 8, "shard": "zero2", "batch": 1, "seq": 128})
+    assert r.extra["distributed"]["per_gpu"]["weights_bytes"] == pytest.approx(2 * P7, rel=0.01)
+
+
+def test_tensor_and_pipeline_parallel_split_the_model():
+    spec = preset("llama-2-70b").spec
+    base = TrainingSetup(precision="bf16", batch=1, seq=4096, grad_accum=8, checkpointing=True)
+    one = estimate_model(spec, base.with_(gpus=8, tp=8, shard="ddp")).extra["distributed"]
+    assert one["per_gpu"]["weights_bytes"] == pytest.approx(2 * spec.parameter_count / 8, rel=0.02)
+    pp = estimate_model(spec, base.with_(gpus=8, pp=8, shard="ddp")).extra["distributed"]
+    assert pp["stage_layers"] == 10
+    # 1F1B: stage 0 keeps pp micro-batches in flight, the last stage one
+    stages = {s["stage"] for s in pp["pipeline_stages"]}
+    assert stages == {0, 7}
+    if pp["stage"] == 0:
+        assert pp["micro_batches_in_flight"] == 8
+
+
+def test_sequence_parallel_splits_activations():
+    spec = preset("llama-2-70b").spec
+    s = TrainingSetup(precision="bf16", batch=1, seq=4096, gpus=8, tp=8, shard="ddp")
+    parts_plain = estimate_model(spec, s).components["activations"]
+    from cabe.estimate import estimate_model as em  # the same path, with a config
+
+    import cabe.sharding as sh
+
+    old = sh.DEFAULT_CONFIG
+    try:
+        sh.DEFAULT_CONFIG = ShardConfig(sequence_parallel=True)
+        parts_sp = em(spec, s).components["activations"]
+    finally:
+        sh.DEFAULT_CONFIG = old
+    assert parts_sp < parts_plain
+
+
+def test_moe_expert_parallel_splits_experts():
+    spec = preset("mixtral-8x7b").spec
+    s = TrainingSetup(method="lora", precision="bf16", batch=1, seq=1024, gpus=8, shard="ddp")
+    plain = estimate_model(spec, s).extra["distributed"]["per_gpu"]["weights_bytes"]
+    ep = estimate_model(spec, s.with_(ep=8)).extra["distributed"]["per_gpu"]["weights_bytes"]
+    experts = 32 * 3 * 8 * 4096 * 14336
+    assert plain - ep == pytest.approx(2 * experts * 7 / 8, rel=0.01)
+
+
+@pytest.mark.parametrize("body,code", [
+    ({"gpus": 6, "tp": 4}, "gpus_not_divisible"),
+    ({"gpus": 8, "shard": "ddp", "offload": "optimizer"}, "offload_needs_sharding"),
+    ({"gpus": 8, "shard": "zero2", "offload": "parameters"}, "offload_params_needs_zero3"),
+    ({"gpus": 8, "shard": "fsdp", "offload": "optimizer"}, "fsdp_offload_optimizer"),
+    ({"gpus": 8, "ep": 2}, "ep_without_experts"),
+    ({"gpus": 8, "tp": 3}, "gpus_not_divisible"),
+])
+def test_bad_layouts(body, code):
+    with pytest.raises(InvalidValueError) as e:
+        api.build({"model": "llama-2-7b", **body})
+    assert e.value.code == code
+
+
+# ---- torchtune FSDP measurements (published-dev.csv): the error is reported, not tuned ---------------
+
+CSV = pathlib.Path("/work/shared/data/published-dev.csv")
+
+
+def _torchtune_rows():
+    if not CSV.exists():
+        return []
+    rows = []
+    for r in csv.DictReader(CSV.open()):
+        if r["source"].startswith("pytorch/torchtune") and r["sharding"].startswith("fsdp"):
+            rows.append(r)
+    return rows
+
+
+def torchtune_errors() -> list[tuple[str, float, float, float]]:
+    out = []
+    names = {"meta-llama/Llama-2-7b": "llama-2-7b", "meta-llama/Llama-2-70b": "llama-2-70b"}
+    for r in _torchtune_rows():
+        body = {"model": names[r["model"]], "method": r["method"], "precision": "bf16", "optimizer": "adamw",
+                "batch": int(r["micro_batch"]), "seq": int(r["seq_len"]), "checkpointing": r["grad_ckpt"] == "on",
+                "gpus": int(r["gpus"]), "shard": "fsdp"}
+        if r["method"] == "lora":
+            body["lora_rank"] = int(r["lora_rank"])
+            body["lora_targets"] = r["lora_targets"]
+        rep = api.build(body)
+        measured = float(r["figure"]) * GB
+        # torchtune reports reserved-ish memory; compare cabe's reserved figure (peak + allocator slack)
+        out.append((r["id"], measured / GB, rep.reserved_bytes / GB, (rep.reserved_bytes - measured) / measured))
+    return out
+
+
+@pytest.mark.skipif(not CSV.exists(), reason="published-dev.csv not present")
+def test_torchtune_fsdp_rows_reported():
+    errs = torchtune_errors()
+    assert len(errs) == 3
+    for rid, measured, mine, err in errs:
+        print(f"{rid}: measured {measured:.1f} GB, cabe {mine:.1f} GB, error {100 * err:+.0f}%")
+        # Not tuned, recorded (cabe at the stated batch × full seq_len, bf16, FSDP full shard):
+        #   tt-l2-7b-lora-fsdp2   measured 16.2 GB, cabe 57.8 GB, +257%
+        #   tt-l2-7b-full-fsdp4   measured 24.1 GB, cabe 18.8 GB,  -22%
+        #   tt-l2-70b-lora-fsdp8  measured 26.4 GB, cabe 55.4 GB, +110%
+        # The LoRA rows run alpaca, whose samples are far shorter than the stated max length, so
+        # cabe at the full 2048 / 4096 tokens over-counts activations and logits; the full-FT row
+        # (checkpointing on, activations small) is under by 22% — its measurement method is unstated.
+        assert abs(err) < 3.0
