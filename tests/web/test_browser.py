@@ -112,7 +112,7 @@ def test_planner_lora_24gb_matches_core(page):
 
 def test_switch_language_and_shared_url(page):
     page.goto(page.base + "/?lang=en")
-    page.fill("#n", "7,5" if False else "7.5")
+    page.fill("#n", "7.5")
     page.fill("#a", "20")
     page.fill("#model", "qwen2.5-7b")
     page.select_option("#method", "qlora")
@@ -136,7 +136,8 @@ def test_switch_language_and_shared_url(page):
     assert other.input_value("#model") == "qwen2.5-7b"
     assert other.input_value("#method") == "qlora"
     assert other.inner_text("#plan-total") == page.inner_text("#plan-total")
-    assert plan_en.replace(".", ",") == page.inner_text("#plan-total") or plan_en == page.inner_text("#plan-total")
+    # same number, written the Spanish way
+    assert plan_en.replace(",", "").replace(".", ",") == page.inner_text("#plan-total").replace(".", "")
     other.close()
 
 
@@ -157,8 +158,8 @@ def test_error_message_in_language(page):
     err = page.locator("#plan-results .error")
     assert err.get_attribute("data-field") == "batch"
     core_msg = page.request.post(page.base + "/api/estimate",
-                                 data={"model": "gpt2", "batch": 0, "lang": "es"}).json()["error"]["message"]
-    assert err.inner_text() == core_msg.replace("gpt2", "gpt2")
+                                 data={"model": "llama-3.1-8b", "batch": 0, "lang": "es"}).json()["error"]["message"]
+    assert err.inner_text() == core_msg
 
 
 def test_keyboard_only(page):
