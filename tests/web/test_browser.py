@@ -205,3 +205,24 @@ def test_units_gib(page):
     settle(page)
     assert page.inner_text("#plan-total").endswith(" GB")
     assert "units=GB" in page.url
+
+
+def test_upload_config_json(page, tmp_path):
+    import json as _json
+
+    from cabe.models import preset
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(_json.dumps(dict(preset("gpt2").config)))
+    page.goto(page.base + "/?lang=en&model=llama-3.1-8b&method=full&batch=1&seq=256&gpu=rtx-4090")
+    page.set_input_files("#config-file", str(cfg))
+    settle(page)
+    core = estimate_json({"config": dict(preset("gpt2").config), "method": "full", "batch": 1, "seq": 256,
+                          "gpu": "rtx-4090"})
+    assert page.locator("#plan-total").get_attribute("data-bytes") == str(core["total_bytes"])
+    assert "config.json" in page.inner_text("#upload-hint")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    page.set_input_files("#config-file", str(bad))
+    page.wait_for_timeout(300)
+    assert page.inner_text("#upload-hint") == "That file is not valid JSON."
