@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     _output_options(me)
 
     for name, module, help_text in (("fit", "cabe.commands.fit", "make it fit: largest batch, longest sequence, fewest GPUs, what to change"),
-                                    ("infer", "cabe.commands.infer", "inference / serving memory: weights, KV cache, concurrent sequences")):
+                                    ("infer", "cabe.commands.infer", "inference / serving memory: weights, KV cache, concurrent sequences"),
+                                    ("from-config", "cabe.commands.from_config", "estimate from your own training configs (TrainingArguments, PEFT, DeepSpeed, axolotl, torchtune ...)")):
         try:
             mod = __import__(module, fromlist=["add_arguments"])
         except ImportError:
