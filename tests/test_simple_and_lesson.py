@@ -64,3 +64,10 @@ def test_cli_lesson_output_names_both(capsys):
     assert main(["estimate", "--params", "7", "--precision", "bf16-amp", "--lang", "en", "--units", "GiB"]) == 0
     out = capsys.readouterr().out
     assert "78.4 GiB" in out and "104.3 GiB" in out and "master" in out
+
+
+def test_cli_lesson_fp32_prints_the_lessons_gib(capsys):
+    # the issue: "shows weights 26.1 GiB, gradients 26.1 GiB and Adam state 52.2 GiB"
+    assert main(["estimate", "--params", "7", "--precision", "fp32", "--optimizer", "adamw", "--lang", "en"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("26.1 GiB") == 2 and "52.2 GiB" in out

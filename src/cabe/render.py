@@ -13,8 +13,8 @@ from cabe.report import GB, GiB, Report
 
 
 def fmt_bytes(n: int, lang: str, units: str = "GB", both: bool = True) -> str:
-    gb = f"{fmt_number(round(n / GB, 2), lang, 2 if n < 10 * GB else 1)} GB"
-    gib = f"{fmt_number(round(n / GiB, 2), lang, 2 if n < 10 * GiB else 1)} GiB"
+    gb = f"{fmt_number(n / GB, lang, 2 if n < 10 * GB else 1)} GB"
+    gib = f"{fmt_number(n / GiB, lang, 2 if n < 10 * GiB else 1)} GiB"
     first, second = (gib, gb) if units == "GiB" else (gb, gib)
     return f"{first} ({second})" if both else first
 
