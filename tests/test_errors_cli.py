@@ -66,15 +66,45 @@ def test_local_config_json_works(tmp_path, capsys):
 def test_hub_offline_is_a_clear_message(monkeypatch, tmp_path, capsys):
     pytest.importorskip("huggingface_hub")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path))
-    import importlib
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    import time
 
-    import huggingface_hub.constants as c
-
-    importlib.reload(c)
+    t0 = time.perf_counter()
     assert main(["estimate", "--model", "someone/some-model", "--lang", "en"]) == 2
     err = capsys.readouterr().err
-    assert "someone/some-model" in err and "Traceback" not in err
+    assert "cannot reach Hugging Face" in err and "someone/some-model" in err and "Traceback" not in err
+    assert time.perf_counter() - t0 < 5  # no retry loop
+
+
+def test_hub_unresolvable_host_is_offline_at_once(monkeypatch, tmp_path, capsys):
+    pytest.importorskip("huggingface_hub")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://no-such-host.invalid")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    assert main(["estimate", "--model", "someone/some-model", "--lang", "es"]) == 2
+    assert "sin conexión" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("exc_name,needle", [
+    ("GatedRepoError", "gated"), ("RepositoryNotFoundError", "does not exist"), ("EntryNotFoundError", "has no config.json"),
+])
+def test_hub_errors_are_sentences(monkeypatch, capsys, exc_name, needle):
+    hf = pytest.importorskip("huggingface_hub")
+    from huggingface_hub import errors as hf_errors
+
+    from cabe import models
+
+    exc_type = getattr(hf_errors, exc_name)
+
+    def fake_download(repo_id, filename, revision=None, local_files_only=False):
+        if local_files_only:
+            raise hf_errors.LocalEntryNotFoundError("not cached")
+        raise exc_type.__new__(exc_type)
+
+    monkeypatch.setattr(hf, "hf_hub_download", fake_download)
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout=3.0: True)
+    assert main(["estimate", "--model", "org/model", "--lang", "en"]) == 2
+    assert needle in capsys.readouterr().err
 
 
 def test_hub_cached_config_is_read_offline(monkeypatch, tmp_path, capsys):
@@ -85,7 +115,7 @@ def test_hub_cached_config_is_read_offline(monkeypatch, tmp_path, capsys):
     target = tmp_path / "config.json"
     target.write_text(json.dumps(cfg))
 
-    def fake_download(repo_id, filename, revision=None):
+    def fake_download(repo_id, filename, revision=None, local_files_only=False):
         assert filename == "config.json"
         return str(target)
 

@@ -102,27 +102,56 @@ def from_file(path: str | os.PathLike[str]) -> ModelSource:
 
 
 def from_hub(repo_id: str, *, revision: str | None = None) -> ModelSource:
-    """Fetch ``config.json`` of a Hugging Face model (cached by huggingface_hub; offline-aware)."""
+    """Fetch ``config.json`` of a Hugging Face model (cached by huggingface_hub; offline-aware).
+
+    The local cache is tried first; when the file is not cached and the Hub's host cannot even be
+    resolved, cabe says "offline" at once instead of waiting through huggingface_hub's retries.
+    """
     try:
         import huggingface_hub as hf
         from huggingface_hub import errors as hf_errors
     except ImportError:
         raise MissingDependencyError("missing_extra", "model", extra="hub", package="huggingface_hub") from None
     try:
-        path = hf.hf_hub_download(repo_id, "config.json", revision=revision)
-    except hf_errors.GatedRepoError:
-        raise HubError("hub_gated", "model", repo=repo_id) from None
-    except hf_errors.RepositoryNotFoundError:
-        raise HubError("hub_not_found", "model", repo=repo_id) from None
-    except hf_errors.EntryNotFoundError:
-        raise HubError("hub_no_config", "model", repo=repo_id) from None
-    except hf_errors.LocalEntryNotFoundError:
-        # Raised when offline (HF_HUB_OFFLINE=1 or no network) and the file is not cached.
-        raise HubError("hub_offline", "model", repo=repo_id) from None
-    except (hf_errors.HfHubHTTPError, OSError, ValueError) as exc:
-        raise HubError("hub_error", "model", repo=repo_id, detail=str(exc)[:200]) from None
+        path = hf.hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=True)
+    except (hf_errors.LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
+        path = None
+    if path is None:
+        if not _hub_reachable():
+            raise HubError("hub_offline", "model", repo=repo_id)
+        try:
+            path = hf.hf_hub_download(repo_id, "config.json", revision=revision)
+        except hf_errors.GatedRepoError:
+            raise HubError("hub_gated", "model", repo=repo_id) from None
+        except hf_errors.RepositoryNotFoundError:
+            raise HubError("hub_not_found", "model", repo=repo_id) from None
+        except hf_errors.LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: test it first
+            raise HubError("hub_offline", "model", repo=repo_id) from None
+        except hf_errors.EntryNotFoundError:
+            raise HubError("hub_no_config", "model", repo=repo_id) from None
+        except (hf_errors.HfHubHTTPError, OSError, ValueError) as exc:
+            raise HubError("hub_error", "model", repo=repo_id, detail=str(exc)[:200]) from None
     src = from_file(path)
     return ModelSource(name=repo_id, kind="hub", config=src.config, meta={"hf_id": repo_id})
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Can the Hub's host be resolved? (HF_HUB_OFFLINE=1 means no.)"""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(timeout)
+    try:
+        socket.getaddrinfo(host, 443)
+        return True
+    except OSError:
+        return False
+    finally:
+        socket.setdefaulttimeout(old)
 
 
 def resolve(model: str) -> ModelSource:
