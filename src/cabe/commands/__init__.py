@@ -1,0 +1,1 @@
+"""Subcommands registered by :mod:`cabe.cli` when present: ``cabe fit`` and ``cabe infer``."""

@@ -1,0 +1,110 @@
+"""``cabe fit``: make a training setup fit a card — largest micro-batch, longest sequence, fewest
+GPUs, and the changes that would make it fit, ranked by memory saved and by their cost in speed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from cabe.i18n import fmt_number, t
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from cabe.cli import _common_model_options
+
+    _common_model_options(p)
+    p.add_argument("--gpu", required=True, help="a card from `cabe gpus` (memory per GPU)")
+    p.add_argument("--solve", default=None,
+                   help="batch | seq | gpus | changes, or a comma list (default: all four)")
+    p.add_argument("--mfu", default=None, help="model FLOPs utilisation for the time figures (default 0.4)")
+    p.add_argument("--tokens", default=None, help="tokens of the whole run, for time and GPU-hours (e.g. 1e9)")
+
+
+def run(args: argparse.Namespace, lang: str, units: str) -> int:
+    from cabe import api, gpus, solver
+    from cabe.cli import _to_float, request_from_args
+    from cabe.errors import InvalidValueError
+
+    body = request_from_args(args)
+    card_name = body.pop("gpu", None)
+    src = api.model_source(body, allow_files=True)
+    if src is None:
+        raise InvalidValueError("missing_model", "model")
+    setup = api.setup_from(body)
+    card = gpus.gpu(str(card_name))
+    what = tuple(w.strip() for w in args.solve.split(",")) if args.solve else solver.SOLVES
+    out = solver.solve(src.spec, setup, card, what)
+    if args.tokens is not None or args.mfu is not None:
+        from cabe.flops import run_time
+
+        tokens = _to_float("tokens", args.tokens) if args.tokens is not None else None
+        mfu = _to_float("mfu", args.mfu) if args.mfu is not None else 0.4
+        out["time"] = run_time(src.spec, setup, card, tokens=tokens, mfu=mfu)
+    if args.json:
+        print(json.dumps(out, ensure_ascii=False, indent=2))
+        return 0
+    print(format_plan(out, lang, units))
+    return 0
+
+
+def _b(n: int, lang: str, units: str) -> str:
+    from cabe.render import fmt_bytes
+
+    return fmt_bytes(n, lang, units, both=False)
+
+
+def format_plan(out: dict, lang: str, units: str) -> str:
+    g = out["gpu"]
+    now = out["now"]
+    lines = [t("plan.now", lang, gpu=g["display"], need=_b(now["needed_bytes"], lang, units),
+               have=_b(g["memory_bytes"], lang, units),
+               verdict=t("ui.fits" if now["fits"] else "ui.does_not_fit", lang))]
+    for key in ("batch", "seq"):
+        a = out.get(key)
+        if not a:
+            continue
+        if a["value"] is None:
+            lines.append(t(f"plan.{key}_none", lang))
+            continue
+        line = t(f"plan.{key}", lang, value=a["value"], need=_b(a["at_value"]["needed_bytes"], lang, units))
+        if a.get("one_more"):
+            line += " " + t("plan.one_more", lang, value=a["value"] + 1,
+                            need=_b(a["one_more"]["needed_bytes"], lang, units))
+        elif a["capped"]:
+            line += " " + t("plan.capped", lang, limit=a["limit"])
+        lines.append(line)
+    a = out.get("gpus")
+    if a:
+        if a["value"] is None:
+            lines.append(t("plan.gpus_none", lang, limit=a["limit"]))
+        else:
+            lines.append(t("plan.gpus", lang, value=a["value"], shard=a["shard"],
+                           need=_b(a["at_value"]["needed_bytes"], lang, units)))
+    c = out.get("changes")
+    if c:
+        lines.append("")
+        lines.append(t("plan.changes_header", lang))
+        for r in c["by_memory"]:
+            label = t("plan.change." + r["change"], lang, **{k: v for k, v in r["set"].items() if isinstance(v, int)})
+            verdict = t("ui.fits" if r["fits"] else "ui.does_not_fit", lang)
+            lines.append(f"  {label:<52} {_b(r['needed_bytes'], lang, units):>11}  "
+                         f"−{_b(r['saved_bytes'], lang, units):>10}  ×{fmt_number(r['slowdown'], lang, 2):<5} {verdict}")
+        p = c["plan"]
+        lines.append("")
+        if p["steps"] and p["fits"]:
+            lines.append(t("plan.plan_header", lang, slowdown=p["slowdown"]))
+            for s in p["steps"]:
+                label = t("plan.change." + s["change"], lang, **{k: v for k, v in s["set"].items() if isinstance(v, int)})
+                lines.append(f"  + {label:<50} → {_b(s['needed_bytes'], lang, units)}")
+        elif not c["fits_now"]:
+            lines.append(t("plan.plan_none", lang))
+    tm = out.get("time")
+    if tm:
+        lines.append("")
+        lines.append(t("plan.time_step", lang, seconds=round(tm["step_seconds"], 3), tflops=round(tm["flops_per_step"] / 1e12, 1),
+                       mfu=tm["mfu"]))
+        if tm.get("run_hours") is not None:
+            lines.append(t("plan.time_run", lang, hours=round(tm["run_hours"], 2), gpu_hours=round(tm["gpu_hours"], 1),
+                           tokens=tm["tokens"]))
+    lines.append(t("plan.elapsed", lang, ms=out["elapsed_ms"]))
+    return "\n".join(lines)
