@@ -180,11 +180,14 @@ def routed_sdpa(state: AttentionState, original: Any, query: torch.Tensor, key: 
 def intercept(state: AttentionState, tracker: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     if func is aten._local_scalar_dense.default:
         # A fake tensor has no value. Host reads happen in optimizers (Adafactor's RMS of the
-        # parameter, GradScaler's found_inf): answer 0 (no inf found) -- no allocation depends on it.
+        # parameter, GradScaler's found_inf) and step counters kept on the host. Device values
+        # read as 0 (no inf found), host values as 1 (step counters: 1 - beta**step != 0).
+        # No allocation depends on these values.
         t = args[0]
+        v = 1 if t.device.type == "cpu" else 0
         if t.dtype == torch.bool:
-            return False
-        return 0.0 if t.is_floating_point() else 0
+            return bool(v)
+        return float(v) if t.is_floating_point() else v
     if func is aten._scaled_dot_product_flash_attention.default:
         out = func(*args, **kwargs)
         tracker.record(out[0], "sdpa_flash")

@@ -52,6 +52,8 @@ class TraceResult:
     trainable_parameters: int = 0
     reserved_bytes: int = 0
     reserved_bytes_expandable: int = 0
+    allocator_allocated_bytes: int = 0  # max_memory_allocated() incl. unsplit block remainders
+    segments: int = 0
     paged_bytes: int = 0
     first_step_peak_bytes: int = 0
     mode: str = "fake"
@@ -79,6 +81,8 @@ class TraceResult:
             "trainable_parameters": self.trainable_parameters,
             "reserved_bytes": self.reserved_bytes,
             "reserved_bytes_expandable_segments": self.reserved_bytes_expandable,
+            "allocator_allocated_bytes": self.allocator_allocated_bytes,
+            "segments": self.segments,
             "paged_bytes": self.paged_bytes,
             "first_step_peak_bytes": self.first_step_peak_bytes,
             "mode": self.mode,
@@ -107,6 +111,7 @@ class TraceResult:
             parameters=d["parameters"], trainable_parameters=d["trainable_parameters"],
             reserved_bytes=d["reserved_bytes"],
             reserved_bytes_expandable=d.get("reserved_bytes_expandable_segments", 0),
+            allocator_allocated_bytes=d.get("allocator_allocated_bytes", 0), segments=d.get("segments", 0),
             paged_bytes=d["paged_bytes"], first_step_peak_bytes=d["first_step_peak_bytes"],
             mode=d["mode"], attention_kernels=d.get("attention_kernels", {}), notes=d.get("notes", []),
             setup=d.get("setup", {}), steps=d.get("steps", 2),
@@ -709,7 +714,7 @@ def _train(model: Any, cfg: Any, setup: TrainingSetup, steps: int, device: Any, 
 # analysis
 # ---------------------------------------------------------------------------------------
 def analyse(tracker: Any, steps: int, step_starts: list[int]) -> TraceResult:
-    from cabe.trace.allocator import replay_reserved
+    from cabe.trace.allocator import replay
     from cabe.trace.tracker import COMPONENTS, PHASES
 
     curve = tracker.curve()
@@ -757,12 +762,14 @@ def analyse(tracker: Any, steps: int, step_starts: list[int]) -> TraceResult:
     events = [e for e in tracker.events
               if (e if e > 0 else -e) - 1 not in tracker.paged and (e if e > 0 else -e) - 1 not in tracker.ignored]
     sizes = list(tracker.size)
-    reserved = replay_reserved(sizes, events)
-    reserved_exp = replay_reserved(sizes, events, expandable_segments=True)
+    st = replay(sizes, events)
+    st_exp = replay(sizes, events, expandable_segments=True)
     paged = sum(tracker.raw_size[a] for a in tracker.paged)
     return TraceResult(
         peak_bytes=peak, peak_phase=peak_phase, components=comps, phase_peaks=phase_peaks,
-        timeline=timeline, reserved_bytes=reserved, reserved_bytes_expandable=reserved_exp,
+        timeline=timeline, reserved_bytes=st.peak_reserved_bytes,
+        reserved_bytes_expandable=st_exp.peak_reserved_bytes,
+        allocator_allocated_bytes=st.peak_allocated_bytes, segments=st.peak_segments,
         paged_bytes=paged, first_step_peak_bytes=first_peak, events=n, peak_event=peak_i,
         step_starts=step_starts, top_allocations=top_allocations, alloc_sizes=sizes, alloc_events=events,
     )
