@@ -1,0 +1,278 @@
+"""Inference and serving memory: weights by format, KV cache, the forward's working memory, and a
+vLLM-style KV pool (how many sequences of a length fit).
+
+Weight formats (bytes per weight of the quantized matrices; embeddings, norms, biases, routers and
+lm_head stay 16-bit except in GGUF, whose bits per weight are llama.cpp's whole-file averages):
+
+* ``fp32`` 4, ``fp16`` / ``bf16`` 2, ``fp8`` 1 (+ one fp32 scale per matrix);
+* ``int8`` (bitsandbytes LLM.int8): 1 + an fp32 scale per output row;
+* ``nf4`` / ``fp4`` (bitsandbytes 4-bit, double quantization): :func:`cabe.method.quantized_bytes`,
+  ≈ 0.516 B; only ``nn.Linear`` modules are replaced (lm_head kept);
+* ``gptq-Nbit`` / ``awq-Nbit`` with group size g (default 128): N/8 B + per group of g input
+  weights one fp16 scale and one N-bit zero: N/8 + (2 + N/8)/g;
+* ``gguf-<type>``: bits per weight Q8_0 8.5, Q6_K 6.5625, Q5_K_M ≈ 5.69, Q5_K_S 5.52, Q5_0 5.5,
+  Q4_K_M ≈ 4.85, Q4_K_S ≈ 4.58, Q4_0 4.5, Q3_K_L ≈ 4.27, Q3_K_M ≈ 3.91, Q3_K_S ≈ 3.5, Q2_K ≈ 2.63
+  (block layouts in ggml-common.h; K-quant "mixes" averaged as llama.cpp's quantize reports them).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from cabe import gpus as gpu_catalog
+from cabe.architecture import ModelSpec
+from cabe.errors import InvalidValueError
+from cabe.gpus import Gpu
+from cabe.kv_cache import breakdown, kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes
+from cabe.method import quantized_bytes
+
+GGUF_BPW: dict[str, float] = {
+    "q8_0": 8.5, "q6_k": 6.5625, "q5_k_m": 5.69, "q5_k_s": 5.52, "q5_0": 5.5, "q5_1": 6.0, "q4_k_m": 4.85,
+    "q4_k_s": 4.58, "q4_0": 4.5, "q4_1": 5.0, "q3_k_l": 4.27, "q3_k_m": 3.91, "q3_k_s": 3.5, "q2_k": 2.63,
+    "f16": 16.0, "bf16": 16.0,
+}
+PLAIN = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}
+FORMATS = tuple(PLAIN) + ("fp8", "int8", "nf4", "fp4", "gptq-4bit", "gptq-8bit", "gptq-3bit", "gptq-2bit", "awq-4bit") + \
+    tuple("gguf-" + k for k in GGUF_BPW)
+ALLOCATOR_SLACK_FRACTION = 0.05  # as cabe.estimate: reserved ≈ allocated × 1.05
+BLOCK_SIZE = 16
+
+
+def _check_format(fmt: str) -> str:
+    f = str(fmt).strip().lower()
+    if f not in FORMATS:
+        raise InvalidValueError("bad_choice", "weights", value=fmt, allowed=", ".join(FORMATS))
+    return f
+
+
+def weights_bytes(spec: ModelSpec, fmt: str = "fp16", group_size: int = 128) -> dict[str, Any]:
+    """Bytes of the weights in a format: ``{"total_bytes", "quantized_params", "other_params", "bytes_per_weight"}``."""
+    f = _check_format(fmt)
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise InvalidValueError("out_of_range", "group_size", value=group_size, minimum=1, maximum=1 << 20)
+    n = spec.parameter_count
+    if f.startswith("gguf-"):
+        bpw = GGUF_BPW[f[5:]]
+        return {"total_bytes": round(n * bpw / 8), "quantized_params": n, "other_params": 0, "bytes_per_weight": bpw / 8,
+                "format": f}
+    if f in PLAIN:
+        return {"total_bytes": round(n * PLAIN[f]), "quantized_params": 0, "other_params": n,
+                "bytes_per_weight": PLAIN[f], "format": f}
+    L = spec.num_layers
+    if f in ("nf4", "fp4"):
+        mats = [(lin.in_features * lin.out_features * lin.copies, lin.out_features * lin.copies)
+                for lin in spec.layer_linears if lin.is_module]
+        q = sum(quantized_bytes(numel, True) for numel, _ in mats) * L
+    else:
+        mats = [(lin.in_features * lin.out_features * lin.copies, lin.out_features * lin.copies, lin.in_features)
+                for lin in spec.layer_linears if lin.role != "router"]
+        if f == "fp8":
+            q = sum(numel + 4 for numel, *_ in mats) * L
+        elif f == "int8":
+            q = sum(numel + 4 * rows for numel, rows, _ in mats) * L
+        else:  # gptq / awq
+            bits = int(f.split("-")[1].removesuffix("bit"))
+            q = 0.0
+            for numel, rows, inf in mats:
+                groups = numel / group_size
+                q += numel * bits / 8 + groups * (2 + bits / 8)
+                if f.startswith("gptq"):
+                    q += 4 * inf  # g_idx: one int32 per input feature
+            q *= L
+    qn = sum(m[0] for m in mats) * L
+    other = n - qn
+    total = round(q + 2 * other)
+    return {"total_bytes": total, "quantized_params": qn, "other_params": other,
+            "bytes_per_weight": round(q / qn, 5) if qn else 0, "format": f}
+
+
+def forward_bytes(spec: ModelSpec, tokens: int, act_bytes: int = 2) -> int:
+    """Working memory of one decoder layer over ``tokens`` tokens at once (flash/SDPA attention, no
+    s×s scores): residual + normed input + the larger of attention (q, k, v, output) and MLP
+    (gate, up, activation; ×k routed copies for MoE)."""
+    h, q, kv, f = spec.hidden_size, spec.q_dim, spec.kv_dim, spec.intermediate_size
+    k = spec.experts_per_token or 1
+    attn = q + 2 * kv + q
+    mlp = 3 * f * k + (h * k if spec.num_experts else 0)
+    return tokens * act_bytes * (2 * h + max(attn, mlp))
+
+
+def logits_bytes(spec: ModelSpec, rows: int) -> int:
+    """Logits of ``rows`` positions: 16-bit output + the fp32 upcast for sampling / the loss."""
+    return rows * spec.vocab_size * (2 + 4)
+
+
+def estimate_inference(spec: ModelSpec, *, weights: str = "fp16", kv_dtype: str = "fp16", context: int = 4096,
+                       batch: int = 1, mode: str = "generate", prefill_chunk: int | None = None,
+                       group_size: int = 128) -> dict[str, Any]:
+    """Peak memory of running the model on ``batch`` sequences of ``context`` tokens.
+
+    ``mode="generate"``: prefill (in chunks of ``prefill_chunk`` tokens, default the whole prompt)
+    then decoding; logits of the last token only. ``mode="prefill"``: scoring a whole prompt,
+    logits of every position (perplexity, reward models).
+    """
+    if mode not in ("generate", "prefill"):
+        raise InvalidValueError("bad_choice", "mode", value=mode, allowed="generate, prefill")
+    for name, v in (("context", context), ("batch", batch)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InvalidValueError("not_integer", name, value=v)
+        if v < 1 or v > (1 << 24):
+            raise InvalidValueError("out_of_range", name, value=v, minimum=1, maximum=1 << 24)
+    chunk = min(prefill_chunk or context, context)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise InvalidValueError("out_of_range", "prefill_chunk", value=prefill_chunk, minimum=1, maximum=1 << 24)
+    w = weights_bytes(spec, weights, group_size)
+    kv = kv_cache_bytes(spec, context, batch, kv_dtype)
+    act = forward_bytes(spec, batch * chunk)
+    logits = logits_bytes(spec, batch * (context if mode == "prefill" else 1))
+    comps = {"weights": w["total_bytes"], "kv_cache": kv, "activations": act, "logits": logits}
+    total = sum(comps.values())
+    return {
+        "mode": mode, "weights_format": w["format"], "kv_dtype": kv_dtype, "context": context, "batch": batch,
+        "prefill_chunk": chunk, "components": comps, "total_bytes": total,
+        "reserved_bytes": round(total * (1 + ALLOCATOR_SLACK_FRACTION)),
+        "weights": w, "kv": breakdown(spec, context, batch, kv_dtype),
+        "steps": [
+            {"key": "infer.weights", "formula": "{n} × {bpw} B", "bytes": w["total_bytes"],
+             "params": {"n": spec.parameter_count, "bpw": round(w["total_bytes"] / spec.parameter_count, 4)}},
+            {"key": "infer.kv", "formula": "2 × {layers} × {kv} × {d} × {b} B × {tokens} tokens × {batch}", "bytes": kv,
+             "params": {"layers": spec.num_layers, "kv": spec.num_kv_heads, "d": spec.head_dim,
+                        "b": kv_dtype_bytes(kv_dtype), "tokens": context, "batch": batch}},
+            {"key": "infer.logits." + mode, "formula": "{rows} × {v} × (2 + 4) B", "bytes": logits,
+             "params": {"rows": batch * (context if mode == "prefill" else 1), "v": spec.vocab_size}},
+        ],
+    }
+
+
+def fit_inference(est: Mapping[str, Any], card: Gpu) -> dict[str, Any]:
+    need = est["reserved_bytes"] + card.cuda_context_bytes
+    return {"gpu": card.name, "display": card.display, "memory_bytes": card.memory_bytes, "needed_bytes": need,
+            "margin_bytes": card.memory_bytes - need, "fits": need <= card.memory_bytes}
+
+
+# ---- serving engine (vLLM semantics) ------------------------------------------------------------
+
+
+def serving(spec: ModelSpec, card: Gpu, *, weights: str = "fp16", kv_dtype: str = "fp16", context: int = 4096,
+            gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
+            block_size: int = BLOCK_SIZE, group_size: int = 128) -> dict[str, Any]:
+    """vLLM: the engine may use ``gpu_memory_utilization`` × the card's memory; after the weights,
+    the activation peak of a profiling forward (``max_num_batched_tokens`` tokens, logits for
+    ``max_num_seqs`` sequences) and non-torch memory (CUDA context), the rest is the KV pool, cut
+    into blocks of ``block_size`` tokens. A sequence of L tokens takes ceil(L / block_size) blocks
+    in every full-attention layer and at most the window in sliding layers."""
+    from cabe.training import number
+
+    util = number("gpu_memory_utilization", gpu_memory_utilization, minimum=0.0, maximum=1.0, strict=True)
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise InvalidValueError("out_of_range", "context", value=context, minimum=1, maximum=1 << 24)
+    w = weights_bytes(spec, weights, group_size)["total_bytes"]
+    act = forward_bytes(spec, max_num_batched_tokens) + logits_bytes(spec, max_num_seqs)
+    budget = util * card.memory_bytes
+    pool = int(budget - w - act - card.cuda_context_bytes)
+    per_layer = per_layer_token_bytes(spec, kv_dtype)
+    sliding = spec.sliding_layers if spec.sliding_window else 0
+    full = spec.num_layers - sliding
+
+    def seq_bytes(length: int) -> float:
+        blocks = math.ceil(length / block_size)
+        sblocks = math.ceil(min(length, spec.sliding_window or length) / block_size)
+        return block_size * per_layer * (full * blocks + sliding * sblocks)
+
+    out: dict[str, Any] = {
+        "gpu": card.name, "gpu_memory_utilization": util, "budget_bytes": round(budget), "weights_bytes": w,
+        "activation_profile_bytes": act, "non_torch_bytes": card.cuda_context_bytes, "kv_pool_bytes": max(pool, 0),
+        "block_size": block_size, "block_bytes": block_size * per_layer * spec.num_layers,
+        "context": context, "kv_dtype": kv_dtype, "weights_format": weights,
+    }
+    if pool <= 0:
+        out.update({"fits": False, "max_concurrent_sequences": 0, "max_context": 0, "total_blocks": 0})
+        return out
+    out["total_blocks"] = int(pool // out["block_bytes"])
+    out["bytes_per_sequence"] = round(seq_bytes(context))
+    out["max_concurrent_sequences"] = int(pool // seq_bytes(context))
+    # the longest single sequence: the pool's bytes are monotone in the length, bisect
+    lo, hi = 0, 1
+    cap = spec.max_positions or (1 << 24)
+    while hi <= cap and seq_bytes(hi) <= pool:
+        lo, hi = hi, hi * 2
+    hi = min(hi, cap + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if seq_bytes(mid) <= pool:
+            lo = mid
+        else:
+            hi = mid
+    out["max_context"] = lo
+    out["max_context_capped"] = lo >= cap
+    out["fits"] = out["max_concurrent_sequences"] >= 1
+    return out
+
+
+# ---- solver: longest context, most concurrent sequences (no engine) -------------------------------
+
+
+def _largest(ok, hi: int) -> int:
+    if not ok(1):
+        return 0
+    lo, step = 1, 1
+    while lo < hi:
+        x = min(lo + step, hi)
+        if ok(x):
+            lo = x
+            step *= 2
+        else:
+            hi = x - 1
+            break
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def max_context(spec: ModelSpec, card: Gpu, *, batch: int = 1, **kw: Any) -> int:
+    cap = spec.max_positions or (1 << 24)
+    return _largest(lambda c: fit_inference(estimate_inference(spec, context=c, batch=batch, **kw), card)["fits"], cap)
+
+
+def max_batch(spec: ModelSpec, card: Gpu, *, context: int = 4096, **kw: Any) -> int:
+    return _largest(lambda b: fit_inference(estimate_inference(spec, context=context, batch=b, **kw), card)["fits"],
+                    1 << 16)
+
+
+def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``POST /api/infer``: {model | config, weights, kv_dtype, context, batch, mode, prefill_chunk,
+    group_size, gpu, gpu_memory_utilization}. Raises CabeError."""
+    from cabe import api
+
+    if not isinstance(body, Mapping):
+        raise InvalidValueError("body_not_object", None)
+    allowed = ("model", "config", "weights", "kv_dtype", "context", "batch", "mode", "prefill_chunk", "group_size", "gpu",
+               "gpu_memory_utilization", "lang", "units")
+    unknown = [k for k in body if k not in allowed]
+    if unknown:
+        raise InvalidValueError("unknown_field", unknown[0], allowed=", ".join(allowed))
+    src = api.model_source(body, allow_files=False)
+    if src is None:
+        raise InvalidValueError("missing_model", "model")
+    spec = src.spec
+    kw = {k: body[k] for k in ("weights", "kv_dtype", "mode", "prefill_chunk", "group_size") if body.get(k) is not None}
+    context = body.get("context")
+    context = min(4096, spec.max_positions or 4096) if context is None else context
+    batch = 1 if body.get("batch") is None else body.get("batch")
+    est = estimate_inference(spec, context=context, batch=batch, **kw)
+    out: dict[str, Any] = {"model": spec.name, **est}
+    if body.get("gpu"):
+        card = gpu_catalog.gpu(str(body["gpu"]))
+        out["fit"] = fit_inference(est, card)
+        out["max_context"] = max_context(spec, card, batch=batch, **kw)
+        out["max_batch"] = max_batch(spec, card, context=context, **kw)
+        skw = {k: kw[k] for k in ("weights", "kv_dtype", "group_size") if k in kw}
+        out["serving"] = serving(spec, card, context=context,
+                                 gpu_memory_utilization=0.9 if body.get("gpu_memory_utilization") is None
+                                 else body["gpu_memory_utilization"], **skw)
+    return out

@@ -1,0 +1,62 @@
+"""The KV cache: 2 (K and V) × layers × kv_heads × head_dim × tokens × bytes per element.
+
+GQA and MQA are in ``num_kv_heads`` (Llama-3.1-8B: 8 KV heads for 32 query heads; MQA: 1).
+Sliding-window layers (Mistral-7B-v0.1, Gemma 2/3) keep at most ``sliding_window`` tokens: a
+serving engine with a sliding-window-aware cache (vLLM's hybrid allocator, HF's
+``HybridCache``) caps those layers at the window; the global layers grow with the context.
+"""
+
+from __future__ import annotations
+
+from cabe.architecture import ModelSpec
+from cabe.errors import InvalidValueError
+
+#: bytes per cached element
+KV_DTYPES: dict[str, float] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
+                               "int4": 0.5}
+
+
+def kv_dtype_bytes(kv_dtype: str) -> float:
+    if kv_dtype not in KV_DTYPES:
+        raise InvalidValueError("bad_choice", "kv_dtype", value=kv_dtype, allowed=", ".join(KV_DTYPES))
+    return KV_DTYPES[kv_dtype]
+
+
+def per_layer_token_bytes(spec: ModelSpec, kv_dtype: str = "fp16") -> float:
+    """K and V of one token in one layer: 2 × kv_heads × head_dim × bytes."""
+    return 2 * spec.num_kv_heads * spec.head_dim * kv_dtype_bytes(kv_dtype)
+
+
+def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "fp16") -> float:
+    """Every layer's K and V for one token (while the context is within every window)."""
+    return spec.num_layers * per_layer_token_bytes(spec, kv_dtype)
+
+
+def kv_cache_bytes(spec: ModelSpec, context: int, batch: int = 1, kv_dtype: str = "fp16",
+                   cap_sliding: bool = True) -> int:
+    """KV cache of ``batch`` sequences of ``context`` tokens each; sliding layers capped at the window."""
+    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
+        raise InvalidValueError("not_integer" if not isinstance(context, int) else "out_of_range", "context",
+                                value=context, minimum=0, maximum=1 << 24)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise InvalidValueError("out_of_range", "batch", value=batch, minimum=1, maximum=1 << 20)
+    per = per_layer_token_bytes(spec, kv_dtype)
+    sliding = spec.sliding_layers if (cap_sliding and spec.sliding_window) else 0
+    full = spec.num_layers - sliding
+    window_tokens = min(context, spec.sliding_window or context)
+    return round(batch * per * (full * context + sliding * window_tokens))
+
+
+def breakdown(spec: ModelSpec, context: int, batch: int, kv_dtype: str) -> dict[str, object]:
+    per = per_layer_token_bytes(spec, kv_dtype)
+    sliding = spec.sliding_layers if spec.sliding_window else 0
+    return {
+        "bytes_per_token_per_layer": per,
+        "bytes_per_token": per * spec.num_layers,
+        "full_layers": spec.num_layers - sliding,
+        "sliding_layers": sliding,
+        "sliding_window": spec.sliding_window,
+        "formula": "2 × {layers} × {kv} × {d} × {b} B".format(layers=spec.num_layers, kv=spec.num_kv_heads,
+                                                           d=spec.head_dim, b=kv_dtype_bytes(kv_dtype)),
+        "total_bytes": kv_cache_bytes(spec, context, batch, kv_dtype),
+    }
