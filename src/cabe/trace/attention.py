@@ -114,8 +114,9 @@ def _device_rng(state: AttentionState, tracker: Any, out: tuple, seed_i: int, of
     if isinstance(out[seed_i], torch.Tensor) and out[seed_i].device.type == "meta" and state.device.type != "meta":
         out[seed_i] = torch.empty((2,), dtype=torch.uint64, device=state.device)
         out[off_i] = torch.empty((), dtype=torch.uint64, device=state.device)
-        tracker.record(out[seed_i], "flash_rng_state")
-        tracker.record(out[off_i], "flash_rng_state")
+    for i in (seed_i, off_i):
+        if isinstance(out[i], torch.Tensor):
+            tracker.record(out[i], "flash.rng_state")
     return tuple(out)
 
 

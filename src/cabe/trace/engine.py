@@ -789,6 +789,7 @@ def _inventory(model: Any, cfg: Any, setup: TrainingSetup, device: Any, tracker:
     stack: list[str] = []
     active = [False]
     rows: list[dict[str, Any]] = []
+    keys: list[int] = []
     seen: dict[int, int] = {}
 
     def pre(mod: Any, args: Any) -> None:
@@ -838,6 +839,7 @@ def _inventory(model: Any, cfg: Any, setup: TrainingSetup, device: Any, tracker:
             else:
                 seen[key] = len(rows)
             rows.append(row)
+            keys.append(key)
         return t
 
     amp = autocast_dtype(setup)
@@ -848,11 +850,43 @@ def _inventory(model: Any, cfg: Any, setup: TrainingSetup, device: Any, tracker:
             ctx = torch.autocast("cuda", dtype=amp) if amp is not None else contextlib.nullcontext()
             with ctx:
                 out = model(input_ids=ids, labels=labels, use_cache=False)
+        saved_by = _saved_by(out.loss, device)
         del out
     finally:
         for h in handles:
             h.remove()
+    for r, key in zip(rows, keys):
+        r["saved_by"] = ",".join(sorted(set(saved_by.get(key, []))))
     return rows
+
+
+def _saved_by(loss: Any, device: Any) -> dict[int, list[str]]:
+    """storage key -> names of the autograd nodes that hold it as a saved tensor."""
+    import torch
+
+    out: dict[int, list[str]] = {}
+    stack = [loss.grad_fn]
+    seen: set[int] = set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        name = type(fn).__name__
+        values: list[Any] = []
+        for attr in dir(fn):
+            if attr.startswith("_saved_") or attr == "saved_tensors":
+                try:
+                    v = getattr(fn, attr)
+                except Exception:  # noqa: BLE001 (freed or not a tensor)
+                    continue
+                values.extend(v if isinstance(v, (tuple, list)) else (v,))
+        for x in values:
+            if isinstance(x, torch.Tensor) and x.device.type == device.type:
+                out.setdefault(x.untyped_storage()._cdata, []).append(name)
+        for nxt, _ in fn.next_functions:
+            stack.append(nxt)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -891,7 +925,8 @@ def layer_inventory(config: dict[str, Any], setup: TrainingSetup, *, mode: str =
     """Tensors decoder layer 0 saves for backward during one forward (checkpointing off).
 
     Each row: ``module`` (path inside the layer), ``op`` (the aten op that allocated the
-    storage), ``grad_fn`` (the autograd node that produced the tensor), ``shape``, ``dtype``,
+    storage), ``saved_by`` (the autograd node(s) holding it for backward), ``grad_fn`` (the
+    node that produced the tensor), ``shape``, ``dtype``,
     ``bytes`` (the storage, rounded to 512 B; 0 when the storage was already listed -- see
     ``shared_with``), ``kind`` (activation | parameter | weight_copy), ``name`` (parameter name).
     """
