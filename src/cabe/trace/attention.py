@@ -189,6 +189,14 @@ def intercept(state: AttentionState, tracker: Any, func: Any, args: tuple, kwarg
         if t.dtype == torch.bool:
             return bool(v)
         return float(v) if t.is_floating_point() else v
+    if func is aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
+        # transformers' MoE experts call torch._grouped_mm on CUDA for any dtype; the meta
+        # kernel only accepts bf16 (the CUDA op falls back to per-group matmuls). Same output.
+        a, b = args[0], args[1]
+        out_shape = func(a.to(torch.bfloat16), b.to(torch.bfloat16), *args[2:], **kwargs).shape
+        out = torch.empty(out_shape, dtype=kwargs.get("out_dtype") or a.dtype, device=a.device)
+        tracker.record(out, "_grouped_mm")
+        return out
     if func is aten._scaled_dot_product_flash_attention.default:
         out = func(*args, **kwargs)
         tracker.record(out[0], "sdpa_flash")

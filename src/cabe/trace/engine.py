@@ -287,7 +287,15 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
         lcfg = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha, target_modules=targets,
                           lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
         try:
-            model = get_peft_model(model, lcfg)
+            try:
+                model = get_peft_model(model, lcfg)
+            except ValueError as exc:
+                if targets is not None or "target_modules" not in str(exc):
+                    raise
+                # PEFT knows no default targets for this architecture: adapt every linear layer
+                notes.append("PEFT has no default LoRA targets for this model type; used all-linear")
+                lcfg.target_modules = "all-linear"
+                model = get_peft_model(model, lcfg)
         except ValueError as exc:
             raise ConfigError("bad_lora_targets", "lora_targets", targets=",".join(setup.lora_targets) or "(peft default)",
                               reason=str(exc)[:300]) from None
