@@ -48,6 +48,17 @@ def format_report(report: Report, *, lang: str = "en", units: str = "GB", explai
             "slack": fmt_bytes(report.allocator_slack_bytes, lang, units, both=False),
             "ctx": fmt_bytes(report.cuda_context_bytes, lang, units, both=False),
             "device": fmt_bytes(report.device_bytes, lang, units, both=False)}, lang))
+    dist = report.extra.get("distributed")
+    if dist:
+        lines.append(fill(t("ui.distributed", lang), {
+            "gpus": dist["world_size"], "dp": dist["dp"], "tp": dist["tp"], "pp": dist["pp"],
+            "strategy": dist["strategy"], "offload": dist["offload"]}, lang))
+        if dist.get("host_ram_bytes_per_node"):
+            lines.append(fill(t("ui.host_ram", lang), {
+                "host": fmt_bytes(dist["host_ram_bytes_per_node"], lang, units),
+                "load": fmt_bytes(dist.get("host_ram_load_peak_bytes_per_node", 0), lang, units)}, lang))
+        for note in dist.get("notes", []):
+            lines.append("· " + t("note." + note, lang))
     if report.paged_bytes:
         lines.append(fill(t("ui.paged", lang), {"paged": fmt_bytes(report.paged_bytes, lang, units)}, lang))
     if report.lesson:
@@ -73,9 +84,18 @@ def format_report(report: Report, *, lang: str = "en", units: str = "GB", explai
 
 def format_explain(report: Report, *, lang: str = "en") -> str:
     lines = [t("ui.explain", lang) + ":"]
-    for i, step in enumerate(report.steps, 1):
+    steps = list(report.steps)
+    dist = report.extra.get("distributed")
+    if dist:
+        from cabe.report import Step
+
+        steps += [Step(d["key"], d["formula"], d.get("bytes"), d.get("params", {})) for d in dist.get("steps", [])]
+    for i, step in enumerate(steps, 1):
         params = {k: v for k, v in step.params.items() if k != "detail"}
-        lines.append(f"{i:>2}. {t('step.' + step.key, lang)}")
+        label = t("step." + step.key, lang)
+        if label == "step." + step.key:  # catalogs of other modules key their steps without the prefix
+            label = t(step.key, lang)
+        lines.append(f"{i:>2}. {label}")
         lines.append(f"    {fill(step.formula, _round_params(params), lang)}")
         for d in step.params.get("detail", []) or []:
             lines.append(f"      {d['name']:<36} {d['formula']:>10} = {fmt_number(d['bytes_per_token'], lang)} B")
