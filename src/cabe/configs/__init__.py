@@ -1,0 +1,201 @@
+"""Read the configs people already have and turn them into a cabe request.
+
+One module per input format, each with ``read(path_or_dict) -> Mapping`` and
+``to_request(data) -> (request_fields, used, ignored)``:
+
+========================  ================================================================
+``training_args``         transformers ``TrainingArguments`` / TRL ``SFTConfig`` (JSON, YAML)
+``peft_config``           PEFT ``adapter_config.json`` / ``LoraConfig``
+``bnb``                   ``BitsAndBytesConfig``
+``deepspeed``             DeepSpeed config JSON
+``accelerate``            ``accelerate config`` YAML (FSDP, DeepSpeed, multi-GPU)
+``axolotl``               axolotl YAML
+``torchtune``             torchtune recipe YAML
+========================  ================================================================
+
+:func:`from_files` reads several at once (``cabe from-config train.json adapter_config.json``),
+detects each format from its content (the file name breaks ties), and merges the fields: the
+same field with two different values in two files is a :class:`~cabe.errors.ConfigError`
+(``cfg_conflict``), except that QLoRA refines LoRA and a precision's amp / pure form follows
+the method.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Mapping, Sequence
+
+from cabe.errors import ConfigError
+
+#: Formats in detection order (the most specific content markers first).
+FORMATS: tuple[str, ...] = ("torchtune", "accelerate", "deepspeed", "axolotl", "training_args", "peft_config", "bnb")
+
+#: File-name hints, used when the content says nothing.
+NAME_HINTS = (("adapter_config", "peft_config"), ("ds_config", "deepspeed"), ("deepspeed", "deepspeed"),
+              ("zero", "deepspeed"), ("accelerate", "accelerate"), ("fsdp", "accelerate"), ("axolotl", "axolotl"),
+              ("bnb", "bnb"), ("quant", "bnb"), ("training_args", "training_args"), ("sft", "training_args"))
+
+#: Request fields one format decides when several files set them: an ``optimizer`` block in the
+#: DeepSpeed config replaces TrainingArguments' ``optim`` (the HF Trainer does the same).
+PRECEDENCE = {"optimizer": "deepspeed"}
+#: Fields that go with a decided field (TrainingArguments' fused AdamW goes with its optim).
+COMPANIONS = {"optimizer": ("optimizer_impl",)}
+
+ALIASES = {"peft": "peft_config", "lora": "peft_config", "trainingarguments": "training_args", "sftconfig": "training_args",
+           "trl": "training_args", "transformers": "training_args", "bitsandbytes": "bnb", "ds": "deepspeed",
+           "fsdp": "accelerate"}
+
+
+def module(fmt: str) -> ModuleType:
+    name = ALIASES.get(fmt.lower().replace("-", "_"), fmt.lower().replace("-", "_"))
+    if name not in FORMATS:
+        raise ConfigError("cfg_bad_format", "format", value=fmt, allowed=", ".join(FORMATS))
+    return importlib.import_module(f"cabe.configs.{name}")
+
+
+def detect(data: Mapping[str, Any], filename: str | None = None) -> str:
+    """The format of a parsed config, from its keys; the file name only when the keys are silent."""
+    for fmt in FORMATS:
+        if module(fmt).looks_like(data):
+            return fmt
+    base = os.path.basename(filename or "").lower()
+    for hint, fmt in NAME_HINTS:
+        if hint in base:
+            return fmt
+    raise ConfigError("cfg_unknown_format", "file", path=filename or "<dict>", allowed=", ".join(FORMATS))
+
+
+@dataclass
+class Source:
+    """One config read: where from, which format, what it maps to, what it used and ignored."""
+
+    path: str
+    format: str
+    fields: dict[str, Any]
+    used: list[str]
+    ignored: list[tuple[str, str]]
+    origin: dict[str, str] = field(default_factory=dict)
+
+    def drop(self, request_field: str, reason: str = "overridden") -> None:
+        """Another file decides ``request_field``: move its source field from used to ignored."""
+        src = self.origin.get(request_field)
+        self.fields.pop(request_field, None)
+        if src and src in self.used:
+            self.used.remove(src)
+            self.ignored.append((src, reason))
+
+
+@dataclass
+class Combined:
+    """Several sources merged into one request, plus the bookkeeping ``--json`` shows."""
+
+    request: dict[str, Any]
+    sources: list[Source]
+    overridden: list[str] = field(default_factory=list)
+    defaults: list[str] = field(default_factory=list)
+
+    def to_json(self, lang: str = "en") -> dict[str, Any]:
+        from cabe.i18n import t
+
+        return {
+            "files": [{"path": s.path, "format": s.format} for s in self.sources],
+            "used": [{"file": s.path, "field": u} for s in self.sources for u in s.used],
+            "ignored": [{"file": s.path, "field": f, "reason": r, "message": t("from_config.reason." + r, lang)}
+                        for s in self.sources for f, r in s.ignored],
+            "request": {k: list(v) if isinstance(v, tuple) else v for k, v in self.request.items()},
+            "overridden": list(self.overridden),
+            "defaults": list(self.defaults),
+        }
+
+
+def read_source(item: Any, fmt: str | None = None) -> Source:
+    """Read one file (or dict) and map it."""
+    from cabe.configs import _base
+
+    path = "<dict>" if isinstance(item, Mapping) else str(item)
+    data = _base.read(item)
+    name = fmt and module(fmt).FORMAT or detect(data, path)
+    mod = module(name)
+    if hasattr(mod, "read") and not isinstance(item, Mapping):
+        data = mod.read(item)
+    c = mod.collect(data)
+    fields_, used, ignored = c.result()
+    return Source(path=path, format=name, fields=fields_, used=used, ignored=ignored, origin=dict(c.origin))
+
+
+def combine(sources: Sequence[Source], overrides: Mapping[str, Any] | None = None) -> Combined:
+    """Merge the sources' fields into one request; command-line ``overrides`` win."""
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for field_, fmt in PRECEDENCE.items():
+        if any(s.format == fmt and field_ in s.fields for s in sources):
+            for s in sources:
+                if s.format != fmt and field_ in s.fields:
+                    for f in (field_,) + COMPANIONS.get(field_, ()):
+                        s.drop(f)
+    for s in sources:
+        for k, v in s.fields.items():
+            if k not in merged:
+                merged[k], origin[k] = v, s.path
+                continue
+            old = merged[k]
+            if old == v:
+                continue
+            if k == "method" and {old, v} == {"lora", "qlora"}:
+                merged[k] = "qlora"
+                continue
+            if k == "precision" and _family(old) == _family(v):
+                merged[k] = old if "amp" not in str(old) else v  # a pure form wins; the method may change it below
+                continue
+            if k == "shard" and "ddp" in (old, v):
+                merged[k] = v if old == "ddp" else old  # "several GPUs" + a sharding strategy: the strategy
+                continue
+            raise ConfigError("cfg_conflict", k, first=_show(old), first_file=origin[k], second=_show(v), second_file=s.path)
+    dtype = merged.pop("_dtype", None)
+    method = merged.get("method", "full")
+    prec = merged.get("precision")
+    if method in ("lora", "qlora", "prompt-tuning"):
+        if prec in ("bf16-amp", "fp16-amp"):
+            merged["precision"] = prec[:-4]  # adapters: the frozen base is loaded in 16 bits
+        elif prec is None and dtype in ("bf16", "fp16"):
+            merged["precision"] = dtype
+    elif dtype in ("bf16", "fp16"):
+        if prec is None or prec == f"{dtype}-amp":
+            merged["precision"] = dtype  # weights loaded in 16 bits are trained in 16 bits
+    elif dtype == "fp32" and prec is None:
+        merged["precision"] = "fp32"
+    if method == "qlora" and "compute_dtype" not in merged and merged.get("precision") in ("bf16", "fp16"):
+        merged["compute_dtype"] = merged["precision"]
+    overridden: list[str] = []
+    for k, v in (overrides or {}).items():
+        if v is None:
+            continue
+        if k in merged and merged[k] != v:
+            overridden.append(k)
+        merged[k] = v
+    defaults: list[str] = []
+    if "seq" not in merged:
+        defaults.append("seq")
+    if "model" not in merged and "config" not in merged:
+        defaults.append("model")
+    if merged.get("shard", "none") != "none" and "gpus" not in merged:
+        defaults.append("gpus")
+    return Combined(request=merged, sources=list(sources), overridden=overridden, defaults=defaults)
+
+
+def from_files(items: Sequence[Any], *, fmt: str | None = None, overrides: Mapping[str, Any] | None = None) -> Combined:
+    """Read, detect, map and merge several configs (paths or dicts)."""
+    if not items:
+        raise ConfigError("cfg_no_files", "file")
+    return combine([read_source(i, fmt) for i in items], overrides)
+
+
+def _family(precision: Any) -> str:
+    return str(precision).replace("-amp", "")
+
+
+def _show(v: Any) -> str:
+    return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)

@@ -1,0 +1,261 @@
+"""Shared pieces of the config readers: file reading, the field collector, name tables.
+
+Every reader module (``training_args``, ``peft_config``, ``bnb``, ``deepspeed``, ``accelerate``,
+``axolotl``, ``torchtune``) exposes ``read(path_or_dict) -> Mapping`` and
+``to_request(data) -> (request_fields, used, ignored)``; ``ignored`` is a list of
+``(field, reason_code)`` whose sentences live in ``i18n/*/integrations.json`` as
+``from_config.reason.<code>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from cabe.errors import ConfigError, MissingDependencyError
+
+#: Largest config file cabe reads (a real one is a few kB).
+MAX_BYTES = 1 << 20
+
+#: Reason codes for ignored fields (each has ``from_config.reason.<code>`` in the catalogs).
+REASONS = ("no_effect", "auto", "null", "not_modeled", "unsupported_value", "other_file", "overridden", "unknown")
+
+
+def load_yaml(text: str, path: str) -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise MissingDependencyError("missing_extra", "file", extra="yaml", package="pyyaml") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise ConfigError("cfg_malformed", "file", path=path, kind="YAML", detail=detail) from None
+
+
+def parse_text(text: str, path: str) -> Any:
+    """JSON when it looks like JSON (or the name ends in .json), else YAML (safe_load only)."""
+    name = path.lower()
+    stripped = text.lstrip()
+    if name.endswith(".json") or stripped.startswith(("{", "[")):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            if name.endswith(".json"):
+                raise ConfigError("cfg_malformed", "file", path=path, kind="JSON", detail=str(exc)) from None
+            # "{a: 1}" is valid YAML flow style; let YAML have a go
+    return load_yaml(text, path)
+
+
+def read(path_or_dict: Any) -> Mapping[str, Any]:
+    """A config as a mapping: a dict is taken as is, a path is read as JSON or YAML."""
+    if isinstance(path_or_dict, Mapping):
+        return dict(path_or_dict)
+    if not isinstance(path_or_dict, (str, os.PathLike)):
+        raise ConfigError("cfg_not_mapping", "file", path=str(path_or_dict))
+    path = str(path_or_dict)
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if p.is_dir():
+            raise ConfigError("cfg_not_found", "file", path=path)
+    except OSError:
+        raise ConfigError("cfg_not_found", "file", path=path) from None
+    if size > MAX_BYTES:
+        raise ConfigError("cfg_too_large", "file", path=path, limit=MAX_BYTES)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("cfg_malformed", "file", path=path, kind="text", detail=str(exc)[:200]) from None
+    data = parse_text(text, path)
+    if not isinstance(data, Mapping):
+        raise ConfigError("cfg_not_mapping", "file", path=path)
+    return data
+
+
+class Collector:
+    """Gathers the request fields a reader maps, and what it used and ignored (in file order)."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.fields: dict[str, Any] = {}
+        self.used: list[str] = []
+        self.ignored: list[tuple[str, str]] = []
+        self.origin: dict[str, str] = {}  # request field -> the source field that set it
+        self.prefix = prefix
+
+    def name(self, key: str) -> str:
+        return f"{self.prefix}{key}"
+
+    def set(self, field: str, value: Any, source: str) -> None:
+        """Map ``source`` to request ``field``; two different values from one file contradict."""
+        if field == "method" and {self.fields.get(field), value} == {"lora", "qlora"}:
+            value = "qlora"  # a LoRA adapter on a 4-bit base is QLoRA
+        elif field in self.fields and self.fields[field] != value:
+            raise ConfigError("cfg_contradiction", field, first=_show(self.fields[field]), second=_show(value),
+                              source=self.name(source))
+        self.fields[field] = value
+        self.origin.setdefault(field, self.name(source))
+        self.use(source)
+
+    def use(self, source: str) -> None:
+        n = self.name(source)
+        if n not in self.used:
+            self.used.append(n)
+
+    def ignore(self, source: str, reason: str) -> None:
+        assert reason in REASONS, reason
+        n = self.name(source)
+        if n not in self.used and all(n != f for f, _ in self.ignored):
+            self.ignored.append((n, reason))
+
+    def result(self) -> tuple[dict[str, Any], list[str], list[tuple[str, str]]]:
+        return dict(self.fields), list(self.used), list(self.ignored)
+
+
+def _show(v: Any) -> str:
+    return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
+def is_auto(v: Any) -> bool:
+    return isinstance(v, str) and v.strip().lower() == "auto"
+
+
+def as_bool(v: Any, field: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "yes", "1"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("false", "no", "0", ""):
+        return False
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    raise ConfigError("cfg_bad_value", field, value=_show(v), expected="true | false")
+
+
+def as_int(v: Any, field: str) -> int:
+    if isinstance(v, bool):
+        raise ConfigError("cfg_bad_value", field, value=_show(v), expected="an integer")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            pass
+    raise ConfigError("cfg_bad_value", field, value=_show(v), expected="an integer")
+
+
+def as_number(v: Any, field: str) -> float:
+    if isinstance(v, bool):
+        raise ConfigError("cfg_bad_value", field, value=_show(v), expected="a number")
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v.strip())
+        except ValueError:
+            pass
+    raise ConfigError("cfg_bad_value", field, value=_show(v), expected="a number")
+
+
+# ---- name tables ---------------------------------------------------------------------------
+
+#: transformers ``optim`` names (``OptimizerNames``) -> (cabe optimizer, optimizer_impl or None).
+HF_OPTIMIZERS: dict[str, tuple[str, str | None]] = {
+    "adamw_torch": ("adamw", None),
+    "adamw_hf": ("adamw", "for-loop"),
+    "adamw_torch_fused": ("adamw", "fused"),
+    "adamw_apex_fused": ("adamw", "fused"),
+    "adamw_torch_xla": ("adamw", None),
+    "adamw_torch_npu_fused": ("adamw", "fused"),
+    "adamw_bnb_8bit": ("adamw-8bit", None),
+    "adamw_8bit": ("adamw-8bit", None),
+    "adamw_torch_8bit": ("adamw-8bit", None),
+    "paged_adamw_32bit": ("paged-adamw", None),
+    "paged_adamw": ("paged-adamw", None),
+    "paged_adamw_8bit": ("paged-adamw-8bit", None),
+    "adafactor": ("adafactor", None),
+    "sgd": ("sgd", None),
+    "lion_32bit": ("lion", None),
+    "lion": ("lion", None),
+    "adamw": ("adamw", None),
+}
+
+#: torch / bitsandbytes / torchao optimizer classes (torchtune ``optimizer._component_``).
+CLASS_OPTIMIZERS: dict[str, str] = {
+    "torch.optim.adamw": "adamw",
+    "torch.optim.adam": "adamw",
+    "torch.optim.sgd": "sgd",
+    "bitsandbytes.optim.adamw8bit": "adamw-8bit",
+    "bitsandbytes.optim.adam8bit": "adamw-8bit",
+    "bitsandbytes.optim.pagedadamw8bit": "paged-adamw-8bit",
+    "bitsandbytes.optim.pagedadamw": "paged-adamw",
+    "bitsandbytes.optim.pagedadamw32bit": "paged-adamw",
+    "bitsandbytes.optim.lion": "lion",
+    "bitsandbytes.optim.lion32bit": "lion",
+    "torchao.optim.adamw8bit": "adamw-8bit",
+    "torchao.prototype.low_bit_optim.adamw8bit": "adamw-8bit",
+}
+
+DTYPES = {
+    "bfloat16": "bf16", "torch.bfloat16": "bf16", "bf16": "bf16",
+    "float16": "fp16", "torch.float16": "fp16", "fp16": "fp16", "half": "fp16",
+    "float32": "fp32", "torch.float32": "fp32", "fp32": "fp32", "float": "fp32",
+}
+
+
+def dtype(v: Any) -> str | None:
+    """``"bfloat16"``, ``"torch.bfloat16"``, ``torch.bfloat16`` -> ``"bf16"``; None if unknown."""
+    return DTYPES.get(str(v).strip().lower()) if v is not None else None
+
+
+def optimizer_from_hf(name: Any) -> tuple[str, str | None] | None:
+    return HF_OPTIMIZERS.get(str(getattr(name, "value", name)).strip().lower())
+
+
+def model_name(name: str) -> str:
+    """A Hub id or torchtune name -> a cabe preset when obvious, else the text as given.
+
+    ``meta-llama/Llama-3.1-8B`` (a preset's Hub id) and its ``-Instruct`` sibling (same
+    architecture) map to the preset, so no download is needed; any other id is passed through.
+    """
+    from cabe import models
+
+    text = str(name).strip()
+    if text.lower() in models.preset_names():
+        return text.lower()
+    by_id = _hub_ids()
+    key = text.lower().rstrip("/")
+    if key in by_id:
+        return by_id[key]
+    for suffix in ("-instruct", "-it", "-chat", "-chat-hf", "-hf"):
+        if key.endswith(suffix) and key[: -len(suffix)] in by_id:
+            return by_id[key[: -len(suffix)]]
+        if key + "-hf" in by_id and key.endswith(suffix):
+            break
+    base = key[:-len("-pt")] if key.endswith("-pt") else key
+    for hid, preset in by_id.items():  # google/gemma-3-1b-it <-> google/gemma-3-1b-pt
+        if hid.endswith("-pt") and hid[:-3] == base.removesuffix("-it"):
+            return preset
+    return text
+
+
+_HUB_IDS: dict[str, str] | None = None
+
+
+def _hub_ids() -> dict[str, str]:
+    global _HUB_IDS
+    if _HUB_IDS is None:
+        from cabe import models
+
+        out: dict[str, str] = {}
+        for n in models.preset_names():
+            hid = models.preset(n).meta.get("hf_id")
+            if hid:
+                out[str(hid).lower()] = n
+        _HUB_IDS = out
+    return _HUB_IDS

@@ -1,0 +1,71 @@
+"""PEFT ``adapter_config.json`` / a ``LoraConfig`` (``PromptTuningConfig``) as a dict."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from cabe.configs import _base
+from cabe.configs._base import Collector
+from cabe.errors import ConfigError
+
+FORMAT = "peft"
+TITLE = "PEFT adapter config"
+
+NOT_MODELED = {"use_dora", "modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern",
+               "layer_replication", "trainable_token_indices", "loftq_config", "target_parameters"}
+
+
+def read(path_or_dict: Any) -> Mapping[str, Any]:
+    return _base.read(path_or_dict)
+
+
+def looks_like(data: Mapping[str, Any]) -> bool:
+    return "peft_type" in data or ("r" in data and ("target_modules" in data or "lora_alpha" in data))
+
+
+def to_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], list[tuple[str, str]]]:
+    """Request fields, the fields used, and the ``(field, reason)`` pairs ignored."""
+    return collect(data).result()
+
+
+def collect(data: Mapping[str, Any]) -> Collector:
+    c = Collector()
+    peft_type = str(data.get("peft_type") or "LORA").upper()
+    peft_type = peft_type.split(".")[-1]  # "PeftType.LORA"
+    if peft_type not in ("LORA", "PROMPT_TUNING"):
+        raise ConfigError("cfg_unsupported", "peft_type", value=peft_type, allowed="LORA, PROMPT_TUNING")
+    for key, value in data.items():
+        if key == "peft_type":
+            c.set("method", "lora" if peft_type == "LORA" else "prompt-tuning", key)
+        elif key == "base_model_name_or_path":
+            if value:
+                c.set("model", _base.model_name(value), key)
+            else:
+                c.ignore(key, "null")
+        elif peft_type == "LORA" and key == "r":
+            c.set("lora_rank", _base.as_int(value, key), key)
+            c.set("method", "lora", key)
+        elif peft_type == "LORA" and key == "lora_alpha":
+            c.set("lora_alpha", _base.as_number(value, key), key)
+        elif peft_type == "LORA" and key == "target_modules":
+            if value is None:
+                c.ignore(key, "null")  # PEFT's default for the model type: what cabe uses too
+            elif isinstance(value, str):
+                if value == "all-linear" or value.isidentifier():
+                    c.set("lora_targets", (value,), key)
+                else:
+                    c.ignore(key, "unsupported_value")  # a regular expression
+            else:
+                c.set("lora_targets", tuple(str(t) for t in value), key)
+        elif peft_type == "PROMPT_TUNING" and key == "num_virtual_tokens":
+            c.set("prompt_tokens", _base.as_int(value, key), key)
+        elif key in NOT_MODELED:
+            if value in (None, False, {}, []):
+                c.ignore(key, "null" if value is None else "no_effect")
+            else:
+                c.ignore(key, "not_modeled")
+        elif key == "bias" and value not in (None, "none"):
+            c.ignore(key, "not_modeled")
+        else:
+            c.ignore(key, "no_effect")
+    return c

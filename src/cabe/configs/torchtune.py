@@ -1,0 +1,149 @@
+"""A torchtune recipe config YAML (``tune cp llama3_1/8B_qlora_single_device .``)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from cabe.configs import _base
+from cabe.configs._base import Collector
+from cabe.errors import ConfigError
+
+FORMAT = "torchtune"
+TITLE = "torchtune recipe"
+
+#: torchtune model builder names (after ``lora_`` / ``qlora_``) -> cabe presets.
+MODELS = {
+    "llama3_1_8b": "llama-3.1-8b", "llama3_1_70b": "llama-3.1-70b", "llama3_1_405b": "llama-3.1-405b",
+    "llama3_2_1b": "llama-3.2-1b", "llama3_2_3b": "llama-3.2-3b",
+    "llama2_7b": "llama-2-7b", "llama2_13b": "llama-2-13b", "llama2_70b": "llama-2-70b",
+    "mistral_7b": "mistral-7b-v0.1", "gemma2_2b": "gemma-2-2b", "gemma2_9b": "gemma-2-9b",
+    "gemma2_27b": "gemma-2-27b", "phi3_mini": "phi-3-mini", "phi4_14b": "phi-4", "phi4": "phi-4",
+    "qwen2_5_0_5b": "qwen2.5-0.5b", "qwen2_5_1_5b_base": "qwen2.5-1.5b", "qwen2_5_1_5b_instruct": "qwen2.5-1.5b",
+    "qwen2_5_7b_base": "qwen2.5-7b", "qwen2_5_7b_instruct": "qwen2.5-7b", "qwen2_5_14b_base": "qwen2.5-14b",
+    "qwen2_5_14b_instruct": "qwen2.5-14b", "qwen2_5_32b_base": "qwen2.5-32b", "qwen2_5_32b_instruct": "qwen2.5-32b",
+    "qwen2_5_72b_base": "qwen2.5-72b", "qwen2_5_72b_instruct": "qwen2.5-72b", "qwen3_8b_base": "qwen3-8b",
+    "qwen3_8b_instruct": "qwen3-8b",
+}
+#: torchtune's attention projection names -> PEFT's (what cabe's model specs use).
+ATTN = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
+MLP = ("gate_proj", "up_proj", "down_proj")
+DTYPES = {"bf16": "bf16", "fp32": "fp32", "fp16": "fp16"}
+NOT_MODELED = {"enable_activation_offloading", "compile", "optimizer_in_bwd", "loss", "fsdp_reshard_after_forward",
+               "custom_sharded_layers", "activation_offloading_use_streams", "clip_grad_norm"}
+
+
+def read(path_or_dict: Any) -> Mapping[str, Any]:
+    return _base.read(path_or_dict)
+
+
+def looks_like(data: Mapping[str, Any]) -> bool:
+    model = data.get("model")
+    return isinstance(model, Mapping) and "_component_" in model
+
+
+def to_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], list[tuple[str, str]]]:
+    """Request fields, the fields used, and the ``(field, reason)`` pairs ignored."""
+    return collect(data).result()
+
+
+def collect(data: Mapping[str, Any]) -> Collector:
+    c = Collector()
+    model = data.get("model") or {}
+    component = str(model.get("_component_", ""))
+    builder = component.rsplit(".", 1)[-1]
+    m = re.match(r"^(q?lora_)?(.+)$", builder)
+    kind, base = (m.group(1) or ""), m.group(2)
+    method = {"lora_": "lora", "qlora_": "qlora"}.get(kind, "full")
+    preset = MODELS.get(base)
+    if preset is None:
+        c.ignore("model._component_", "unsupported_value")
+    else:
+        c.set("model", preset, "model._component_")
+    c.set("method", method, "model._component_")
+    targets: list[str] = []
+    for key, value in model.items():
+        name = f"model.{key}"
+        if key == "_component_":
+            continue
+        if key == "lora_rank":
+            c.set("lora_rank", _base.as_int(value, name), name)
+        elif key == "lora_alpha":
+            c.set("lora_alpha", _base.as_number(value, name), name)
+        elif key == "lora_attn_modules":
+            for t in value or []:
+                if str(t) not in ATTN:
+                    raise ConfigError("cfg_bad_value", name, value=str(t), expected=", ".join(ATTN))
+                targets.append(ATTN[str(t)])
+            c.use(name)
+        elif key == "apply_lora_to_mlp":
+            if _base.as_bool(value, name):
+                targets.extend(MLP)
+            c.use(name)
+        elif key == "apply_lora_to_output":
+            c.ignore(name, "not_modeled" if _base.as_bool(value, name) else "no_effect")
+        else:
+            c.ignore(name, "no_effect")
+    if method != "full" and targets:
+        c.fields["lora_targets"] = tuple(targets)
+    pure = True  # torchtune trains in the recipe's dtype: bf16 weights, gradients and optimizer state
+    for key, value in data.items():
+        if key == "model":
+            continue
+        if key == "batch_size":
+            c.set("batch", _base.as_int(value, key), key)
+        elif key == "gradient_accumulation_steps":
+            c.set("grad_accum", _base.as_int(value, key), key)
+        elif key == "enable_activation_checkpointing":
+            c.set("checkpointing", _base.as_bool(value, key), key)
+        elif key == "dtype":
+            d = DTYPES.get(str(value).lower())
+            if d is None:
+                c.ignore(key, "unsupported_value")
+            else:
+                c.set("precision", d if pure else f"{d}-amp", key)
+        elif key == "tokenizer" and isinstance(value, Mapping):
+            for k, v in value.items():
+                name = f"tokenizer.{k}"
+                if k == "max_seq_len":
+                    c.set("seq", _base.as_int(v, name), name) if v is not None else c.ignore(name, "null")
+                else:
+                    c.ignore(name, "no_effect")
+        elif key == "optimizer" and isinstance(value, Mapping):
+            _optimizer(c, value)
+        elif key == "fsdp_cpu_offload":
+            c.fields.setdefault("shard", "fsdp")
+            if _base.as_bool(value, key):
+                c.set("offload", "both", key)
+            else:
+                c.use(key)
+        elif key in NOT_MODELED and value not in (None, False):
+            c.ignore(key, "not_modeled")
+        elif isinstance(value, Mapping) and "_component_" in value:
+            c.ignore(f"{key}._component_", "no_effect")
+        else:
+            c.ignore(key, "null" if value is None else "no_effect")
+    return c
+
+
+def _optimizer(c: Collector, opt: Mapping[str, Any]) -> None:
+    comp = str(opt.get("_component_", ""))
+    name = _base.CLASS_OPTIMIZERS.get(comp.lower())
+    if name == "sgd" and float(opt.get("momentum") or 0) > 0:
+        name = "sgd-momentum"
+    if name is None:
+        c.ignore("optimizer._component_", "unsupported_value")
+    else:
+        c.set("optimizer", name, "optimizer._component_")
+    for k, v in opt.items():
+        if k == "_component_":
+            continue
+        if k in ("fused", "foreach") and name == "adamw":
+            if _base.as_bool(v, f"optimizer.{k}"):
+                c.set("optimizer_impl", k, f"optimizer.{k}")
+            else:
+                c.use(f"optimizer.{k}")
+        elif k == "momentum":
+            c.use(f"optimizer.{k}")
+        else:
+            c.ignore(f"optimizer.{k}", "no_effect")
