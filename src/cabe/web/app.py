@@ -152,6 +152,20 @@ async def estimate(request: Any) -> Any:
     return await _guarded(request, lambda body: api.estimate_json(body, allow_files=False))
 
 
+async def fit(request: Any) -> Any:
+    """Make it fit: largest batch, longest sequence, fewest GPUs, ranked changes (cabe.solver)."""
+    from cabe.solver import plan_json
+
+    return await _guarded(request, lambda body: plan_json(body, allow_files=False))
+
+
+async def infer(request: Any) -> Any:
+    """Inference / serving memory: weights by format, KV cache, concurrent sequences (cabe.inference)."""
+    from cabe.inference import infer_json
+
+    return await _guarded(request, infer_json)
+
+
 def _int(name: str, value: Any, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidValueError("not_integer", name, value=value)
@@ -312,6 +326,8 @@ def create_app() -> Any:
         Route("/favicon.ico", favicon, methods=["GET"]),
         Route("/api/estimate", estimate, methods=["POST"]),
         Route("/api/lora", lora, methods=["POST"]),
+        Route("/api/fit", fit, methods=["POST"]),
+        Route("/api/infer", infer, methods=["POST"]),
         Route("/api/models", list_models, methods=["GET"]),
         Route("/api/gpus", list_gpus, methods=["GET"]),
         Route("/api/health", health, methods=["GET"]),

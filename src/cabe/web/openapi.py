@@ -122,6 +122,28 @@ def openapi_document() -> dict[str, Any]:
             "type": "object", "properties": {"name": {"type": "string"}, "display": {"type": "string"},
                                              "memory_bytes": {"type": "integer"}}}}}},
         "Health": {"type": "object", "properties": {"status": {"type": "string"}, "version": {"type": "string"}}},
+        "Object": {"type": "object"},
+        "FitRequest": {
+            "type": "object",
+            "description": "An estimate request plus the card (`gpu`, required) and what to solve.",
+            "properties": {**estimate_props,
+                           "solve": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+                                     "description": "batch, seq, gpus, changes (comma list); default all"}},
+            "required": ["gpu"],
+            "additionalProperties": False,
+        },
+        "InferRequest": {
+            "type": "object",
+            "properties": {
+                "model": {"type": "string"}, "config": {"type": "object"},
+                "weights": {"type": "string", "description": "fp32, fp16, bf16, int8, nf4, gptq-4bit, awq-4bit, fp8, gguf-q4_k_m, ..."},
+                "kv_dtype": {"type": "string"}, "context": {"type": "integer"}, "batch": {"type": "integer"},
+                "mode": {"type": "string"}, "prefill_chunk": {"type": "integer"}, "group_size": {"type": "integer"},
+                "gpu": {"type": "string"}, "gpu_memory_utilization": {"type": "number"},
+                "lang": {"type": "string"}, "units": {"type": "string"},
+            },
+            "additionalProperties": False,
+        },
     }
     body_errors = {"413": _error_response("Body larger than 256 KiB."),
                    "422": _error_response("Invalid input; `field` and a `message` in the asked language.")}
@@ -141,6 +163,19 @@ def openapi_document() -> dict[str, Any]:
                 "requestBody": {"required": True, "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/LoraRequest"}}}},
                 "responses": {"200": _json_response("Adapter sizes.", "LoraResponse"), **body_errors},
+            }},
+            "/api/fit": {"post": {
+                "operationId": "fit", "summary": "Make it fit: largest micro-batch, longest sequence, fewest GPUs, "
+                                                 "and the changes that fit the card, ranked.",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/FitRequest"}}}},
+                "responses": {"200": _json_response("The plan.", "Object"), **body_errors},
+            }},
+            "/api/infer": {"post": {
+                "operationId": "infer", "summary": "Inference memory: weights by format, KV cache, serving pool.",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/InferRequest"}}}},
+                "responses": {"200": _json_response("The inference estimate.", "Object"), **body_errors},
             }},
             "/api/models": {"get": {"operationId": "models", "summary": "Model presets with metadata.",
                                     "responses": {"200": _json_response("Presets.", "Models")}}},
