@@ -8,7 +8,7 @@ from cabe.configs import _base
 from cabe.configs._base import Collector
 from cabe.errors import ConfigError
 
-FORMAT = "peft"
+FORMAT = "peft_config"
 TITLE = "PEFT adapter config"
 
 NOT_MODELED = {"use_dora", "modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern",
