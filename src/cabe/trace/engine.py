@@ -329,6 +329,52 @@ class _Patch:
 
 
 _ASTATE: list[Any] = []
+_CUDA_LIB: Any = None
+
+
+def _register_cuda_placeholders() -> None:
+    """Give CUDA a kernel for the ops that would otherwise decompose on fake CUDA tensors.
+
+    A few aten ops (``silu_backward``, ``mish_backward``, ``native_channel_shuffle``) have
+    CPU/CUDA kernels *and* a CompositeImplicitAutograd fallback. On a CPU-only build the CUDA
+    slot is empty, so on a fake ``cuda`` tensor the fallback runs above the Python dispatch
+    key and the tracker would count its temporaries (``silu_backward`` -> sigmoid, 1 - s,
+    products), which the real CUDA kernel never allocates. A placeholder CUDA kernel restores
+    real dispatch: FakeTensorMode then sees the op itself. It is never called (no real CUDA
+    tensors exist in a CPU-only build).
+    """
+    global _CUDA_LIB
+    import torch
+
+    if _CUDA_LIB is not None:
+        return
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    lib = torch.library.Library("aten", "IMPL")
+
+    def _never(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("cabe.trace placeholder CUDA kernel called")
+
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        try:
+            if has(name, "CompositeImplicitAutograd") and (has(name, "CPU") or has(name, "Meta")) \
+                    and not has(name, "CUDA"):
+                lib.impl(name[len("aten::"):], _never, "CUDA")
+        except RuntimeError:
+            continue
+    _CUDA_LIB = lib
+
+
+def _find_packed_sequence_indices(position_ids: Any) -> None:
+    """``transformers.masking_utils.find_packed_sequence_indices`` for unpacked batches."""
+    import torch
+
+    first_dummy_value = position_ids[:, :1] - 1
+    position_diff = torch.diff(position_ids, prepend=first_dummy_value, dim=-1)
+    packed_sequence_mask = (position_diff != 1).cumsum(-1)
+    _ = (packed_sequence_mask[:, -1] == 0).all()  # True for a batch of whole sequences
+    return None
 
 
 def _current_attention_state() -> Any:
@@ -359,11 +405,23 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
             astate = _current_attention_state()
             p.set(torch.nn.functional, "scaled_dot_product_attention",
                   functools.partial(routed_sdpa, astate, torch.nn.functional.scaled_dot_product_attention))
-            # transformers would read position_ids to detect packed sequences (data-dependent);
-            # a training batch of whole sequences has none.
-            p.set(mu, "find_packed_sequence_indices", lambda position_ids: None)
+        if kind == "meta":
+            # at::dropout uses the fused native_dropout (1-byte mask) only for CUDA tensors
+            # (is_fused_kernel_acceptable); meta tensors would take the float-mask path.
+            real_dropout = torch.nn.functional.dropout
+
+            def cuda_dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+                if training and 0.0 < p < 1.0 and not inplace and input.numel() > 0:
+                    return torch.ops.aten.native_dropout(input, p, True)[0]
+                return real_dropout(input, p, training, inplace)
+
+            p.set(torch.nn.functional, "dropout", cuda_dropout)
+        # transformers reads position_ids to detect packed sequences (a data-dependent branch);
+        # a batch of whole sequences has none. Same tensor ops as the original, answer None.
+        p.set(mu, "find_packed_sequence_indices", _find_packed_sequence_indices)
         if kind == "fake" and not torch.cuda.is_available() and _native.available():
             _native.enable(True)
+            _register_cuda_placeholders()
 
             class _Props:
                 name = "cabe fake H100"
@@ -536,6 +594,8 @@ def _run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: s
             return attn_intercept(astate, tr, func, args, kwargs)
 
         tracker = AllocationTracker(device_type=device.type, intercept=intercept)
+        # A CPU run stands in for a GPU run: optimizer `step` counters are host tensors there.
+        tracker.host_scalars_in_optimizer = kind == "cpu" and setup.resolved_optimizer_impl != "fused"
         if kind == "fake":
             from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -698,11 +758,6 @@ def _train(model: Any, cfg: Any, setup: TrainingSetup, steps: int, device: Any, 
             else:
                 opt.step()
             for t in _optimizer_tensors(opt):
-                if kind == "cpu" and t.dim() == 0 and t.device.type == "cpu" and not getattr(opt, "defaults", {}).get("fused"):
-                    # torch keeps AdamW's `step` counters on the host for non-fused/non-capturable
-                    # optimizers; on a GPU run they are not device memory.
-                    tracker.forget(t)
-                    continue
                 tracker.tag_tensor(t, "optimizer")
             opt.zero_grad(set_to_none=True)
     finally:

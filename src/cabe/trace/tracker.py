@@ -63,6 +63,7 @@ class AllocationTracker(TorchDispatchMode):
         self.device_type = device_type  # only storages on this device count
         self.intercept = intercept  # (tracker, func, args, kwargs) -> result or NotImplemented
         self.ignored: set[int] = set()  # allocations no longer counted (see forget)
+        self.host_scalars_in_optimizer = False
         self.live: dict[int, int] = {}  # storage key -> allocation id
         self.size = array("q")  # allocation id -> rounded bytes
         self.raw_size = array("q")  # allocation id -> exact bytes
@@ -121,6 +122,9 @@ class AllocationTracker(TorchDispatchMode):
     def record(self, t: torch.Tensor, op: str = "") -> int | None:
         """Register ``t``'s storage if it is new; return its allocation id."""
         if t.device.type != self.device_type:
+            return None
+        if self.host_scalars_in_optimizer and self.phase == 3 and t.dim() == 0:
+            # a CPU run: optimizers keep their `step` counters in host memory (not on a GPU)
             return None
         st = t.untyped_storage()
         key = st._cdata
