@@ -56,7 +56,8 @@ def collect(data: Mapping[str, Any]) -> Collector:
                 else:
                     c.ignore(key, "unsupported_value")  # a regular expression
             else:
-                c.set("lora_targets", tuple(str(t) for t in value), key)
+                items = sorted(value) if isinstance(value, (set, frozenset)) else value
+                c.set("lora_targets", tuple(str(t) for t in items), key)
         elif peft_type == "PROMPT_TUNING" and key == "num_virtual_tokens":
             c.set("prompt_tokens", _base.as_int(value, key), key)
         elif key in NOT_MODELED:
