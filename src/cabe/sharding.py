@@ -140,7 +140,7 @@ class _Sums:
 
 
 def _stored_bytes(t: Tensor, setup: TrainingSetup, dt: Any) -> int:
-    """Bytes per element as stored (mirrors cabe.estimate's rule)."""
+    """Bytes per element as stored (mirrors cabe.analytic's rule)."""
     if t.kind == "adapter":
         return dt.adapter
     if t.kind == "prompt":
@@ -313,7 +313,7 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, cfg: Sha
     amp = dt.weight_copies
     off_opt = setup.offload in ("optimizer", "both")
     off_par = setup.offload in ("parameters", "both")
-    # ---- scale factors: cabe.estimate's exact (allocator-rounded) totals per stored byte -------
+    # ---- scale factors: cabe.analytic's exact (allocator-rounded) totals per stored byte -------
     rw = parts.weights / (full.w + full.q) if (full.w + full.q) else 0.0
     ro = parts.optimizer / full.t if full.t else 0.0
     rg = parts.grads / full.t if full.t else 0.0
