@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from cabe.estimate import estimate_model
+from cabe.analytic import estimate_model
 from cabe.models import preset
 from cabe.training import TrainingSetup
 

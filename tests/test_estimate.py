@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cabe.estimate import estimate_model
+from cabe.analytic import estimate_model
 from cabe.models import preset
 from cabe.report import GiB
 from cabe.training import TrainingSetup

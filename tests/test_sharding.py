@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from cabe import api
 from cabe.errors import InvalidValueError
-from cabe.estimate import estimate_model
+from cabe.analytic import estimate_model
 from cabe.models import preset
 from cabe.report import GB
 from cabe.sharding import ShardConfig, shard_parts, zero_paper_model_states
@@ -225,7 +225,7 @@ def test_sequence_parallel_splits_activations():
     spec = preset("llama-2-70b").spec
     s = TrainingSetup(precision="bf16", batch=1, seq=4096, gpus=8, tp=8, shard="ddp")
     parts_plain = estimate_model(spec, s).components["activations"]
-    from cabe.estimate import estimate_model as em  # the same path, with a config
+    from cabe.analytic import estimate_model as em  # the same path, with a config
 
     import cabe.sharding as sh
 

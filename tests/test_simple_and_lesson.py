@@ -5,7 +5,7 @@ import json
 import pytest
 
 from cabe.cli import main
-from cabe.estimate import estimate_lesson, estimate_simple
+from cabe.analytic import estimate_lesson, estimate_simple
 from cabe.report import GB, GiB
 from cabe.training import TrainingSetup
 

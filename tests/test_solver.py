@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from cabe import gpus, solver
 from cabe.cli import main
 from cabe.errors import CabeError, InvalidValueError
-from cabe.estimate import estimate_model
+from cabe.analytic import estimate_model
 from cabe.models import preset
 from cabe.training import TrainingSetup
 

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from cabe.estimate import estimate_model
+from cabe.analytic import estimate_model
 from cabe.models import preset
 from cabe.training import TrainingSetup
 

@@ -1,4 +1,4 @@
-"""The analytic estimate: (model, setup) -> Report, with the peak taken where it really is.
+"""The analytic estimate (module cabe.analytic; the function cabe.estimate is the public face): (model, setup) -> Report, with the peak taken where it really is.
 
 The training step is walked at layer granularity, steady state (step 2 onwards: optimizer state
 exists from the start; ``zero_grad(set_to_none=True)`` frees gradients after each step):

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 from cabe import gpus as gpu_catalog
 from cabe import models
 from cabe.errors import CabeError, InvalidValueError
-from cabe.estimate import estimate_lesson, estimate_model, estimate_simple
+from cabe.analytic import estimate_lesson, estimate_model, estimate_simple
 from cabe.report import Report
 from cabe.training import TrainingSetup, parse_targets
 

@@ -68,6 +68,12 @@ class Report:
     def total_gib(self) -> float:
         return self.total_bytes / GiB
 
+    def _repr_html_(self) -> str:
+        """Rich display in notebooks: a table in GB and GiB and a stacked bar (no network assets)."""
+        from cabe.notebook import report_html
+
+        return report_html(self)
+
     def explain(self, lang: str = "en", units: str = "GB") -> str:
         from cabe.render import render_explain
 

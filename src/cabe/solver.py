@@ -1,6 +1,6 @@
 """Make it fit: the largest micro-batch, the longest sequence, the fewest GPUs, and what to change.
 
-Every answer is a bisection over :func:`cabe.estimate.estimate_model` (peak memory is monotone in
+Every answer is a bisection over :func:`cabe.analytic.estimate_model` (peak memory is monotone in
 micro-batch and sequence length — tests/test_estimate.py — and non-increasing in the number of
 GPUs under ZeRO / FSDP — tests/test_sharding.py): an exponential search brackets the answer, then
 binary search finds it, so a solve is a few dozen estimates (milliseconds), never a loop of
@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 from cabe import gpus as gpu_catalog
 from cabe.architecture import ModelSpec
 from cabe.errors import CabeError, InvalidValueError
-from cabe.estimate import estimate_model
+from cabe.analytic import estimate_model
 from cabe.gpus import Gpu
 from cabe.report import Report
 from cabe.training import MAX_BATCH, MAX_SEQ, TrainingSetup
