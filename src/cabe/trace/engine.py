@@ -161,7 +161,7 @@ def hf_config(config: dict[str, Any]) -> Any:
         if "Unrecognized model identifier" in str(exc) or model_type in str(exc):
             raise ConfigError("unknown_architecture", "model_type", model_type=model_type) from None
         raise ConfigError("bad_config", None, model_type=model_type, reason=str(exc)[:300]) from None
-    except (TypeError, KeyError, AttributeError) as exc:
+    except Exception as exc:  # noqa: BLE001 (TypeError, KeyError, strict-dataclass validation ...)
         raise ConfigError("bad_config", None, model_type=model_type, reason=str(exc)[:300]) from None
     return cfg
 
@@ -397,7 +397,7 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
 
     p = _Patch()
     try:
-        if kind != "cpu":
+        if kind in ("fake", "meta"):
             import functools
 
             from cabe.trace.attention import routed_sdpa
@@ -550,8 +550,13 @@ def _optimizer_tensors(opt: Any) -> Iterator[Any]:
 
 
 def run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str,
-              inventory: bool = False) -> Any:
-    """Run the simulation in this process. ``kind``: fake | meta | cpu."""
+              inventory: bool = False, hooks: dict[str, Any] | None = None) -> Any:
+    """Run the simulation in this process.
+
+    ``kind``: ``fake`` | ``meta`` (simulations), ``cpu`` (real tensors on the CPU: the
+    exactness reference) or ``cuda`` (real tensors on a GPU: :mod:`cabe.trace.measure`).
+    ``hooks``: optional ``{"on_step_start": f(step)}``.
+    """
     import torch
 
     from cabe.trace.attention import AttentionState
@@ -560,17 +565,17 @@ def run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: st
     notes: list[str] = []
     if steps < 2 and not inventory:
         raise ConfigError("out_of_range", "steps", value=steps, minimum=2, maximum=100)
-    device = torch.device({"fake": "cuda", "meta": "meta", "cpu": "cpu"}[kind])
+    device = torch.device({"fake": "cuda", "meta": "meta", "cpu": "cpu", "cuda": "cuda"}[kind])
     astate = AttentionState(device)
     _ASTATE.append(astate)
     try:
-        return _run_trace(config, setup, steps, kind, inventory, notes, device, astate, t0)
+        return _run_trace(config, setup, steps, kind, inventory, notes, device, astate, t0, hooks or {})
     finally:
         _ASTATE.pop()
 
 
 def _run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str, inventory: bool,
-               notes: list[str], device: Any, astate: Any, t0: float) -> Any:
+               notes: list[str], device: Any, astate: Any, t0: float, hooks: dict[str, Any]) -> Any:
     import torch
 
     from cabe.trace.attention import intercept as attn_intercept
@@ -587,7 +592,7 @@ def _run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: s
                 gemm4 = None
 
         def intercept(tr: Any, func: Any, args: tuple, kwargs: dict) -> Any:
-            if kind == "cpu":
+            if kind in ("cpu", "cuda"):  # real kernels allocate for themselves
                 return NotImplemented
             if gemm4 is not None and func is gemm4:
                 return gemm_4bit_scratch(tr, func, args, kwargs)
@@ -605,7 +610,7 @@ def _run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: s
         with fake_ctx, tracker:
             tracker.set_phase("setup")
             materialize(model, device)
-            if kind == "cpu":
+            if kind in ("cpu", "cuda"):
                 with torch.no_grad():
                     for p in model.parameters():
                         if p.is_floating_point():
@@ -617,6 +622,10 @@ def _run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: s
                 from cabe.trace.quant import materialize as quant_materialize
 
                 quant_materialize(model, setup, device, tracker)
+                if kind in ("cpu", "cuda"):
+                    from cabe.trace.quant import fill_real
+
+                    fill_real(model)
             _tag_params(model, tracker)
             n_params = sum(_numel_stored(p) for p in model.parameters())
             trainable = [p for p in model.parameters() if p.requires_grad]
@@ -625,7 +634,7 @@ def _run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: s
                 return _inventory(model, cfg, setup, device, tracker, astate)
             if not trainable:
                 raise ConfigError("nothing_to_train", "method", method=setup.method)
-            result = _train(model, cfg, setup, steps, device, tracker, trainable, kind)
+            result = _train(model, cfg, setup, steps, device, tracker, trainable, kind, hooks)
     result.parameters = n_params
     result.trainable_parameters = n_train
     result.mode = kind
@@ -713,7 +722,7 @@ def _install_logits_hooks(model: Any, tracker: Any) -> list[Any]:
 
 
 def _train(model: Any, cfg: Any, setup: TrainingSetup, steps: int, device: Any, tracker: Any,
-           trainable: list[Any], kind: str) -> TraceResult:
+           trainable: list[Any], kind: str, hooks: dict[str, Any] | None = None) -> TraceResult:
     import torch
 
     notes: list[str] = []
@@ -732,6 +741,8 @@ def _train(model: Any, cfg: Any, setup: TrainingSetup, steps: int, device: Any, 
     step_starts: list[int] = []
     try:
         for step in range(1, steps + 1):
+            if hooks and "on_step_start" in hooks:
+                hooks["on_step_start"](step)
             tracker.step = step
             step_starts.append(len(tracker.events))
             for mb in range(micro):

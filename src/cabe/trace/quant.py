@@ -144,6 +144,28 @@ def materialize(model: torch.nn.Module, setup: Any, device: torch.device, tracke
     return total
 
 
+def fill_real(model: torch.nn.Module) -> None:
+    """Give real (CPU/CUDA) 4-bit layers plausible contents: random codes, the NF4/FP4 table,
+    small scales. Only for runs with real tensors; allocates nothing that stays."""
+    import bitsandbytes as bnb
+    from bitsandbytes.functional import create_dynamic_map, get_4bit_type
+
+    with torch.no_grad():
+        for m in model.modules():
+            if not isinstance(m, bnb.nn.Linear4bit) or not hasattr(m, "_cabe_shape"):
+                continue
+            qs = m.weight.quant_state
+            m.weight.random_(0, 256)
+            qs.code.copy_(get_4bit_type(qs.quant_type, device="cpu"))
+            if qs.nested:
+                qs.absmax.random_(0, 256)
+                qs.offset.fill_(0.02)
+                qs.state2.absmax.fill_(0.01)
+                qs.state2.code.copy_(create_dynamic_map(signed=True))
+            else:
+                qs.absmax.fill_(0.02)
+
+
 def gemm_4bit_scratch(tracker: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     """``bitsandbytes::gemm_4bit`` as the CUDA backend (bitsandbytes/backends/cuda/ops.py) runs it.
 
