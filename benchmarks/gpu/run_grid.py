@@ -51,7 +51,7 @@ QLORA_QV = {"method": "qlora", "lora_targets": ["q_proj", "v_proj"]}
 
 #: (name, config, setup fields). Sized for one H200 (~139 GiB): the largest is ~102 GiB.
 GRID: list[tuple[str, dict, dict]] = [
-    ("llama7b-amp-fused-b4s512", LLAMA_7B, dict(precision="bf16-amp", optimizer_impl="fused", batch=4, seq=512)),
+    ("llama7b-amp-fused-b2s512", LLAMA_7B, dict(precision="bf16-amp", optimizer_impl="fused", batch=2, seq=512)),
     ("llama7b-bf16-flash-fused-b4s512", LLAMA_7B, dict(precision="bf16", attention="flash", optimizer_impl="fused",
                                                        batch=4, seq=512)),
     ("llama7b-lora-bf16-b4s512", LLAMA_7B, dict(LORA_QV, precision="bf16", batch=4, seq=512)),

@@ -159,3 +159,19 @@ def test_steps_and_mode_validation():
 def test_three_steps_same_steady_state():
     s = TrainingSetup(batch=2, seq=32, precision="bf16-amp")
     assert trace_step(LLAMA, s, steps=2).peak_bytes == trace_step(LLAMA, s, steps=3).peak_bytes
+
+
+@pytest.mark.slow
+def test_70b_trace_is_fast_and_small():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "trace" / "speed.py"
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    import json
+
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["total_seconds"] <= 60 and out["peak_rss_mib"] < 2048
+    assert out["parameters"] == 70_553_706_496

@@ -32,7 +32,8 @@ def main() -> int:
         else:
             from cabe.trace.engine import trace_step
 
-            out = trace_step(payload["config"], setup, steps=payload["steps"], mode="fake").to_json()
+            res = trace_step(payload["config"], setup, steps=payload["steps"], mode="fake")
+            out = res.to_json(include_events=bool(payload.get("include_events")))
         del run_trace
     except CabeError as exc:
         out = {"error": {"type": type(exc).__name__, "code": exc.code, "field": exc.field,

@@ -565,6 +565,10 @@ def run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: st
     notes: list[str] = []
     if steps < 2 and not inventory:
         raise ConfigError("out_of_range", "steps", value=steps, minimum=2, maximum=100)
+    if kind == "fake" and not torch.cuda.is_available() and not _native.available():
+        # without the shim, autograd on fake CUDA tensors aborts the process: refuse instead
+        raise ConfigError("mode_unsupported", "mode", mode="fake",
+                          reason=f"no fake CUDA device in this process ({_native.reason()})")
     device = torch.device({"fake": "cuda", "meta": "meta", "cpu": "cpu", "cuda": "cuda"}[kind])
     astate = AttentionState(device)
     _ASTATE.append(astate)
@@ -1019,8 +1023,11 @@ def layer_inventory(config: dict[str, Any], setup: TrainingSetup, *, mode: str =
         raise ConfigError("trace_failed", None, reason=f"{type(exc).__name__}: {str(exc)[:400]}") from exc
 
 
-def _subprocess(fn: str, config: dict[str, Any], setup: TrainingSetup, steps: int) -> dict[str, Any]:
-    payload = json.dumps({"fn": fn, "config": config, "setup": setup.to_dict(), "steps": steps})
+def _subprocess(fn: str, config: dict[str, Any], setup: TrainingSetup, steps: int,
+                include_events: bool = False) -> dict[str, Any]:
+    """Run one trace in a fresh interpreter where the fake-CUDA shim precedes torch."""
+    payload = json.dumps({"fn": fn, "config": config, "setup": setup.to_dict(), "steps": steps,
+                          "include_events": include_events})
     env = dict(os.environ)
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
