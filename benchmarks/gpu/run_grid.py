@@ -2,8 +2,8 @@
 
 One prepared run for a device session (an H200: about 139 GiB; the grid stays below ~110 GiB
 and 8 minutes). For every configuration it runs, in a fresh subprocess each (clean allocator
-and context), ``cabe.trace.measure.measure_step`` (3 real steps; peak of the last), and in
-this process ``cabe.trace.trace_step`` on fake tensors; it writes ``grid.json`` and
+and context), ``cabe.trace.measure.measure_step`` (3 real steps; peak of the last); then, in
+this process, ``cabe.trace.trace_step`` on fake tensors for each; it writes ``grid.json`` and
 ``grid.csv`` to ``--out`` (``$OUT`` on the device machine).
 
     python benchmarks/gpu/run_grid.py --out $OUT            # on the GPU machine
@@ -139,26 +139,32 @@ def main(argv: list[str] | None = None) -> int:
     grid = [g for g in GRID if not args.only or g[0] in args.only.split(",")]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
+    rows: list[dict] = [{"name": name, "setup": fields} for name, _, fields in grid]
     t_start = time.perf_counter()
-    for name, cfg, fields in grid:
-        elapsed = time.perf_counter() - t_start
-        if elapsed > args.budget:
-            rows.append({"name": name, "skipped": f"time budget ({elapsed:.0f} s)"})
+    # 1) measurements, each in its own process -- before this process touches CUDA (the fake
+    #    trace may create a context here, which would show in the children's mem_get_info)
+    if not args.predict_only:
+        for row, (name, cfg, fields) in zip(rows, grid):
+            elapsed = time.perf_counter() - t_start
+            if elapsed > args.budget:
+                row["skipped"] = f"time budget ({elapsed:.0f} s)"
+                continue
+            remaining = max(30.0, args.budget + 60 - elapsed)
+            row.update(measure_in_subprocess(cfg, fields, timeout=min(240.0, remaining)))
+            print(json.dumps({k: v for k, v in row.items() if not isinstance(v, (dict, list))}), flush=True)
+            (out_dir / "grid.json").write_text(json.dumps(rows, indent=1))
+    # 2) predictions on fake tensors
+    for row, (name, cfg, fields) in zip(rows, grid):
+        if "skipped" in row:
             continue
-        row: dict = {"name": name, "setup": fields}
         try:
             row.update(predict(cfg, fields))
         except Exception as exc:  # keep going: one bad row must not lose the others
             row["predict_error"] = f"{type(exc).__name__}: {exc}"[:400]
-        if not args.predict_only:
-            remaining = max(30.0, args.budget + 60 - (time.perf_counter() - t_start))
-            row.update(measure_in_subprocess(cfg, fields, timeout=min(240.0, remaining)))
-            if "max_memory_allocated_bytes" in row and "predicted_allocated_bytes" in row:
-                row["allocated_error_pct"] = round(100 * (row["predicted_allocated_bytes"] / row["max_memory_allocated_bytes"] - 1), 3)
-                row["reserved_error_pct"] = round(100 * (row["predicted_reserved_bytes"] / row["max_memory_reserved_bytes"] - 1), 3)
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if not isinstance(v, dict)}), flush=True)
+        if "max_memory_allocated_bytes" in row and "predicted_allocated_bytes" in row:
+            row["allocated_error_pct"] = round(100 * (row["predicted_allocated_bytes"] / row["max_memory_allocated_bytes"] - 1), 3)
+            row["reserved_error_pct"] = round(100 * (row["predicted_reserved_bytes"] / row["max_memory_reserved_bytes"] - 1), 3)
+        print(json.dumps({k: v for k, v in row.items() if not isinstance(v, (dict, list))}), flush=True)
         (out_dir / "grid.json").write_text(json.dumps(rows, indent=1))
     (out_dir / "grid.json").write_text(json.dumps(rows, indent=1))
     cols = ["name", "max_memory_allocated_bytes", "predicted_allocated_bytes", "allocated_error_pct",

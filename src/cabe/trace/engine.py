@@ -437,7 +437,7 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
             p.set(torch.cuda, "get_device_properties", lambda *a, **k: _Props())
             p.set(torch.cuda, "synchronize", lambda *a, **k: None)
             p.set(torch.cuda, "empty_cache", lambda *a, **k: None)
-        if bnb_opt is not None:
+        if bnb_opt is not None and kind != "cuda":
             import bitsandbytes.functional as bnb_f
             from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -488,7 +488,7 @@ def resolve_mode(mode: str, setup: TrainingSetup) -> str:
 # ---------------------------------------------------------------------------------------
 # the step
 # ---------------------------------------------------------------------------------------
-def _make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any) -> Any:
+def _make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any, kind: str = "fake") -> Any:
     import torch
 
     impl = setup.resolved_optimizer_impl
@@ -528,7 +528,8 @@ def _make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any) -> An
 
     import types
 
-    o.get_state_buffer = types.MethodType(get_state_buffer, o)
+    if kind != "cuda":  # on a real GPU, bitsandbytes pages for real
+        o.get_state_buffer = types.MethodType(get_state_buffer, o)
     return o
 
 
@@ -738,7 +739,7 @@ def _train(model: Any, cfg: Any, setup: TrainingSetup, steps: int, device: Any, 
     scaler = None
     if setup.precision == "fp16-amp":
         scaler = torch.amp.GradScaler("cuda")
-    opt = _make_optimizer(trainable, setup, tracker)
+    opt = _make_optimizer(trainable, setup, tracker, kind)
     for p in trainable:
         p.register_post_accumulate_grad_hook(lambda p: tracker.tag_tensor(p.grad, "gradients"))
     handles = _install_logits_hooks(model, tracker)
