@@ -1024,24 +1024,51 @@ def layer_inventory(config: dict[str, Any], setup: TrainingSetup, *, mode: str =
         raise ConfigError("trace_failed", None, reason=f"{type(exc).__name__}: {str(exc)[:400]}") from exc
 
 
+class _Worker:
+    """A long-lived ``python -m cabe.trace._worker --serve`` (torch is imported once)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.proc: Any = None
+        self.lock = threading.Lock()
+
+    def request(self, payload: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            for attempt in (0, 1):
+                if self.proc is None or self.proc.poll() is not None:
+                    env = dict(os.environ)
+                    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+                    self.proc = subprocess.Popen([sys.executable, "-m", "cabe.trace._worker", "--serve"],
+                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.DEVNULL, text=True, env=env)
+                try:
+                    self.proc.stdin.write(json.dumps(payload) + "\n")
+                    self.proc.stdin.flush()
+                    line = self.proc.stdout.readline()
+                except (BrokenPipeError, OSError):
+                    line = ""
+                if line:
+                    return json.loads(line)
+                self.proc = None  # died (e.g. killed for memory): one fresh try
+            raise ConfigError("trace_failed", None, reason="the trace worker process exited")
+
+
+_WORKER = _Worker()
+
+
 def _subprocess(fn: str, config: dict[str, Any], setup: TrainingSetup, steps: int,
                 include_events: bool = False) -> dict[str, Any]:
-    """Run one trace in a fresh interpreter where the fake-CUDA shim precedes torch."""
-    payload = json.dumps({"fn": fn, "config": config, "setup": setup.to_dict(), "steps": steps,
-                          "include_events": include_events})
-    env = dict(os.environ)
-    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-m", "cabe.trace._worker"], input=payload, capture_output=True,
-                          text=True, env=env)
-    try:
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        raise ConfigError("trace_failed", None, reason=f"worker exited {proc.returncode}: {proc.stderr[-400:]}") from None
+    """Run one trace in a worker interpreter where the fake-CUDA shim precedes torch."""
+    out = _WORKER.request({"fn": fn, "config": config, "setup": setup.to_dict(), "steps": steps,
+                           "include_events": include_events})
     if "error" in out:
         err = out["error"]
         import cabe.errors as errors
 
         cls = getattr(errors, err.get("type", "ConfigError"), ConfigError)
+        if not (isinstance(cls, type) and issubclass(cls, CabeError)):
+            cls = ConfigError
         raise cls(err["code"], err.get("field"), **err.get("params", {}))
     return out
