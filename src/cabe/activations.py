@@ -85,6 +85,9 @@ def layer_activations(
     targets = {lin.name for lin in lora_targets(spec, setup.lora_targets)} if adapters else set()
     r = setup.lora_rank
     adapter_cast = dt.adapter != dt.compute and not amp  # PEFT casts the input to the fp32 adapter
+    # QLoRA (bitsandbytes Linear4bit under autocast): the 4-bit layers save no input (their weight is
+    # frozen), cast their output back to the fp32 residual dtype, and LoRA adapters run under autocast.
+    quantized = setup.method == "qlora"
     terms: list[Term] = []
 
     def add(name: str, nbytes: int, formula: str) -> None:
@@ -94,7 +97,7 @@ def layer_activations(
     def linear_inputs(group: str, names: list[tuple[str, int]], shared_bytes: int, shared_formula: str) -> None:
         """Inputs saved by the linear layers ``names`` (name, in_features) that read one tensor."""
         trained = [n for n, _ in names if base_trainable]
-        if amp:
+        if amp or quantized:
             for n, inf in names:
                 if base_trainable or n in targets:
                     add(f"{group}.{n}.input_cast", 2 * inf, f"2·{_sym(inf, spec)}")
@@ -110,7 +113,7 @@ def layer_activations(
     def lora_mid(names: list[str]) -> None:
         for n in names:
             if n in targets:
-                per = 2 * r if amp else 4 * r
+                per = 2 * r if (amp or quantized) else 4 * r
                 add(f"lora.{n}.A_output", per, f"{per // r}·r")
 
     per_layer_const = [0]
@@ -164,6 +167,8 @@ def layer_activations(
             pass  # the attention output is already 16-bit: o_proj saves it without a cast
         if adapter_cast and "o_proj" in targets:
             add("attn.o_proj.lora_input_fp32", 4 * q, "4·q")
+        if quantized and "o_proj" in targets and not copies_output:
+            pass  # the 16-bit attention output is what lora_A saves: already counted as attn.output
         lora_mid(["o_proj"])
         if gemma and spec.norms_per_layer == 4:
             rms_norm("post_attention_norm", h, "h", base_trainable, True)
@@ -184,10 +189,14 @@ def layer_activations(
             else:
                 linear_inputs("mlp", [("gate_proj", h), ("up_proj", h)], mlp_in_bytes, f"{rho}·h")
                 lora_mid(["gate_proj", "up_proj"])
-            add("mlp.gate_output", a * f, f"{a}·f")
-            add("mlp.act_output", a * f, f"{a}·f")
-            add("mlp.up_output", a * f, f"{a}·f")
-            if base_trainable or ("down_proj" in targets and not adapter_cast):
+            m = 4 if quantized else a  # Linear4bit returns its output in the input's dtype (fp32 here)
+            add("mlp.gate_output", m * f, f"{m}·f")
+            add("mlp.act_output", m * f, f"{m}·f")
+            add("mlp.up_output", m * f, f"{m}·f")
+            if quantized:
+                if "down_proj" in targets:
+                    add("mlp.down_proj.input_cast", 2 * f, "2·f")
+            elif base_trainable or ("down_proj" in targets and not adapter_cast):
                 add("mlp.product", a * f, f"{a}·f")
             if adapter_cast and "down_proj" in targets:
                 add("mlp.down_proj.lora_input_fp32", 4 * f, "4·f")
@@ -233,6 +242,8 @@ def layer_activations(
     fwd = _attention_forward_workspace(attn, a, nh, s)
     if attn == "eager":
         bwd = max(bwd, (4 + 2 * a) * nh * s)
+    else:
+        per_layer_const[0] += 2 * 512  # flash keeps its philox seed and offset: two tensors, 512 B blocks
     return LayerActivations(tuple(terms), bwd, fwd, per_layer_const[0])
 
 
@@ -319,7 +330,8 @@ def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
         logits=logits,
         saved_logsoftmax=4 * v + softcap,
         forward_peak_extra=upcast,
-        backward_peak_extra=4 * v + 4 * v + (a * v if a != 4 else 0),
+        # nll_loss's gradient (a zeroed fp32 b·s×V, scattered) + log-softmax's input gradient (fp32)
+        backward_peak_extra=4 * v + 4 * v,
     )
 
 

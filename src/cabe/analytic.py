@@ -29,7 +29,7 @@ from cabe.activations import (
 )
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
-from cabe.method import Tensor, parameter_tensors, quantized_bytes
+from cabe.method import Tensor, lora_targets, parameter_tensors, quantized_bytes
 from cabe.optimizer import optimizer_memory, round_alloc
 from cabe.precision import dtypes_for
 from cabe.report import GB, GiB, Report, Step
@@ -250,13 +250,21 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
     else:
         saved_layer_bytes = full_layer_bytes
-    rotary = 2 * tokens * spec.rotary_dim * dt.residual if spec.position == "rotary" else 0
+    # cos and sin tables, (1, s, rotary_dim) in the residual dtype, shared by every layer
+    seq_total = tokens // setup.batch
+    rotary = 2 * seq_total * spec.rotary_dim * dt.residual if spec.position == "rotary" else 0
 
     # autocast keeps a 16-bit copy of every weight a matmul saves for backward
     copies_layer = 0
     copies_head = 0
     if dt.weight_copies:
-        copies_layer = sum(round_alloc(lin.weight_count * 2) for lin in spec.layer_linears)
+        # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast
+        copies_layer = sum(round_alloc(lin.weight_count * 2) for lin in spec.layer_linears
+                           if not (setup.method == "qlora" and lin.is_module))
+        if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
+            copies_layer += sum(round_alloc(setup.lora_rank * lin.in_features * 2)
+                                + round_alloc(setup.lora_rank * lin.out_features * 2)
+                                for lin in lora_targets(spec, setup.lora_targets))
         copies_head = round_alloc(spec.vocab_size * spec.hidden_size * 2)
 
     head = head_activations(spec, setup, dt)
@@ -278,11 +286,16 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         recompute_layer=full_layer_bytes if setup.checkpointing else 0,
         workspace_layer=tokens * per_layer.backward_workspace_per_token,
         rotary=rotary if grad_layers else 0,
-        head_saved=tokens * (head.final_norm + head.saved_logsoftmax),
+        head_saved=tokens * head.saved_logsoftmax,
+        final_norm_saved=tokens * head.final_norm,
         head_forward_extra=tokens * (head.logits + head.forward_peak_extra),
         head_backward_extra=tokens * head.backward_peak_extra,
         optimizer_temporaries=opt.temp_bytes,
         grads_in_forward=setup.grad_accum > 1,
+        # NOTE: embedding_dense_backward on CUDA accumulates a 16-bit embedding's gradient in an fp32
+        # vocab × hidden buffer before casting it: a transient as large as 2× the gradient itself.
+        embedding_backward_workspace=(round_alloc(4 * spec.embedding_count)
+                                      if setup.method == "full" and bytes_of_trainable.get("embedding") == 2 else 0),
     )
     shard_info: dict[str, Any] = {}
     if setup.distributed:

@@ -49,9 +49,11 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
     if setup.method == "qlora":
         # NOTE: QLoRA as transformers + PEFT run it: 4-bit linear weights, the rest of the model
         # cast to fp32 by prepare_model_for_kbit_training, compute in compute_dtype.
+        # The Trainer runs QLoRA under autocast (bf16=True): fp32 residual stream (fp32 embeddings),
+        # 16-bit casts of the fp32 lm_head and adapters saved for backward.
         compute = FP32 if setup.compute_dtype == "fp32" else HALF
-        return Dtypes(weight=FP32, frozen=FP32, grad=FP32, compute=compute, residual=FP32 if compute == FP32 else compute,
-                      adapter=FP32, weight_copies=False)
+        return Dtypes(weight=FP32, frozen=FP32, grad=FP32, compute=compute, residual=FP32,
+                      adapter=FP32, weight_copies=compute != FP32)
     if p == "fp32":
         return Dtypes(FP32, FP32, FP32, FP32, FP32, FP32, False)
     if p in ("bf16-amp", "fp16-amp"):

@@ -40,11 +40,13 @@ class StepParts:
     recompute_layer: int  # checkpointing: the activations of the layer being recomputed
     workspace_layer: int  # transient extra while one layer runs backward
     rotary: int  # cos/sin tables shared by all layers
-    head_saved: int  # final norm + log-softmax output, saved for backward
+    head_saved: int  # log-softmax output, saved for backward
+    final_norm_saved: int  # what the final norm saves (counted with the activations)
     head_forward_extra: int  # logits + fp32 upcast, alive while the loss is computed
     head_backward_extra: int  # gradients of log-softmax and of the logits
     optimizer_temporaries: int
     grads_in_forward: bool  # gradient accumulation: last micro-batch's gradients still live
+    embedding_backward_workspace: int = 0  # 16-bit embeddings: CUDA accumulates their gradient in fp32
     # extra per-phase components from sharding (communication buffers, gathered layers ...)
     extra_forward: dict[str, int] = field(default_factory=dict)
     extra_backward: dict[str, int] = field(default_factory=dict)
@@ -59,7 +61,7 @@ def timeline(p: StepParts) -> list[Moment]:
     """
     base = {"weights": p.weights, "optimizer": p.optimizer}
     g_acc = p.grads if p.grads_in_forward else 0
-    acts_all = p.grad_layers * p.saved_layer + p.rotary
+    acts_all = p.grad_layers * p.saved_layer + p.rotary + p.final_norm_saved
     moments = [
         Moment("forward", "loss", {
             **base, "gradients": g_acc, "weight_copies": p.copies_layer * p.copies_fwd_layers + p.copies_head,
@@ -76,6 +78,9 @@ def timeline(p: StepParts) -> list[Moment]:
                 **base, "gradients": grads, "weight_copies": p.copies_layer * remaining,
                 "activations": remaining * p.saved_layer + p.recompute_layer + p.rotary + p.workspace_layer,
                 **p.extra_backward}))
+    if p.embedding_backward_workspace:
+        moments.append(Moment("backward", "embedding", {
+            **base, "gradients": p.grads, "activations": p.embedding_backward_workspace, **p.extra_backward}))
     moments.append(Moment("optimizer", "step", {
         **base, "gradients": p.grads, "optimizer_temporaries": p.optimizer_temporaries, **p.extra_optimizer}))
     return moments
