@@ -100,7 +100,10 @@ def test_method_ordering(model, batch, seq, precision):
     lora = estimate_model(spec, TrainingSetup(method="lora", **common)).total_bytes
     qlora = estimate_model(spec, TrainingSetup(method="qlora", **common)).total_bytes
     assert lora <= full
-    assert qlora <= lora or spec.parameter_count < 2e9  # fp32 embeddings can outweigh 4-bit savings on tiny models
+    # QLoRA keeps embeddings (and the residual stream) in fp32 after prepare_model_for_kbit_training:
+    # on small models with large vocabularies that outweighs the 4-bit savings on the layers.
+    if spec.quantizable_count > 4 * spec.embedding_count:
+        assert qlora <= lora
     ck = estimate_model(spec, TrainingSetup(method="full", checkpointing=True, **common)).total_bytes
     assert ck <= full
     lck = estimate_model(spec, TrainingSetup(method="lora", checkpointing=True, **common)).total_bytes
