@@ -98,12 +98,20 @@ def test_method_ordering(model, batch, seq, precision):
     common = dict(batch=batch, seq=seq, precision=precision)
     full = estimate_model(spec, TrainingSetup(method="full", **common)).total_bytes
     lora = estimate_model(spec, TrainingSetup(method="lora", **common)).total_bytes
-    qlora = estimate_model(spec, TrainingSetup(method="qlora", **common)).total_bytes
+    qlora_r = estimate_model(spec, TrainingSetup(method="qlora", **common))
+    lora_r = estimate_model(spec, TrainingSetup(method="lora", **common))
     assert lora <= full
     # QLoRA keeps embeddings (and the residual stream) in fp32 after prepare_model_for_kbit_training:
     # on small models with large vocabularies that outweighs the 4-bit savings on the layers.
     if spec.quantizable_count > 4 * spec.embedding_count:
-        assert qlora <= lora
+        assert qlora_r.components["weights"] <= lora_r.components["weights"]
+    # In total, QLoRA <= LoRA only while the weights dominate: under the Trainer's autocast, QLoRA's fp32
+    # residual stream and fp32 Linear4bit outputs make its activations larger than bf16 LoRA's (the trace
+    # agrees), so at long sequences QLoRA can need more memory than LoRA on a bf16 base.
+    big_layers = spec.quantizable_count > 4 * spec.embedding_count
+    per_token = lora_r.components["activations"] + lora_r.components.get("logits", 0)
+    if big_layers and lora_r.components["weights"] > 4 * per_token:
+        assert qlora_r.total_bytes <= lora_r.total_bytes
     ck = estimate_model(spec, TrainingSetup(method="full", checkpointing=True, **common)).total_bytes
     assert ck <= full
     lck = estimate_model(spec, TrainingSetup(method="lora", checkpointing=True, **common)).total_bytes
