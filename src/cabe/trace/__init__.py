@@ -8,9 +8,24 @@ allocation as the CUDA caching allocator would see it::
     res.peak_bytes, res.components, res.to_json()
 
 Importing this package tries to install the fake-CUDA shim (see :mod:`cabe.trace._native`),
-which only works before torch is imported; nothing else is imported eagerly, so
-``import cabe.trace`` works without the ``[trace]`` extra (calls then raise
-``MissingDependencyError``).
+which only works before torch is imported; when torch came first, traces run in a persistent
+worker process instead (same results, one extra torch import). Nothing else is imported
+eagerly, so ``import cabe.trace`` works without the ``[trace]`` extra (calls then raise
+``MissingDependencyError``). Traces are not thread-safe: one at a time per process.
+
+Modules: :mod:`~cabe.trace.engine` (the step), :mod:`~cabe.trace.tracker` (allocations and
+components), :mod:`~cabe.trace.attention` (CUDA SDPA backend choice, FlashAttention scratch),
+:mod:`~cabe.trace.quant` (bitsandbytes 4-bit), :mod:`~cabe.trace.allocator` (caching-allocator
+replay, CUDA context table), :mod:`~cabe.trace.plot` (SVG), :mod:`~cabe.trace.measure` (real
+GPU), :mod:`~cabe.trace.cli`; ``python -m cabe.trace CONFIG.json ...`` and
+``python -m cabe.trace.inventory CONFIG.json ...``.
+
+Known limits (the trace is exact for what tensors hold; these are outside it): memory that
+kernels allocate without returning it as a tensor is modelled only for FlashAttention-2
+backward (``softmax_d``, ``dq_accum``, GQA ``dk/dv`` expansion) and bitsandbytes' dequantising
+``gemm_4bit`` fallback -- not for memory-efficient attention's backward workspace, cuBLAS
+workspaces or the cuDNN attention backend (recent PyTorch prefers it on H100/B200 with
+cuDNN > 9.15; its saved tensors match flash's); the CUDA context is a table, not a trace.
 """
 
 from __future__ import annotations
