@@ -55,6 +55,11 @@ class LayerActivations:
     backward_workspace_per_token: int  # transient extra while one layer runs backward
     forward_workspace_per_token: int  # transient extra while one layer runs forward
     per_layer_bytes: int = 0  # saved tensors that do not grow with tokens (Gemma's fp32 1 + w)
+    flash_rng_bytes: int = 0  # CUDA flash attention's philox seed and offset (not on the CPU kernel)
+
+    @property
+    def constant_bytes(self) -> int:
+        return self.per_layer_bytes + self.flash_rng_bytes
 
     @property
     def bytes_per_token(self) -> int:
@@ -87,7 +92,7 @@ def layer_activations(
     adapter_cast = dt.adapter != dt.compute and not amp  # PEFT casts the input to the fp32 adapter
     # QLoRA (bitsandbytes Linear4bit under autocast): the 4-bit layers save no input (their weight is
     # frozen), cast their output back to the fp32 residual dtype, and LoRA adapters run under autocast.
-    quantized = setup.method == "qlora"
+    quantized = setup.method == "qlora" and any(lin.quantized_by_bnb for lin in spec.layer_linears)
     terms: list[Term] = []
 
     def add(name: str, nbytes: int, formula: str) -> None:
@@ -160,7 +165,7 @@ def layer_activations(
         o_trains = base_trainable or "o_proj" in targets
         # eager, and flash after a rotary written with torch.cat (Phi-3): the kernel's output is laid out
         # (b, heads, s, d), so transpose(1, 2).contiguous() copies it before o_proj.
-        copies_output = attn == "eager" or fam == "phi3"
+        copies_output = attn == "eager" or fam == "phi3"  # Phi-3 writes its rotary with torch.cat
         if copies_output and (base_trainable or ("o_proj" in targets and not adapter_cast)):
             add("attn.output_for_o_proj", a * q, f"{a}·q")
         if amp and o_trains:
@@ -215,8 +220,9 @@ def layer_activations(
         lora_mid([attn_name])
         _attention_core(add, attn, a, q, kv, nh, s, gqa, spec)
         out_name = "c_proj" if fam == "gpt2" else "dense"
-        if attn == "eager" and (base_trainable or out_name in targets):
-            add("attn.output", a * q, f"{a}·q")
+        # eager, and flash after GPT-NeoX's partial rotary (torch.cat): the output is copied before dense
+        if (attn == "eager" or fam == "gpt_neox") and (base_trainable or out_name in targets):
+            add("attn.output_for_dense", a * q, f"{a}·q")
         if adapter_cast and out_name in targets:
             add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
         if spec.hidden_dropout > 0:
@@ -228,12 +234,19 @@ def layer_activations(
             linear_inputs("mlp", [(fc_name, h)], 0, "")  # shares the attention block's LN output
         lora_mid([fc_name])
         chain = 4 if spec.activation in ("gelu_new", "gelu_fast") else 1
-        add("mlp.fc_output", a * f, f"{a}·f")
-        if chain > 1:
-            add("mlp.gelu_tanh_chain", (chain - 1) * a * f, f"{chain - 1}·{a}·f")
         down = "c_proj" if fam == "gpt2" else "dense_4h_to_h"
-        if base_trainable or (down in targets and not adapter_cast):
-            add("mlp.act_output", a * f, f"{a}·f")
+        if chain > 1 and amp:
+            # NOTE: under autocast gelu_new's pow runs in fp32: x, tanh and the sum are fp32 copies
+            add("mlp.gelu_tanh_chain_fp32", 3 * 4 * f, "3·4·f")
+            add("mlp.gelu_product", 2 * f, "2·f")
+            if base_trainable or down in targets:
+                add(f"mlp.{down}.input_cast", 2 * f, "2·f")
+        else:
+            add("mlp.fc_output", a * f, f"{a}·f")
+            if chain > 1:
+                add("mlp.gelu_tanh_chain", (chain - 1) * a * f, f"{chain - 1}·{a}·f")
+            if base_trainable or (down in targets and not adapter_cast):
+                add("mlp.act_output", a * f, f"{a}·f")
         if adapter_cast and down in targets:
             add(f"mlp.{down}.lora_input_fp32", 4 * f, "4·f")
         if spec.hidden_dropout > 0:
@@ -242,9 +255,14 @@ def layer_activations(
     fwd = _attention_forward_workspace(attn, a, nh, s)
     if attn == "eager":
         bwd = max(bwd, (4 + 2 * a) * nh * s)
-    else:
-        per_layer_const[0] += 2 * 512  # flash keeps its philox seed and offset: two tensors, 512 B blocks
-    return LayerActivations(tuple(terms), bwd, fwd, per_layer_const[0])
+    rng = 0 if attn == "eager" else 2 * 512  # flash keeps its philox seed and offset: two 512 B blocks
+    if fam == "gpt_neox":  # NOTE: GPT-NeoX casts cos and sin inside every layer: (1, s, rotary_dim) each
+        per_layer_const[0] += 2 * _round512(s * spec.rotary_dim * a)
+    return LayerActivations(tuple(terms), bwd, fwd, per_layer_const[0], rng)
+
+
+def _round512(n: int) -> int:
+    return -(-n // 512) * 512
 
 
 def _sym(n: int, spec: ModelSpec) -> str:
@@ -261,7 +279,11 @@ def _attention_core(add, attn: str, a: int, q: int, kv: int, nh: int, s: int, gq
     if attn == "flash":
         add("attn.query", a * q, f"{a}·q")
         add("attn.key", a * kv, f"{a}·kv")
-        add("attn.value", a * kv, f"{a}·kv")
+        if spec.family in ("gpt_neox", "falcon"):
+            # NOTE: v is a view of the fused query_key_value output: the whole storage stays alive
+            add("attn.value_fused_qkv", a * (q + 2 * kv), f"{a}·(q + 2·kv)")
+        else:
+            add("attn.value", a * kv, f"{a}·kv")
         add("attn.output", a * q, f"{a}·q")
         add("attn.logsumexp", 4 * nh, "4·nh")
         return
@@ -269,9 +291,12 @@ def _attention_core(add, attn: str, a: int, q: int, kv: int, nh: int, s: int, gq
     add("attn.query", a * q, f"{a}·q")
     add("attn.key", a * kv_saved, f"{a}·{'q' if gqa else 'kv'}")
     add("attn.value", a * kv_saved, f"{a}·{'q' if gqa else 'kv'}")
-    add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
-    if a != 4:
-        add("attn.probs", a * nh * s, f"{a}·nh·s")
+    if spec.family == "gpt2":  # NOTE: GPT-2's eager attention takes the softmax in the compute dtype
+        add("attn.softmax", a * nh * s, f"{a}·nh·s")
+    else:
+        add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
+        if a != 4:
+            add("attn.probs", a * nh * s, f"{a}·nh·s")
     if spec.config.get("attn_logit_softcapping"):
         add("attn.softcap_tanh", a * nh * s, f"{a}·nh·s")
     if spec.attention_dropout > 0:

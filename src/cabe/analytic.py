@@ -245,7 +245,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         per_layer = layer_activations(spec, setup, dt, base_trainable=True, adapters=False)
     else:
         per_layer = layer_activations(spec, setup, dt, base_trainable=False, adapters=setup.adapters)
-    full_layer_bytes = tokens * per_layer.bytes_per_token + per_layer.per_layer_bytes
+    full_layer_bytes = tokens * per_layer.bytes_per_token + per_layer.constant_bytes
     if setup.checkpointing:
         saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
     else:
@@ -260,7 +260,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     if dt.weight_copies:
         # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast
         copies_layer = sum(round_alloc(lin.weight_count * 2) for lin in spec.layer_linears
-                           if not (setup.method == "qlora" and lin.is_module))
+                           if not (setup.method == "qlora" and lin.quantized_by_bnb))
         if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
             copies_layer += sum(round_alloc(setup.lora_rank * lin.in_features * 2)
                                 + round_alloc(setup.lora_rank * lin.out_features * 2)

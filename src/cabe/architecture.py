@@ -53,6 +53,11 @@ class Linear:
     copies: int = 1
     is_module: bool = True
     role: str = "attn"  # attn | mlp | router | expert
+    quantizable: bool = True  # bitsandbytes replaces it with Linear4bit (GPT-2's Conv1D: no)
+
+    @property
+    def quantized_by_bnb(self) -> bool:
+        return self.is_module and self.quantizable
 
     @property
     def weight_count(self) -> int:
@@ -180,7 +185,7 @@ class ModelSpec:
     @property
     def quantizable_count(self) -> int:
         """Weights bitsandbytes turns to 4 bit: every ``nn.Linear`` in the layers (not lm_head)."""
-        return self.num_layers * sum(lin.weight_count for lin in self.layer_linears if lin.is_module)
+        return self.num_layers * sum(lin.weight_count for lin in self.layer_linears if lin.quantized_by_bnb)
 
     @property
     def kv_dim(self) -> int:
@@ -516,11 +521,12 @@ def _gpt2(r: _Reader, name: str) -> ModelSpec:
     layers = r.int("n_layer", "num_hidden_layers")
     f = r.int("n_inner", default=4 * h)
     # NOTE: GPT-2 uses Conv1D modules; PEFT targets them as c_attn, c_proj (attention and MLP), c_fc.
+    # NOTE: Conv1D is not replaced by bitsandbytes: under QLoRA GPT-2 keeps its weights (in fp32).
     linears = (
-        Linear("c_attn", h, 3 * h, True),
-        Linear("c_proj", h, h, True),
-        Linear("c_fc", h, f, True, role="mlp"),
-        Linear("c_proj", f, h, True, role="mlp"),
+        Linear("c_attn", h, 3 * h, True, quantizable=False),
+        Linear("c_proj", h, h, True, quantizable=False),
+        Linear("c_fc", h, f, True, role="mlp", quantizable=False),
+        Linear("c_proj", f, h, True, role="mlp", quantizable=False),
     )
     return ModelSpec(
         model_type="gpt2",

@@ -131,7 +131,7 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
         spec.hidden_size)
     for count, trainable in groups:
         for lin in spec.layer_linears:
-            if quantize and lin.is_module:
+            if quantize and lin.quantized_by_bnb:
                 add(lin.name, lin.in_features * lin.out_features * lin.copies, count, False, "quantized")
             else:
                 rows, cols = lin.out_features, lin.in_features
