@@ -256,7 +256,7 @@ def layer_activations(
     if attn == "eager":
         bwd = max(bwd, (4 + 2 * a) * nh * s)
     rng = 0 if attn == "eager" else 2 * 512  # flash keeps its philox seed and offset: two 512 B blocks
-    if fam == "gpt_neox":  # NOTE: GPT-NeoX casts cos and sin inside every layer: (1, s, rotary_dim) each
+    if fam in ("gpt_neox", "phi3"):  # NOTE: they cast cos and sin inside every layer: (1, s, rotary_dim) each
         per_layer_const[0] += 2 * _round512(s * spec.rotary_dim * a)
     return LayerActivations(tuple(terms), bwd, fwd, per_layer_const[0], rng)
 
@@ -279,8 +279,9 @@ def _attention_core(add, attn: str, a: int, q: int, kv: int, nh: int, s: int, gq
     if attn == "flash":
         add("attn.query", a * q, f"{a}·q")
         add("attn.key", a * kv, f"{a}·kv")
-        if spec.family in ("gpt_neox", "falcon"):
-            # NOTE: v is a view of the fused query_key_value output: the whole storage stays alive
+        if spec.family in ("gpt_neox", "falcon", "phi3"):
+            # NOTE: v is a view of the fused qkv output (CUDA kernels take it strided): the whole storage
+            # stays alive as long as v is saved
             add("attn.value_fused_qkv", a * (q + 2 * kv), f"{a}·(q + 2·kv)")
         else:
             add("attn.value", a * kv, f"{a}·kv")
@@ -349,7 +350,8 @@ def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
         final_norm = rho * h + 8 + (rho * h if full else 0)
     logits = a * v
     upcast = 0 if a == 4 else 4 * v
-    softcap = 2 * 4 * v if spec.final_logit_softcapping else 0
+    # Gemma 2's final soft-capping (logits / cap, tanh, × cap) saves tanh's 16-bit output
+    softcap = a * v if spec.final_logit_softcapping else 0
     return HeadActivations(
         final_norm=final_norm,
         logits=logits,

@@ -20,12 +20,14 @@ QUANT_CODE_BYTES = 16 * 4  # the 16-entry NF4/FP4 code book, fp32
 DOUBLE_QUANT_CODE_BYTES = 256 * 4  # the 8-bit dynamic code for the absmax values
 
 
-#: PEFT's default LoRA targets per model type (peft/utils/constants.py).
+#: PEFT's default LoRA targets per model type (peft/utils/constants.py). PEFT has none for Phi-3 and
+#: OLMo 2 (it asks for target_modules): cabe then adapts every linear layer, and says so.
 PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "gpt2": ("c_attn",),
     "gpt_neox": ("query_key_value",),
     "falcon": ("query_key_value",),
-    "phi3": ("qkv_proj",),
+    "phi3": ("all-linear",),
+    "olmo2": ("all-linear",),
 }
 
 

@@ -53,8 +53,10 @@ def _measure(model_type: str, precision: str, method: str) -> tuple[int, int]:
     return measured, la.bytes_per_token * B * S + la.per_layer_bytes
 
 
+# NOTE: Phi-3 is left to the trace tests: CPU SDPA copies its strided v (a view of the fused qkv output)
+# where CUDA's kernels keep the view, and so the whole fused storage, alive.
 CASES = [(mt, p, m) for mt in FAMILIES for p in ("bf16", "fp32", "bf16-amp") for m in ("full", "lora")
-         if not (mt == "mixtral" and p == "bf16-amp")]
+         if not (mt == "mixtral" and p == "bf16-amp") and mt != "phi3"]
 
 
 @pytest.mark.parametrize("model_type,precision,method", CASES)
