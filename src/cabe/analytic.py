@@ -292,10 +292,10 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         head_backward_extra=tokens * head.backward_peak_extra,
         optimizer_temporaries=opt.temp_bytes,
         grads_in_forward=setup.grad_accum > 1,
-        # NOTE: embedding_dense_backward on CUDA accumulates a 16-bit embedding's gradient in an fp32
-        # vocab × hidden buffer before casting it: a transient as large as 2× the gradient itself.
-        embedding_backward_workspace=(round_alloc(4 * spec.embedding_count)
-                                      if setup.method == "full" and bytes_of_trainable.get("embedding") == 2 else 0),
+        # NOTE: with tied embeddings the embedding's gradient arrives second and AccumulateGrad adds it
+        # out of place: the new gradient and the sum coexist with the old one for a moment.
+        embedding_backward_workspace=(2 * round_alloc(spec.embedding_count * bytes_of_trainable["embedding"])
+                                      if setup.method == "full" and spec.tie_word_embeddings else 0),
     )
     shard_info: dict[str, Any] = {}
     if setup.distributed:
