@@ -49,7 +49,7 @@ BIG = ["llama-2-7b", "llama-3.1-8b", "mistral-7b-v0.3", "qwen2.5-7b", "gemma-2-9
 _add(BIG, method="full", precision="bf16", optimizer_impl="fused", batch=1, seq=2048, checkpointing=True)
 _add(BIG, method="lora", precision="bf16", batch=4, seq=512)
 _add(BIG, method="qlora", batch=1, seq=4096, checkpointing=True)
-_add(["mixtral-8x7b"], method="lora", precision="bf16", batch=1, seq=1024, checkpointing=True)
+_add(["mixtral-8x7b"], method="lora", precision="bf16", batch=1, seq=1024, checkpointing=True, lora_targets=("q_proj", "v_proj"))
 _add(["mixtral-8x7b"], method="full", precision="bf16", batch=1, seq=512, checkpointing=True)
 _add(["llama-2-7b"], method="full", precision="fp32", batch=4, seq=512)
 _add(["llama-2-7b"], method="full", precision="bf16-amp", batch=4, seq=512)
