@@ -161,7 +161,7 @@ def layer_activations(
         elif spec.qk_norm == "full":
             rms_norm("q_norm", q, "q", base_trainable, True)
             rms_norm("k_norm", kv, "kv", base_trainable, True)
-        _attention_core(add, attn, a, q, kv, nh, s, gqa, spec)
+        _attention_core(add, attn, a, q, kv, nh, s, gqa, spec, quantized)
         o_trains = base_trainable or "o_proj" in targets
         # eager, and flash after a rotary written with torch.cat (Phi-3): the kernel's output is laid out
         # (b, heads, s, d), so transpose(1, 2).contiguous() copies it before o_proj.
@@ -218,7 +218,7 @@ def layer_activations(
         attn_name = "c_attn" if fam == "gpt2" else "query_key_value"
         linear_inputs("attn", [(attn_name, h)], rho * h, f"{rho}·h")
         lora_mid([attn_name])
-        _attention_core(add, attn, a, q, kv, nh, s, gqa, spec)
+        _attention_core(add, attn, a, q, kv, nh, s, gqa, spec, quantized)
         out_name = "c_proj" if fam == "gpt2" else "dense"
         # eager, and flash after GPT-NeoX's partial rotary (torch.cat): the output is copied before dense
         if (attn == "eager" or fam == "gpt_neox") and (base_trainable or out_name in targets):
@@ -242,7 +242,8 @@ def layer_activations(
             if base_trainable or down in targets:
                 add(f"mlp.{down}.input_cast", 2 * f, "2·f")
         else:
-            add("mlp.fc_output", a * f, f"{a}·f")
+            m = 4 if quantized else a  # Linear4bit returns its output in the input's dtype (fp32 here)
+            add("mlp.fc_output", m * f, f"{m}·f")
             if chain > 1:
                 add("mlp.gelu_tanh_chain", (chain - 1) * a * f, f"{chain - 1}·{a}·f")
             if base_trainable or (down in targets and not adapter_cast):
@@ -257,7 +258,7 @@ def layer_activations(
         bwd = max(bwd, (4 + 2 * a) * nh * s)
     rng = 0 if attn == "eager" else 2 * 512  # flash keeps its philox seed and offset: two 512 B blocks
     if fam in ("gpt_neox", "phi3"):  # NOTE: they cast cos and sin inside every layer: (1, s, rotary_dim) each
-        per_layer_const[0] += 2 * _round512(s * spec.rotary_dim * a)
+        per_layer_const[0] += 2 * _round512(s * spec.rotary_dim * (4 if quantized else a))
     return LayerActivations(tuple(terms), bwd, fwd, per_layer_const[0], rng)
 
 
@@ -275,11 +276,13 @@ def _sym(n: int, spec: ModelSpec) -> str:
     return str(n)
 
 
-def _attention_core(add, attn: str, a: int, q: int, kv: int, nh: int, s: int, gqa: bool, spec: ModelSpec) -> None:
+def _attention_core(add, attn: str, a: int, q: int, kv: int, nh: int, s: int, gqa: bool, spec: ModelSpec,
+                    quantized: bool = False) -> None:
     if attn == "flash":
         add("attn.query", a * q, f"{a}·q")
         add("attn.key", a * kv, f"{a}·kv")
-        if spec.family in ("gpt_neox", "falcon", "phi3"):
+        # (with QLoRA the fused output is fp32 and SDPA gets a 16-bit cast of v instead of the view)
+        if spec.family in ("gpt_neox", "falcon", "phi3") and not quantized:
             # NOTE: v is a view of the fused qkv output (CUDA kernels take it strided): the whole storage
             # stays alive as long as v is saved
             add("attn.value_fused_qkv", a * (q + 2 * kv), f"{a}·(q + 2·kv)")
