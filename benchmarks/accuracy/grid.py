@@ -71,16 +71,19 @@ def run(grid, *, out: Path | None = None) -> list[dict]:
         try:
             tr = trace_step(dict(src.config), setup)
             traced = tr.peak_bytes
+            reserved = tr.reserved_bytes
             trace_components = dict(tr.components)
             trace_phase = tr.peak_phase
             err = None
         except Exception as exc:  # recorded, not hidden: a row the trace could not run
             traced, trace_components, trace_phase, err = None, {}, None, f"{type(exc).__name__}: {exc}"[:300]
+            reserved = None
         seconds = time.perf_counter() - t0
         est = estimate_model(src.spec, setup)
         rel = (est.total_bytes - traced) / traced if traced else None
         row = {"model": model, "setup": kw, "estimate_bytes": est.total_bytes, "trace_bytes": traced,
                "relative_error": rel, "estimate_phase": est.peak_phase, "trace_phase": trace_phase,
+               "trace_reserved_bytes": reserved, "estimate_reserved_bytes": est.reserved_bytes,
                "estimate_components": est.components, "trace_components": trace_components,
                "trace_seconds": round(seconds, 2), "error": err}
         rows.append(row)
@@ -92,6 +95,10 @@ def run(grid, *, out: Path | None = None) -> list[dict]:
     if errs:
         print(f"\n{len(errs)} of {len(rows)} configurations traced; max |error| {100 * max(errs):.2f}%, "
               f"median {100 * statistics.median(errs):.2f}%, within 3%: {sum(e <= 0.03 for e in errs)}")
+        slack = [r["trace_reserved_bytes"] / r["trace_bytes"] - 1 for r in rows if r["trace_reserved_bytes"]]
+        if slack:
+            print(f"allocator replay: reserved / allocated - 1: median {100 * statistics.median(slack):.1f}%, "
+                  f"min {100 * min(slack):.1f}%, max {100 * max(slack):.1f}%")
     if out is not None:
         out.write_text(json.dumps(rows, indent=1))
         _write_md(rows, out.with_suffix(".md"))
