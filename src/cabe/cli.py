@@ -292,6 +292,13 @@ def _cmd_trace(args: argparse.Namespace, lang: str, units: str) -> int:
         raise MissingDependencyError("missing_extra", None, extra="trace", package=exc.name or "torch") from None
     config, setup = _trace_inputs(args)
     out = trace_cli.run(args, config, setup)
+    # the analytic estimate of the same step, beside the trace: how far apart they are
+    from cabe.analytic import estimate_model
+    from cabe.architecture import ModelSpec
+
+    est = estimate_model(ModelSpec.from_config(config), setup)
+    out["estimate_bytes"] = est.total_bytes
+    out["estimate_relative_error"] = round((est.total_bytes - out["peak_bytes"]) / out["peak_bytes"], 5)
     _print_trace(out, args, lang, units)
     return 0
 
@@ -310,20 +317,28 @@ def _cmd_measure(args: argparse.Namespace, lang: str, units: str) -> int:
 
 
 def _print_trace(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str) -> None:
+    """Byte figures with both units, counts as counts, the inventory as text; JSON with --json."""
     from cabe.render import fmt_bytes
 
     if args.json:
+        out = {k: v for k, v in out.items() if k != "inventory_text"}
         print(json.dumps(out, ensure_ascii=False, indent=2, default=str))
         return
     for key, value in out.items():
-        if isinstance(value, int) and key.endswith("_bytes"):
-            print(f"  {key:<28} {fmt_bytes(value, lang, units)}")
-        elif isinstance(value, dict) and all(isinstance(v, int) for v in value.values()) and value:
+        if key == "inventory_text":
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and "_bytes" in key:
+            print(f"  {key:<32} {fmt_bytes(value, lang, units)}")
+        elif isinstance(value, dict) and value and all(isinstance(v, int) for v in value.values()):
             print(f"  {key}:")
             for k, v in value.items():
-                print(f"    {k:<26} {fmt_bytes(v, lang, units)}")
-        elif not isinstance(value, (list, dict)):
-            print(f"  {key:<28} {value}")
+                shown = fmt_bytes(v, lang, units) if key in ("components", "phase_peaks") else fmt_number(v, lang)
+                print(f"    {k:<30} {shown}")
+        elif isinstance(value, (str, int, float, bool)):
+            print(f"  {key:<32} {value}")
+    if out.get("inventory_text"):
+        print()
+        print(out["inventory_text"])
 
 
 def _cmd_serve(args: argparse.Namespace, lang: str, units: str) -> int:

@@ -55,7 +55,10 @@ def preset(name: str) -> ModelSource:
     """Load a preset by short name (case-insensitive). Raises :class:`UnknownPresetError`."""
     key = name.strip().lower()
     if key not in preset_names():
-        raise UnknownPresetError("unknown_model", "model", value=name, suggestions=", ".join(_suggest(key)))
+        close = _suggest(key)
+        if close:
+            raise UnknownPresetError("unknown_model", "model", value=name, suggestions=", ".join(close))
+        raise UnknownPresetError("unknown_model_plain", "model", value=name)
     raw = dict(_load_preset_raw(key))
     meta = raw.pop("_cabe", {})
     return ModelSource(name=key, kind="preset", config=raw, meta=meta)
@@ -65,10 +68,11 @@ def _suggest(key: str, limit: int = 5) -> list[str]:
     import difflib
 
     names = preset_names()
-    close = difflib.get_close_matches(key, names, n=limit, cutoff=0.5)
+    close = difflib.get_close_matches(key, names, n=limit, cutoff=0.6)
     if not close:
-        close = [n for n in names if key and key.split("-")[0] in n][:limit]
-    return close or list(names[:limit])
+        family = key.split("-")[0]
+        close = [n for n in names if len(family) >= 3 and n.startswith(family)][:limit]
+    return close
 
 
 def from_mapping(config: Any, name: str = "config.json") -> ModelSource:
