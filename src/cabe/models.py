@@ -55,10 +55,7 @@ def preset(name: str) -> ModelSource:
     """Load a preset by short name (case-insensitive). Raises :class:`UnknownPresetError`."""
     key = name.strip().lower()
     if key not in preset_names():
-        close = _suggest(key)
-        if close:
-            raise UnknownPresetError("unknown_model", "model", value=name, suggestions=", ".join(close))
-        raise UnknownPresetError("unknown_model_plain", "model", value=name)
+        raise UnknownPresetError("unknown_model", "model", value=name, suggestions=", ".join(_suggest(key)))
     raw = dict(_load_preset_raw(key))
     meta = raw.pop("_cabe", {})
     return ModelSource(name=key, kind="preset", config=raw, meta=meta)

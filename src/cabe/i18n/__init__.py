@@ -95,7 +95,11 @@ def error_message(err: Any, lang: str = DEFAULT_LANG) -> str:
     params = dict(err.params)
     field = err.field or ""
     params.setdefault("field", field.replace("_", "-") if field else "")
-    return text("error." + err.code, lang, params)
+    key = "error." + err.code
+    # a sentence without the "did you mean" part when there is nothing to suggest
+    if params.get("suggestions") == "" and key + "_plain" in catalog(lang):
+        key += "_plain"
+    return text(key, lang, params)
 
 
 def placeholders(template: str) -> set[str]:
