@@ -1,4 +1,5 @@
-"""Re-run every ```console block's `$ cabe ...` command in docs/guides/*.md and paste its real output.
+"""Re-run every ```console block's `$ cabe ...` command in the READMEs and docs/guides/*.md, and paste
+its real output.
 
     .venv/bin/python scripts/update_docs.py        # rewrite the guides in place
     .venv/bin/python scripts/update_docs.py --check  # exit 1 if a guide's output is stale
@@ -29,7 +30,7 @@ def run(cmd: str) -> str:
 def main() -> int:
     check = "--check" in sys.argv
     stale = []
-    for path in sorted((ROOT / "docs" / "guides").glob("*.md")):
+    for path in [ROOT / "README.md", ROOT / "README.es.md", *sorted((ROOT / "docs" / "guides").glob("*.md"))]:
         text = path.read_text(encoding="utf-8")
 
         def repl(m: re.Match[str]) -> str:
