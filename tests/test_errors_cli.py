@@ -126,7 +126,8 @@ def test_hub_cached_config_is_read_offline(monkeypatch, tmp_path, capsys):
 
 def test_module_runs_without_torch_import():
     code = ("import sys; from cabe.cli import main; main(['estimate','--model','llama-7b','--json']); "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch imported'")
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch imported'; "
+            "assert 'cabe.trace' not in sys.modules and 'starlette' not in sys.modules, 'heavy extra imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 

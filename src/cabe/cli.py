@@ -152,10 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_trace_arguments(p: argparse.ArgumentParser) -> None:
-    try:
-        from cabe.trace.cli import add_arguments
-    except ImportError:
-        return
+    from cabe.trace_options import add_arguments
+
     add_arguments(p)
 
 
