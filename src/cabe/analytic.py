@@ -18,7 +18,6 @@ to ``total_bytes``. CUDA context and allocator slack are reported beside it, nev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from cabe.activations import (
@@ -195,10 +194,24 @@ class _States:
     n_train: int
 
 
-@lru_cache(maxsize=256)
-def _model_states(spec: ModelSpec, setup: TrainingSetup) -> _States:
-    """Weights, gradients and optimizer state: independent of batch and sequence, so cached
-    (a solver sweeping batch or sequence pays for them once)."""
+_STATE_FIELDS = ("method", "precision", "optimizer", "optimizer_impl", "lora_rank", "lora_targets", "quant",
+                 "double_quant", "compute_dtype", "trainable_layers", "prompt_tokens")
+_STATES_CACHE: dict[tuple, "_States"] = {}
+
+
+def _model_states(spec: ModelSpec, setup: TrainingSetup) -> "_States":
+    """Weights, gradients and optimizer state: independent of batch and sequence, so cached by the
+    fields they depend on (a solver sweeping batch or sequence pays for them once)."""
+    key = (spec, *(getattr(setup, f) for f in _STATE_FIELDS))
+    hit = _STATES_CACHE.get(key)
+    if hit is None:
+        if len(_STATES_CACHE) > 512:
+            _STATES_CACHE.clear()
+        hit = _STATES_CACHE[key] = _compute_model_states(spec, setup)
+    return hit
+
+
+def _compute_model_states(spec: ModelSpec, setup: TrainingSetup) -> "_States":
     dt = dtypes_for(setup)
     tensors = parameter_tensors(spec, setup)
     kinds = {t.kind for t in tensors}
@@ -225,7 +238,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         raise InvalidValueError("out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0,
                                 maximum=spec.num_layers)
     dt = dtypes_for(setup)
-    states = _model_states(spec, setup.with_(batch=1, seq=1, grad_accum=1, checkpointing=False, attention="sdpa"))
+    states = _model_states(spec, setup)
     tensors, bytes_of_trainable, weights, quant, grads, opt = (
         states.tensors, states.bytes_of, states.weights, states.quant, states.grads, states.opt)
     n_params = spec.parameter_count
