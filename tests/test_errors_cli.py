@@ -141,3 +141,13 @@ def test_models_gpus_lora_commands(capsys):
     assert main(["lora", "--model", "llama-7b", "--rank", "8", "--targets", "q_proj,v_proj", "--lang", "en"]) == 0
     out = capsys.readouterr().out
     assert "4,194,304" in out
+
+
+def test_fits_on_skips_cards_without_bf16_for_bf16_runs(capsys):
+    import json as _json
+
+    assert main(["estimate", "--model", "llama-3.2-1b", "--method", "lora", "--json"]) == 0
+    fits = _json.loads(capsys.readouterr().out)["fits_on"]
+    assert "t4" not in fits and "v100-16gb" not in fits and "rtx-4090" in fits
+    assert main(["estimate", "--model", "llama-3.2-1b", "--method", "lora", "--precision", "fp16-amp", "--json"]) == 0
+    assert "v100-32gb" in _json.loads(capsys.readouterr().out)["fits_on"]

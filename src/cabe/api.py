@@ -112,7 +112,7 @@ def estimate_json(body: Mapping[str, Any], *, allow_files: bool = False, fits: b
     report = build(body, allow_files=allow_files)
     out = report.to_json()
     if fits:
-        out["fits_on"] = [g["gpu"] for g in gpu_catalog.fits_table(report) if g["fits"]]
+        out["fits_on"] = gpu_catalog.fits_on(report)
     return out
 
 

@@ -200,17 +200,20 @@ def _cmd_estimate(args: argparse.Namespace, lang: str, units: str) -> int:
     report = api.build(body, allow_files=True)
     if args.json:
         out = report.to_json()
-        out["fits_on"] = [g["gpu"] for g in gpus.fits_table(report) if g["fits"]]
+        out["fits_on"] = gpus.fits_on(report)
         print(json.dumps(out, ensure_ascii=False, indent=2))
         return 0
     print(format_report(report, lang=lang, units=units, explain=args.explain))
     if args.fits:
         print()
+        bf16 = gpus.needs_bf16(report)
         for g in gpus.fits_table(report):
             verdict = t("ui.fits" if g["fits"] else "ui.does_not_fit", lang)
+            if bf16 and not g["bf16"]:
+                verdict += " — " + t("ui.no_bf16", lang)
             print(f"  {g['display']:<40} {fmt_bytes(g['memory_bytes'], lang, units, both=False):>12}  {verdict}")
     elif report.mode != "simple":
-        fits_on = [g["gpu"] for g in gpus.fits_table(report) if g["fits"]]
+        fits_on = gpus.fits_on(report)
         print(t("ui.fits_on", lang, list=", ".join(fits_on[:8]) + (" …" if len(fits_on) > 8 else "")) if fits_on
               else t("ui.fits_on_none", lang))
     return 0

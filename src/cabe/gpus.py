@@ -105,6 +105,7 @@ def fit(report: Report, card: Gpu, *, precision: str | None = None) -> dict[str,
         "margin_bytes": margin,
         "fits": margin >= 0,
         "utilisation": round(need / card.memory_bytes, 4),
+        "bf16": card.bf16,
     }
     if precision is not None and "bf16" in precision and not card.bf16:
         out["warning"] = "no_bf16"
@@ -113,3 +114,19 @@ def fit(report: Report, card: Gpu, *, precision: str | None = None) -> dict[str,
 
 def fits_table(report: Report, *, precision: str | None = None) -> list[dict[str, Any]]:
     return [fit(report, g, precision=precision) for g in all_gpus()]
+
+
+def needs_bf16(report: Report) -> bool:
+    """Does the reported setup compute in bf16 (cards without bf16 — T4, V100 — cannot run it as is)?"""
+    setup = report.setup or {}
+    if report.mode != "architecture":
+        return False
+    if setup.get("method") == "qlora":
+        return setup.get("compute_dtype") == "bf16"
+    return "bf16" in str(setup.get("precision", ""))
+
+
+def fits_on(report: Report) -> list[str]:
+    """Names of the cards the run fits on, smallest first; bf16 setups skip cards without bf16."""
+    bf16 = needs_bf16(report)
+    return [g.name for g in all_gpus() if (g.bf16 or not bf16) and fit(report, g)["fits"]]

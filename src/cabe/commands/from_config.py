@@ -55,13 +55,13 @@ def run(args: argparse.Namespace, lang: str, units: str) -> int:
     report = api.build(body, allow_files=True)
     if args.json:
         out = report.to_json()
-        out["fits_on"] = [g["gpu"] for g in gpus.fits_table(report) if g["fits"]]
+        out["fits_on"] = gpus.fits_on(report)
         out["from_config"] = combined.to_json(lang)
         print(json.dumps(out, ensure_ascii=False, indent=2))
         return 0
     print(format_report(report, lang=lang, units=units, explain=args.explain))
     if report.mode != "simple" and not report.gpu:
-        fits_on = [g["gpu"] for g in gpus.fits_table(report) if g["fits"]]
+        fits_on = gpus.fits_on(report)
         print(t("ui.fits_on", lang, list=", ".join(fits_on[:8]) + (" …" if len(fits_on) > 8 else "")) if fits_on
               else t("ui.fits_on_none", lang))
     print()
