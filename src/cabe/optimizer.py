@@ -1,7 +1,8 @@
 """Optimizer state and optimizer-step temporaries, per trainable parameter tensor.
 
 State lives in the parameter's dtype for torch optimizers (``zeros_like(p)``): fp32 params keep
-fp32 moments, pure-bf16 params keep bf16 moments. bitsandbytes 8-bit optimizers keep uint8
+fp32 moments, pure-bf16 params keep bf16 moments. bitsandbytes' 32-bit optimizers (Lion, paged AdamW)
+keep fp32 state whatever the parameter dtype. bitsandbytes 8-bit optimizers keep uint8
 moments with an fp32 absmax per block of 256 for tensors of at least 4096 elements (smaller
 tensors get 32-bit state). Paged optimizers allocate their state in CUDA unified memory
 (cudaMallocManaged): it is not counted by PyTorch's allocator and can be evicted to host memory,
@@ -17,6 +18,7 @@ from cabe.training import TrainingSetup
 
 BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes Optimizer8bit min_8bit_size
 BNB_BLOCK = 256  # blockwise quantization block for 8-bit optimizer state
+BNB_PAGED_MIN = 100_000  # Optimizer.get_state_buffer pages only tensors of at least 1e5 elements
 ALLOC_ROUND = 512  # CUDA caching allocator rounds every block to 512 B
 
 
@@ -54,8 +56,9 @@ def optimizer_memory(tensors: list[Tensor], setup: TrainingSetup, param_bytes_of
         total_numel += t.total
         largest = max(largest, t.numel * b)
         if opt in ("adamw", "paged-adamw"):
-            per = 2 * round_alloc(t.numel * b)
-            if opt == "paged-adamw":
+            # torch keeps moments in the parameter's dtype; bitsandbytes' 32-bit (paged) optimizers in fp32
+            per = 2 * round_alloc(t.numel * (4 if opt == "paged-adamw" else b))
+            if opt == "paged-adamw" and t.numel >= BNB_PAGED_MIN:
                 paged += per * t.count
             else:
                 state += per * t.count
@@ -67,14 +70,15 @@ def optimizer_memory(tensors: list[Tensor], setup: TrainingSetup, param_bytes_of
                 per = 2 * round_alloc(t.numel) + 2 * round_alloc(4 * blocks)
             else:
                 per = 2 * round_alloc(4 * t.numel)
-            if opt == "paged-adamw-8bit":
+            if opt == "paged-adamw-8bit" and t.numel >= BNB_PAGED_MIN:
                 paged += per * t.count
             else:
                 state += per * t.count
         elif opt == "sgd-momentum":
             state += round_alloc(t.numel * b) * t.count
         elif opt == "lion":
-            state += round_alloc(t.numel * b) * t.count
+            # bitsandbytes' Lion (the Trainer's lion_32bit): one fp32 momentum, whatever the parameter dtype
+            state += round_alloc(t.numel * 4) * t.count
         elif opt == "adafactor":
             if t.rows and t.cols:
                 state += (round_alloc(t.rows * b) + round_alloc(t.cols * b)) * t.count
@@ -87,7 +91,10 @@ def optimizer_memory(tensors: list[Tensor], setup: TrainingSetup, param_bytes_of
     elif opt == "adamw" and impl == "for-loop":
         # exp_avg_sq.sqrt() / bias_correction2_sqrt: two transient copies of the largest tensor.
         temp = 2 * round_alloc(largest)
-    elif opt in ("lion", "adafactor"):
+    elif opt == "adafactor" and impl == "foreach":
+        # torch.optim.Adafactor's foreach path builds the update for every tensor at once
+        temp = sum(round_alloc(t.numel * param_bytes_of[t.kind]) * t.count for t in trainable)
+    elif opt == "adafactor":
         temp = 2 * round_alloc(largest)
     per_param = (state + paged) / total_numel if total_numel else 0.0
     return OptimizerMemory(state, paged, temp, moments, per_param)
