@@ -22,7 +22,7 @@ from cabe.web import charts
 
 SEED_DEFAULTS = {"n": "7", "b": "16", "bc": "", "a": "0"}
 PLAN_DEFAULTS = {
-    "model": "llama-3.1-8b", "method": "lora", "precision": "bf16-amp", "optimizer": "adamw",
+    "model": "llama-3.1-8b", "method": "lora", "precision": "bf16", "optimizer": "adamw",
     "batch": "1", "seq": "2048", "grad_accum": "1", "checkpointing": "", "attention": "sdpa",
     "lora_rank": "8", "lora_alpha": "16", "lora_targets": "", "quant": "nf4",
     "double_quant": "1", "gpu": "rtx-4090",
