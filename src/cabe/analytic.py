@@ -40,7 +40,7 @@ BYTES_PER_PARAM_PRESETS = {"adam-mixed": 16.0, "adam-8bit": 12.0, "sgd-momentum"
 
 #: Fraction of the peak the caching allocator holds on top of it (cached free blocks, splitting, 2 MiB /
 #: 20 MiB segments). Basis: the median of reserved / allocated − 1 in `cabe trace`'s replay of PyTorch's
-#: CUDACachingAllocator over the 70 configurations of benchmarks/accuracy (10.1%; range 0.2–30%). With this
+#: CUDACachingAllocator over the 82 configurations of benchmarks/accuracy (9.9%; range 0.2–30%). With this
 #: flat fraction the analytic reserved figure is within 6% of the replay at the median, 16% at worst.
 ALLOCATOR_SLACK_FRACTION = 0.10
 DEFAULT_CUDA_CONTEXT_BYTES = 600 * 2**20
