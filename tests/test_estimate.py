@@ -134,3 +134,10 @@ def test_korthikanti_undercounts_llama():
     textbook = korthikanti(LLAMA7, s)
     # flash: no 5as/h term really saved; the textbook counts 34·sbh — about 25-45% under ours
     assert 0.25 < 1 - (textbook - 5 * 4 * 512 * 32 * 512) / ours < 0.45 or textbook < ours
+
+
+def test_setup_accepts_targets_as_list_string_or_tuple():
+    a = TrainingSetup(method="lora", lora_targets=["q_proj", "v_proj"])
+    b = TrainingSetup(method="lora", lora_targets="q_proj,v_proj")
+    assert a == b == TrainingSetup(method="lora", lora_targets=("q_proj", "v_proj"))
+    assert estimate_model(LLAMA7, a).total_bytes == estimate_model(LLAMA7, b).total_bytes

@@ -121,6 +121,10 @@ class TrainingSetup:
         number("lora_alpha", self.lora_alpha, minimum=0.0, strict=True)
         if isinstance(self.lora_targets, str):
             object.__setattr__(self, "lora_targets", parse_targets(self.lora_targets))
+        elif isinstance(self.lora_targets, list):
+            object.__setattr__(self, "lora_targets", tuple(str(t) for t in self.lora_targets))
+        if not isinstance(self.lora_targets, tuple):
+            raise InvalidValueError("not_string", "lora_targets", value=self.lora_targets)
         for flag in ("checkpointing", "double_quant"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidValueError("not_bool", flag, value=getattr(self, flag))
