@@ -96,11 +96,17 @@ def test_memory_never_falls_as_batch_or_sequence_grows(kw, model, batch, seq):
 def test_method_ordering(model, batch, seq, precision):
     spec = preset(model).spec
     common = dict(batch=batch, seq=seq, precision=precision)
-    full = estimate_model(spec, TrainingSetup(method="full", **common)).total_bytes
+    full_r = estimate_model(spec, TrainingSetup(method="full", **common))
+    full = full_r.total_bytes
     lora = estimate_model(spec, TrainingSetup(method="lora", **common)).total_bytes
     qlora_r = estimate_model(spec, TrainingSetup(method="qlora", **common))
     lora_r = estimate_model(spec, TrainingSetup(method="lora", **common))
-    assert lora <= full
+    # LoRA <= full while model states dominate. PEFT keeps adapters in fp32, so each adapted linear saves an
+    # fp32 cast of its input: with all-linear targets (Phi-3's default) and huge batch × sequence, LoRA's
+    # activations outgrow full fine-tuning's 16-bit ones (the trace agrees on the per-layer inventory).
+    states = sum(full_r.components.get(k, 0) for k in ("weights", "gradients", "optimizer"))
+    if states >= full_r.components["activations"] + full_r.components.get("logits", 0):
+        assert lora <= full
     # QLoRA keeps embeddings (and the residual stream) in fp32 after prepare_model_for_kbit_training:
     # on small models with large vocabularies that outweighs the 4-bit savings on the layers.
     if spec.quantizable_count > 4 * spec.embedding_count:

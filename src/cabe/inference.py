@@ -35,7 +35,7 @@ GGUF_BPW: dict[str, float] = {
 PLAIN = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}
 FORMATS = tuple(PLAIN) + ("fp8", "int8", "nf4", "fp4", "gptq-4bit", "gptq-8bit", "gptq-3bit", "gptq-2bit", "awq-4bit") + \
     tuple("gguf-" + k for k in GGUF_BPW)
-from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # as the training estimate: reserved ≈ allocated × 1.10
+from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers here)
 BLOCK_SIZE = 16
 
 
