@@ -75,6 +75,10 @@ def attention_kind(spec: ModelSpec, setup: TrainingSetup) -> str:
         return "eager"
     if spec.model_type == "gemma2" and setup.attention == "sdpa":
         return "eager"
+    if spec.family == "falcon" and setup.attention == "sdpa" and spec.num_kv_heads == 1:
+        # NOTE: Falcon-7B's multi-query SDPA call (one broadcast k/v head and a mask) makes PyTorch pick its
+        # math kernel, which upcasts q, k, v to fp32 and keeps the s×s softmax (seen in the trace).
+        return "math"
     return "flash"
 
 
@@ -221,7 +225,7 @@ def layer_activations(
         _attention_core(add, attn, a, q, kv, nh, s, gqa, spec, quantized)
         out_name = "c_proj" if fam == "gpt2" else "dense"
         # eager, and flash after GPT-NeoX's partial rotary (torch.cat): the output is copied before dense
-        if (attn == "eager" or fam == "gpt_neox") and (base_trainable or out_name in targets):
+        if (attn in ("eager", "math") or fam == "gpt_neox") and (base_trainable or out_name in targets):
             add("attn.output_for_dense", a * q, f"{a}·q")
         if adapter_cast and out_name in targets:
             add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
@@ -256,7 +260,7 @@ def layer_activations(
     fwd = _attention_forward_workspace(attn, a, nh, s)
     if attn == "eager":
         bwd = max(bwd, (4 + 2 * a) * nh * s)
-    rng = 0 if attn == "eager" else 2 * 512  # flash keeps its philox seed and offset: two 512 B blocks
+    rng = 2 * 512 if attn == "flash" else 0  # flash keeps its philox seed and offset: two 512 B blocks
     if fam in ("gpt_neox", "phi3"):  # NOTE: they cast cos and sin inside every layer: (1, s, rotary_dim) each
         per_layer_const[0] += 2 * _round512(s * spec.rotary_dim * (4 if quantized else a))
     return LayerActivations(tuple(terms), bwd, fwd, per_layer_const[0], rng)
@@ -278,6 +282,12 @@ def _sym(n: int, spec: ModelSpec) -> str:
 
 def _attention_core(add, attn: str, a: int, q: int, kv: int, nh: int, s: int, gqa: bool, spec: ModelSpec,
                     quantized: bool = False) -> None:
+    if attn == "math":
+        add("attn.query_fp32_scaled", 4 * q, "4·q")
+        add("attn.key_fp32", 4 * kv, "4·kv")
+        add("attn.value_fp32", 4 * kv, "4·kv")
+        add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
+        return
     if attn == "flash":
         add("attn.query", a * q, f"{a}·q")
         add("attn.key", a * kv, f"{a}·kv")

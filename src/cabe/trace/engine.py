@@ -366,6 +366,35 @@ def _register_cuda_placeholders() -> None:
     _CUDA_LIB = lib
 
 
+def _patch_falcon_split_heads(p: "_Patch") -> None:
+    """Falcon's multi-query ``_split_heads`` indexes with Python lists (``fused_qkv[..., [-2], :]``).
+
+    PyTorch turns such a list into an index tensor in C++, below the Python dispatch key, so it
+    is created as a real CUDA tensor and fails on a CPU-only build. ``index_select`` with an
+    index made by ``torch.arange`` (a factory op the fake mode intercepts) makes the same copies.
+    """
+    try:
+        from transformers.models.falcon import modeling_falcon as mf
+    except ImportError:
+        return
+    original = mf.FalconAttention._split_heads
+
+    def split_heads(self: Any, fused_qkv: Any) -> Any:
+        if self.new_decoder_architecture or not self.multi_query:
+            return original(self, fused_qkv)
+        import torch
+
+        b, s, _ = fused_qkv.shape
+        fused_qkv = fused_qkv.view(b, s, self.num_heads + 2, self.head_dim)
+        n = self.num_heads + 2
+        k_idx = torch.arange(n - 2, n - 1, device=fused_qkv.device)
+        v_idx = torch.arange(n - 1, n, device=fused_qkv.device)
+        return (fused_qkv[..., :-2, :], torch.index_select(fused_qkv, 2, k_idx),
+                torch.index_select(fused_qkv, 2, v_idx))
+
+    p.set(mf.FalconAttention, "_split_heads", split_heads)
+
+
 def _find_packed_sequence_indices(position_ids: Any) -> None:
     """``transformers.masking_utils.find_packed_sequence_indices`` for unpacked batches."""
     import torch
@@ -419,6 +448,7 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
         # transformers reads position_ids to detect packed sequences (a data-dependent branch);
         # a batch of whole sequences has none. Same tensor ops as the original, answer None.
         p.set(mu, "find_packed_sequence_indices", _find_packed_sequence_indices)
+        _patch_falcon_split_heads(p)
         if kind == "fake" and not torch.cuda.is_available() and _native.available():
             _native.enable(True)
             _register_cuda_placeholders()
