@@ -240,9 +240,11 @@ def layer_activations(
         chain = 4 if spec.activation in ("gelu_new", "gelu_fast") else 1
         down = "c_proj" if fam == "gpt2" else "dense_4h_to_h"
         if chain > 1 and amp:
-            # NOTE: under autocast gelu_new's pow runs in fp32: x, tanh and the sum are fp32 copies
+            # NOTE: under autocast gelu_new's pow runs in fp32: x, tanh and the sum are fp32 copies; the
+            # product is 16-bit, or fp32 when x itself is fp32 (QLoRA's Linear4bit output)
             add("mlp.gelu_tanh_chain_fp32", 3 * 4 * f, "3·4·f")
-            add("mlp.gelu_product", 2 * f, "2·f")
+            pb = 4 if quantized else 2
+            add("mlp.gelu_product", pb * f, f"{pb}·f")
             if base_trainable or down in targets:
                 add(f"mlp.{down}.input_cast", 2 * f, "2·f")
         else:

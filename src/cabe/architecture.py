@@ -53,7 +53,8 @@ class Linear:
     copies: int = 1
     is_module: bool = True
     role: str = "attn"  # attn | mlp | router | expert
-    quantizable: bool = True  # bitsandbytes replaces it with Linear4bit (GPT-2's Conv1D: no)
+    # transformers' bitsandbytes integration replaces `type(m) is nn.Linear` and Conv1D, not subclasses
+    quantizable: bool = True
 
     @property
     def quantized_by_bnb(self) -> bool:
@@ -521,12 +522,11 @@ def _gpt2(r: _Reader, name: str) -> ModelSpec:
     layers = r.int("n_layer", "num_hidden_layers")
     f = r.int("n_inner", default=4 * h)
     # NOTE: GPT-2 uses Conv1D modules; PEFT targets them as c_attn, c_proj (attention and MLP), c_fc.
-    # NOTE: Conv1D is not replaced by bitsandbytes: under QLoRA GPT-2 keeps its weights (in fp32).
     linears = (
-        Linear("c_attn", h, 3 * h, True, quantizable=False),
-        Linear("c_proj", h, h, True, quantizable=False),
-        Linear("c_fc", h, f, True, role="mlp", quantizable=False),
-        Linear("c_proj", f, h, True, role="mlp", quantizable=False),
+        Linear("c_attn", h, 3 * h, True),
+        Linear("c_proj", h, h, True),
+        Linear("c_fc", h, f, True, role="mlp"),
+        Linear("c_proj", f, h, True, role="mlp"),
     )
     return ModelSpec(
         model_type="gpt2",
@@ -623,11 +623,13 @@ def _falcon(r: _Reader, name: str) -> ModelSpec:
         norms = 1 if parallel else 2
     if r.bool("alibi", False):
         raise ConfigError("unsupported_feature", "model", feature="alibi")
+    # NOTE: FalconLinear subclasses nn.Linear, which transformers' bitsandbytes integration does not
+    # replace (`type(module) is nn.Linear`): under QLoRA Falcon keeps its weights (in fp32).
     linears = (
-        Linear("query_key_value", h, qkv_out, bias),
-        Linear("dense", h, h, bias),
-        Linear("dense_h_to_4h", h, f, bias, role="mlp"),
-        Linear("dense_4h_to_h", f, h, bias, role="mlp"),
+        Linear("query_key_value", h, qkv_out, bias, quantizable=False),
+        Linear("dense", h, h, bias, quantizable=False),
+        Linear("dense_h_to_4h", h, f, bias, role="mlp", quantizable=False),
+        Linear("dense_4h_to_h", f, h, bias, role="mlp", quantizable=False),
     )
     return ModelSpec(
         model_type="falcon",

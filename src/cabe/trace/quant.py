@@ -58,16 +58,25 @@ def quant_tensor_specs(n_out: int, n_in: int, double_quant: bool) -> dict[str, t
 
 
 def quantize_on_meta(model: torch.nn.Module, setup: Any, store_dtype: torch.dtype) -> list[torch.nn.Module]:
-    """Replace the model's ``nn.Linear`` layers (but the LM head) by 4-bit ``bnb.nn.Linear4bit``."""
+    """Replace the model's linear layers (but the LM head) by 4-bit ``bnb.nn.Linear4bit``.
+
+    As transformers' ``replace_with_bnb_linear`` does: ``isinstance(module, Conv1D) or type(module) is
+    nn.Linear`` -- GPT-2's Conv1D is quantized (its weight is stored transposed), subclasses of
+    ``nn.Linear`` such as Falcon's ``FalconLinear`` are not.
+    """
     import bitsandbytes as bnb
+    from transformers.pytorch_utils import Conv1D
 
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[setup.compute_dtype]
     head = model.get_output_embeddings()
     replaced: list[torch.nn.Module] = []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is not torch.nn.Linear or child is head:
+            conv1d = isinstance(child, Conv1D)
+            if (type(child) is not torch.nn.Linear and not conv1d) or child is head:
                 continue
+            if conv1d:  # Conv1D keeps weight as (in, out)
+                child.in_features, child.out_features = child.weight.shape[0], child.weight.shape[1]
             new = bnb.nn.Linear4bit(
                 child.in_features, child.out_features, bias=child.bias is not None,
                 compute_dtype=compute, compress_statistics=setup.double_quant,
