@@ -41,8 +41,8 @@ BYTES_PER_PARAM_PRESETS = {"adam-mixed": 16.0, "adam-8bit": 12.0, "sgd-momentum"
 #: What PyTorch's caching allocator holds on top of the peak (cached free blocks, split blocks, 2 MiB /
 #: 20 MiB segments) is modelled as the larger of one fp32 logits buffer (b·s×V×4 bytes: the loss's fp32
 #: buffers are freed and reallocated around the peak and stay cached) and 5% of the peak. Basis: the
-#: trace's replay of CUDACachingAllocator over the 82 configurations of benchmarks/accuracy, where
-#: reserved / allocated − 1 ranges 0.2–30% (median 9.9%). Against that replay this model is within 4.0% at
+#: trace's replay of CUDACachingAllocator over the 84 configurations of benchmarks/accuracy, where
+#: reserved / allocated − 1 ranges 0.2–30% (median 9.7%). Against that replay this model is within 3.9% at
 #: the median and 13.8% at worst (a flat 10% gave 5.7% and 15.5%).
 ALLOCATOR_SLACK_FRACTION = 0.05
 DEFAULT_CUDA_CONTEXT_BYTES = 600 * 2**20
