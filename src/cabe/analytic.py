@@ -28,7 +28,7 @@ from cabe.activations import (
 )
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
-from cabe.method import Tensor, lora_targets, parameter_tensors, quantized_bytes
+from cabe.method import lora_targets, parameter_tensors, quantized_bytes, stored_bytes
 from cabe.optimizer import optimizer_memory, round_alloc
 from cabe.precision import dtypes_for
 from cabe.report import GB, GiB, Report, Step
@@ -173,18 +173,6 @@ def _half_up(x: float) -> float:
 # =============================================================================================
 
 
-
-
-def _bytes_per_element(t: Tensor, setup: TrainingSetup, dt: Any) -> int:
-    if t.kind == "adapter":
-        return dt.adapter
-    if t.kind == "prompt":
-        return 4
-    if t.kind in ("norm", "embedding", "lm_head") and setup.method == "qlora":
-        return 4  # prepare_model_for_kbit_training casts them to fp32
-    return dt.weight if t.trainable else dt.frozen
-
-
 @dataclass(frozen=True)
 class _States:
     tensors: list
@@ -224,7 +212,7 @@ def _compute_model_states(spec: ModelSpec, setup: TrainingSetup) -> "_States":
         if t.kind == "quantized":
             quant += quantized_bytes(t.numel, setup.double_quant) * t.count
             continue
-        b = _bytes_per_element(t, setup, dt)
+        b = stored_bytes(t, setup, dt)
         bytes_of[t.kind] = b
         weights += round_alloc(t.numel * b) * t.count
     bytes_of_trainable = {k: v for k, v in bytes_of.items()}

@@ -87,17 +87,18 @@ class ModelSpec:
     intermediate_size: int
     vocab_size: int
     tie_word_embeddings: bool
-    norm: str  # "rmsnorm" | "layernorm"
-    norm_bias: bool
-    norms_per_layer: int  # norms over hidden_size in one layer
-    qk_norm: str  # "none" | "head" (over head_dim) | "full" (over heads*head_dim)
-    mlp: str  # "gated" | "plain"
     activation: str
-    parallel_block: bool  # attention and MLP read the same input (Falcon, GPT-NeoX)
-    position: str  # "rotary" | "learned"
     rotary_dim: int
     max_positions: int
     layer_linears: tuple[Linear, ...]
+    # what most decoder families share (Llama-style); builders set only what differs
+    norm: str = "rmsnorm"  # "rmsnorm" | "layernorm"
+    norm_bias: bool = False
+    norms_per_layer: int = 2  # norms over hidden_size in one layer
+    qk_norm: str = "none"  # "none" | "head" (over head_dim) | "full" (over heads*head_dim)
+    mlp: str = "gated"  # "gated" | "plain"
+    parallel_block: bool = False  # attention and MLP read the same input (Falcon, GPT-NeoX)
+    position: str = "rotary"  # "rotary" | "learned"
     num_experts: int = 0
     experts_per_token: int = 0
     sliding_window: int | None = None
@@ -351,14 +352,8 @@ def _llama(r: _Reader, name: str) -> ModelSpec:
         intermediate_size=f,
         vocab_size=r.int("vocab_size"),
         tie_word_embeddings=r.bool("tie_word_embeddings", False),
-        norm="rmsnorm",
-        norm_bias=False,
-        norms_per_layer=2,
         qk_norm="head" if mt == "qwen3" else "none",
-        mlp="gated",
         activation=r.str("hidden_act", default="silu"),
-        parallel_block=False,
-        position="rotary",
         rotary_dim=d,
         max_positions=r.int("max_position_embeddings", default=2048),
         layer_linears=_qkvo(h, nh, nkv, d, qkv_bias, o_bias) + _gated_mlp(h, f, mlp_bias),
@@ -404,15 +399,10 @@ def _gemma(r: _Reader, name: str) -> ModelSpec:
         intermediate_size=f,
         vocab_size=r.int("vocab_size"),
         tie_word_embeddings=r.bool("tie_word_embeddings", True),
-        norm="rmsnorm",
-        norm_bias=False,
         # NOTE: Gemma 2 and 3 wrap attention and MLP in pre- and post-norms: 4 per layer.
         norms_per_layer=2 if mt == "gemma" else 4,
         qk_norm="head" if mt == "gemma3_text" else "none",
-        mlp="gated",
         activation=r.str("hidden_activation", "hidden_act", default="gelu_pytorch_tanh"),
-        parallel_block=False,
-        position="rotary",
         rotary_dim=d,
         max_positions=r.int("max_position_embeddings", default=8192),
         layer_linears=_qkvo(h, nh, nkv, d, bias, bias) + _gated_mlp(h, f, False),
@@ -450,14 +440,7 @@ def _mixtral(r: _Reader, name: str) -> ModelSpec:
         intermediate_size=f,
         vocab_size=r.int("vocab_size"),
         tie_word_embeddings=r.bool("tie_word_embeddings", False),
-        norm="rmsnorm",
-        norm_bias=False,
-        norms_per_layer=2,
-        qk_norm="none",
-        mlp="gated",
         activation=r.str("hidden_act", default="silu"),
-        parallel_block=False,
-        position="rotary",
         rotary_dim=d,
         max_positions=r.int("max_position_embeddings", default=32768),
         layer_linears=_qkvo(h, nh, nkv, d, False, False) + moe,
@@ -495,14 +478,7 @@ def _phi3(r: _Reader, name: str) -> ModelSpec:
         intermediate_size=f,
         vocab_size=r.int("vocab_size"),
         tie_word_embeddings=r.bool("tie_word_embeddings", False),
-        norm="rmsnorm",
-        norm_bias=False,
-        norms_per_layer=2,
-        qk_norm="none",
-        mlp="gated",
         activation=r.str("hidden_act", default="silu"),
-        parallel_block=False,
-        position="rotary",
         rotary_dim=rotary,
         max_positions=r.int("max_position_embeddings", default=4096),
         layer_linears=linears,
@@ -541,11 +517,8 @@ def _gpt2(r: _Reader, name: str) -> ModelSpec:
         tie_word_embeddings=r.bool("tie_word_embeddings", True),
         norm="layernorm",
         norm_bias=True,
-        norms_per_layer=2,
-        qk_norm="none",
         mlp="plain",
         activation=r.str("activation_function", default="gelu_new"),
-        parallel_block=False,
         position="learned",
         rotary_dim=0,
         max_positions=r.int("n_positions", "max_position_embeddings", default=1024),
@@ -586,12 +559,9 @@ def _gpt_neox(r: _Reader, name: str) -> ModelSpec:
         tie_word_embeddings=r.bool("tie_word_embeddings", False),
         norm="layernorm",
         norm_bias=True,
-        norms_per_layer=2,
-        qk_norm="none",
         mlp="plain",
         activation=r.str("hidden_act", default="gelu"),
         parallel_block=r.bool("use_parallel_residual", True),
-        position="rotary",
         rotary_dim=int(d * rotary_pct),
         max_positions=r.int("max_position_embeddings", default=2048),
         layer_linears=linears,
@@ -645,11 +615,9 @@ def _falcon(r: _Reader, name: str) -> ModelSpec:
         norm="layernorm",
         norm_bias=True,
         norms_per_layer=norms,
-        qk_norm="none",
         mlp="plain",
         activation=r.str("activation", default="gelu"),
         parallel_block=parallel,
-        position="rotary",
         rotary_dim=d,
         max_positions=r.int("max_position_embeddings", default=2048),
         layer_linears=linears,

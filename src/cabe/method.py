@@ -7,6 +7,7 @@ parameter count per target module, r × (in_features + out_features) for each ad
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from cabe.architecture import Linear, ModelSpec
 from cabe.errors import InvalidValueError
@@ -158,6 +159,20 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
         add("prompt_embeddings", setup.prompt_tokens * spec.hidden_size, 1, True, "prompt", setup.prompt_tokens,
             spec.hidden_size)
     return tensors
+
+
+def stored_bytes(t: Tensor, setup: TrainingSetup, dt: Any) -> int:
+    """Bytes per element of a parameter tensor as stored, for the setup's dtypes ``dt``.
+
+    The one rule both the single-GPU estimate and the sharding plans use.
+    """
+    if t.kind == "adapter":
+        return dt.adapter
+    if t.kind == "prompt":
+        return 4  # PEFT's prompt embeddings are fp32
+    if t.kind in ("norm", "embedding", "lm_head") and setup.method == "qlora":
+        return 4  # prepare_model_for_kbit_training casts them to fp32
+    return dt.weight if t.trainable else dt.frozen
 
 
 def trainable_count(tensors: list[Tensor]) -> int:

@@ -46,7 +46,7 @@ from typing import Any
 
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
-from cabe.method import Tensor, parameter_tensors, quantized_bytes
+from cabe.method import Tensor, parameter_tensors, quantized_bytes, stored_bytes
 from cabe.precision import dtypes_for
 from cabe.report import GB, GiB
 from cabe.step import StepParts, timeline
@@ -139,17 +139,6 @@ class _Sums:
     largest_module: float = 0.0  # elements of the largest module (DeepSpeed's "largest layer")
 
 
-def _stored_bytes(t: Tensor, setup: TrainingSetup, dt: Any) -> int:
-    """Bytes per element as stored (mirrors cabe.analytic's rule)."""
-    if t.kind == "adapter":
-        return dt.adapter
-    if t.kind == "prompt":
-        return 4
-    if t.kind in ("norm", "embedding", "lm_head") and setup.method == "qlora":
-        return 4
-    return dt.weight if t.trainable else dt.frozen
-
-
 def _layout(spec: ModelSpec, setup: TrainingSetup, cfg: ShardConfig) -> tuple[int, int, int]:
     """Validate the parallel layout; returns (dp, tp, pp)."""
     tp, pp, ep, n = setup.tp, setup.pp, setup.ep, setup.gpus
@@ -234,7 +223,7 @@ def _sums(spec: ModelSpec, setup: TrainingSetup, cfg: ShardConfig, tensors: list
                 s.layer_q += qb / stage_layers
             s.largest_module = max(s.largest_module, per_tensor)
             continue
-        b = _stored_bytes(t, setup, dt)
+        b = stored_bytes(t, setup, dt)
         s.w += numel * b
         s.w_sh += numel * b / group
         s.n += numel

@@ -127,14 +127,20 @@ async def _call(fn: Any, body: Any) -> Any:
     return fn(body)
 
 
-async def _guarded(request: Any, fn: Any) -> Any:
-    lang = lang_from(request)
+async def _read_body(request: Any, lang: str) -> tuple[Any, Any]:
+    """(body, None), or (None, the 413 / 422 answer) for a body too large or not JSON."""
     try:
-        body = await read_json(request)
+        return await read_json(request), None
     except BodyTooLarge:
-        return _web_error("body_too_large", lang, 413, limit=MAX_BODY_BYTES)
+        return None, _web_error("body_too_large", lang, 413, limit=MAX_BODY_BYTES)
     except BadJson:
-        return _web_error("invalid_json", lang, 422)
+        return None, _web_error("invalid_json", lang, 422)
+
+
+async def _guarded(request: Any, fn: Any) -> Any:
+    body, refused = await _read_body(request, lang_from(request))
+    if refused is not None:
+        return refused
     lang = lang_from(request, body)
     try:
         return _json(await _call(fn, body))
@@ -276,12 +282,9 @@ async def favicon(request: Any) -> Any:
 async def fragment(request: Any) -> Any:
     """The page's result panels for a query string (+ an uploaded config), for the script."""
     lang = lang_from(request)
-    try:
-        body = await read_json(request)
-    except BodyTooLarge:
-        return _web_error("body_too_large", lang, 413, limit=MAX_BODY_BYTES)
-    except BadJson:
-        return _web_error("invalid_json", lang, 422)
+    body, refused = await _read_body(request, lang)
+    if refused is not None:
+        return refused
     if not isinstance(body, Mapping) or not isinstance(body.get("query", ""), str):
         return _web_error("invalid_request", lang, 422)
     from urllib.parse import parse_qsl
