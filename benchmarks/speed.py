@@ -27,8 +27,11 @@ def cli_cold_start_s(runs: int = 7) -> float:
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "cabe", "estimate", "--model", "llama-3.1-8b", "--method", "lora",
-                        "--json"], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "cabe", "estimate", "--model", "llama-3.1-8b", "--method", "lora", "--json"],
+            check=True,
+            capture_output=True,
+        )
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -40,5 +43,7 @@ if __name__ == "__main__":
         ("llama-3.1-405b", TrainingSetup(method="lora", precision="bf16", batch=1, seq=8192)),
     ]
     for model, setup in cases:
-        print(f"estimate {model:<16} {setup.method:<6}: {per_estimate_us(model, setup):7.1f} µs per estimate (target <= 100)")
+        print(
+            f"estimate {model:<16} {setup.method:<6}: {per_estimate_us(model, setup):7.1f} µs per estimate (target <= 100)"
+        )
     print(f"CLI cold start to JSON answer: {cli_cold_start_s():.3f} s median of 7 (target <= 0.3)")

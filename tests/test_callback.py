@@ -14,8 +14,15 @@ from cabe.integrations.transformers import CabeCallback, request_for_run  # noqa
 
 def tiny_model(seed: int = 0):
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 
@@ -32,9 +39,19 @@ class RandomTokens(torch.utils.data.Dataset):
 
 
 def training_args(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, gradient_accumulation_steps=2,
-                max_steps=4, use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
-                disable_tqdm=True, learning_rate=1e-3, seed=0)
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_steps=4,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        learning_rate=1e-3,
+        seed=0,
+    )
     base.update(kw)
     return transformers.TrainingArguments(**base)
 
@@ -48,8 +65,9 @@ def test_trainer_run_logs_the_estimate_and_records_no_cuda(tmp_path):
     cb = CabeCallback(compare_after_steps=3, seq=16, log=lines.append)
     model = tiny_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    trainer = transformers.Trainer(model=model, args=training_args(tmp_path), train_dataset=RandomTokens(),
-                                   callbacks=[cb])
+    trainer = transformers.Trainer(
+        model=model, args=training_args(tmp_path), train_dataset=RandomTokens(), callbacks=[cb]
+    )
     out = trainer.train()
     assert out.global_step == 4  # training ran its course: the callback stopped nothing
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # and the model trained
@@ -68,8 +86,9 @@ def test_trainer_run_logs_the_estimate_and_records_no_cuda(tmp_path):
 
 def test_peft_model_is_unwrapped(tmp_path):
     peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(tiny_model(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                              task_type="CAUSAL_LM"))
+    model = peft.get_peft_model(
+        tiny_model(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    )
     args = training_args(tmp_path, bf16=False, gradient_checkpointing=True, optim="adamw_torch_fused")
     request, combined = request_for_run(model, args, seq=32)
     assert request["method"] == "lora" and request["lora_rank"] == 4 and request["lora_alpha"] == 8
@@ -85,8 +104,12 @@ def test_peft_model_is_unwrapped(tmp_path):
 
 def test_bf16_flags_and_bnb_config_are_read(tmp_path):
     model = tiny_model().to(torch.bfloat16)
-    model.config.quantization_config = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
-                                        "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_use_double_quant": True}
+    model.config.quantization_config = {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_compute_dtype": "bfloat16",
+        "bnb_4bit_use_double_quant": True,
+    }
     args = training_args(tmp_path, bf16=True)
     request, _ = request_for_run(model, args, seq=16)
     assert request["method"] == "qlora" and request["precision"] == "bf16" and request["quant"] == "nf4"
@@ -101,8 +124,11 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: self.allocated)
         monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a, **k: self.reserved)
-        monkeypatch.setattr(torch.cuda, "get_device_properties",
-                            lambda *a, **k: types.SimpleNamespace(total_memory=self.total, name="Fake GPU"))
+        monkeypatch.setattr(
+            torch.cuda,
+            "get_device_properties",
+            lambda *a, **k: types.SimpleNamespace(total_memory=self.total, name="Fake GPU"),
+        )
 
 
 def begin(cb, tmp_path, model=None):

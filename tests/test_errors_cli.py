@@ -9,22 +9,25 @@ import pytest
 from cabe.cli import main
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["estimate", "--params", "-7", "--bytes-per-param", "16"], "params must be greater than 0"),
-    (["estimate", "--params", "0", "--bytes-per-param", "16"], "params must be greater than 0"),
-    (["estimate", "--params", "nan", "--bytes-per-param", "16"], "params must be a finite number"),
-    (["estimate", "--params", "7", "--bytes-per-param", "abc"], "bytes-per-param must be a number"),
-    (["estimate", "--params", "1e9", "--bytes-per-param", "16"], "params must be between"),
-    (["estimate", "--model", "llama-99b"], "unknown preset 'llama-99b'"),
-    (["estimate", "--model", "llama-7b", "--batch", "0"], "batch must be between 1"),
-    (["estimate", "--model", "llama-7b", "--batch", "two"], "batch must be a whole number"),
-    (["estimate", "--model", "llama-7b", "--method", "dora"], "method: 'dora' is not allowed"),
-    (["estimate", "--model", "llama-7b", "--method", "lora", "--lora-targets", "c_attn"], "has no module 'c_attn'"),
-    (["estimate", "--model", "llama-7b", "--gpu", "rtx-9999"], "unknown card 'rtx-9999'"),
-    (["estimate", "--model", "llama-7b", "--params", "7"], "either a model or a parameter count"),
-    (["estimate"], "Give a model"),
-    (["estimate", "--model", "llama-7b", "--units", "MB"], "units: 'MB' is not allowed"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["estimate", "--params", "-7", "--bytes-per-param", "16"], "params must be greater than 0"),
+        (["estimate", "--params", "0", "--bytes-per-param", "16"], "params must be greater than 0"),
+        (["estimate", "--params", "nan", "--bytes-per-param", "16"], "params must be a finite number"),
+        (["estimate", "--params", "7", "--bytes-per-param", "abc"], "bytes-per-param must be a number"),
+        (["estimate", "--params", "1e9", "--bytes-per-param", "16"], "params must be between"),
+        (["estimate", "--model", "llama-99b"], "unknown preset 'llama-99b'"),
+        (["estimate", "--model", "llama-7b", "--batch", "0"], "batch must be between 1"),
+        (["estimate", "--model", "llama-7b", "--batch", "two"], "batch must be a whole number"),
+        (["estimate", "--model", "llama-7b", "--method", "dora"], "method: 'dora' is not allowed"),
+        (["estimate", "--model", "llama-7b", "--method", "lora", "--lora-targets", "c_attn"], "has no module 'c_attn'"),
+        (["estimate", "--model", "llama-7b", "--gpu", "rtx-9999"], "unknown card 'rtx-9999'"),
+        (["estimate", "--model", "llama-7b", "--params", "7"], "either a model or a parameter count"),
+        (["estimate"], "Give a model"),
+        (["estimate", "--model", "llama-7b", "--units", "MB"], "units: 'MB' is not allowed"),
+    ],
+)
 def test_bad_input_exit_2(argv, needle, capsys):
     assert main(argv + ["--lang", "en"]) == 2
     err = capsys.readouterr().err
@@ -85,9 +88,14 @@ def test_hub_unresolvable_host_is_offline_at_once(monkeypatch, tmp_path, capsys)
     assert "sin conexión" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("exc_name,needle", [
-    ("GatedRepoError", "gated"), ("RepositoryNotFoundError", "does not exist"), ("EntryNotFoundError", "has no config.json"),
-])
+@pytest.mark.parametrize(
+    "exc_name,needle",
+    [
+        ("GatedRepoError", "gated"),
+        ("RepositoryNotFoundError", "does not exist"),
+        ("EntryNotFoundError", "has no config.json"),
+    ],
+)
 def test_hub_errors_are_sentences(monkeypatch, capsys, exc_name, needle):
     hf = pytest.importorskip("huggingface_hub")
     from huggingface_hub import errors as hf_errors
@@ -125,9 +133,11 @@ def test_hub_cached_config_is_read_offline(monkeypatch, tmp_path, capsys):
 
 
 def test_module_runs_without_torch_import():
-    code = ("import sys; from cabe.cli import main; main(['estimate','--model','llama-7b','--json']); "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch imported'; "
-            "assert 'cabe.trace' not in sys.modules and 'starlette' not in sys.modules, 'heavy extra imported'")
+    code = (
+        "import sys; from cabe.cli import main; main(['estimate','--model','llama-7b','--json']); "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch imported'; "
+        "assert 'cabe.trace' not in sys.modules and 'starlette' not in sys.modules, 'heavy extra imported'"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 

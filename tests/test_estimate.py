@@ -1,6 +1,5 @@
 """Architecture-mode estimates: hand-checked breakdowns and properties."""
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,19 +62,23 @@ def test_qlora_weights_use_nf4_double_quant_storage():
     r = estimate_model(LLAMA7, TrainingSetup(method="qlora", batch=1, seq=16))
     quantized = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
     per_param = 0.5 + 1 / 64 + 4 / (64 * 256)
-    dense = 2 * 32000 * 4096 * 4 + 65 * 4096 * 4  # embeddings + lm_head + norms, fp32 after prepare_model_for_kbit_training
+    dense = (
+        2 * 32000 * 4096 * 4 + 65 * 4096 * 4
+    )  # embeddings + lm_head + norms, fp32 after prepare_model_for_kbit_training
     adapters = 4_194_304 * 4  # LoRA r8 on q, v in fp32
     # 224 quantized tensors each carry a 1 KiB nested code + 64 B code book + rounding
     assert abs(r.components["weights"] - (quantized * per_param + dense + adapters)) < 224 * 4096
 
 
-SETUPS = st.fixed_dictionaries({
-    "method": st.sampled_from(["full", "lora", "qlora", "freeze", "prompt-tuning"]),
-    "precision": st.sampled_from(["fp32", "bf16-amp", "bf16"]),
-    "optimizer": st.sampled_from(["adamw", "adamw-8bit", "sgd-momentum", "lion", "adafactor"]),
-    "checkpointing": st.booleans(),
-    "attention": st.sampled_from(["eager", "sdpa", "flash"]),
-})
+SETUPS = st.fixed_dictionaries(
+    {
+        "method": st.sampled_from(["full", "lora", "qlora", "freeze", "prompt-tuning"]),
+        "precision": st.sampled_from(["fp32", "bf16-amp", "bf16"]),
+        "optimizer": st.sampled_from(["adamw", "adamw-8bit", "sgd-momentum", "lion", "adafactor"]),
+        "checkpointing": st.booleans(),
+        "attention": st.sampled_from(["eager", "sdpa", "flash"]),
+    }
+)
 MODELS = st.sampled_from(["llama-3.2-1b", "gpt2", "qwen2.5-0.5b", "gemma-2-2b", "phi-3-mini", "pythia-1.4b"])
 
 

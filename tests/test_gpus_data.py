@@ -152,9 +152,25 @@ def test_catalog_covers_segments_and_vendors():
     assert {g["segment"] for g in GPUS} == {"consumer", "workstation", "datacenter"}
     assert {g["vendor"] for g in GPUS} == {"nvidia", "amd"}
     names = {g["name"] for g in GPUS}
-    for required in ("rtx-3090", "rtx-4090", "rtx-5090", "rtx-a6000", "t4", "v100-16gb", "a10g", "l4",
-                     "l40s", "a100-40gb-sxm", "a100-80gb-sxm", "h100-sxm", "h100-pcie", "h100-nvl",
-                     "h200", "b200", "mi300x"):
+    for required in (
+        "rtx-3090",
+        "rtx-4090",
+        "rtx-5090",
+        "rtx-a6000",
+        "t4",
+        "v100-16gb",
+        "a10g",
+        "l4",
+        "l40s",
+        "a100-40gb-sxm",
+        "a100-80gb-sxm",
+        "h100-sxm",
+        "h100-pcie",
+        "h100-nvl",
+        "h200",
+        "b200",
+        "mi300x",
+    ):
         assert required in names, required
 
 

@@ -8,9 +8,8 @@ import pytest
 
 from cabe import gpus
 from cabe.cli import main
-from cabe.errors import CabeError, InvalidValueError
-from cabe.inference import (estimate_inference, fit_inference, infer_json, max_batch, max_context, serving,
-                            weights_bytes)
+from cabe.errors import InvalidValueError
+from cabe.inference import estimate_inference, fit_inference, infer_json, max_batch, max_context, serving, weights_bytes
 from cabe.kv_cache import kv_bytes_per_token, kv_cache_bytes
 from cabe.models import preset
 
@@ -23,18 +22,23 @@ def test_llama2_7b_fp16_weights_13_48_gb():
     assert round(weights_bytes(L2, "fp16")["total_bytes"] / 1e9, 2) == 13.48
 
 
-@pytest.mark.parametrize("fmt,gb", [
-    ("gguf-q4_k_m", 4.08),  # TheBloke's llama-2-7b.Q4_K_M.gguf: 4.08 GB
-    ("gguf-q8_0", 7.16),    # llama-2-7b.Q8_0.gguf: 7.16 GB
-    ("gptq-4bit", 3.90),    # TheBloke/Llama-2-7B-GPTQ main (g128): 3.90 GB
-])
+@pytest.mark.parametrize(
+    "fmt,gb",
+    [
+        ("gguf-q4_k_m", 4.08),  # TheBloke's llama-2-7b.Q4_K_M.gguf: 4.08 GB
+        ("gguf-q8_0", 7.16),  # llama-2-7b.Q8_0.gguf: 7.16 GB
+        ("gptq-4bit", 3.90),  # TheBloke/Llama-2-7B-GPTQ main (g128): 3.90 GB
+    ],
+)
 def test_quantized_file_sizes(fmt, gb):
     assert weights_bytes(L2, fmt)["total_bytes"] / 1e9 == pytest.approx(gb, abs=0.03)
 
 
 def test_format_order():
-    sizes = [weights_bytes(L2, f)["total_bytes"] for f in ("fp32", "fp16", "int8", "gguf-q6_k", "gguf-q4_k_m", "nf4",
-                                                           "gguf-q3_k_m", "gguf-q2_k")]
+    sizes = [
+        weights_bytes(L2, f)["total_bytes"]
+        for f in ("fp32", "fp16", "int8", "gguf-q6_k", "gguf-q4_k_m", "nf4", "gguf-q3_k_m", "gguf-q2_k")
+    ]
     assert sizes == sorted(sizes, reverse=True)
 
 
@@ -67,8 +71,9 @@ def test_serving_pool_and_solver():
     s = serving(L3, card, context=8192)
     per_seq = 8192 * 131_072  # 512 blocks of 16 tokens
     assert s["max_concurrent_sequences"] == s["kv_pool_bytes"] // per_seq
-    assert s["kv_pool_bytes"] == int(0.9 * card.memory_bytes - s["weights_bytes"] - s["activation_profile_bytes"]
-                                      - card.cuda_context_bytes)
+    assert s["kv_pool_bytes"] == int(
+        0.9 * card.memory_bytes - s["weights_bytes"] - s["activation_profile_bytes"] - card.cuda_context_bytes
+    )
     lower = serving(L3, card, context=8192, gpu_memory_utilization=0.5)
     assert lower["max_concurrent_sequences"] < s["max_concurrent_sequences"]
     fp8 = serving(L3, card, context=8192, kv_dtype="fp8")
@@ -88,24 +93,42 @@ def test_max_context_and_batch_fit_and_one_more_does_not(card_name):
 
 
 def test_cli_infer(capsys):
-    assert main(["infer", "--model", "llama-3.1-8b", "--weights", "gguf-q4_k_m", "--context", "8192", "--gpu", "rtx-4090",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "infer",
+                "--model",
+                "llama-3.1-8b",
+                "--weights",
+                "gguf-q4_k_m",
+                "--context",
+                "8192",
+                "--gpu",
+                "rtx-4090",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["kv"]["bytes_per_token"] == 131_072 and out["serving"]["max_concurrent_sequences"] > 0
     assert main(["infer", "--model", "llama-3.1-8b", "--gpu", "l4", "--lang", "es"]) == 0
     assert "caché KV" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("body,code", [
-    ({"model": "llama-3.1-8b", "weights": "int3"}, "bad_choice"),
-    ({"model": "llama-3.1-8b", "kv_dtype": "fp7"}, "bad_choice"),
-    ({"model": "llama-3.1-8b", "context": 0}, "out_of_range"),
-    ({"model": "llama-3.1-8b", "context": "long"}, "not_integer"),
-    ({"model": "llama-3.1-8b", "mode": "train"}, "bad_choice"),
-    ({"model": "llama-3.1-8b", "gpu": "l4", "gpu_memory_utilization": 1.5}, "out_of_range"),
-    ({"model": "llama-3.1-8b", "temperature": 1}, "unknown_field"),
-    ({}, "missing_model"),
-])
+@pytest.mark.parametrize(
+    "body,code",
+    [
+        ({"model": "llama-3.1-8b", "weights": "int3"}, "bad_choice"),
+        ({"model": "llama-3.1-8b", "kv_dtype": "fp7"}, "bad_choice"),
+        ({"model": "llama-3.1-8b", "context": 0}, "out_of_range"),
+        ({"model": "llama-3.1-8b", "context": "long"}, "not_integer"),
+        ({"model": "llama-3.1-8b", "mode": "train"}, "bad_choice"),
+        ({"model": "llama-3.1-8b", "gpu": "l4", "gpu_memory_utilization": 1.5}, "out_of_range"),
+        ({"model": "llama-3.1-8b", "temperature": 1}, "unknown_field"),
+        ({}, "missing_model"),
+    ],
+)
 def test_bad_input(body, code):
     with pytest.raises(InvalidValueError) as e:
         infer_json(body)

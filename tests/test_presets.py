@@ -19,14 +19,44 @@ PRESET_FILES = sorted(MODELS_DIR.glob("*.json"))
 IDS = [p.stem for p in PRESET_FILES]
 
 REQUIRED_PRESETS = {
-    "llama-7b", "llama-13b", "llama-65b", "llama-2-7b", "llama-2-13b", "llama-2-70b",
-    "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b",
-    "mistral-7b-v0.1", "mistral-7b-v0.3", "mixtral-8x7b",
-    "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b",
-    "qwen3-8b", "gemma-2-2b", "gemma-2-9b", "gemma-2-27b",
-    "gemma-3-1b", "gemma-3-4b", "gemma-3-12b", "gemma-3-27b",
-    "phi-3-mini", "phi-4", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
-    "pythia-1.4b", "pythia-6.9b", "falcon-7b", "olmo-2-7b",
+    "llama-7b",
+    "llama-13b",
+    "llama-65b",
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "llama-3.1-405b",
+    "llama-3.2-1b",
+    "llama-3.2-3b",
+    "mistral-7b-v0.1",
+    "mistral-7b-v0.3",
+    "mixtral-8x7b",
+    "qwen2.5-0.5b",
+    "qwen2.5-1.5b",
+    "qwen2.5-7b",
+    "qwen2.5-14b",
+    "qwen2.5-32b",
+    "qwen2.5-72b",
+    "qwen3-8b",
+    "gemma-2-2b",
+    "gemma-2-9b",
+    "gemma-2-27b",
+    "gemma-3-1b",
+    "gemma-3-4b",
+    "gemma-3-12b",
+    "gemma-3-27b",
+    "phi-3-mini",
+    "phi-4",
+    "gpt2",
+    "gpt2-medium",
+    "gpt2-large",
+    "gpt2-xl",
+    "pythia-1.4b",
+    "pythia-6.9b",
+    "falcon-7b",
+    "olmo-2-7b",
 }
 
 # Published totals (model cards / papers / the Hub's safetensors metadata) for a spot check that
@@ -106,8 +136,18 @@ def test_config_shape(path: Path):
     assert isinstance(archs, list) and len(archs) == 1
     assert archs[0].endswith(("ForCausalLM", "LMHeadModel")), archs
     # Every integer size that exists is positive.
-    for key in ("hidden_size", "n_embd", "intermediate_size", "num_hidden_layers", "n_layer",
-                "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "vocab_size"):
+    for key in (
+        "hidden_size",
+        "n_embd",
+        "intermediate_size",
+        "num_hidden_layers",
+        "n_layer",
+        "num_attention_heads",
+        "n_head",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+    ):
         if cfg.get(key) is not None:
             assert type(cfg[key]) is int and cfg[key] > 0, key
     if cfg["model_type"] == "gemma3_text":

@@ -12,10 +12,20 @@ import cabe
 from cabe.cli import main
 from cabe.notebook import report_html
 
-
 EXPECTED_ALL = [
-    "estimate", "Report", "Step", "TrainingSetup", "GB", "GiB", "CabeError", "InvalidValueError",
-    "UnknownPresetError", "ConfigError", "HubError", "MissingDependencyError", "__version__",
+    "estimate",
+    "Report",
+    "Step",
+    "TrainingSetup",
+    "GB",
+    "GiB",
+    "CabeError",
+    "InvalidValueError",
+    "UnknownPresetError",
+    "ConfigError",
+    "HubError",
+    "MissingDependencyError",
+    "__version__",
 ]
 
 
@@ -39,8 +49,10 @@ def test_estimate_stays_callable_after_use():
     import subprocess
     import sys
 
-    code = ("import cabe; cabe.estimate(params=7, bytes_per_param=16); "
-            "print(callable(cabe.estimate)); cabe.estimate(params=7, bytes_per_param=16)")
+    code = (
+        "import cabe; cabe.estimate(params=7, bytes_per_param=16); "
+        "print(callable(cabe.estimate)); cabe.estimate(params=7, bytes_per_param=16)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-400:]
 
@@ -61,15 +73,39 @@ def test_explain_in_spanish():
     assert es != en and es.strip() and "Explain" not in es
 
 
-@pytest.mark.parametrize("options,argv", [
-    ({"model": "llama-3.1-8b", "method": "qlora", "batch": 4, "seq": 2048},
-     ["--model", "llama-3.1-8b", "--method", "qlora", "--batch", "4", "--seq", "2048"]),
-    ({"params": 7, "bytes_per_param": 16, "activations_gb": 20},
-     ["--params", "7", "--bytes-per-param", "16", "--activations-gb", "20"]),
-    ({"model": "qwen2.5-0.5b", "precision": "bf16-amp", "optimizer": "adamw-8bit", "checkpointing": True, "gpu": "rtx-4090"},
-     ["--model", "qwen2.5-0.5b", "--precision", "bf16-amp", "--optimizer", "adamw-8bit", "--checkpointing",
-      "--gpu", "rtx-4090"]),
-])
+@pytest.mark.parametrize(
+    "options,argv",
+    [
+        (
+            {"model": "llama-3.1-8b", "method": "qlora", "batch": 4, "seq": 2048},
+            ["--model", "llama-3.1-8b", "--method", "qlora", "--batch", "4", "--seq", "2048"],
+        ),
+        (
+            {"params": 7, "bytes_per_param": 16, "activations_gb": 20},
+            ["--params", "7", "--bytes-per-param", "16", "--activations-gb", "20"],
+        ),
+        (
+            {
+                "model": "qwen2.5-0.5b",
+                "precision": "bf16-amp",
+                "optimizer": "adamw-8bit",
+                "checkpointing": True,
+                "gpu": "rtx-4090",
+            },
+            [
+                "--model",
+                "qwen2.5-0.5b",
+                "--precision",
+                "bf16-amp",
+                "--optimizer",
+                "adamw-8bit",
+                "--checkpointing",
+                "--gpu",
+                "rtx-4090",
+            ],
+        ),
+    ],
+)
 def test_to_json_equals_the_cli_json(capsys, options, argv):
     r = cabe.estimate(**options)
     data = r.to_json()

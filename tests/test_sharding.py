@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cabe import api
-from cabe.errors import InvalidValueError
 from cabe.analytic import estimate_model
+from cabe.errors import InvalidValueError
 from cabe.models import preset
 from cabe.report import GB
-from cabe.sharding import ShardConfig, shard_parts, zero_paper_model_states
+from cabe.sharding import ShardConfig, zero_paper_model_states
 from cabe.training import TrainingSetup
 
 LLAMA2_7B = preset("llama-2-7b").spec
@@ -48,8 +48,13 @@ def test_shard_parts_model_states_follow_the_paper(shard, stage):
 # ---- DeepSpeed's estimators, reimplemented from deepspeed/runtime/zero/stage_1_and_2.py and stage3.py --
 
 
-def ds_zero2(total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1, cpu_offload: bool = True,
-             additional_buffer_factor: float = 1.5) -> tuple[int, int]:
+def ds_zero2(
+    total_params: int,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = True,
+    additional_buffer_factor: float = 1.5,
+) -> tuple[int, int]:
     """estimate_zero2_model_states_mem_needs (stage_1_and_2.py), verbatim arithmetic: (cpu, gpu)."""
     total_gpus = num_nodes * num_gpus_per_node
     if cpu_offload:
@@ -61,9 +66,16 @@ def ds_zero2(total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1, 
     return int(cpu_mem), int(gpu_mem)
 
 
-def ds_zero3(total_params: int, largest_layer_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1,
-             cpu_offload: bool = True, cpu_offload_params: bool = True, zero_init: bool = True,
-             additional_buffer_factor: float = 1.5) -> tuple[int, int]:
+def ds_zero3(
+    total_params: int,
+    largest_layer_params: int,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = True,
+    cpu_offload_params: bool = True,
+    zero_init: bool = True,
+    additional_buffer_factor: float = 1.5,
+) -> tuple[int, int]:
     """estimate_zero3_model_states_mem_needs (stage3.py), verbatim arithmetic: (cpu, gpu)."""
     total_gpus = num_nodes * num_gpus_per_node
     gpus_factor = 1 / num_nodes
@@ -90,8 +102,17 @@ def ds_zero3(total_params: int, largest_layer_params: int, num_gpus_per_node: in
     return int(cpu_mem), int(gpu_mem)
 
 
-_STATE_KEYS = ("weights", "gradients", "optimizer", "master_weights", "fp32_grad_partition", "optimizer_temporaries",
-               "gathered_params", "module_grads", "ipg_buckets")
+_STATE_KEYS = (
+    "weights",
+    "gradients",
+    "optimizer",
+    "master_weights",
+    "fp32_grad_partition",
+    "optimizer_temporaries",
+    "gathered_params",
+    "module_grads",
+    "ipg_buckets",
+)
 
 
 def _states_at(report, phase: str) -> int:
@@ -174,8 +195,15 @@ SEVEN_B = [preset(n).spec for n in ("llama-2-7b", "mistral-7b-v0.1", "qwen2.5-7b
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(SEVEN_B), st.sampled_from(["zero3", "fsdp"]), st.integers(1, 96), st.integers(1, 4),
-       st.sampled_from([128, 512, 2048]), st.sampled_from(["full", "lora", "qlora"]), st.booleans())
+@given(
+    st.sampled_from(SEVEN_B),
+    st.sampled_from(["zero3", "fsdp"]),
+    st.integers(1, 96),
+    st.integers(1, 4),
+    st.sampled_from([128, 512, 2048]),
+    st.sampled_from(["full", "lora", "qlora"]),
+    st.booleans(),
+)
 def test_per_gpu_memory_never_rises_with_more_gpus(spec, shard, n, batch, seq, method, ckpt):
     s = TrainingSetup(method=method, shard=shard, gpus=n, batch=batch, seq=seq, checkpointing=ckpt)
     a = estimate_model(spec, s).total_bytes
@@ -184,8 +212,14 @@ def test_per_gpu_memory_never_rises_with_more_gpus(spec, shard, n, batch, seq, m
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(SEVEN_B), st.integers(2, 128), st.integers(1, 4), st.sampled_from([128, 1024, 4096]),
-       st.booleans(), st.sampled_from(["bf16-amp", "bf16", "fp32"]))
+@given(
+    st.sampled_from(SEVEN_B),
+    st.integers(2, 128),
+    st.integers(1, 4),
+    st.sampled_from([128, 1024, 4096]),
+    st.booleans(),
+    st.sampled_from(["bf16-amp", "bf16", "fp32"]),
+)
 def test_zero_stages_are_ordered(spec, n, batch, seq, ckpt, precision):
     totals = {}
     for shard in ("ddp", "zero1", "zero2", "zero3"):
@@ -225,9 +259,8 @@ def test_sequence_parallel_splits_activations():
     spec = preset("llama-2-70b").spec
     s = TrainingSetup(precision="bf16", batch=1, seq=4096, gpus=8, tp=8, shard="ddp")
     parts_plain = estimate_model(spec, s).components["activations"]
-    from cabe.analytic import estimate_model as em  # the same path, with a config
-
     import cabe.sharding as sh
+    from cabe.analytic import estimate_model as em  # the same path, with a config
 
     old = sh.DEFAULT_CONFIG
     try:
@@ -247,14 +280,17 @@ def test_moe_expert_parallel_splits_experts():
     assert plain - ep == pytest.approx(2 * experts * 7 / 8, rel=0.01)
 
 
-@pytest.mark.parametrize("body,code", [
-    ({"gpus": 6, "tp": 4}, "gpus_not_divisible"),
-    ({"gpus": 8, "shard": "ddp", "offload": "optimizer"}, "offload_needs_sharding"),
-    ({"gpus": 8, "shard": "zero2", "offload": "parameters"}, "offload_params_needs_zero3"),
-    ({"gpus": 8, "shard": "fsdp", "offload": "optimizer"}, "fsdp_offload_optimizer"),
-    ({"gpus": 8, "ep": 2}, "ep_without_experts"),
-    ({"gpus": 8, "tp": 3}, "gpus_not_divisible"),
-])
+@pytest.mark.parametrize(
+    "body,code",
+    [
+        ({"gpus": 6, "tp": 4}, "gpus_not_divisible"),
+        ({"gpus": 8, "shard": "ddp", "offload": "optimizer"}, "offload_needs_sharding"),
+        ({"gpus": 8, "shard": "zero2", "offload": "parameters"}, "offload_params_needs_zero3"),
+        ({"gpus": 8, "shard": "fsdp", "offload": "optimizer"}, "fsdp_offload_optimizer"),
+        ({"gpus": 8, "ep": 2}, "ep_without_experts"),
+        ({"gpus": 8, "tp": 3}, "gpus_not_divisible"),
+    ],
+)
 def test_bad_layouts(body, code):
     with pytest.raises(InvalidValueError) as e:
         api.build({"model": "llama-2-7b", **body})
@@ -280,9 +316,17 @@ def torchtune_errors() -> list[tuple[str, float, float, float]]:
     out = []
     names = {"meta-llama/Llama-2-7b": "llama-2-7b", "meta-llama/Llama-2-70b": "llama-2-70b"}
     for r in _torchtune_rows():
-        body = {"model": names[r["model"]], "method": r["method"], "precision": "bf16", "optimizer": "adamw",
-                "batch": int(r["micro_batch"]), "seq": int(r["seq_len"]), "checkpointing": r["grad_ckpt"] == "on",
-                "gpus": int(r["gpus"]), "shard": "fsdp"}
+        body = {
+            "model": names[r["model"]],
+            "method": r["method"],
+            "precision": "bf16",
+            "optimizer": "adamw",
+            "batch": int(r["micro_batch"]),
+            "seq": int(r["seq_len"]),
+            "checkpointing": r["grad_ckpt"] == "on",
+            "gpus": int(r["gpus"]),
+            "shard": "fsdp",
+        }
         if r["method"] == "lora":
             body["lora_rank"] = int(r["lora_rank"])
             body["lora_targets"] = r["lora_targets"]

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from cabe.cli import main
 from cabe.analytic import estimate_lesson, estimate_simple
+from cabe.cli import main
 from cabe.report import GB, GiB
 from cabe.training import TrainingSetup
 

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cabe import gpus, solver
+from cabe.analytic import estimate_model
 from cabe.cli import main
 from cabe.errors import CabeError, InvalidValueError
-from cabe.analytic import estimate_model
 from cabe.models import preset
 from cabe.training import TrainingSetup
 
@@ -26,8 +26,14 @@ CARDS = ["rtx-4090", "a100-80gb", "h100-80gb", "l4", "rtx-3090"]
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.sampled_from(sorted(SPECS)), st.sampled_from(CARDS), st.sampled_from(["full", "lora", "qlora"]),
-       st.booleans(), st.sampled_from([256, 1024, 4096]), st.integers(1, 8))
+@given(
+    st.sampled_from(sorted(SPECS)),
+    st.sampled_from(CARDS),
+    st.sampled_from(["full", "lora", "qlora"]),
+    st.booleans(),
+    st.sampled_from([256, 1024, 4096]),
+    st.integers(1, 8),
+)
 def test_max_batch_fits_and_one_more_does_not(name, card_name, method, ckpt, seq, batch):
     spec, card = SPECS[name], gpus.gpu(card_name)
     s = TrainingSetup(method=method, precision="bf16", checkpointing=ckpt, seq=seq, batch=batch)
@@ -41,8 +47,13 @@ def test_max_batch_fits_and_one_more_does_not(name, card_name, method, ckpt, seq
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.sampled_from(sorted(SPECS)), st.sampled_from(CARDS), st.sampled_from(["full", "lora", "qlora"]),
-       st.booleans(), st.integers(1, 8))
+@given(
+    st.sampled_from(sorted(SPECS)),
+    st.sampled_from(CARDS),
+    st.sampled_from(["full", "lora", "qlora"]),
+    st.booleans(),
+    st.integers(1, 8),
+)
 def test_max_seq_fits_and_one_more_does_not(name, card_name, method, ckpt, batch):
     spec, card = SPECS[name], gpus.gpu(card_name)
     s = TrainingSetup(method=method, precision="bf16", checkpointing=ckpt, batch=batch)
@@ -89,7 +100,9 @@ def test_make_it_fit_8b_full_on_24gb():
         assert r["needed_bytes"] == gpus.fit(estimate_model(spec, s.with_(**r["set"])), card)["needed_bytes"]
     plan = out["plan"]
     assert plan["fits"]
-    assert fits(spec, TrainingSetup(**{k: tuple(v) if isinstance(v, list) else v for k, v in plan["setup"].items()}), card)
+    assert fits(
+        spec, TrainingSetup(**{k: tuple(v) if isinstance(v, list) else v for k, v in plan["setup"].items()}), card
+    )
 
 
 def test_solves_take_milliseconds():
@@ -103,10 +116,45 @@ def test_solves_take_milliseconds():
 
 
 def test_cli_fit_json_and_text(capsys):
-    assert main(["fit", "--model", "llama-3.2-1b", "--method", "lora", "--gpu", "rtx-4090", "--batch", "2", "--seq", "1024", "--json"]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "--model",
+                "llama-3.2-1b",
+                "--method",
+                "lora",
+                "--gpu",
+                "rtx-4090",
+                "--batch",
+                "2",
+                "--seq",
+                "1024",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["batch"]["value"] >= 2 and "changes" in out
-    assert main(["fit", "--model", "llama-3.2-1b", "--method", "lora", "--gpu", "rtx-4090", "--solve", "batch,seq", "--lang", "es"]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "--model",
+                "llama-3.2-1b",
+                "--method",
+                "lora",
+                "--gpu",
+                "rtx-4090",
+                "--solve",
+                "batch,seq",
+                "--lang",
+                "es",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "Micro-lote más grande" in text and "GB" in text
 

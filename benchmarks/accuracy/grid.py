@@ -49,7 +49,15 @@ BIG = ["llama-2-7b", "llama-3.1-8b", "mistral-7b-v0.3", "qwen2.5-7b", "gemma-2-9
 _add(BIG, method="full", precision="bf16", optimizer_impl="fused", batch=1, seq=2048, checkpointing=True)
 _add(BIG, method="lora", precision="bf16", batch=4, seq=512)
 _add(BIG, method="qlora", batch=1, seq=4096, checkpointing=True)
-_add(["mixtral-8x7b"], method="lora", precision="bf16", batch=1, seq=1024, checkpointing=True, lora_targets=("q_proj", "v_proj"))
+_add(
+    ["mixtral-8x7b"],
+    method="lora",
+    precision="bf16",
+    batch=1,
+    seq=1024,
+    checkpointing=True,
+    lora_targets=("q_proj", "v_proj"),
+)
 _add(["mixtral-8x7b"], method="full", precision="bf16", batch=1, seq=512, checkpointing=True)
 _add(["llama-2-7b"], method="full", precision="fp32", batch=4, seq=512)
 _add(["llama-2-7b"], method="full", precision="bf16-amp", batch=4, seq=512)
@@ -97,24 +105,41 @@ def run(grid, *, out: Path | None = None) -> list[dict]:
         seconds = time.perf_counter() - t0
         est = estimate_model(src.spec, setup)
         rel = (est.total_bytes - traced) / traced if traced else None
-        row = {"model": model, "setup": kw, "estimate_bytes": est.total_bytes, "trace_bytes": traced,
-               "relative_error": rel, "estimate_phase": est.peak_phase, "trace_phase": trace_phase,
-               "trace_reserved_bytes": reserved, "estimate_reserved_bytes": est.reserved_bytes,
-               "estimate_components": est.components, "trace_components": trace_components,
-               "trace_seconds": round(seconds, 2), "error": err}
+        row = {
+            "model": model,
+            "setup": kw,
+            "estimate_bytes": est.total_bytes,
+            "trace_bytes": traced,
+            "relative_error": rel,
+            "estimate_phase": est.peak_phase,
+            "trace_phase": trace_phase,
+            "trace_reserved_bytes": reserved,
+            "estimate_reserved_bytes": est.reserved_bytes,
+            "estimate_components": est.components,
+            "trace_components": trace_components,
+            "trace_seconds": round(seconds, 2),
+            "error": err,
+        }
         rows.append(row)
         label = " ".join(f"{k}={v}" for k, v in kw.items())
         rel_s = f"{100 * rel:+6.2f}%" if rel is not None else "  n/a "
-        print(f"{model:<16} {label:<80} est {est.total_bytes / 2**30:8.2f} GiB  trace "
-              f"{(traced or 0) / 2**30:8.2f} GiB  {rel_s}  ({seconds:.1f} s){'  ' + err if err else ''}", flush=True)
+        print(
+            f"{model:<16} {label:<80} est {est.total_bytes / 2**30:8.2f} GiB  trace "
+            f"{(traced or 0) / 2**30:8.2f} GiB  {rel_s}  ({seconds:.1f} s){'  ' + err if err else ''}",
+            flush=True,
+        )
     errs = [abs(r["relative_error"]) for r in rows if r["relative_error"] is not None]
     if errs:
-        print(f"\n{len(errs)} of {len(rows)} configurations traced; max |error| {100 * max(errs):.2f}%, "
-              f"median {100 * statistics.median(errs):.2f}%, within 3%: {sum(e <= 0.03 for e in errs)}")
+        print(
+            f"\n{len(errs)} of {len(rows)} configurations traced; max |error| {100 * max(errs):.2f}%, "
+            f"median {100 * statistics.median(errs):.2f}%, within 3%: {sum(e <= 0.03 for e in errs)}"
+        )
         slack = [r["trace_reserved_bytes"] / r["trace_bytes"] - 1 for r in rows if r["trace_reserved_bytes"]]
         if slack:
-            print(f"allocator replay: reserved / allocated - 1: median {100 * statistics.median(slack):.1f}%, "
-                  f"min {100 * min(slack):.1f}%, max {100 * max(slack):.1f}%")
+            print(
+                f"allocator replay: reserved / allocated - 1: median {100 * statistics.median(slack):.1f}%, "
+                f"min {100 * min(slack):.1f}%, max {100 * max(slack):.1f}%"
+            )
     if out is not None:
         out.write_text(json.dumps(rows, indent=1))
         _write_md(rows, out.with_suffix(".md"))

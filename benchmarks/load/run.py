@@ -78,8 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         host, port = "127.0.0.1", free_port()
         src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
         env = {**os.environ, "PYTHONPATH": os.path.abspath(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        proc = subprocess.Popen([sys.executable, "-c", f"from cabe.web.app import serve; serve('127.0.0.1', {port})"],
-                                env=env, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"from cabe.web.app import serve; serve('127.0.0.1', {port})"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
         pid = proc.pid
     try:
         wait_ready(host, port)
@@ -136,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
 
         lat.sort()
         q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) >= 2 else [float("nan")] * 99
-        print(f"body: {args.body}  requests: {len(lat)} ok, {len(errors)} errors  clients: {args.clients}  "
-              f"elapsed: {elapsed:.2f} s{'  (time limit hit)' if time.monotonic() >= stop_at else ''}")
+        print(
+            f"body: {args.body}  requests: {len(lat)} ok, {len(errors)} errors  clients: {args.clients}  "
+            f"elapsed: {elapsed:.2f} s{'  (time limit hit)' if time.monotonic() >= stop_at else ''}"
+        )
         print(f"throughput: {len(lat) / elapsed:.0f} req/s")
         print(f"latency: p50 {q[49] * 1000:.2f} ms  p99 {q[98] * 1000:.2f} ms  max {lat[-1] * 1000:.2f} ms")
         if rss_before is not None:

@@ -17,14 +17,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 t_import = time.perf_counter()
-import cabe.trace  # noqa: E402  (before torch)
 from cabe.trace import trace_step  # noqa: E402
 from cabe.training import TrainingSetup  # noqa: E402
 
-LLAMA_70B = {"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
-             "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256,
-             "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-             "tie_word_embeddings": False}
+LLAMA_70B = {
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "intermediate_size": 28672,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+}
 
 
 def main() -> int:
@@ -48,9 +56,11 @@ def main() -> int:
         "events": res.events,
         "ok": (t2 - t_import) <= 60 and rss < 2 * 2**30,
     }
-    print(f"70B trace: {out['trace_seconds']} s (+{out['import_seconds']} s imports), "
-          f"peak RSS {out['peak_rss_mib']} MiB, predicted peak {out['peak_gib']} GiB ({out['peak_phase']}), "
-          f"{out['events']} allocation events")
+    print(
+        f"70B trace: {out['trace_seconds']} s (+{out['import_seconds']} s imports), "
+        f"peak RSS {out['peak_rss_mib']} MiB, predicted peak {out['peak_gib']} GiB ({out['peak_phase']}), "
+        f"{out['events']} allocation events"
+    )
     print(json.dumps(out))
     return 0 if out["ok"] else 1
 

@@ -127,8 +127,16 @@ def layer_activations(
 
     per_layer_const = [0]
 
-    def rms_norm(name: str, width: int, width_sym: str, trainable: bool, gemma: bool, rows: int = 1,
-                 rows_sym: str = "", in_bytes: int | None = None) -> None:
+    def rms_norm(
+        name: str,
+        width: int,
+        width_sym: str,
+        trainable: bool,
+        gemma: bool,
+        rows: int = 1,
+        rows_sym: str = "",
+        in_bytes: int | None = None,
+    ) -> None:
         """``in_bytes``: dtype of the norm's input (the residual stream ρ, or a for q/k norms)."""
         add(f"{name}.fp32_input", 4 * width, f"4·{width_sym}")
         add(f"{name}.rsqrt", 4 * rows, f"4·{rows_sym}" if rows_sym else "4")
@@ -282,8 +290,9 @@ def _sym(n: int, spec: ModelSpec) -> str:
     return str(n)
 
 
-def _attention_core(add, attn: str, a: int, q: int, kv: int, nh: int, s: int, gqa: bool, spec: ModelSpec,
-                    quantized: bool = False) -> None:
+def _attention_core(
+    add, attn: str, a: int, q: int, kv: int, nh: int, s: int, gqa: bool, spec: ModelSpec, quantized: bool = False
+) -> None:
     if attn == "math":
         add("attn.query_fp32_scaled", 4 * q, "4·q")
         add("attn.key_fp32", 4 * kv, "4·kv")

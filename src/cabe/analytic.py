@@ -62,8 +62,12 @@ def estimate_simple(params_billion: float, bytes_per_param: float, activations_g
     act = round(a * GB)
     steps = (
         Step("simple.model_states", "M = N·B = {n} × {b} = {m} GB", states, {"n": n, "b": b, "m": states / GB}),
-        Step("simple.total", "V = M + A = {m} + {a} = {v} GB", states + act,
-             {"m": states / GB, "a": a, "v": (states + act) / GB}),
+        Step(
+            "simple.total",
+            "V = M + A = {m} + {a} = {v} GB",
+            states + act,
+            {"m": states / GB, "a": a, "v": (states + act) / GB},
+        ),
     )
     return Report(
         mode="simple",
@@ -84,8 +88,14 @@ def estimate_simple(params_billion: float, bytes_per_param: float, activations_g
 # =============================================================================================
 
 _LESSON_STATE = {  # optimizer state bytes per parameter, by optimizer, for fp32 moments
-    "adamw": 8, "paged-adamw": 8, "adamw-8bit": 2, "paged-adamw-8bit": 2, "sgd": 0, "sgd-momentum": 4,
-    "adafactor": 0, "lion": 4,
+    "adamw": 8,
+    "paged-adamw": 8,
+    "adamw-8bit": 2,
+    "paged-adamw-8bit": 2,
+    "sgd": 0,
+    "sgd-momentum": 4,
+    "adafactor": 0,
+    "lion": 4,
 }
 
 
@@ -117,16 +127,36 @@ def estimate_lesson(params_billion: float, setup: TrainingSetup, activations_gb:
         "activations": round(a_gb * GB),
     }
     steps = [
-        Step("lesson.weights", "{n} × {b} B = {bytes} B = {gib} GiB", comps["weights"],
-             {"n": n, "b": w, "bytes": comps["weights"], "gib": comps["weights"] / GiB}),
-        Step("lesson.gradients", "{n} × {b} B = {bytes} B = {gib} GiB", comps["gradients"],
-             {"n": n, "b": g, "bytes": comps["gradients"], "gib": comps["gradients"] / GiB}),
+        Step(
+            "lesson.weights",
+            "{n} × {b} B = {bytes} B = {gib} GiB",
+            comps["weights"],
+            {"n": n, "b": w, "bytes": comps["weights"], "gib": comps["weights"] / GiB},
+        ),
+        Step(
+            "lesson.gradients",
+            "{n} × {b} B = {bytes} B = {gib} GiB",
+            comps["gradients"],
+            {"n": n, "b": g, "bytes": comps["gradients"], "gib": comps["gradients"] / GiB},
+        ),
     ]
     if master:
-        steps.append(Step("lesson.master_weights", "{n} × {b} B = {bytes} B = {gib} GiB", comps["master_weights"],
-                          {"n": n, "b": master, "bytes": comps["master_weights"], "gib": comps["master_weights"] / GiB}))
-    steps.append(Step("lesson.optimizer." + setup.optimizer, "{n} × {b} B = {bytes} B = {gib} GiB", comps["optimizer"],
-                      {"n": n, "b": state_per, "bytes": comps["optimizer"], "gib": comps["optimizer"] / GiB}))
+        steps.append(
+            Step(
+                "lesson.master_weights",
+                "{n} × {b} B = {bytes} B = {gib} GiB",
+                comps["master_weights"],
+                {"n": n, "b": master, "bytes": comps["master_weights"], "gib": comps["master_weights"] / GiB},
+            )
+        )
+    steps.append(
+        Step(
+            "lesson.optimizer." + setup.optimizer,
+            "{n} × {b} B = {bytes} B = {gib} GiB",
+            comps["optimizer"],
+            {"n": n, "b": state_per, "bytes": comps["optimizer"], "gib": comps["optimizer"] / GiB},
+        )
+    )
     total = sum(comps.values())
     lesson = None
     if master:
@@ -140,11 +170,26 @@ def estimate_lesson(params_billion: float, setup: TrainingSetup, activations_gb:
             "bytes_per_param": w + g + master + state_per,
             "reason": "lesson_drops_master",
         }
-        steps.append(Step("lesson.correction", "{lesson} GiB + {master} GiB = {correct} GiB", seed_figure + comps["master_weights"],
-                          {"lesson": seed_figure / GiB, "master": comps["master_weights"] / GiB,
-                           "correct": (seed_figure + comps["master_weights"]) / GiB}))
-    steps.append(Step("lesson.total", "{total} B = {gb} GB = {gib} GiB", total,
-                      {"total": total, "gb": total / GB, "gib": total / GiB}))
+        steps.append(
+            Step(
+                "lesson.correction",
+                "{lesson} GiB + {master} GiB = {correct} GiB",
+                seed_figure + comps["master_weights"],
+                {
+                    "lesson": seed_figure / GiB,
+                    "master": comps["master_weights"] / GiB,
+                    "correct": (seed_figure + comps["master_weights"]) / GiB,
+                },
+            )
+        )
+    steps.append(
+        Step(
+            "lesson.total",
+            "{total} B = {gb} GB = {gib} GiB",
+            total,
+            {"total": total, "gb": total / GB, "gib": total / GiB},
+        )
+    )
     comps = {k: v for k, v in comps.items() if v or k in ("weights", "gradients", "optimizer", "activations")}
     return Report(
         mode="lesson",
@@ -184,12 +229,23 @@ class _States:
     n_train: int
 
 
-_STATE_FIELDS = ("method", "precision", "optimizer", "optimizer_impl", "lora_rank", "lora_targets", "quant",
-                 "double_quant", "compute_dtype", "trainable_layers", "prompt_tokens")
-_STATES_CACHE: dict[tuple, "_States"] = {}
+_STATE_FIELDS = (
+    "method",
+    "precision",
+    "optimizer",
+    "optimizer_impl",
+    "lora_rank",
+    "lora_targets",
+    "quant",
+    "double_quant",
+    "compute_dtype",
+    "trainable_layers",
+    "prompt_tokens",
+)
+_STATES_CACHE: dict[tuple, _States] = {}
 
 
-def _model_states(spec: ModelSpec, setup: TrainingSetup) -> "_States":
+def _model_states(spec: ModelSpec, setup: TrainingSetup) -> _States:
     """Weights, gradients and optimizer state: independent of batch and sequence, so cached by the
     fields they depend on (a solver sweeping batch or sequence pays for them once)."""
     key = (spec, *(getattr(setup, f) for f in _STATE_FIELDS))
@@ -201,11 +257,11 @@ def _model_states(spec: ModelSpec, setup: TrainingSetup) -> "_States":
     return hit
 
 
-def _compute_model_states(spec: ModelSpec, setup: TrainingSetup) -> "_States":
+def _compute_model_states(spec: ModelSpec, setup: TrainingSetup) -> _States:
     dt = dtypes_for(setup)
     tensors = parameter_tensors(spec, setup)
     kinds = {t.kind for t in tensors}
-    bytes_of = {k: 0 for k in kinds}
+    bytes_of = dict.fromkeys(kinds, 0)
     weights = 0
     quant = 0
     for t in tensors:
@@ -225,12 +281,19 @@ def _compute_model_states(spec: ModelSpec, setup: TrainingSetup) -> "_States":
 def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[str, Any] | None = None) -> Report:
     """Peak allocated bytes of a training step for an architecture and a setup."""
     if setup.method == "freeze" and setup.trainable_layers > spec.num_layers:
-        raise InvalidValueError("out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0,
-                                maximum=spec.num_layers)
+        raise InvalidValueError(
+            "out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0, maximum=spec.num_layers
+        )
     dt = dtypes_for(setup)
     states = _model_states(spec, setup)
     tensors, bytes_of_trainable, weights, quant, grads, opt = (
-        states.tensors, states.bytes_of, states.weights, states.quant, states.grads, states.opt)
+        states.tensors,
+        states.bytes_of,
+        states.weights,
+        states.quant,
+        states.grads,
+        states.opt,
+    )
     n_params = spec.parameter_count
     n_train = states.n_train
 
@@ -263,19 +326,33 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     copies_head = 0
     if dt.weight_copies:
         # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast
-        copies_layer = sum(round_alloc(lin.weight_count * 2) for lin in spec.layer_linears
-                           if not (setup.method == "qlora" and lin.quantized_by_bnb))
+        copies_layer = sum(
+            round_alloc(lin.weight_count * 2)
+            for lin in spec.layer_linears
+            if not (setup.method == "qlora" and lin.quantized_by_bnb)
+        )
         if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
-            copies_layer += sum(round_alloc(setup.lora_rank * lin.in_features * 2)
-                                + round_alloc(setup.lora_rank * lin.out_features * 2)
-                                for lin in lora_targets(spec, setup.lora_targets))
+            copies_layer += sum(
+                round_alloc(setup.lora_rank * lin.in_features * 2) + round_alloc(setup.lora_rank * lin.out_features * 2)
+                for lin in lora_targets(spec, setup.lora_targets)
+            )
         copies_head = round_alloc(spec.vocab_size * spec.hidden_size * 2)
 
     head = head_activations(spec, setup, dt)
-    grads_head = sum(round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count
-                     for t in tensors if t.trainable and (t.kind == "lm_head" or t.name == "final_norm"))
-    grads_layer = (grads - grads_head - sum(round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count
-                                            for t in tensors if t.trainable and t.kind in ("embedding", "prompt")))
+    grads_head = sum(
+        round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count
+        for t in tensors
+        if t.trainable and (t.kind == "lm_head" or t.name == "final_norm")
+    )
+    grads_layer = (
+        grads
+        - grads_head
+        - sum(
+            round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count
+            for t in tensors
+            if t.trainable and t.kind in ("embedding", "prompt")
+        )
+    )
     parts = StepParts(
         weights=weights + quant,
         optimizer=opt.state_bytes,
@@ -298,8 +375,11 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         grads_in_forward=setup.grad_accum > 1,
         # NOTE: with tied embeddings the embedding's gradient arrives second and AccumulateGrad adds it
         # out of place: the new gradient and the sum coexist with the old one for a moment.
-        embedding_backward_workspace=(2 * round_alloc(spec.embedding_count * bytes_of_trainable["embedding"])
-                                      if setup.method == "full" and spec.tie_word_embeddings else 0),
+        embedding_backward_workspace=(
+            2 * round_alloc(spec.embedding_count * bytes_of_trainable["embedding"])
+            if setup.method == "full" and spec.tie_word_embeddings
+            else 0
+        ),
     )
     shard_info: dict[str, Any] = {}
     if setup.distributed:
@@ -319,8 +399,26 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     total = sum(components.values())
 
     # ---- explanation ----------------------------------------------------------------------
-    steps = _explain_model(spec, setup, dt, tensors, weights, quant, grads, opt, n_params, n_train, tokens,
-                           per_layer, saved_layer_bytes, grad_layers, copies_fwd, head, peak, total)
+    steps = _explain_model(
+        spec,
+        setup,
+        dt,
+        tensors,
+        weights,
+        quant,
+        grads,
+        opt,
+        n_params,
+        n_train,
+        tokens,
+        per_layer,
+        saved_layer_bytes,
+        grad_layers,
+        copies_fwd,
+        head,
+        peak,
+        total,
+    )
     notes: list[str] = []
     if attention_kind(spec, setup) == "eager" and setup.attention != "eager":
         notes.append("gemma2_eager")
@@ -357,65 +455,200 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,
         allocator_slack_bytes=max(round_alloc(4 * tokens * spec.vocab_size), round(total * ALLOCATOR_SLACK_FRACTION)),
         notes=tuple(notes),
-        extra={"peak_at": peak.where, **({"distributed": shard_info} if shard_info else {}),
-               "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments]},
+        extra={
+            "peak_at": peak.where,
+            **({"distributed": shard_info} if shard_info else {}),
+            "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments],
+        },
     )
 
 
-def _explain_model(spec, setup, dt, tensors, weights, quant, grads, opt, n_params, n_train, tokens, per_layer,
-                   saved_layer_bytes, grad_layers, copies, head, peak, total) -> list[Step]:
+def _explain_model(
+    spec,
+    setup,
+    dt,
+    tensors,
+    weights,
+    quant,
+    grads,
+    opt,
+    n_params,
+    n_train,
+    tokens,
+    per_layer,
+    saved_layer_bytes,
+    grad_layers,
+    copies,
+    head,
+    peak,
+    total,
+) -> list[Step]:
     steps: list[Step] = []
     pos = " + {p}·{h}" if spec.position_embedding_count else ""
     lm_head = "" if spec.tie_word_embeddings else " + {v}·{h}"
-    steps.append(Step("model.parameters", "{v}·{h}" + pos + " + {layers} × {per_layer} + {norm}" + lm_head + " = {n}", None,
-                      {"v": spec.vocab_size, "h": spec.hidden_size, "p": spec.max_positions, "layers": spec.num_layers,
-                       "per_layer": spec.layer_count, "norm": spec.norm_param_count, "n": n_params}))
+    steps.append(
+        Step(
+            "model.parameters",
+            "{v}·{h}" + pos + " + {layers} × {per_layer} + {norm}" + lm_head + " = {n}",
+            None,
+            {
+                "v": spec.vocab_size,
+                "h": spec.hidden_size,
+                "p": spec.max_positions,
+                "layers": spec.num_layers,
+                "per_layer": spec.layer_count,
+                "norm": spec.norm_param_count,
+                "n": n_params,
+            },
+        )
+    )
     frozen = n_params - sum(t.total for t in tensors if t.trainable and t.kind not in ("adapter", "prompt"))
     if quant:
         qn = sum(t.total for t in tensors if t.kind == "quantized")
-        steps.append(Step("weights.quantized", "{n} × {per} B = {bytes} B = {gib} GiB", quant,
-                          {"n": qn, "per": round(quant / qn, 4), "bytes": quant, "gib": quant / GiB}))
+        steps.append(
+            Step(
+                "weights.quantized",
+                "{n} × {per} B = {bytes} B = {gib} GiB",
+                quant,
+                {"n": qn, "per": round(quant / qn, 4), "bytes": quant, "gib": quant / GiB},
+            )
+        )
     dense_n = sum(t.total for t in tensors if t.kind != "quantized")
-    steps.append(Step("weights.dense", "{n} × {per} B = {bytes} B = {gib} GiB", weights,
-                      {"n": dense_n, "per": round(weights / max(dense_n, 1), 3), "bytes": weights,
-                       "gib": weights / GiB, "frozen": frozen}))
-    steps.append(Step("gradients", "{n} × {per} B = {bytes} B = {gib} GiB", grads,
-                      {"n": n_train, "per": dt.grad if setup.method in ("full", "freeze") else dt.adapter,
-                       "bytes": grads, "gib": grads / GiB}))
-    steps.append(Step("optimizer." + setup.optimizer, "{n} × {per} B = {bytes} B = {gib} GiB", opt.state_bytes,
-                      {"n": n_train, "per": round(opt.state_bytes_per_param, 3), "bytes": opt.state_bytes,
-                       "gib": opt.state_bytes / GiB}))
+    steps.append(
+        Step(
+            "weights.dense",
+            "{n} × {per} B = {bytes} B = {gib} GiB",
+            weights,
+            {
+                "n": dense_n,
+                "per": round(weights / max(dense_n, 1), 3),
+                "bytes": weights,
+                "gib": weights / GiB,
+                "frozen": frozen,
+            },
+        )
+    )
+    steps.append(
+        Step(
+            "gradients",
+            "{n} × {per} B = {bytes} B = {gib} GiB",
+            grads,
+            {
+                "n": n_train,
+                "per": dt.grad if setup.method in ("full", "freeze") else dt.adapter,
+                "bytes": grads,
+                "gib": grads / GiB,
+            },
+        )
+    )
+    steps.append(
+        Step(
+            "optimizer." + setup.optimizer,
+            "{n} × {per} B = {bytes} B = {gib} GiB",
+            opt.state_bytes,
+            {
+                "n": n_train,
+                "per": round(opt.state_bytes_per_param, 3),
+                "bytes": opt.state_bytes,
+                "gib": opt.state_bytes / GiB,
+            },
+        )
+    )
     if opt.paged_bytes:
-        steps.append(Step("optimizer.paged", "{bytes} B = {gib} GiB", opt.paged_bytes,
-                          {"bytes": opt.paged_bytes, "gib": opt.paged_bytes / GiB}))
+        steps.append(
+            Step(
+                "optimizer.paged",
+                "{bytes} B = {gib} GiB",
+                opt.paged_bytes,
+                {"bytes": opt.paged_bytes, "gib": opt.paged_bytes / GiB},
+            )
+        )
     if opt.temp_bytes:
-        steps.append(Step("optimizer_temporaries." + setup.resolved_optimizer_impl, "{bytes} B = {gib} GiB",
-                          opt.temp_bytes, {"bytes": opt.temp_bytes, "gib": opt.temp_bytes / GiB}))
+        steps.append(
+            Step(
+                "optimizer_temporaries." + setup.resolved_optimizer_impl,
+                "{bytes} B = {gib} GiB",
+                opt.temp_bytes,
+                {"bytes": opt.temp_bytes, "gib": opt.temp_bytes / GiB},
+            )
+        )
     if copies:
-        steps.append(Step("weight_copies", "2 B × {n} = {bytes} B = {gib} GiB", copies,
-                          {"n": copies // 2, "bytes": copies, "gib": copies / GiB}))
+        steps.append(
+            Step(
+                "weight_copies",
+                "2 B × {n} = {bytes} B = {gib} GiB",
+                copies,
+                {"n": copies // 2, "bytes": copies, "gib": copies / GiB},
+            )
+        )
     per_token = per_layer.bytes_per_token
     formula = " + ".join(t.formula for t in per_layer.terms)
-    steps.append(Step("activations.per_layer", "{terms} = {per_token} B/token", None,
-                      {"terms": formula, "per_token": per_token,
-                       "detail": [{"name": t.name, "formula": t.formula, "bytes_per_token": t.bytes_per_token}
-                                  for t in per_layer.terms]}))
+    steps.append(
+        Step(
+            "activations.per_layer",
+            "{terms} = {per_token} B/token",
+            None,
+            {
+                "terms": formula,
+                "per_token": per_token,
+                "detail": [
+                    {"name": t.name, "formula": t.formula, "bytes_per_token": t.bytes_per_token}
+                    for t in per_layer.terms
+                ],
+            },
+        )
+    )
     if setup.checkpointing:
-        steps.append(Step("activations.checkpointed", "{layers} × {tokens} tokens × {rho}·{h} = {bytes} B = {gib} GiB",
-                          grad_layers * saved_layer_bytes,
-                          {"layers": grad_layers, "tokens": tokens, "rho": dt.residual, "h": spec.hidden_size,
-                           "bytes": grad_layers * saved_layer_bytes, "gib": grad_layers * saved_layer_bytes / GiB}))
+        steps.append(
+            Step(
+                "activations.checkpointed",
+                "{layers} × {tokens} tokens × {rho}·{h} = {bytes} B = {gib} GiB",
+                grad_layers * saved_layer_bytes,
+                {
+                    "layers": grad_layers,
+                    "tokens": tokens,
+                    "rho": dt.residual,
+                    "h": spec.hidden_size,
+                    "bytes": grad_layers * saved_layer_bytes,
+                    "gib": grad_layers * saved_layer_bytes / GiB,
+                },
+            )
+        )
     else:
-        steps.append(Step("activations.layers", "{layers} × {tokens} tokens × {per_token} B = {bytes} B = {gib} GiB",
-                          grad_layers * saved_layer_bytes,
-                          {"layers": grad_layers, "tokens": tokens, "per_token": per_token,
-                           "bytes": grad_layers * saved_layer_bytes, "gib": grad_layers * saved_layer_bytes / GiB}))
-    steps.append(Step("logits", "{tokens} tokens × {v} × ({a} + 4 + 4) B = {bytes} B = {gib} GiB",
-                      tokens * (head.logits + head.saved_logsoftmax + head.forward_peak_extra),
-                      {"tokens": tokens, "v": spec.vocab_size, "a": dt.compute,
-                       "bytes": tokens * (head.logits + head.saved_logsoftmax + head.forward_peak_extra),
-                       "gib": tokens * (head.logits + head.saved_logsoftmax + head.forward_peak_extra) / GiB}))
-    steps.append(Step("peak." + peak.phase, " + ".join("{" + k + "}" for k, v in peak.components.items() if v)
-                      + " = {total} B = {gib} GiB", total,
-                      {**{k: v for k, v in peak.components.items() if v}, "total": total, "gib": total / GiB}))
+        steps.append(
+            Step(
+                "activations.layers",
+                "{layers} × {tokens} tokens × {per_token} B = {bytes} B = {gib} GiB",
+                grad_layers * saved_layer_bytes,
+                {
+                    "layers": grad_layers,
+                    "tokens": tokens,
+                    "per_token": per_token,
+                    "bytes": grad_layers * saved_layer_bytes,
+                    "gib": grad_layers * saved_layer_bytes / GiB,
+                },
+            )
+        )
+    steps.append(
+        Step(
+            "logits",
+            "{tokens} tokens × {v} × ({a} + 4 + 4) B = {bytes} B = {gib} GiB",
+            tokens * (head.logits + head.saved_logsoftmax + head.forward_peak_extra),
+            {
+                "tokens": tokens,
+                "v": spec.vocab_size,
+                "a": dt.compute,
+                "bytes": tokens * (head.logits + head.saved_logsoftmax + head.forward_peak_extra),
+                "gib": tokens * (head.logits + head.saved_logsoftmax + head.forward_peak_extra) / GiB,
+            },
+        )
+    )
+    steps.append(
+        Step(
+            "peak." + peak.phase,
+            " + ".join("{" + k + "}" for k, v in peak.components.items() if v) + " = {total} B = {gib} GiB",
+            total,
+            {**{k: v for k, v in peak.components.items() if v}, "total": total, "gib": total / GiB},
+        )
+    )
     return steps

@@ -16,13 +16,14 @@ from its form. Fields (all optional, but a model or a parameter count is needed)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import fields
-from typing import Any, Mapping
+from typing import Any
 
 from cabe import gpus as gpu_catalog
 from cabe import models
-from cabe.errors import CabeError, InvalidValueError
 from cabe.analytic import estimate_lesson, estimate_model, estimate_simple
+from cabe.errors import CabeError, InvalidValueError
 from cabe.report import Report
 from cabe.training import TrainingSetup, parse_targets
 
@@ -37,7 +38,13 @@ def setup_from(body: Mapping[str, Any]) -> TrainingSetup:
         if v is None or v == "":
             continue
         if name == "lora_targets":
-            v = parse_targets(v) if isinstance(v, str) else tuple(str(x) for x in v) if isinstance(v, (list, tuple)) else v
+            v = (
+                parse_targets(v)
+                if isinstance(v, str)
+                else tuple(str(x) for x in v)
+                if isinstance(v, (list, tuple))
+                else v
+            )
         kw[name] = v
     if "precision" not in kw and kw.get("method") == "qlora":
         kw["precision"] = "bf16"  # QLoRA: 4-bit base, bf16 compute (precision is shown, compute_dtype decides)
@@ -80,7 +87,10 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False) -> Report:
     if src is not None:
         if params not in (None, ""):
             raise InvalidValueError("model_and_params", "params")
-        meta = {"source": src.kind, **{k: v for k, v in src.meta.items() if k in ("display", "hf_id", "gated", "family")}}
+        meta = {
+            "source": src.kind,
+            **{k: v for k, v in src.meta.items() if k in ("display", "hf_id", "gated", "family")},
+        }
         report = estimate_model(src.spec, setup, model_meta=meta)
     elif params not in (None, ""):
         bpp = body.get("bytes_per_param")

@@ -12,8 +12,9 @@ No torch here: this is plain arithmetic over the config's integers.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from cabe.errors import ConfigError
 
@@ -198,7 +199,7 @@ class ModelSpec:
         return self.num_heads * self.head_dim
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], name: str = "") -> "ModelSpec":
+    def from_config(cls, config: Mapping[str, Any], name: str = "") -> ModelSpec:
         """Build a spec from a Hugging Face ``config.json`` dict. Raises :class:`ConfigError`."""
         return from_config(config, name=name)
 

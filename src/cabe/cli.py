@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from cabe.errors import CabeError, InvalidValueError
 from cabe.i18n import detect_lang, fmt_number, t
@@ -19,12 +20,18 @@ def _common_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", "-m", help="preset name (cabe models), path to a config.json, or a Hugging Face id")
     g.add_argument("--params", help="parameter count in billions (no architecture: model states only)")
-    g.add_argument("--bytes-per-param", help="seed mode: bytes per parameter (16 mixed-precision Adam, 12 8-bit Adam, 8 SGD+momentum, or any number)")
+    g.add_argument(
+        "--bytes-per-param",
+        help="seed mode: bytes per parameter (16 mixed-precision Adam, 12 8-bit Adam, 8 SGD+momentum, or any number)",
+    )
     g.add_argument("--activations-gb", help="seed mode: activation memory in GB, added as is")
     s = p.add_argument_group("training setup")
     s.add_argument("--method", help="full | lora | qlora | freeze | prompt-tuning (default full)")
     s.add_argument("--precision", help="fp32 | fp16-amp | bf16-amp | bf16 | fp16 (default bf16-amp)")
-    s.add_argument("--optimizer", help="adamw | adamw-8bit | paged-adamw | paged-adamw-8bit | sgd | sgd-momentum | adafactor | lion")
+    s.add_argument(
+        "--optimizer",
+        help="adamw | adamw-8bit | paged-adamw | paged-adamw-8bit | sgd | sgd-momentum | adafactor | lion",
+    )
     s.add_argument("--optimizer-impl", help="foreach | fused | for-loop (default: what PyTorch picks on CUDA, foreach)")
     s.add_argument("--batch", help="micro-batch size (sequences on the GPU at once; default 1)")
     s.add_argument("--seq", help="sequence length in tokens (default 512)")
@@ -33,9 +40,18 @@ def _common_model_options(p: argparse.ArgumentParser) -> None:
     s.add_argument("--attention", help="eager | sdpa | flash (default sdpa)")
     s.add_argument("--lora-rank", help="LoRA rank r (default 8)")
     s.add_argument("--lora-alpha", help="LoRA alpha (default 16)")
-    s.add_argument("--lora-targets", help="comma list of module names as PEFT spells them, or all-linear (default: PEFT's default for the model, q_proj,v_proj for Llama)")
+    s.add_argument(
+        "--lora-targets",
+        help="comma list of module names as PEFT spells them, or all-linear (default: PEFT's default for the model, q_proj,v_proj for Llama)",
+    )
     s.add_argument("--quant", help="QLoRA quant type: nf4 | fp4")
-    s.add_argument("--double-quant", dest="double_quant", action="store_true", default=None, help="QLoRA double quantization (default on)")
+    s.add_argument(
+        "--double-quant",
+        dest="double_quant",
+        action="store_true",
+        default=None,
+        help="QLoRA double quantization (default on)",
+    )
     s.add_argument("--no-double-quant", dest="double_quant", action="store_false")
     s.add_argument("--compute-dtype", help="QLoRA compute dtype: bf16 | fp16 | fp32")
     s.add_argument("--trainable-layers", help="freeze: how many of the last layers train (default 1)")
@@ -56,16 +72,39 @@ def _output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--units", default="GB", help="GB (10^9 bytes) or GiB (2^30 bytes)")
 
 
-_INT_FIELDS = ("batch", "seq", "grad_accum", "lora_rank", "trainable_layers", "prompt_tokens", "gpus", "tp", "pp", "ep",
-               "gpus_per_node")
+_INT_FIELDS = (
+    "batch",
+    "seq",
+    "grad_accum",
+    "lora_rank",
+    "trainable_layers",
+    "prompt_tokens",
+    "gpus",
+    "tp",
+    "pp",
+    "ep",
+    "gpus_per_node",
+)
 _FLOAT_FIELDS = ("params", "bytes_per_param", "activations_gb", "lora_alpha")
 
 
 def request_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Turn parsed options into the request dict of :mod:`cabe.api` (numbers validated here)."""
     body: dict[str, Any] = {}
-    for name in ("model", "method", "precision", "optimizer", "optimizer_impl", "attention", "lora_targets", "quant",
-                 "compute_dtype", "gpu", "shard", "offload"):
+    for name in (
+        "model",
+        "method",
+        "precision",
+        "optimizer",
+        "optimizer_impl",
+        "attention",
+        "lora_targets",
+        "quant",
+        "compute_dtype",
+        "gpu",
+        "shard",
+        "offload",
+    ):
         v = getattr(args, name, None)
         if v is not None:
             body[name] = v
@@ -119,8 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     lo = sub.add_parser("lora", help="LoRA adapter parameters per target module for a model and rank")
     lo.add_argument("--model", "-m", required=False)
     lo.add_argument("--lora-rank", "--rank", dest="lora_rank", default="8")
-    lo.add_argument("--lora-targets", "--targets", dest="lora_targets", default=None,
-                    help="comma list or all-linear (default: PEFT's default for the model)")
+    lo.add_argument(
+        "--lora-targets",
+        "--targets",
+        dest="lora_targets",
+        default=None,
+        help="comma list or all-linear (default: PEFT's default for the model)",
+    )
     _output_options(lo)
 
     tr = sub.add_parser("trace", help="run the training step through PyTorch on fake tensors (needs cabe[trace])")
@@ -132,9 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     _common_model_options(me)
     _output_options(me)
 
-    for name, module, help_text in (("fit", "cabe.commands.fit", "make it fit: largest batch, longest sequence, fewest GPUs, what to change"),
-                                    ("infer", "cabe.commands.infer", "inference / serving memory: weights, KV cache, concurrent sequences"),
-                                    ("from-config", "cabe.commands.from_config", "estimate from your own training configs (TrainingArguments, PEFT, DeepSpeed, axolotl, torchtune ...)")):
+    for name, module, help_text in (
+        ("fit", "cabe.commands.fit", "make it fit: largest batch, longest sequence, fewest GPUs, what to change"),
+        ("infer", "cabe.commands.infer", "inference / serving memory: weights, KV cache, concurrent sequences"),
+        (
+            "from-config",
+            "cabe.commands.from_config",
+            "estimate from your own training configs (TrainingArguments, PEFT, DeepSpeed, axolotl, torchtune ...)",
+        ),
+    ):
         try:
             mod = __import__(module, fromlist=["add_arguments"])
         except ImportError:
@@ -145,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(_module=mod)
 
     sv = sub.add_parser("serve", help="start the web calculator and JSON API (needs cabe[web])")
-    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all interfaces)")
+    sv.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all interfaces)"
+    )
     sv.add_argument("--port", default="8000", help="port (default 8000)")
     _output_options(sv)
     return parser
@@ -214,8 +266,11 @@ def _cmd_estimate(args: argparse.Namespace, lang: str, units: str) -> int:
             print(f"  {g['display']:<40} {fmt_bytes(g['memory_bytes'], lang, units, both=False):>12}  {verdict}")
     elif report.mode != "simple":
         fits_on = gpus.fits_on(report)
-        print(t("ui.fits_on", lang, list=", ".join(fits_on[:8]) + (" …" if len(fits_on) > 8 else "")) if fits_on
-              else t("ui.fits_on_none", lang))
+        print(
+            t("ui.fits_on", lang, list=", ".join(fits_on[:8]) + (" …" if len(fits_on) > 8 else ""))
+            if fits_on
+            else t("ui.fits_on_none", lang)
+        )
     return 0
 
 
@@ -225,8 +280,15 @@ def _cmd_models(args: argparse.Namespace, lang: str, units: str) -> int:
     rows = []
     for name in models.preset_names():
         src = models.preset(name)
-        rows.append({"name": name, "display": src.meta.get("display", name), "parameters": src.meta.get("parameters"),
-                     "hf_id": src.meta.get("hf_id"), "model_type": src.config.get("model_type")})
+        rows.append(
+            {
+                "name": name,
+                "display": src.meta.get("display", name),
+                "parameters": src.meta.get("parameters"),
+                "hf_id": src.meta.get("hf_id"),
+                "model_type": src.config.get("model_type"),
+            }
+        )
     if args.json:
         print(json.dumps(rows, ensure_ascii=False, indent=2))
         return 0
@@ -246,8 +308,10 @@ def _cmd_gpus(args: argparse.Namespace, lang: str, units: str) -> int:
         return 0
     print(t("ui.gpus_header", lang) + ":")
     for g in rows:
-        print(f"  {g['name']:<24} {fmt_bytes(g['memory_bytes'], lang, units, both=False):>12} "
-              f"{fmt_bytes(g['usable_bytes'], lang, units, both=False):>12}  bf16 {t('ui.yes' if g['bf16'] else 'ui.no', lang)}")
+        print(
+            f"  {g['name']:<24} {fmt_bytes(g['memory_bytes'], lang, units, both=False):>12} "
+            f"{fmt_bytes(g['usable_bytes'], lang, units, both=False):>12}  bf16 {t('ui.yes' if g['bf16'] else 'ui.no', lang)}"
+        )
     return 0
 
 
@@ -259,18 +323,34 @@ def _cmd_lora(args: argparse.Namespace, lang: str, units: str) -> int:
     if not args.model:
         raise InvalidValueError("empty_model", "model")
     spec = models.resolve(args.model).spec
-    setup = TrainingSetup(lora_rank=_to_int("lora_rank", args.lora_rank), lora_targets=parse_targets(args.lora_targets) if args.lora_targets else ())
+    setup = TrainingSetup(
+        lora_rank=_to_int("lora_rank", args.lora_rank),
+        lora_targets=parse_targets(args.lora_targets) if args.lora_targets else (),
+    )
     rows = lora_parameters(spec, setup.lora_rank, setup.lora_targets)
     total = sum(r.parameters for r in rows)
     if args.json:
-        print(json.dumps({"rank": setup.lora_rank, "targets": [r.__dict__ for r in rows], "total": total,
-                          "base_parameters": spec.parameter_count}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "rank": setup.lora_rank,
+                    "targets": [r.__dict__ for r in rows],
+                    "total": total,
+                    "base_parameters": spec.parameter_count,
+                },
+                indent=2,
+            )
+        )
         return 0
     print(t("ui.lora_header", lang, r=setup.lora_rank) + ":")
     for r in rows:
-        print(f"  {r.name:<16} {r.per_layer} × {spec.num_layers} × {setup.lora_rank}·({r.in_features} + {r.out_features})"
-              f" = {fmt_number(r.parameters, lang)}")
-    print(t("ui.lora_total", lang, n=total, pct=round(100 * total / spec.parameter_count, 4), base=spec.parameter_count))
+        print(
+            f"  {r.name:<16} {r.per_layer} × {spec.num_layers} × {setup.lora_rank}·({r.in_features} + {r.out_features})"
+            f" = {fmt_number(r.parameters, lang)}"
+        )
+    print(
+        t("ui.lora_total", lang, n=total, pct=round(100 * total / spec.parameter_count, 4), base=spec.parameter_count)
+    )
     return 0
 
 

@@ -17,7 +17,8 @@ Hierarchy::
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 class CabeError(ValueError):

@@ -42,7 +42,9 @@ def matmul_params(spec: ModelSpec) -> tuple[int, int]:
             dense += lin.weight_count
     head = spec.vocab_size * spec.hidden_size  # lm_head (or the tied embedding used as one)
     total = L * (dense + experts) + head
-    active = L * (dense + (experts * spec.experts_per_token // spec.num_experts if spec.num_experts else experts)) + head
+    active = (
+        L * (dense + (experts * spec.experts_per_token // spec.num_experts if spec.num_experts else experts)) + head
+    )
     return total, active
 
 
@@ -76,13 +78,22 @@ def step_flops(spec: ModelSpec, setup: TrainingSetup) -> dict[str, Any]:
     recompute = fwd if setup.checkpointing else 0
     per_token = fwd + bwd + recompute
     model_per_token = fwd + bwd
-    return {"active_params": n, "tokens_per_rank_step": tokens, "forward_per_token": fwd, "backward_per_token": bwd,
-            "recompute_per_token": recompute, "per_token": per_token, "formula": formula,
-            "hardware_flops": per_token * tokens, "model_flops": model_per_token * tokens}
+    return {
+        "active_params": n,
+        "tokens_per_rank_step": tokens,
+        "forward_per_token": fwd,
+        "backward_per_token": bwd,
+        "recompute_per_token": recompute,
+        "per_token": per_token,
+        "formula": formula,
+        "hardware_flops": per_token * tokens,
+        "model_flops": model_per_token * tokens,
+    }
 
 
-def run_time(spec: ModelSpec, setup: TrainingSetup, card: Gpu, *, tokens: float | None = None,
-             mfu: float = DEFAULT_MFU) -> dict[str, Any]:
+def run_time(
+    spec: ModelSpec, setup: TrainingSetup, card: Gpu, *, tokens: float | None = None, mfu: float = DEFAULT_MFU
+) -> dict[str, Any]:
     """Seconds per optimizer step on ``card`` at utilisation ``mfu``; with ``tokens``, the run's
     wall-clock hours and GPU-hours (tokens / (tokens per step × data-parallel GPUs) steps)."""
     u = number("mfu", mfu, minimum=0.0, maximum=1.0, strict=True)
@@ -93,9 +104,20 @@ def run_time(spec: ModelSpec, setup: TrainingSetup, card: Gpu, *, tokens: float 
     dp = max(setup.gpus // mp, 1)
     per_gpu = f["hardware_flops"] / mp
     step_s = per_gpu / (card.bf16_tflops_dense * 1e12 * u)
-    out: dict[str, Any] = {**f, "mfu": u, "gpu": card.name, "gpus": setup.gpus, "dp": dp,
-                           "tflops_peak": card.bf16_tflops_dense, "flops_per_step": per_gpu, "step_seconds": step_s,
-                           "tokens_per_step": f["tokens_per_rank_step"] * dp, "tokens": None, "run_hours": None, "gpu_hours": None}
+    out: dict[str, Any] = {
+        **f,
+        "mfu": u,
+        "gpu": card.name,
+        "gpus": setup.gpus,
+        "dp": dp,
+        "tflops_peak": card.bf16_tflops_dense,
+        "flops_per_step": per_gpu,
+        "step_seconds": step_s,
+        "tokens_per_step": f["tokens_per_rank_step"] * dp,
+        "tokens": None,
+        "run_hours": None,
+        "gpu_hours": None,
+    }
     if tokens is not None:
         t = number("tokens", tokens, minimum=0.0, maximum=1e16, strict=True)
         steps = t / (f["tokens_per_rank_step"] * dp)

@@ -61,9 +61,15 @@ def _catalog() -> tuple[dict[str, Gpu], dict[str, str]]:
     gpus: dict[str, Gpu] = {}
     for g in raw["gpus"]:
         gpus[g["name"]] = Gpu(
-            name=g["name"], display=g["display"], vendor=g["vendor"], segment=g["segment"],
-            memory_bytes=int(g["memory_bytes"]), cuda_context_bytes=int(g["cuda_context_bytes"]),
-            bf16=bool(g["bf16"]), fp8=bool(g.get("fp8", False)), architecture=g.get("architecture", ""),
+            name=g["name"],
+            display=g["display"],
+            vendor=g["vendor"],
+            segment=g["segment"],
+            memory_bytes=int(g["memory_bytes"]),
+            cuda_context_bytes=int(g["cuda_context_bytes"]),
+            bf16=bool(g["bf16"]),
+            fp8=bool(g.get("fp8", False)),
+            architecture=g.get("architecture", ""),
             bf16_tflops_dense=float(g.get("bf16_tflops_dense") or 0.0),
             memory_bandwidth_gbs=float(g.get("memory_bandwidth_gbs") or 0.0),
             memory_gb_nominal=float(g.get("memory_gb_nominal") or 0.0),
@@ -81,8 +87,8 @@ def gpu(name: str) -> Gpu:
     gpus, aliases = _catalog()
     key = str(name).strip().lower().replace(" ", "-").replace("_", "-")
     for prefix in ("nvidia-", "geforce-"):
-        if key.startswith(prefix) and key[len(prefix):] in gpus.keys() | aliases.keys():
-            key = key[len(prefix):]
+        if key.startswith(prefix) and key[len(prefix) :] in gpus.keys() | aliases.keys():
+            key = key[len(prefix) :]
     key = aliases.get(key, key)
     if key not in gpus:
         import difflib

@@ -18,7 +18,8 @@ lm_head stay 16-bit except in GGUF, whose bits per weight are llama.cpp's whole-
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cabe import gpus as gpu_catalog
 from cabe.architecture import ModelSpec
@@ -28,14 +29,31 @@ from cabe.kv_cache import breakdown, kv_cache_bytes, kv_dtype_bytes, per_layer_t
 from cabe.method import quantized_bytes
 
 GGUF_BPW: dict[str, float] = {
-    "q8_0": 8.5, "q6_k": 6.5625, "q5_k_m": 5.69, "q5_k_s": 5.52, "q5_0": 5.5, "q5_1": 6.0, "q4_k_m": 4.85,
-    "q4_k_s": 4.58, "q4_0": 4.5, "q4_1": 5.0, "q3_k_l": 4.27, "q3_k_m": 3.91, "q3_k_s": 3.5, "q2_k": 2.63,
-    "f16": 16.0, "bf16": 16.0,
+    "q8_0": 8.5,
+    "q6_k": 6.5625,
+    "q5_k_m": 5.69,
+    "q5_k_s": 5.52,
+    "q5_0": 5.5,
+    "q5_1": 6.0,
+    "q4_k_m": 4.85,
+    "q4_k_s": 4.58,
+    "q4_0": 4.5,
+    "q4_1": 5.0,
+    "q3_k_l": 4.27,
+    "q3_k_m": 3.91,
+    "q3_k_s": 3.5,
+    "q2_k": 2.63,
+    "f16": 16.0,
+    "bf16": 16.0,
 }
 PLAIN = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}
-FORMATS = tuple(PLAIN) + ("fp8", "int8", "nf4", "fp4", "gptq-4bit", "gptq-8bit", "gptq-3bit", "gptq-2bit", "awq-4bit") + \
-    tuple("gguf-" + k for k in GGUF_BPW)
+FORMATS = (
+    tuple(PLAIN)
+    + ("fp8", "int8", "nf4", "fp4", "gptq-4bit", "gptq-8bit", "gptq-3bit", "gptq-2bit", "awq-4bit")
+    + tuple("gguf-" + k for k in GGUF_BPW)
+)
 from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers here)
+
 BLOCK_SIZE = 16
 
 
@@ -54,19 +72,35 @@ def weights_bytes(spec: ModelSpec, fmt: str = "fp16", group_size: int = 128) -> 
     n = spec.parameter_count
     if f.startswith("gguf-"):
         bpw = GGUF_BPW[f[5:]]
-        return {"total_bytes": round(n * bpw / 8), "quantized_params": n, "other_params": 0, "bytes_per_weight": bpw / 8,
-                "format": f}
+        return {
+            "total_bytes": round(n * bpw / 8),
+            "quantized_params": n,
+            "other_params": 0,
+            "bytes_per_weight": bpw / 8,
+            "format": f,
+        }
     if f in PLAIN:
-        return {"total_bytes": round(n * PLAIN[f]), "quantized_params": 0, "other_params": n,
-                "bytes_per_weight": PLAIN[f], "format": f}
+        return {
+            "total_bytes": round(n * PLAIN[f]),
+            "quantized_params": 0,
+            "other_params": n,
+            "bytes_per_weight": PLAIN[f],
+            "format": f,
+        }
     L = spec.num_layers
     if f in ("nf4", "fp4"):
-        mats = [(lin.in_features * lin.out_features * lin.copies, lin.out_features * lin.copies)
-                for lin in spec.layer_linears if lin.is_module]
+        mats = [
+            (lin.in_features * lin.out_features * lin.copies, lin.out_features * lin.copies)
+            for lin in spec.layer_linears
+            if lin.is_module
+        ]
         q = sum(quantized_bytes(numel, True) for numel, _ in mats) * L
     else:
-        mats = [(lin.in_features * lin.out_features * lin.copies, lin.out_features * lin.copies, lin.in_features)
-                for lin in spec.layer_linears if lin.role != "router"]
+        mats = [
+            (lin.in_features * lin.out_features * lin.copies, lin.out_features * lin.copies, lin.in_features)
+            for lin in spec.layer_linears
+            if lin.role != "router"
+        ]
         if f == "fp8":
             q = sum(numel + 4 for numel, *_ in mats) * L
         elif f == "int8":
@@ -83,8 +117,13 @@ def weights_bytes(spec: ModelSpec, fmt: str = "fp16", group_size: int = 128) -> 
     qn = sum(m[0] for m in mats) * L
     other = n - qn
     total = round(q + 2 * other)
-    return {"total_bytes": total, "quantized_params": qn, "other_params": other,
-            "bytes_per_weight": round(q / qn, 5) if qn else 0, "format": f}
+    return {
+        "total_bytes": total,
+        "quantized_params": qn,
+        "other_params": other,
+        "bytes_per_weight": round(q / qn, 5) if qn else 0,
+        "format": f,
+    }
 
 
 def forward_bytes(spec: ModelSpec, tokens: int, act_bytes: int = 2) -> int:
@@ -103,9 +142,17 @@ def logits_bytes(spec: ModelSpec, rows: int) -> int:
     return rows * spec.vocab_size * (2 + 4)
 
 
-def estimate_inference(spec: ModelSpec, *, weights: str = "fp16", kv_dtype: str = "fp16", context: int = 4096,
-                       batch: int = 1, mode: str = "generate", prefill_chunk: int | None = None,
-                       group_size: int = 128) -> dict[str, Any]:
+def estimate_inference(
+    spec: ModelSpec,
+    *,
+    weights: str = "fp16",
+    kv_dtype: str = "fp16",
+    context: int = 4096,
+    batch: int = 1,
+    mode: str = "generate",
+    prefill_chunk: int | None = None,
+    group_size: int = 128,
+) -> dict[str, Any]:
     """Peak memory of running the model on ``batch`` sequences of ``context`` tokens.
 
     ``mode="generate"``: prefill (in chunks of ``prefill_chunk`` tokens, default the whole prompt)
@@ -129,34 +176,75 @@ def estimate_inference(spec: ModelSpec, *, weights: str = "fp16", kv_dtype: str 
     comps = {"weights": w["total_bytes"], "kv_cache": kv, "activations": act, "logits": logits}
     total = sum(comps.values())
     return {
-        "mode": mode, "weights_format": w["format"], "kv_dtype": kv_dtype, "context": context, "batch": batch,
-        "prefill_chunk": chunk, "components": comps, "total_bytes": total,
+        "mode": mode,
+        "weights_format": w["format"],
+        "kv_dtype": kv_dtype,
+        "context": context,
+        "batch": batch,
+        "prefill_chunk": chunk,
+        "components": comps,
+        "total_bytes": total,
         "reserved_bytes": round(total * (1 + ALLOCATOR_SLACK_FRACTION)),
-        "weights": w, "kv": breakdown(spec, context, batch, kv_dtype),
+        "weights": w,
+        "kv": breakdown(spec, context, batch, kv_dtype),
         "steps": [
-            {"key": "infer.weights", "formula": "{n} × {bpw} B", "bytes": w["total_bytes"],
-             "params": {"n": spec.parameter_count, "bpw": round(w["total_bytes"] / spec.parameter_count, 4)}},
-            {"key": "infer.kv", "formula": "2 × {layers} × {kv} × {d} × {b} B × {tokens} tokens × {batch}", "bytes": kv,
-             "params": {"layers": spec.num_layers, "kv": spec.num_kv_heads, "d": spec.head_dim,
-                        "b": kv_dtype_bytes(kv_dtype), "tokens": context, "batch": batch}},
-            {"key": "infer.logits." + mode, "formula": "{rows} × {v} × (2 + 4) B", "bytes": logits,
-             "params": {"rows": batch * (context if mode == "prefill" else 1), "v": spec.vocab_size}},
+            {
+                "key": "infer.weights",
+                "formula": "{n} × {bpw} B",
+                "bytes": w["total_bytes"],
+                "params": {"n": spec.parameter_count, "bpw": round(w["total_bytes"] / spec.parameter_count, 4)},
+            },
+            {
+                "key": "infer.kv",
+                "formula": "2 × {layers} × {kv} × {d} × {b} B × {tokens} tokens × {batch}",
+                "bytes": kv,
+                "params": {
+                    "layers": spec.num_layers,
+                    "kv": spec.num_kv_heads,
+                    "d": spec.head_dim,
+                    "b": kv_dtype_bytes(kv_dtype),
+                    "tokens": context,
+                    "batch": batch,
+                },
+            },
+            {
+                "key": "infer.logits." + mode,
+                "formula": "{rows} × {v} × (2 + 4) B",
+                "bytes": logits,
+                "params": {"rows": batch * (context if mode == "prefill" else 1), "v": spec.vocab_size},
+            },
         ],
     }
 
 
 def fit_inference(est: Mapping[str, Any], card: Gpu) -> dict[str, Any]:
     need = est["reserved_bytes"] + card.cuda_context_bytes
-    return {"gpu": card.name, "display": card.display, "memory_bytes": card.memory_bytes, "needed_bytes": need,
-            "margin_bytes": card.memory_bytes - need, "fits": need <= card.memory_bytes}
+    return {
+        "gpu": card.name,
+        "display": card.display,
+        "memory_bytes": card.memory_bytes,
+        "needed_bytes": need,
+        "margin_bytes": card.memory_bytes - need,
+        "fits": need <= card.memory_bytes,
+    }
 
 
 # ---- serving engine (vLLM semantics) ------------------------------------------------------------
 
 
-def serving(spec: ModelSpec, card: Gpu, *, weights: str = "fp16", kv_dtype: str = "fp16", context: int = 4096,
-            gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
-            block_size: int = BLOCK_SIZE, group_size: int = 128) -> dict[str, Any]:
+def serving(
+    spec: ModelSpec,
+    card: Gpu,
+    *,
+    weights: str = "fp16",
+    kv_dtype: str = "fp16",
+    context: int = 4096,
+    gpu_memory_utilization: float = 0.9,
+    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = 256,
+    block_size: int = BLOCK_SIZE,
+    group_size: int = 128,
+) -> dict[str, Any]:
     """vLLM: the engine may use ``gpu_memory_utilization`` × the card's memory; after the weights,
     the activation peak of a profiling forward (``max_num_batched_tokens`` tokens, logits for
     ``max_num_seqs`` sequences) and non-torch memory (CUDA context), the rest is the KV pool, cut
@@ -181,10 +269,18 @@ def serving(spec: ModelSpec, card: Gpu, *, weights: str = "fp16", kv_dtype: str 
         return block_size * per_layer * (full * blocks + sliding * sblocks)
 
     out: dict[str, Any] = {
-        "gpu": card.name, "gpu_memory_utilization": util, "budget_bytes": round(budget), "weights_bytes": w,
-        "activation_profile_bytes": act, "non_torch_bytes": card.cuda_context_bytes, "kv_pool_bytes": max(pool, 0),
-        "block_size": block_size, "block_bytes": block_size * per_layer * spec.num_layers,
-        "context": context, "kv_dtype": kv_dtype, "weights_format": weights,
+        "gpu": card.name,
+        "gpu_memory_utilization": util,
+        "budget_bytes": round(budget),
+        "weights_bytes": w,
+        "activation_profile_bytes": act,
+        "non_torch_bytes": card.cuda_context_bytes,
+        "kv_pool_bytes": max(pool, 0),
+        "block_size": block_size,
+        "block_bytes": block_size * per_layer * spec.num_layers,
+        "context": context,
+        "kv_dtype": kv_dtype,
+        "weights_format": weights,
     }
     if pool <= 0:
         out.update({"fits": False, "max_concurrent_sequences": 0, "max_context": 0, "total_blocks": 0})
@@ -240,8 +336,9 @@ def max_context(spec: ModelSpec, card: Gpu, *, batch: int = 1, **kw: Any) -> int
 
 
 def max_batch(spec: ModelSpec, card: Gpu, *, context: int = 4096, **kw: Any) -> int:
-    return _largest(lambda b: fit_inference(estimate_inference(spec, context=context, batch=b, **kw), card)["fits"],
-                    1 << 16)
+    return _largest(
+        lambda b: fit_inference(estimate_inference(spec, context=context, batch=b, **kw), card)["fits"], 1 << 16
+    )
 
 
 def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -251,8 +348,21 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
 
     if not isinstance(body, Mapping):
         raise InvalidValueError("body_not_object", None)
-    allowed = ("model", "config", "weights", "kv_dtype", "context", "batch", "mode", "prefill_chunk", "group_size", "gpu",
-               "gpu_memory_utilization", "lang", "units")
+    allowed = (
+        "model",
+        "config",
+        "weights",
+        "kv_dtype",
+        "context",
+        "batch",
+        "mode",
+        "prefill_chunk",
+        "group_size",
+        "gpu",
+        "gpu_memory_utilization",
+        "lang",
+        "units",
+    )
     unknown = [k for k in body if k not in allowed]
     if unknown:
         raise InvalidValueError("unknown_field", unknown[0], allowed=", ".join(allowed))
@@ -272,7 +382,13 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
         out["max_context"] = max_context(spec, card, batch=batch, **kw)
         out["max_batch"] = max_batch(spec, card, context=context, **kw)
         skw = {k: kw[k] for k in ("weights", "kv_dtype", "group_size") if k in kw}
-        out["serving"] = serving(spec, card, context=context,
-                                 gpu_memory_utilization=0.9 if body.get("gpu_memory_utilization") is None
-                                 else body["gpu_memory_utilization"], **skw)
+        out["serving"] = serving(
+            spec,
+            card,
+            context=context,
+            gpu_memory_utilization=0.9
+            if body.get("gpu_memory_utilization") is None
+            else body["gpu_memory_utilization"],
+            **skw,
+        )
     return out

@@ -12,8 +12,16 @@ from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
 
 #: bytes per cached element
-KV_DTYPES: dict[str, float] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
-                               "int4": 0.5}
+KV_DTYPES: dict[str, float] = {
+    "fp32": 4,
+    "fp16": 2,
+    "bf16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "int8": 1,
+    "int4": 0.5,
+}
 
 
 def kv_dtype_bytes(kv_dtype: str) -> float:
@@ -32,12 +40,18 @@ def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "fp16") -> float:
     return spec.num_layers * per_layer_token_bytes(spec, kv_dtype)
 
 
-def kv_cache_bytes(spec: ModelSpec, context: int, batch: int = 1, kv_dtype: str = "fp16",
-                   cap_sliding: bool = True) -> int:
+def kv_cache_bytes(
+    spec: ModelSpec, context: int, batch: int = 1, kv_dtype: str = "fp16", cap_sliding: bool = True
+) -> int:
     """KV cache of ``batch`` sequences of ``context`` tokens each; sliding layers capped at the window."""
     if isinstance(context, bool) or not isinstance(context, int) or context < 0:
-        raise InvalidValueError("not_integer" if not isinstance(context, int) else "out_of_range", "context",
-                                value=context, minimum=0, maximum=1 << 24)
+        raise InvalidValueError(
+            "not_integer" if not isinstance(context, int) else "out_of_range",
+            "context",
+            value=context,
+            minimum=0,
+            maximum=1 << 24,
+        )
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise InvalidValueError("out_of_range", "batch", value=batch, minimum=1, maximum=1 << 20)
     per = per_layer_token_bytes(spec, kv_dtype)
@@ -56,7 +70,6 @@ def breakdown(spec: ModelSpec, context: int, batch: int, kv_dtype: str) -> dict[
         "full_layers": spec.num_layers - sliding,
         "sliding_layers": sliding,
         "sliding_window": spec.sliding_window,
-        "formula": "2 × {layers} × {kv} × {d} × {b} B".format(layers=spec.num_layers, kv=spec.num_kv_heads,
-                                                           d=spec.head_dim, b=kv_dtype_bytes(kv_dtype)),
+        "formula": f"2 × {spec.num_layers} × {spec.num_kv_heads} × {spec.head_dim} × {kv_dtype_bytes(kv_dtype)} B",
         "total_bytes": kv_cache_bytes(spec, context, batch, kv_dtype),
     }

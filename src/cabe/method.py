@@ -73,7 +73,10 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[Linear, ...
         unknown = [t for t in targets if t not in names]
         if unknown:
             raise InvalidValueError(
-                "unknown_lora_target", "lora_targets", value=", ".join(unknown), allowed=", ".join(names) + ", all-linear"
+                "unknown_lora_target",
+                "lora_targets",
+                value=", ".join(unknown),
+                allowed=", ".join(names) + ", all-linear",
             )
         wanted = set(targets)
     return tuple(lin for lin in spec.layer_linears if lin.is_module and lin.name in wanted)
@@ -88,8 +91,9 @@ def lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> lis
         if prev is None:
             out[lin.name] = LoraTarget(lin.name, lin.in_features, lin.out_features, 1, per)
         else:  # e.g. GPT-2's c_proj exists in attention and MLP
-            out[lin.name] = LoraTarget(lin.name, prev.in_features, prev.out_features, prev.per_layer + 1,
-                                       prev.parameters + per)
+            out[lin.name] = LoraTarget(
+                lin.name, prev.in_features, prev.out_features, prev.per_layer + 1, prev.parameters + per
+            )
     return list(out.values())
 
 
@@ -130,8 +134,15 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
         groups = [(layers, not frozen_base)]
     emb_trainable = method == "full"
     add("embed_tokens", spec.embedding_count, 1, emb_trainable, "embedding", spec.vocab_size, spec.hidden_size)
-    add("position_embeddings", spec.position_embedding_count, 1, emb_trainable, "embedding", spec.max_positions,
-        spec.hidden_size)
+    add(
+        "position_embeddings",
+        spec.position_embedding_count,
+        1,
+        emb_trainable,
+        "embedding",
+        spec.max_positions,
+        spec.hidden_size,
+    )
     for count, trainable in groups:
         for lin in spec.layer_linears:
             if quantize and lin.quantized_by_bnb:
@@ -141,8 +152,13 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
                 add(lin.name, lin.in_features * lin.out_features, count * lin.copies, trainable, "base", rows, cols)
             if lin.bias:
                 add(lin.name + ".bias", lin.out_features, count * lin.copies, trainable, "base")
-        add("norm", spec.norm_param_count // (2 if spec.norm_bias else 1), count * spec.norms_per_layer * (2 if spec.norm_bias else 1),
-            trainable, "norm")
+        add(
+            "norm",
+            spec.norm_param_count // (2 if spec.norm_bias else 1),
+            count * spec.norms_per_layer * (2 if spec.norm_bias else 1),
+            trainable,
+            "norm",
+        )
         if spec.qk_norm == "head":
             add("qk_norm", spec.head_dim, 2 * count, trainable, "norm")
         elif spec.qk_norm == "full":
@@ -156,8 +172,15 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
             add(lin.name + ".lora_A", r * lin.in_features, layers, True, "adapter", r, lin.in_features)
             add(lin.name + ".lora_B", lin.out_features * r, layers, True, "adapter", lin.out_features, r)
     if method == "prompt-tuning":
-        add("prompt_embeddings", setup.prompt_tokens * spec.hidden_size, 1, True, "prompt", setup.prompt_tokens,
-            spec.hidden_size)
+        add(
+            "prompt_embeddings",
+            setup.prompt_tokens * spec.hidden_size,
+            1,
+            True,
+            "prompt",
+            setup.prompt_tokens,
+            spec.hidden_size,
+        )
     return tensors
 
 

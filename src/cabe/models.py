@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError, HubError, MissingDependencyError, UnknownPresetError
@@ -46,7 +47,7 @@ def preset_names() -> tuple[str, ...]:
     return tuple(sorted(p.name[:-5] for p in _models_dir().iterdir() if p.name.endswith(".json")))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_preset_raw(name: str) -> dict[str, Any]:
     return json.loads((_models_dir() / f"{name}.json").read_text(encoding="utf-8"))
 
@@ -162,7 +163,7 @@ def resolve(model: str) -> ModelSource:
     text = model.strip()
     if text.lower() in preset_names():
         return preset(text)
-    if text.endswith(".json") or os.sep in text and Path(text).exists() or Path(text).is_file():
+    if text.endswith(".json") or (os.sep in text and Path(text).exists()) or Path(text).is_file():
         return from_file(text)
     if "/" in text and not text.startswith((".", "/")):
         return from_hub(text)

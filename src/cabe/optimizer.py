@@ -47,8 +47,16 @@ def optimizer_memory(tensors: list[Tensor], setup: TrainingSetup, param_bytes_of
     state = 0
     paged = 0
     temp = 0
-    moments = {"adamw": 2, "paged-adamw": 2, "adamw-8bit": 2, "paged-adamw-8bit": 2, "sgd": 0, "sgd-momentum": 1,
-               "adafactor": 1, "lion": 1}[opt]
+    moments = {
+        "adamw": 2,
+        "paged-adamw": 2,
+        "adamw-8bit": 2,
+        "paged-adamw-8bit": 2,
+        "sgd": 0,
+        "sgd-momentum": 1,
+        "adafactor": 1,
+        "lion": 1,
+    }[opt]
     largest = 0
     total_numel = 0
     for t in trainable:

@@ -52,8 +52,15 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
         # The Trainer runs QLoRA under autocast (bf16=True): fp32 residual stream (fp32 embeddings),
         # 16-bit casts of the fp32 lm_head and adapters saved for backward.
         compute = FP32 if setup.compute_dtype == "fp32" else HALF
-        return Dtypes(weight=FP32, frozen=FP32, grad=FP32, compute=compute, residual=FP32,
-                      adapter=FP32, weight_copies=compute != FP32)
+        return Dtypes(
+            weight=FP32,
+            frozen=FP32,
+            grad=FP32,
+            compute=compute,
+            residual=FP32,
+            adapter=FP32,
+            weight_copies=compute != FP32,
+        )
     if p == "fp32":
         return Dtypes(FP32, FP32, FP32, FP32, FP32, FP32, False)
     if p in ("bf16-amp", "fp16-amp"):

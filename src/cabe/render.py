@@ -22,17 +22,33 @@ def fmt_bytes(n: int, lang: str, units: str = "GB", both: bool = True) -> str:
 def format_report(report: Report, *, lang: str = "en", units: str = "GB", explain: bool = False) -> str:
     lines: list[str] = []
     width = 44
-    lines.append(f"{t('ui.total', lang)}: {fmt_bytes(report.total_bytes, lang, units)}"
-                 + (f" — {t('ui.peak_at', lang, phase=t('phase.' + report.peak_phase, lang))}"
-                    if report.mode == "architecture" else ""))
+    lines.append(
+        f"{t('ui.total', lang)}: {fmt_bytes(report.total_bytes, lang, units)}"
+        + (
+            f" — {t('ui.peak_at', lang, phase=t('phase.' + report.peak_phase, lang))}"
+            if report.mode == "architecture"
+            else ""
+        )
+    )
     if report.model and report.model.get("name"):
         lines.append(f"model: {report.model.get('display') or report.model['name']} ({report.model['model_type']})")
     if report.mode == "architecture":
         s = report.setup
         lines.append(t("ui.parameters", lang, n=report.parameters, t=report.trainable_parameters))
-        lines.append(fill(t("ui.setup", lang), {
-            "method": s["method"], "precision": s["precision"], "optimizer": s["optimizer"], "batch": s["batch"],
-            "seq": s["seq"], "eff": s["effective_batch"]}, lang))
+        lines.append(
+            fill(
+                t("ui.setup", lang),
+                {
+                    "method": s["method"],
+                    "precision": s["precision"],
+                    "optimizer": s["optimizer"],
+                    "batch": s["batch"],
+                    "seq": s["seq"],
+                    "eff": s["effective_batch"],
+                },
+                lang,
+            )
+        )
     lines.append("")
     for name, nbytes in report.components.items():
         if not nbytes and name not in ("weights", "gradients", "optimizer", "activations", "model_states"):
@@ -44,35 +60,75 @@ def format_report(report: Report, *, lang: str = "en", units: str = "GB", explai
     lines.append(f"  {t('ui.total', lang):<{width}} {fmt_bytes(report.total_bytes, lang, units):>28}")
     if report.mode == "architecture":
         lines.append("")
-        lines.append(fill(t("ui.beside_peak", lang), {
-            "slack": fmt_bytes(report.allocator_slack_bytes, lang, units, both=False),
-            "ctx": fmt_bytes(report.cuda_context_bytes, lang, units, both=False),
-            "device": fmt_bytes(report.device_bytes, lang, units, both=False)}, lang))
+        lines.append(
+            fill(
+                t("ui.beside_peak", lang),
+                {
+                    "slack": fmt_bytes(report.allocator_slack_bytes, lang, units, both=False),
+                    "ctx": fmt_bytes(report.cuda_context_bytes, lang, units, both=False),
+                    "device": fmt_bytes(report.device_bytes, lang, units, both=False),
+                },
+                lang,
+            )
+        )
     dist = report.extra.get("distributed")
     if dist:
-        lines.append(fill(t("ui.distributed", lang), {
-            "gpus": dist["world_size"], "dp": dist["dp"], "tp": dist["tp"], "pp": dist["pp"],
-            "strategy": dist["strategy"], "offload": dist["offload"]}, lang))
+        lines.append(
+            fill(
+                t("ui.distributed", lang),
+                {
+                    "gpus": dist["world_size"],
+                    "dp": dist["dp"],
+                    "tp": dist["tp"],
+                    "pp": dist["pp"],
+                    "strategy": dist["strategy"],
+                    "offload": dist["offload"],
+                },
+                lang,
+            )
+        )
         if dist.get("host_ram_bytes_per_node"):
-            lines.append(fill(t("ui.host_ram", lang), {
-                "host": fmt_bytes(dist["host_ram_bytes_per_node"], lang, units),
-                "load": fmt_bytes(dist.get("host_ram_load_peak_bytes_per_node", 0), lang, units)}, lang))
+            lines.append(
+                fill(
+                    t("ui.host_ram", lang),
+                    {
+                        "host": fmt_bytes(dist["host_ram_bytes_per_node"], lang, units),
+                        "load": fmt_bytes(dist.get("host_ram_load_peak_bytes_per_node", 0), lang, units),
+                    },
+                    lang,
+                )
+            )
         for note in dist.get("notes", []):
             lines.append("· " + t("note." + note, lang))
     if report.paged_bytes:
         lines.append(fill(t("ui.paged", lang), {"paged": fmt_bytes(report.paged_bytes, lang, units)}, lang))
     if report.lesson:
         lines.append("")
-        lines.append(t("ui.lesson_vs_correct", lang, lesson=report.lesson["lesson_gib"],
-                       correct=report.lesson["correct_gib"], bpp=report.lesson["bytes_per_param"]))
+        lines.append(
+            t(
+                "ui.lesson_vs_correct",
+                lang,
+                lesson=report.lesson["lesson_gib"],
+                correct=report.lesson["correct_gib"],
+                bpp=report.lesson["bytes_per_param"],
+            )
+        )
     if report.gpu:
         g = report.gpu
         lines.append("")
-        lines.append(fill(t("ui.fit_line", lang), {
-            "gpu": g["display"], "verdict": t("ui.fits" if g["fits"] else "ui.does_not_fit", lang),
-            "need": fmt_bytes(g["needed_bytes"], lang, units, both=False),
-            "have": fmt_bytes(g["memory_bytes"], lang, units, both=False),
-            "margin": fmt_bytes(g["margin_bytes"], lang, units, both=False)}, lang))
+        lines.append(
+            fill(
+                t("ui.fit_line", lang),
+                {
+                    "gpu": g["display"],
+                    "verdict": t("ui.fits" if g["fits"] else "ui.does_not_fit", lang),
+                    "need": fmt_bytes(g["needed_bytes"], lang, units, both=False),
+                    "have": fmt_bytes(g["memory_bytes"], lang, units, both=False),
+                    "margin": fmt_bytes(g["margin_bytes"], lang, units, both=False),
+                },
+                lang,
+            )
+        )
     for note in report.notes:
         if note in ("simple_mode", "lesson_mode", "gemma2_eager", "paged_outside_allocator", "grad_accum_keeps_grads"):
             lines.append("· " + t("note." + note, lang))

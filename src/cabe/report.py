@@ -97,9 +97,7 @@ class Report:
             "device_bytes": self.device_bytes,
             "setup": self.setup,
             "model": self.model,
-            "steps": [
-                {"key": s.key, "formula": s.formula, "bytes": s.bytes, "params": s.params} for s in self.steps
-            ],
+            "steps": [{"key": s.key, "formula": s.formula, "bytes": s.bytes, "params": s.params} for s in self.steps],
             "notes": list(self.notes),
         }
         if self.lesson is not None:

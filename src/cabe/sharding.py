@@ -82,12 +82,16 @@ class ShardConfig:
     pp_schedule: str = "1f1b"  # "1f1b" | "gpipe"
 
     @classmethod
-    def hf_auto(cls, hidden_size: int, **kw: Any) -> "ShardConfig":
+    def hf_auto(cls, hidden_size: int, **kw: Any) -> ShardConfig:
         """The values Hugging Face's DeepSpeed integration fills for ``"auto"``
         (transformers/integrations/deepspeed.py): reduce_bucket_size = h², prefetch = 0.9·h²,
         persistence threshold = 10·h."""
-        return cls(reduce_bucket_size=hidden_size * hidden_size, prefetch_bucket_size=int(0.9 * hidden_size ** 2),
-                   param_persistence_threshold=10 * hidden_size, **kw)
+        return cls(
+            reduce_bucket_size=hidden_size * hidden_size,
+            prefetch_bucket_size=int(0.9 * hidden_size**2),
+            param_persistence_threshold=10 * hidden_size,
+            **kw,
+        )
 
 
 DEFAULT_CONFIG = ShardConfig()
@@ -172,8 +176,16 @@ def _stage_layers(layers: int, pp: int, stage: int) -> int:
     return base + (1 if stage < extra else 0)
 
 
-def _sums(spec: ModelSpec, setup: TrainingSetup, cfg: ShardConfig, tensors: list[Tensor], dt: Any, dp: int,
-          stage: int, shard_group: int) -> _Sums:
+def _sums(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    cfg: ShardConfig,
+    tensors: list[Tensor],
+    dt: Any,
+    dp: int,
+    stage: int,
+    shard_group: int,
+) -> _Sums:
     tp, pp, ep = setup.tp, setup.pp, setup.ep
     layers = spec.num_layers
     roles = {lin.name: lin.role for lin in spec.layer_linears}
@@ -254,8 +266,9 @@ def _sums(spec: ModelSpec, setup: TrainingSetup, cfg: ShardConfig, tensors: list
 # =============================================================================================
 
 
-def shard_parts(parts: StepParts, spec: ModelSpec, setup: TrainingSetup,
-                config: ShardConfig | None = None) -> tuple[StepParts, dict[str, Any]]:
+def shard_parts(
+    parts: StepParts, spec: ModelSpec, setup: TrainingSetup, config: ShardConfig | None = None
+) -> tuple[StepParts, dict[str, Any]]:
     """Per-GPU step parts for a multi-GPU (or offloaded) setup, and what explains them.
 
     Returns the parts of the pipeline stage whose peak is highest, and ``info`` with
@@ -296,8 +309,19 @@ def shard_parts(parts: StepParts, spec: ModelSpec, setup: TrainingSetup,
     return new, info
 
 
-def _gpu_parts(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, cfg: ShardConfig, s: _Sums, full: _Sums,
-               dt: Any, dp: int, shard: str, g: int, stage: int) -> tuple[StepParts, dict[str, Any]]:
+def _gpu_parts(
+    parts: StepParts,
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    cfg: ShardConfig,
+    s: _Sums,
+    full: _Sums,
+    dt: Any,
+    dp: int,
+    shard: str,
+    g: int,
+    stage: int,
+) -> tuple[StepParts, dict[str, Any]]:
     tp, pp, ep = setup.tp, setup.pp, setup.ep
     amp = dt.weight_copies
     off_opt = setup.offload in ("optimizer", "both")
@@ -342,7 +366,7 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, cfg: Sha
         keep_copies = False  # the module itself is 16-bit; no autocast weight cache
         w16 = half_w * rw + s.q * rw
         w16_sh = (2 * s.n_sh if amp else s.w_sh) * rw + s.q_sh * rw
-        g16 = (G / 2 if amp else G)
+        g16 = G / 2 if amp else G
         g16_sh = g16 / max(g, 1) if s.t == 0 else g16 * (s.t_sh / s.t)
         master_sh = 4 * s.nt_sh if amp else 0.0
         # step(): a fp32 copy of the gradient partition (stage_1_and_2.py single_grad_partition; stage3.py
@@ -351,7 +375,11 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, cfg: Sha
         O_sh = O * (s.t_sh / s.t) if s.t else 0.0
         TMP_sh = TMP * (s.t_sh / s.t) if s.t else 0.0
         overlap = cfg.overlap_comm if cfg.overlap_comm is not None else stage_n == 3
-        ipg = cfg.reduce_bucket_size * 2 * (2 if (overlap and stage_n < 3) else 1) if (cfg.contiguous_gradients and s.t) else 0
+        ipg = (
+            cfg.reduce_bucket_size * 2 * (2 if (overlap and stage_n < 3) else 1)
+            if (cfg.contiguous_gradients and s.t)
+            else 0
+        )
         if stage_n < 3:
             weights = w16
         else:
@@ -399,7 +427,7 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, cfg: Sha
     elif shard in ("fsdp", "fsdp-hybrid"):
         keep_copies = False  # MixedPrecision casts the all-gathered parameters
         unit_b = 2 if amp else (dt.weight if dt.weight else 2)
-        layer_g = (s.layer_n * unit_b + s.layer_q * rw)
+        layer_g = s.layer_n * unit_b + s.layer_q * rw
         root_g = s.root_n * unit_b
         units = 2 if cfg.fsdp_prefetch else 1
         comps["forward"]["gathered_params"] = units * layer_g + root_g
@@ -441,7 +469,9 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, cfg: Sha
         grad_layers = max(0, min(stage_layers, parts.grad_layers - below))
     grads_total = grads
     g_ratio = grads_total / parts.grads if parts.grads else 0.0
-    grads_head = parts.grads_head * g_ratio / (layer_frac if pp > 1 else 1) * (1 if head_on else 0) if parts.grads else 0
+    grads_head = (
+        parts.grads_head * g_ratio / (layer_frac if pp > 1 else 1) * (1 if head_on else 0) if parts.grads else 0
+    )
     grads_head = min(grads_head, grads_total)
     grads_per_layer = (grads_total - grads_head) / grad_layers if grad_layers else 0
     if pp > 1:
@@ -499,14 +529,39 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, cfg: Sha
         "gradients_bytes": new.grads,
         "optimizer_bytes": new.optimizer,
         "master_weights_bytes": round(comps["optimizer"].get("master_weights", 0)),
-        "model_states_bytes": new.weights + new.grads + new.optimizer + round(comps["optimizer"].get("master_weights", 0)),
-        "communication_bytes": {k: v for k, v in {**new.extra_forward, **new.extra_backward, **new.extra_optimizer}.items()
-                                if k in ("ddp_buckets", "ipg_buckets", "p2p_buffers", "tp_comm", "moe_all_to_all")},
-        "gathered_params_bytes": max(new.extra_forward.get("gathered_params", 0), new.extra_backward.get("gathered_params", 0)),
+        "model_states_bytes": new.weights
+        + new.grads
+        + new.optimizer
+        + round(comps["optimizer"].get("master_weights", 0)),
+        "communication_bytes": {
+            k: v
+            for k, v in {**new.extra_forward, **new.extra_backward, **new.extra_optimizer}.items()
+            if k in ("ddp_buckets", "ipg_buckets", "p2p_buffers", "tp_comm", "moe_all_to_all")
+        },
+        "gathered_params_bytes": max(
+            new.extra_forward.get("gathered_params", 0), new.extra_backward.get("gathered_params", 0)
+        ),
         "host_bytes": host_per_gpu,
     }
-    steps = _steps(spec, setup, shard, dp, g, tp, pp, ep, stage, stage_layers, inflight, per_gpu, host_per_gpu,
-                   per_node, cfg, amp, s)
+    steps = _steps(
+        spec,
+        setup,
+        shard,
+        dp,
+        g,
+        tp,
+        pp,
+        ep,
+        stage,
+        stage_layers,
+        inflight,
+        per_gpu,
+        host_per_gpu,
+        per_node,
+        cfg,
+        amp,
+        s,
+    )
     info: dict[str, Any] = {
         "strategy": shard,
         "world_size": setup.gpus,
@@ -531,31 +586,63 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, cfg: Sha
     return new, info
 
 
-def _steps(spec, setup, shard, dp, g, tp, pp, ep, stage, stage_layers, inflight, per_gpu, host, per_node, cfg, amp,
-           s) -> list[dict[str, Any]]:
+def _steps(
+    spec, setup, shard, dp, g, tp, pp, ep, stage, stage_layers, inflight, per_gpu, host, per_node, cfg, amp, s
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     def add(key: str, formula: str, nbytes: int | None, **params: Any) -> None:
         out.append({"key": key, "formula": formula, "bytes": nbytes, "params": params})
 
-    add("shard.layout", "{gpus} = dp {dp} × tp {tp} × pp {pp}; ep {ep}", None,
-        gpus=setup.gpus, dp=dp, tp=tp, pp=pp, ep=ep)
+    add(
+        "shard.layout",
+        "{gpus} = dp {dp} × tp {tp} × pp {pp}; ep {ep}",
+        None,
+        gpus=setup.gpus,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+    )
     if shard in ("zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid"):
-        add("shard." + shard, "{states} B / {g}", per_gpu["model_states_bytes"], states=per_gpu["model_states_bytes"],
-            g=g)
+        add(
+            "shard." + shard,
+            "{states} B / {g}",
+            per_gpu["model_states_bytes"],
+            states=per_gpu["model_states_bytes"],
+            g=g,
+        )
     else:
         add("shard." + shard, "{states} B", per_gpu["model_states_bytes"], states=per_gpu["model_states_bytes"])
     if pp > 1:
-        add("shard.pipeline", "{layers} layers × {inflight} micro-batches", None, layers=stage_layers,
-            inflight=inflight, stage=stage)
+        add(
+            "shard.pipeline",
+            "{layers} layers × {inflight} micro-batches",
+            None,
+            layers=stage_layers,
+            inflight=inflight,
+            stage=stage,
+        )
     if tp > 1:
         add("shard.tensor_parallel", "1/{tp}", None, tp=tp, sp=int(cfg.sequence_parallel))
     for name, nbytes in per_gpu["communication_bytes"].items():
         add("shard.buffer." + name, "{bytes} B = {gib} GiB", nbytes, bytes=nbytes, gib=nbytes / GiB)
     if per_gpu["gathered_params_bytes"]:
-        add("shard.gathered", "{bytes} B = {gib} GiB", per_gpu["gathered_params_bytes"],
-            bytes=per_gpu["gathered_params_bytes"], gib=per_gpu["gathered_params_bytes"] / GiB)
+        add(
+            "shard.gathered",
+            "{bytes} B = {gib} GiB",
+            per_gpu["gathered_params_bytes"],
+            bytes=per_gpu["gathered_params_bytes"],
+            gib=per_gpu["gathered_params_bytes"] / GiB,
+        )
     if host:
-        add("shard.host", "{per_gpu} B × {gpus} = {bytes} B = {gb} GB", host * per_node, per_gpu=host, gpus=per_node,
-            bytes=host * per_node, gb=host * per_node / GB)
+        add(
+            "shard.host",
+            "{per_gpu} B × {gpus} = {bytes} B = {gb} GB",
+            host * per_node,
+            per_gpu=host,
+            gpus=per_node,
+            bytes=host * per_node,
+            gb=host * per_node / GB,
+        )
     return out

@@ -27,12 +27,13 @@ documented rules of thumb, not measurements of your run:
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from cabe import gpus as gpu_catalog
+from cabe.analytic import estimate_model
 from cabe.architecture import ModelSpec
 from cabe.errors import CabeError, InvalidValueError
-from cabe.analytic import estimate_model
 from cabe.gpus import Gpu
 from cabe.report import Report
 from cabe.training import MAX_BATCH, MAX_SEQ, TrainingSetup
@@ -91,8 +92,9 @@ def _largest(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:
     return good
 
 
-def _answer(kind: str, value: int | None, spec: ModelSpec, setup: TrainingSetup, card: Gpu, field: str,
-            limit: int) -> dict[str, Any]:
+def _answer(
+    kind: str, value: int | None, spec: ModelSpec, setup: TrainingSetup, card: Gpu, field: str, limit: int
+) -> dict[str, Any]:
     out: dict[str, Any] = {"solve": kind, "value": value, "limit": limit, "capped": value == limit}
     if value is not None:
         r = estimate_model(spec, setup.with_(**{field: value}))
@@ -108,8 +110,12 @@ def _answer(kind: str, value: int | None, spec: ModelSpec, setup: TrainingSetup,
 
 def _fig(r: Report, card: Gpu) -> dict[str, Any]:
     f = gpu_catalog.fit(r, card)
-    return {"total_bytes": r.total_bytes, "needed_bytes": f["needed_bytes"], "fits": f["fits"],
-            "margin_bytes": f["margin_bytes"]}
+    return {
+        "total_bytes": r.total_bytes,
+        "needed_bytes": f["needed_bytes"],
+        "fits": f["fits"],
+        "margin_bytes": f["margin_bytes"],
+    }
 
 
 def max_batch(spec: ModelSpec, setup: TrainingSetup, card: Gpu, limit: int = 1 << 16) -> dict[str, Any]:
@@ -133,8 +139,14 @@ def min_gpus(spec: ModelSpec, setup: TrainingSetup, card: Gpu, limit: int = MAX_
     (said in ``shard``)."""
     unit0 = setup.tp * setup.pp * max(setup.ep, 1)
     if setup.gpus == unit0 and _fits(spec, setup, card)[0]:
-        return {"solve": "gpus", "value": setup.gpus, "shard": setup.shard, "limit": limit, "capped": False,
-                "at_value": _fig(estimate_model(spec, setup), card)}
+        return {
+            "solve": "gpus",
+            "value": setup.gpus,
+            "shard": setup.shard,
+            "limit": limit,
+            "capped": False,
+            "at_value": _fig(estimate_model(spec, setup), card),
+        }
     shard = setup.shard if setup.shard not in ("none", "ddp") else "fsdp"
     if shard.startswith("fsdp") and setup.offload == "optimizer":
         shard = "zero3"
@@ -174,16 +186,20 @@ def _candidates(spec: ModelSpec, s: TrainingSetup, card: Gpu) -> list[tuple[str,
         c.append(("lower_rank", {"lora_rank": max(1, s.lora_rank // 2)}))
     order = ["none", "ddp", "zero1", "zero2", "zero3"]
     if s.gpus > 1 and s.shard in order:
-        for z in order[order.index(s.shard) + 1:]:
+        for z in order[order.index(s.shard) + 1 :]:
             if z.startswith("zero"):
                 c.append((z, {"shard": z}))
         if s.shard in ("none", "ddp") and s.offload == "none":
             c.append(("fsdp", {"shard": "fsdp"}))
     if s.offload in ("none", "parameters") and not s.shard.startswith("fsdp"):
         shard = s.shard if s.shard.startswith("zero") else "zero2"
-        c.append(("offload_optimizer", {"shard": shard, "offload": "both" if s.offload == "parameters" else "optimizer"}))
+        c.append(
+            ("offload_optimizer", {"shard": shard, "offload": "both" if s.offload == "parameters" else "optimizer"})
+        )
     if s.offload != "both":
-        c.append(("offload_parameters", {"shard": "fsdp" if s.shard.startswith("fsdp") else "zero3", "offload": "both"}))
+        c.append(
+            ("offload_parameters", {"shard": "fsdp" if s.shard.startswith("fsdp") else "zero3", "offload": "both"})
+        )
     if s.batch > 1:
         c.append(("smaller_batch_accum", {"batch": s.batch // 2, "grad_accum": s.grad_accum * 2}))
     if s.seq > 64:
@@ -206,15 +222,32 @@ def make_it_fit(spec: ModelSpec, setup: TrainingSetup, card: Gpu) -> dict[str, A
         except CabeError:
             continue
         f = gpu_catalog.fit(r, card)
-        rows.append({"change": code, "set": change, "total_bytes": r.total_bytes, "needed_bytes": f["needed_bytes"],
-                     "saved_bytes": base - f["needed_bytes"], "fits": f["fits"], "slowdown": SLOWDOWN[code],
-                     "host_ram_bytes_per_node": (r.extra.get("distributed") or {}).get("host_ram_bytes_per_node", 0)})
+        rows.append(
+            {
+                "change": code,
+                "set": change,
+                "total_bytes": r.total_bytes,
+                "needed_bytes": f["needed_bytes"],
+                "saved_bytes": base - f["needed_bytes"],
+                "fits": f["fits"],
+                "slowdown": SLOWDOWN[code],
+                "host_ram_bytes_per_node": (r.extra.get("distributed") or {}).get("host_ram_bytes_per_node", 0),
+            }
+        )
     more = min_gpus(spec, setup, card) if setup.gpus >= 1 else None
     if more and more["value"] and more["value"] != setup.gpus:
-        rows.append({"change": "more_gpus", "set": {"gpus": more["value"], "shard": more["shard"]},
-                     "total_bytes": more["at_value"]["total_bytes"], "needed_bytes": more["at_value"]["needed_bytes"],
-                     "saved_bytes": base - more["at_value"]["needed_bytes"], "fits": True,
-                     "slowdown": SLOWDOWN["more_gpus"], "host_ram_bytes_per_node": 0})
+        rows.append(
+            {
+                "change": "more_gpus",
+                "set": {"gpus": more["value"], "shard": more["shard"]},
+                "total_bytes": more["at_value"]["total_bytes"],
+                "needed_bytes": more["at_value"]["needed_bytes"],
+                "saved_bytes": base - more["at_value"]["needed_bytes"],
+                "fits": True,
+                "slowdown": SLOWDOWN["more_gpus"],
+                "host_ram_bytes_per_node": 0,
+            }
+        )
     rows = [r for r in rows if r["saved_bytes"] > 0]
     by_memory = sorted(rows, key=lambda r: -r["saved_bytes"])
     by_speed = sorted(rows, key=lambda r: (not r["fits"], r["slowdown"], -r["saved_bytes"]))
@@ -239,10 +272,15 @@ def make_it_fit(spec: ModelSpec, setup: TrainingSetup, card: Gpu) -> dict[str, A
     slowdown = 1.0
     for p in plan:
         slowdown *= SLOWDOWN[p["change"]]
-    return {"solve": "changes", "fits_now": now_ok, "needed_bytes": base, "card_bytes": card.memory_bytes,
-            "by_memory": by_memory, "by_speed": by_speed,
-            "plan": {"steps": plan, "fits": fits, "slowdown": round(slowdown, 3),
-                     "setup": cur.to_dict() if plan else None}}
+    return {
+        "solve": "changes",
+        "fits_now": now_ok,
+        "needed_bytes": base,
+        "card_bytes": card.memory_bytes,
+        "by_memory": by_memory,
+        "by_speed": by_speed,
+        "plan": {"steps": plan, "fits": fits, "slowdown": round(slowdown, 3), "setup": cur.to_dict() if plan else None},
+    }
 
 
 SOLVES = ("batch", "seq", "gpus", "changes")

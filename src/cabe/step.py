@@ -63,24 +63,61 @@ def timeline(p: StepParts) -> list[Moment]:
     g_acc = p.grads if p.grads_in_forward else 0
     acts_all = p.grad_layers * p.saved_layer + p.rotary + p.final_norm_saved
     moments = [
-        Moment("forward", "loss", {
-            **base, "gradients": g_acc, "weight_copies": p.copies_layer * p.copies_fwd_layers + p.copies_head,
-            "activations": acts_all, "logits": p.head_saved + p.head_forward_extra, **p.extra_forward}),
-        Moment("backward", "head", {
-            **base, "gradients": g_acc, "weight_copies": p.copies_layer * p.grad_layers + p.copies_head,
-            "activations": acts_all, "logits": p.head_saved + p.head_backward_extra, **p.extra_backward}),
+        Moment(
+            "forward",
+            "loss",
+            {
+                **base,
+                "gradients": g_acc,
+                "weight_copies": p.copies_layer * p.copies_fwd_layers + p.copies_head,
+                "activations": acts_all,
+                "logits": p.head_saved + p.head_forward_extra,
+                **p.extra_forward,
+            },
+        ),
+        Moment(
+            "backward",
+            "head",
+            {
+                **base,
+                "gradients": g_acc,
+                "weight_copies": p.copies_layer * p.grad_layers + p.copies_head,
+                "activations": acts_all,
+                "logits": p.head_saved + p.head_backward_extra,
+                **p.extra_backward,
+            },
+        ),
     ]
     if p.grad_layers:
         for from_top, where in ((0, "top_layer"), (p.grad_layers - 1, "bottom_layer")):
             remaining = p.grad_layers - from_top
             grads = g_acc or (p.grads_head + p.grads_per_layer * (from_top + 1))
-            moments.append(Moment("backward", where, {
-                **base, "gradients": grads, "weight_copies": p.copies_layer * remaining,
-                "activations": remaining * p.saved_layer + p.recompute_layer + p.rotary + p.workspace_layer,
-                **p.extra_backward}))
+            moments.append(
+                Moment(
+                    "backward",
+                    where,
+                    {
+                        **base,
+                        "gradients": grads,
+                        "weight_copies": p.copies_layer * remaining,
+                        "activations": remaining * p.saved_layer + p.recompute_layer + p.rotary + p.workspace_layer,
+                        **p.extra_backward,
+                    },
+                )
+            )
     if p.embedding_backward_workspace:
-        moments.append(Moment("backward", "embedding", {
-            **base, "gradients": p.grads, "activations": p.embedding_backward_workspace, **p.extra_backward}))
-    moments.append(Moment("optimizer", "step", {
-        **base, "gradients": p.grads, "optimizer_temporaries": p.optimizer_temporaries, **p.extra_optimizer}))
+        moments.append(
+            Moment(
+                "backward",
+                "embedding",
+                {**base, "gradients": p.grads, "activations": p.embedding_backward_workspace, **p.extra_backward},
+            )
+        )
+    moments.append(
+        Moment(
+            "optimizer",
+            "step",
+            {**base, "gradients": p.grads, "optimizer_temporaries": p.optimizer_temporaries, **p.extra_optimizer},
+        )
+    )
     return moments

@@ -7,7 +7,7 @@ API, HTTP API, web page, trace) builds one of these and hands it to the core.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Literal, get_args
 
 from cabe.errors import InvalidValueError
@@ -156,7 +156,7 @@ class TrainingSetup:
     def adapters(self) -> bool:
         return self.method in ("lora", "qlora")
 
-    def with_(self, **changes: object) -> "TrainingSetup":
+    def with_(self, **changes: object) -> TrainingSetup:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, object]:

@@ -28,19 +28,22 @@ def reasons(src: configs.Source) -> dict[str, str]:
     return dict(src.ignored)
 
 
-@pytest.mark.parametrize("name,fmt", [
-    ("sft_config.json", "training_args"),
-    ("trl_sft_qlora.yaml", "training_args"),
-    ("adapter_config.json", "peft_config"),
-    ("bnb_config.json", "bnb"),
-    ("ds_zero3_offload.json", "deepspeed"),
-    ("ds_zero2.json", "deepspeed"),
-    ("accelerate_fsdp.yaml", "accelerate"),
-    ("accelerate_fsdp2_hybrid.yaml", "accelerate"),
-    ("axolotl_llama3_qlora.yml", "axolotl"),
-    ("torchtune_8B_qlora_single_device.yaml", "torchtune"),
-    ("torchtune_70B_lora.yaml", "torchtune"),
-])
+@pytest.mark.parametrize(
+    "name,fmt",
+    [
+        ("sft_config.json", "training_args"),
+        ("trl_sft_qlora.yaml", "training_args"),
+        ("adapter_config.json", "peft_config"),
+        ("bnb_config.json", "bnb"),
+        ("ds_zero3_offload.json", "deepspeed"),
+        ("ds_zero2.json", "deepspeed"),
+        ("accelerate_fsdp.yaml", "accelerate"),
+        ("accelerate_fsdp2_hybrid.yaml", "accelerate"),
+        ("axolotl_llama3_qlora.yml", "axolotl"),
+        ("torchtune_8B_qlora_single_device.yaml", "torchtune"),
+        ("torchtune_70B_lora.yaml", "torchtune"),
+    ],
+)
 def test_format_detected_from_content(name, fmt):
     assert source(name).format == fmt
 
@@ -48,11 +51,19 @@ def test_format_detected_from_content(name, fmt):
 def test_every_module_has_the_same_functions():
     for fmt in configs.FORMATS:
         mod = configs.module(fmt)
-        assert callable(mod.read) and callable(mod.to_request) and mod.FORMAT == fmt
-        data = mod.read(FILES / {"training_args": "sft_config.json", "peft_config": "adapter_config.json",
-                                 "bnb": "bnb_config.json", "deepspeed": "ds_zero2.json",
-                                 "accelerate": "accelerate_fsdp.yaml", "axolotl": "axolotl_llama3_qlora.yml",
-                                 "torchtune": "torchtune_70B_lora.yaml"}[fmt])
+        assert callable(mod.read) and callable(mod.to_request) and fmt == mod.FORMAT
+        data = mod.read(
+            FILES
+            / {
+                "training_args": "sft_config.json",
+                "peft_config": "adapter_config.json",
+                "bnb": "bnb_config.json",
+                "deepspeed": "ds_zero2.json",
+                "accelerate": "accelerate_fsdp.yaml",
+                "axolotl": "axolotl_llama3_qlora.yml",
+                "torchtune": "torchtune_70B_lora.yaml",
+            }[fmt]
+        )
         fields, used, ignored = mod.to_request(data)
         assert isinstance(fields, dict) and used and all(isinstance(u, str) for u in used)
         assert all(r in _base.REASONS for _, r in ignored)
@@ -61,18 +72,32 @@ def test_every_module_has_the_same_functions():
 
 def test_training_arguments_json():
     s = source("sft_config.json")
-    assert s.fields == {"batch": 4, "grad_accum": 8, "precision": "bf16-amp", "checkpointing": True,
-                        "optimizer": "paged-adamw-8bit", "seq": 2048}
+    assert s.fields == {
+        "batch": 4,
+        "grad_accum": 8,
+        "precision": "bf16-amp",
+        "checkpointing": True,
+        "optimizer": "paged-adamw-8bit",
+        "seq": 2048,
+    }
     r = reasons(s)
     assert r["learning_rate"] == "no_effect" and r["torch_compile"] == "not_modeled"
     assert "per_device_train_batch_size" in s.used and "max_length" in s.used
 
 
-@pytest.mark.parametrize("optim,expected", [
-    ("adamw_torch", ("adamw", None)), ("adamw_torch_fused", ("adamw", "fused")), ("adamw_bnb_8bit", ("adamw-8bit", None)),
-    ("paged_adamw_8bit", ("paged-adamw-8bit", None)), ("paged_adamw_32bit", ("paged-adamw", None)),
-    ("adafactor", ("adafactor", None)), ("sgd", ("sgd", None)), ("lion_32bit", ("lion", None)),
-])
+@pytest.mark.parametrize(
+    "optim,expected",
+    [
+        ("adamw_torch", ("adamw", None)),
+        ("adamw_torch_fused", ("adamw", "fused")),
+        ("adamw_bnb_8bit", ("adamw-8bit", None)),
+        ("paged_adamw_8bit", ("paged-adamw-8bit", None)),
+        ("paged_adamw_32bit", ("paged-adamw", None)),
+        ("adafactor", ("adafactor", None)),
+        ("sgd", ("sgd", None)),
+        ("lion_32bit", ("lion", None)),
+    ],
+)
 def test_optim_names_as_transformers_spells_them(optim, expected):
     fields, used, _ = configs.module("training_args").to_request({"optim": optim})
     assert (fields["optimizer"], fields.get("optimizer_impl")) == expected and used == ["optim"]
@@ -102,13 +127,22 @@ def test_peft_adapter_config():
     s = source("adapter_config.json")
     assert s.fields["method"] == "lora" and s.fields["lora_rank"] == 16 and s.fields["lora_alpha"] == 32
     assert s.fields["model"] == "llama-3.1-8b"
-    assert set(s.fields["lora_targets"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert set(s.fields["lora_targets"]) == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
     assert reasons(s)["lora_dropout"] == "no_effect"
 
 
 def test_peft_all_linear_string_and_dora():
     fields, _, ignored = configs.module("peft_config").to_request(
-        {"peft_type": "LORA", "r": 8, "target_modules": "all-linear", "use_dora": True})
+        {"peft_type": "LORA", "r": 8, "target_modules": "all-linear", "use_dora": True}
+    )
     assert fields["lora_targets"] == ("all-linear",) and ("use_dora", "not_modeled") in ignored
 
 
@@ -153,7 +187,8 @@ def test_deepspeed_zero2_numbers_give_the_world_size():
 def test_deepspeed_batch_sizes_that_do_not_divide_contradict():
     with pytest.raises(ConfigError) as e:
         configs.module("deepspeed").to_request(
-            {"train_batch_size": 100, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 1})
+            {"train_batch_size": 100, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 1}
+        )
     assert e.value.code == "cfg_contradiction" and e.value.field == "gpus"
 
 
@@ -171,41 +206,76 @@ def test_accelerate_fsdp():
 
 def test_accelerate_fsdp2_hybrid_two_nodes_with_offload():
     s = source("accelerate_fsdp2_hybrid.yaml")
-    assert s.fields == {"shard": "fsdp-hybrid", "offload": "both", "precision": "bf16-amp", "gpus": 16,
-                        "gpus_per_node": 8}
+    assert s.fields == {
+        "shard": "fsdp-hybrid",
+        "offload": "both",
+        "precision": "bf16-amp",
+        "gpus": 16,
+        "gpus_per_node": 8,
+    }
 
 
-@pytest.mark.parametrize("strategy,shard", [("FULL_SHARD", "fsdp"), ("SHARD_GRAD_OP", "zero2"),
-                                            ("HYBRID_SHARD", "fsdp-hybrid"), ("NO_SHARD", "ddp"), (1, "fsdp")])
+@pytest.mark.parametrize(
+    "strategy,shard",
+    [
+        ("FULL_SHARD", "fsdp"),
+        ("SHARD_GRAD_OP", "zero2"),
+        ("HYBRID_SHARD", "fsdp-hybrid"),
+        ("NO_SHARD", "ddp"),
+        (1, "fsdp"),
+    ],
+)
 def test_accelerate_sharding_strategies(strategy, shard):
     fields, _, _ = configs.module("accelerate").to_request(
-        {"distributed_type": "FSDP", "num_processes": 4, "fsdp_config": {"fsdp_sharding_strategy": strategy}})
+        {"distributed_type": "FSDP", "num_processes": 4, "fsdp_config": {"fsdp_sharding_strategy": strategy}}
+    )
     assert fields["shard"] == shard
 
 
 def test_accelerate_deepspeed_plugin():
     fields, _, _ = configs.module("accelerate").to_request(
-        {"distributed_type": "DEEPSPEED", "num_processes": 8,
-         "deepspeed_config": {"zero_stage": 2, "offload_optimizer_device": "cpu", "offload_param_device": "none",
-                              "gradient_accumulation_steps": 4}})
+        {
+            "distributed_type": "DEEPSPEED",
+            "num_processes": 8,
+            "deepspeed_config": {
+                "zero_stage": 2,
+                "offload_optimizer_device": "cpu",
+                "offload_param_device": "none",
+                "gradient_accumulation_steps": 4,
+            },
+        }
+    )
     assert fields == {"shard": "zero2", "offload": "optimizer", "gpus": 8, "grad_accum": 4}
 
 
 def test_axolotl_qlora():
     s = source("axolotl_llama3_qlora.yml")
-    assert s.fields == {"model": "llama-3.1-8b", "method": "qlora", "seq": 4096, "lora_rank": 32, "lora_alpha": 16,
-                        "lora_targets": ("all-linear",), "grad_accum": 4, "batch": 2, "optimizer": "paged-adamw",
-                        "precision": "bf16", "checkpointing": True, "attention": "flash"}
+    assert s.fields == {
+        "model": "llama-3.1-8b",
+        "method": "qlora",
+        "seq": 4096,
+        "lora_rank": 32,
+        "lora_alpha": 16,
+        "lora_targets": ("all-linear",),
+        "grad_accum": 4,
+        "batch": 2,
+        "optimizer": "paged-adamw",
+        "precision": "bf16",
+        "checkpointing": True,
+        "attention": "flash",
+    }
     assert reasons(s)["sample_packing"] == "not_modeled"
     assert "wandb_project" not in reasons(s)  # empty options are not noise
 
 
 def test_axolotl_deepspeed_and_fsdp():
     fields, _, ignored = configs.module("axolotl").to_request(
-        {"base_model": "Qwen/Qwen2.5-7B", "deepspeed": "deepspeed_configs/zero3_bf16.json", "micro_batch_size": 1})
+        {"base_model": "Qwen/Qwen2.5-7B", "deepspeed": "deepspeed_configs/zero3_bf16.json", "micro_batch_size": 1}
+    )
     assert fields["model"] == "qwen2.5-7b" and ("deepspeed", "other_file") in ignored
     fields, _, _ = configs.module("axolotl").to_request(
-        {"base_model": "x/y", "fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_offload_params": True}})
+        {"base_model": "x/y", "fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_offload_params": True}}
+    )
     assert fields["shard"] == "fsdp" and fields["offload"] == "both" and fields["model"] == "x/y"
 
 
@@ -217,10 +287,20 @@ def test_axolotl_contradiction():
 
 def test_torchtune_qlora_single_device():
     s = source("torchtune_8B_qlora_single_device.yaml")
-    assert s.fields == {"model": "llama-3.1-8b", "method": "qlora", "lora_rank": 8, "lora_alpha": 16,
-                        "lora_targets": ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-                        "seq": 2048, "batch": 2, "optimizer": "adamw", "optimizer_impl": "fused", "grad_accum": 8,
-                        "precision": "bf16", "checkpointing": True}
+    assert s.fields == {
+        "model": "llama-3.1-8b",
+        "method": "qlora",
+        "lora_rank": 8,
+        "lora_alpha": 16,
+        "lora_targets": ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        "seq": 2048,
+        "batch": 2,
+        "optimizer": "adamw",
+        "optimizer_impl": "fused",
+        "grad_accum": 8,
+        "precision": "bf16",
+        "checkpointing": True,
+    }
     assert reasons(s)["loss"] == "not_modeled"
 
 
@@ -231,11 +311,14 @@ def test_torchtune_distributed_lora_70b():
     assert "seq" in configs.combine([s]).defaults and "gpus" in configs.combine([s]).defaults
 
 
-@pytest.mark.parametrize("component,preset,method", [
-    ("torchtune.models.llama3_1.lora_llama3_1_8b", "llama-3.1-8b", "lora"),
-    ("torchtune.models.llama3_2.llama3_2_1b", "llama-3.2-1b", "full"),
-    ("torchtune.models.qwen2_5.qlora_qwen2_5_7b_instruct", "qwen2.5-7b", "qlora"),
-])
+@pytest.mark.parametrize(
+    "component,preset,method",
+    [
+        ("torchtune.models.llama3_1.lora_llama3_1_8b", "llama-3.1-8b", "lora"),
+        ("torchtune.models.llama3_2.llama3_2_1b", "llama-3.2-1b", "full"),
+        ("torchtune.models.qwen2_5.qlora_qwen2_5_7b_instruct", "qwen2.5-7b", "qlora"),
+    ],
+)
 def test_torchtune_model_names(component, preset, method):
     fields, _, _ = configs.module("torchtune").to_request({"model": {"_component_": component}})
     assert fields["model"] == preset and fields["method"] == method
@@ -249,6 +332,7 @@ def test_model_names_map_to_presets_or_pass_through():
 
 
 # ---- combining files ---------------------------------------------------------------------
+
 
 def test_trainer_peft_and_bnb_together():
     c = configs.from_files([FILES / "sft_config.json", FILES / "adapter_config.json", FILES / "bnb_config.json"])
@@ -277,15 +361,21 @@ def test_overrides_win_and_are_reported():
     assert c.defaults == []
 
 
-@pytest.mark.parametrize("text,name,code", [
-    ("a: [1, 2\n", "bad.yaml", "cfg_malformed"),
-    ('{"a": 1,}', "bad.json", "cfg_malformed"),
-    ("- just\n- a list\n", "list.yaml", "cfg_not_mapping"),
-    ('{"hello": "world"}', "what.json", "cfg_unknown_format"),
-    ('{"bf16": true, "fp16": true, "per_device_train_batch_size": 1}', "train.json", "cfg_contradiction"),
-    ("model:\n  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_attn_modules: [wq]\n", "tt.yaml",
-     "cfg_bad_value"),
-])
+@pytest.mark.parametrize(
+    "text,name,code",
+    [
+        ("a: [1, 2\n", "bad.yaml", "cfg_malformed"),
+        ('{"a": 1,}', "bad.json", "cfg_malformed"),
+        ("- just\n- a list\n", "list.yaml", "cfg_not_mapping"),
+        ('{"hello": "world"}', "what.json", "cfg_unknown_format"),
+        ('{"bf16": true, "fp16": true, "per_device_train_batch_size": 1}', "train.json", "cfg_contradiction"),
+        (
+            "model:\n  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_attn_modules: [wq]\n",
+            "tt.yaml",
+            "cfg_bad_value",
+        ),
+    ],
+)
 def test_bad_files_give_a_coded_error(tmp_path, text, name, code):
     p = tmp_path / name
     p.write_text(text)

@@ -28,10 +28,34 @@ def test_single_gpu_end_to_end_equals_cabe_estimate(capsys):
     assert rc == 0, err
     got = json.loads(out)
     fc = got.pop("from_config")
-    want = estimate_json(capsys, "--model", "llama-3.1-8b", "--method", "qlora", "--lora-rank", "8", "--lora-alpha", "16",
-                         "--lora-targets", "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "--seq", "2048",
-                         "--batch", "2", "--optimizer", "adamw", "--optimizer-impl", "fused", "--grad-accum", "8",
-                         "--precision", "bf16", "--checkpointing", "--compute-dtype", "bf16")
+    want = estimate_json(
+        capsys,
+        "--model",
+        "llama-3.1-8b",
+        "--method",
+        "qlora",
+        "--lora-rank",
+        "8",
+        "--lora-alpha",
+        "16",
+        "--lora-targets",
+        "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+        "--seq",
+        "2048",
+        "--batch",
+        "2",
+        "--optimizer",
+        "adamw",
+        "--optimizer-impl",
+        "fused",
+        "--grad-accum",
+        "8",
+        "--precision",
+        "bf16",
+        "--checkpointing",
+        "--compute-dtype",
+        "bf16",
+    )
     assert got == want
     assert fc["files"] == [{"path": str(FILES / "torchtune_8B_qlora_single_device.yaml"), "format": "torchtune"}]
     assert {"file": str(FILES / "torchtune_8B_qlora_single_device.yaml"), "field": "batch_size"} in fc["used"]
@@ -40,8 +64,9 @@ def test_single_gpu_end_to_end_equals_cabe_estimate(capsys):
 
 
 def test_text_report_has_the_read_from_section(capsys):
-    rc, out, _ = run(capsys, FILES / "sft_config.json", FILES / "adapter_config.json", FILES / "bnb_config.json",
-                     "--lang", "en")
+    rc, out, _ = run(
+        capsys, FILES / "sft_config.json", FILES / "adapter_config.json", FILES / "bnb_config.json", "--lang", "en"
+    )
     assert rc == 0
     assert out.startswith("Peak memory:")
     assert "Read from:" in out and "sft_config.json (TrainingArguments / SFTConfig)" in out
@@ -67,13 +92,16 @@ def test_seq_default_is_reported(capsys):
     assert rc == 0 and "pass --seq" in out
 
 
-@pytest.mark.parametrize("files", [
-    ["accelerate_fsdp.yaml", "sft_config.json", "--model", "llama-3.1-70b"],
-    ["ds_zero3_offload.json", "sft_config.json", "--model", "llama-3.1-8b", "--gpus", "4"],
-    ["ds_zero2.json", "--model", "llama-3.1-8b"],
-    ["torchtune_70B_lora.yaml", "--gpus", "8", "--seq", "4096"],
-    ["accelerate_fsdp2_hybrid.yaml", "--model", "llama-3.1-70b", "--seq", "4096"],
-])
+@pytest.mark.parametrize(
+    "files",
+    [
+        ["accelerate_fsdp.yaml", "sft_config.json", "--model", "llama-3.1-70b"],
+        ["ds_zero3_offload.json", "sft_config.json", "--model", "llama-3.1-8b", "--gpus", "4"],
+        ["ds_zero2.json", "--model", "llama-3.1-8b"],
+        ["torchtune_70B_lora.yaml", "--gpus", "8", "--seq", "4096"],
+        ["accelerate_fsdp2_hybrid.yaml", "--model", "llama-3.1-70b", "--seq", "4096"],
+    ],
+)
 def test_multi_gpu_files_pass_the_fields_through(capsys, files):
     args = [FILES / f if f.endswith((".json", ".yaml", ".yml")) else f for f in files]
     rc, out, err = run(capsys, *args, "--json")
@@ -84,9 +112,15 @@ def test_multi_gpu_files_pass_the_fields_through(capsys, files):
     assert data["setup"]["shard"] == req["shard"] and data["setup"]["gpus"] == req.get("gpus", 1)
 
 
-@pytest.mark.parametrize("text,name", [("a: [1, 2\n", "bad.yaml"), ('{"a": 1,}', "bad.json"),
-                                       ('{"hello": 1}', "what.json"),
-                                       ('{"bf16": true, "fp16": true, "optim": "sgd"}', "train.json")])
+@pytest.mark.parametrize(
+    "text,name",
+    [
+        ("a: [1, 2\n", "bad.yaml"),
+        ('{"a": 1,}', "bad.json"),
+        ('{"hello": 1}', "what.json"),
+        ('{"bf16": true, "fp16": true, "optim": "sgd"}', "train.json"),
+    ],
+)
 def test_bad_files_exit_2_with_one_sentence(capsys, tmp_path, text, name):
     p = tmp_path / name
     p.write_text(text)

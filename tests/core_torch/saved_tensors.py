@@ -32,8 +32,12 @@ def layer_saved_bytes(model, input_ids, *, layer_index: int = 1, amp: bool = Fal
         if where[0] == layer_index:
             # autocast's cached weight copies are 2-D transposed views of a param-sized storage
             # (and so are the per-use casts of frozen weights, which have no grad_fn)
-            cast_of_weight = amp and t.dim() == 2 and tuple(t.shape) in weight_shapes and (
-                t.grad_fn is None or t.grad_fn.name() == "TBackward0")
+            cast_of_weight = (
+                amp
+                and t.dim() == 2
+                and tuple(t.shape) in weight_shapes
+                and (t.grad_fn is None or t.grad_fn.name() == "TBackward0")
+            )
             if not cast_of_weight:
                 seen[ptr] = t.untyped_storage().nbytes()
         return t

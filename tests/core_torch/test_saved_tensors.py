@@ -20,11 +20,28 @@ from .saved_tensors import layer_saved_bytes  # noqa: E402
 
 pytestmark = pytest.mark.trace
 
-BASE = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=1000, head_dim=16, pad_token_id=0, eos_token_id=1, bos_token_id=1)
+BASE = dict(
+    hidden_size=64,
+    intermediate_size=176,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1000,
+    head_dim=16,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=1,
+)
 FAMILIES = {
-    "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "olmo2": {}, "gemma": {}, "gemma2": {},
-    "gemma3_text": {}, "phi3": {"head_dim": None},
+    "llama": {},
+    "mistral": {},
+    "qwen2": {},
+    "qwen3": {},
+    "olmo2": {},
+    "gemma": {},
+    "gemma2": {},
+    "gemma3_text": {},
+    "phi3": {"head_dim": None},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
 }
 B, S = 2, 24
@@ -47,16 +64,22 @@ def _measure(model_type: str, precision: str, method: str) -> tuple[int, int]:
     ids = torch.randint(2, 1000, (B, S))
     measured = layer_saved_bytes(model, ids, amp=precision == "bf16-amp")
     spec = ModelSpec.from_config(cfg.to_dict())
-    setup = TrainingSetup(precision=precision, method=method, batch=B, seq=S, attention=attention, lora_rank=4,
-                          lora_targets=targets)
+    setup = TrainingSetup(
+        precision=precision, method=method, batch=B, seq=S, attention=attention, lora_rank=4, lora_targets=targets
+    )
     la = layer_activations(spec, setup, dtypes_for(setup), base_trainable=method == "full", adapters=method == "lora")
     return measured, la.bytes_per_token * B * S + la.per_layer_bytes
 
 
 # NOTE: Phi-3 is left to the trace tests: CPU SDPA copies its strided v (a view of the fused qkv output)
 # where CUDA's kernels keep the view, and so the whole fused storage, alive.
-CASES = [(mt, p, m) for mt in FAMILIES for p in ("bf16", "fp32", "bf16-amp") for m in ("full", "lora")
-         if not (mt == "mixtral" and p == "bf16-amp") and mt != "phi3"]
+CASES = [
+    (mt, p, m)
+    for mt in FAMILIES
+    for p in ("bf16", "fp32", "bf16-amp")
+    for m in ("full", "lora")
+    if not (mt == "mixtral" and p == "bf16-amp") and mt != "phi3"
+]
 
 
 @pytest.mark.parametrize("model_type,precision,method", CASES)

@@ -6,9 +6,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from cabe.analytic import estimate_model  # noqa: E402
-from cabe.models import preset  # noqa: E402
-from cabe.training import TrainingSetup  # noqa: E402
+from cabe.analytic import estimate_model
+from cabe.models import preset
+from cabe.training import TrainingSetup
 
 pytestmark = pytest.mark.trace
 

@@ -2,8 +2,14 @@
 
 import pytest
 
-from cabe.trace.allocator import (CUDA_CONTEXT_ESTIMATES, CachingAllocatorModel, cuda_context_bytes,
-                                  get_allocation_size, replay, round_size)
+from cabe.trace.allocator import (
+    CUDA_CONTEXT_ESTIMATES,
+    CachingAllocatorModel,
+    cuda_context_bytes,
+    get_allocation_size,
+    replay,
+    round_size,
+)
 
 pytestmark = pytest.mark.trace
 MiB = 2**20

@@ -27,13 +27,24 @@ def test_missing_torch_is_a_missing_dependency_error(monkeypatch):
     assert e.value.params["extra"] == "trace"
 
 
-@pytest.mark.parametrize("config,code", [
-    ({"model_type": "nonexistent", "hidden_size": 64}, "unknown_architecture"),
-    ({"hidden_size": 64}, "missing_model_type"),
-    ({"model_type": "vit", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-      "intermediate_size": 64}, "not_causal_lm"),
-    ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": "many"}, "bad_config"),
-])
+@pytest.mark.parametrize(
+    "config,code",
+    [
+        ({"model_type": "nonexistent", "hidden_size": 64}, "unknown_architecture"),
+        ({"hidden_size": 64}, "missing_model_type"),
+        (
+            {
+                "model_type": "vit",
+                "hidden_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "intermediate_size": 64,
+            },
+            "not_causal_lm",
+        ),
+        ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": "many"}, "bad_config"),
+    ],
+)
 def test_bad_configs(config, code):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")

@@ -5,17 +5,23 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from configs import TINY  # noqa: E402
-from conftest import fake_trace  # noqa: E402
+from conftest import fake_trace
 
-from cabe.trace.engine import run_trace  # noqa: E402
-from cabe.training import TrainingSetup  # noqa: E402
+from cabe.trace.engine import run_trace
+from cabe.training import TrainingSetup
+from configs import TINY
 
 pytestmark = pytest.mark.trace
 
 # activations matter here: batch x seq large against the parameter count
-ACT_HEAVY = dict(TINY["llama"], hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                 num_key_value_heads=2, num_hidden_layers=3)
+ACT_HEAVY = dict(
+    TINY["llama"],
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_hidden_layers=3,
+)
 
 CASES = {
     "fp32-foreach": dict(precision="fp32", attention="eager", optimizer_impl="foreach"),
@@ -75,8 +81,9 @@ def test_meta_equals_fake_for_pure_bf16(family):
 
 
 def test_qlora_meta_equals_fake():
-    setup = TrainingSetup(batch=2, seq=64, method="qlora", precision="bf16", checkpointing=True,
-                          lora_targets=("q_proj", "v_proj"))
+    setup = TrainingSetup(
+        batch=2, seq=64, method="qlora", precision="bf16", checkpointing=True, lora_targets=("q_proj", "v_proj")
+    )
     _same(run_trace(TINY["llama"], setup, 2, "meta"), fake_trace(TINY["llama"], setup))
 
 
@@ -85,6 +92,13 @@ def test_qlora_cpu_run_equals_fake_trace(double_quant):
     """bitsandbytes' real CPU 4-bit kernels against the fake CUDA trace: same peaks (the CPU
     backend's internal temporaries differ, so the event sequence is not compared)."""
     pytest.importorskip("bitsandbytes")
-    setup = TrainingSetup(batch=2, seq=64, method="qlora", precision="fp32", attention="eager",
-                          double_quant=double_quant, lora_targets=("q_proj", "v_proj"))
+    setup = TrainingSetup(
+        batch=2,
+        seq=64,
+        method="qlora",
+        precision="fp32",
+        attention="eager",
+        double_quant=double_quant,
+        lora_targets=("q_proj", "v_proj"),
+    )
     _same(run_trace(TINY["llama"], setup, 2, "cpu"), fake_trace(TINY["llama"], setup))

@@ -12,11 +12,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from configs import TINY  # noqa: E402
-
-from cabe.trace import layer_inventory, trace_step  # noqa: E402
-from cabe.trace.tracker import round_up  # noqa: E402
-from cabe.training import TrainingSetup  # noqa: E402
+from cabe.trace import layer_inventory, trace_step
+from cabe.trace.tracker import round_up
+from cabe.training import TrainingSetup
+from configs import TINY
 
 pytestmark = pytest.mark.trace
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,8 +40,16 @@ def test_cli_run_writes_files_and_returns_json(tmp_path):
 
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    args = parser.parse_args(["--timeline", str(tmp_path / "t.json"), "--plot", str(tmp_path / "t.svg"),
-                              "--inventory", "--expandable-segments"])
+    args = parser.parse_args(
+        [
+            "--timeline",
+            str(tmp_path / "t.json"),
+            "--plot",
+            str(tmp_path / "t.svg"),
+            "--inventory",
+            "--expandable-segments",
+        ]
+    )
     out = cli.run(args, LLAMA, TrainingSetup(batch=1, seq=32, precision="bf16"))
     assert json.loads(json.dumps(out))["peak_bytes"] == out["peak_bytes"]
     assert out["reserved_bytes"] == out["reserved_bytes_expandable_segments"]
@@ -58,12 +65,14 @@ def test_inventory_llama_layer_matches_hand_count():
     act = sum(r["bytes"] for r in rows if r["kind"] == "activation")
     r = round_up
     norm = r(b * s * h * 4) + r(b * s * 4) + r(b * s * h * 2)  # fp32 upcast, rsqrt, bf16 output
-    attn = (r(b * s * h * 2)          # q/k/v input (the norm output, shared)
-            + 2 * r(s * d * 2)        # cos, sin
-            + 3 * r(b * s * h * 2)    # rotated q, k; v
-            + r(b * nh * s * 4)       # flash logsumexp
-            + r(b * s * h * 2)        # attention output (o_proj input)
-            + 2 * 512)                # flash rng_state
+    attn = (
+        r(b * s * h * 2)  # q/k/v input (the norm output, shared)
+        + 2 * r(s * d * 2)  # cos, sin
+        + 3 * r(b * s * h * 2)  # rotated q, k; v
+        + r(b * nh * s * 4)  # flash logsumexp
+        + r(b * s * h * 2)  # attention output (o_proj input)
+        + 2 * 512
+    )  # flash rng_state
     mlp = r(b * s * h * 2) + 4 * r(b * s * f * 2)  # input; gate, up, silu, down input
     assert act == 2 * norm + attn + mlp
     kinds = {row["kind"] for row in rows}
@@ -75,9 +84,24 @@ def test_inventory_cli_prints_table():
     cfg = ROOT / "tests" / "trace" / "_llama_tiny.json"
     cfg.write_text(json.dumps(LLAMA))
     try:
-        proc = subprocess.run([sys.executable, "-m", "cabe.trace.inventory", str(cfg), "--precision", "bf16",
-                               "--batch", "1", "--seq", "32"], capture_output=True, text=True, timeout=300,
-                              cwd=ROOT)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cabe.trace.inventory",
+                str(cfg),
+                "--precision",
+                "bf16",
+                "--batch",
+                "1",
+                "--seq",
+                "32",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
     finally:
         cfg.unlink()
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -94,8 +118,13 @@ def test_subprocess_path_equals_in_process():
 
 
 def test_gpu_grid_dry_run():
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "run_grid.py"), "--dry-run"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu" / "run_grid.py"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "configurations built; stopping before CUDA" in proc.stdout
     assert proc.stdout.count("built:") >= 12

@@ -214,11 +214,14 @@ def test_fragment(client):
 
 
 def test_catalogs_same_keys_and_placeholders():
-    from cabe.i18n import placeholders
     from importlib import resources
 
-    cats = {lang: json.loads((resources.files("cabe") / "i18n" / lang / "web.json").read_text("utf-8"))
-            for lang in ("en", "es")}
+    from cabe.i18n import placeholders
+
+    cats = {
+        lang: json.loads((resources.files("cabe") / "i18n" / lang / "web.json").read_text("utf-8"))
+        for lang in ("en", "es")
+    }
     assert cats["en"].keys() == cats["es"].keys()
     for k in cats["en"]:
         assert placeholders(cats["en"][k]) == placeholders(cats["es"][k]), k

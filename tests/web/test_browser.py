@@ -93,10 +93,24 @@ def test_planner_lora_24gb_matches_core(page):
     page.fill("#seq", "1024")
     page.select_option("#gpu", "rtx-4090")
     settle(page)
-    core = estimate_json({"model": "llama-3.1-8b", "method": "lora", "batch": 1, "seq": 1024, "gpu": "rtx-4090",
-                          "checkpointing": False, "double_quant": True, "precision": "bf16",
-                          "optimizer": "adamw", "attention": "sdpa", "grad_accum": 1, "lora_rank": 8,
-                          "lora_alpha": "16", "quant": "nf4"})
+    core = estimate_json(
+        {
+            "model": "llama-3.1-8b",
+            "method": "lora",
+            "batch": 1,
+            "seq": 1024,
+            "gpu": "rtx-4090",
+            "checkpointing": False,
+            "double_quant": True,
+            "precision": "bf16",
+            "optimizer": "adamw",
+            "attention": "sdpa",
+            "grad_accum": 1,
+            "lora_rank": 8,
+            "lora_alpha": "16",
+            "quant": "nf4",
+        }
+    )
     verdict = page.locator("#verdict")
     assert verdict.get_attribute("data-fits") == str(core["gpu"]["fits"]).lower()
     text = verdict.inner_text()
@@ -157,8 +171,9 @@ def test_error_message_in_language(page):
     settle(page)
     err = page.locator("#plan-results .error")
     assert err.get_attribute("data-field") == "batch"
-    core_msg = page.request.post(page.base + "/api/estimate",
-                                 data={"model": "llama-3.1-8b", "batch": 0, "lang": "es"}).json()["error"]["message"]
+    core_msg = page.request.post(
+        page.base + "/api/estimate", data={"model": "llama-3.1-8b", "batch": 0, "lang": "es"}
+    ).json()["error"]["message"]
     assert err.inner_text() == core_msg
 
 
@@ -217,8 +232,16 @@ def test_upload_config_json(page, tmp_path):
     page.goto(page.base + "/?lang=en&model=llama-3.1-8b&method=full&batch=1&seq=256&gpu=rtx-4090")
     page.set_input_files("#config-file", str(cfg))
     settle(page)
-    core = estimate_json({"config": dict(preset("gpt2").config), "method": "full", "batch": 1, "seq": 256, "precision": "bf16",
-                          "gpu": "rtx-4090"})
+    core = estimate_json(
+        {
+            "config": dict(preset("gpt2").config),
+            "method": "full",
+            "batch": 1,
+            "seq": 256,
+            "precision": "bf16",
+            "gpu": "rtx-4090",
+        }
+    )
     assert page.locator("#plan-total").get_attribute("data-bytes") == str(core["total_bytes"])
     assert "config.json" in page.inner_text("#upload-hint")
     bad = tmp_path / "bad.json"

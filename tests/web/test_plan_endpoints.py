@@ -3,9 +3,9 @@
 import pytest
 
 pytest.importorskip("starlette")
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient
 
-from cabe.web.app import create_app  # noqa: E402
+from cabe.web.app import create_app
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     _common_model_options(p)
     p.add_argument("--gpu", required=True, help="a card from `cabe gpus` (memory per GPU)")
-    p.add_argument("--solve", default=None,
-                   help="batch | seq | gpus | changes, or a comma list (default: all four)")
+    p.add_argument("--solve", default=None, help="batch | seq | gpus | changes, or a comma list (default: all four)")
     p.add_argument("--mfu", default=None, help="model FLOPs utilisation for the time figures (default 0.4)")
     p.add_argument("--tokens", default=None, help="tokens of the whole run, for time and GPU-hours (e.g. 1e9)")
 
@@ -56,9 +55,16 @@ def _b(n: int, lang: str, units: str) -> str:
 def format_plan(out: dict, lang: str, units: str) -> str:
     g = out["gpu"]
     now = out["now"]
-    lines = [t("plan.now", lang, gpu=g["display"], need=_b(now["needed_bytes"], lang, units),
-               have=_b(g["memory_bytes"], lang, units),
-               verdict=t("ui.fits" if now["fits"] else "ui.does_not_fit", lang))]
+    lines = [
+        t(
+            "plan.now",
+            lang,
+            gpu=g["display"],
+            need=_b(now["needed_bytes"], lang, units),
+            have=_b(g["memory_bytes"], lang, units),
+            verdict=t("ui.fits" if now["fits"] else "ui.does_not_fit", lang),
+        )
+    ]
     for key in ("batch", "seq"):
         a = out.get(key)
         if not a:
@@ -68,8 +74,9 @@ def format_plan(out: dict, lang: str, units: str) -> str:
             continue
         line = t(f"plan.{key}", lang, value=a["value"], need=_b(a["at_value"]["needed_bytes"], lang, units))
         if a.get("one_more"):
-            line += " " + t("plan.one_more", lang, value=a["value"] + 1,
-                            need=_b(a["one_more"]["needed_bytes"], lang, units))
+            line += " " + t(
+                "plan.one_more", lang, value=a["value"] + 1, need=_b(a["one_more"]["needed_bytes"], lang, units)
+            )
         elif a["capped"]:
             line += " " + t("plan.capped", lang, limit=a["limit"])
         lines.append(line)
@@ -78,8 +85,15 @@ def format_plan(out: dict, lang: str, units: str) -> str:
         if a["value"] is None:
             lines.append(t("plan.gpus_none", lang, limit=a["limit"]))
         else:
-            lines.append(t("plan.gpus", lang, value=a["value"], shard=a["shard"],
-                           need=_b(a["at_value"]["needed_bytes"], lang, units)))
+            lines.append(
+                t(
+                    "plan.gpus",
+                    lang,
+                    value=a["value"],
+                    shard=a["shard"],
+                    need=_b(a["at_value"]["needed_bytes"], lang, units),
+                )
+            )
     c = out.get("changes")
     if c:
         lines.append("")
@@ -87,24 +101,42 @@ def format_plan(out: dict, lang: str, units: str) -> str:
         for r in c["by_memory"]:
             label = t("plan.change." + r["change"], lang, **{k: v for k, v in r["set"].items() if isinstance(v, int)})
             verdict = t("ui.fits" if r["fits"] else "ui.does_not_fit", lang)
-            lines.append(f"  {label:<52} {_b(r['needed_bytes'], lang, units):>11}  "
-                         f"−{_b(r['saved_bytes'], lang, units):>10}  ×{fmt_number(r['slowdown'], lang, 2):<5} {verdict}")
+            lines.append(
+                f"  {label:<52} {_b(r['needed_bytes'], lang, units):>11}  "
+                f"−{_b(r['saved_bytes'], lang, units):>10}  ×{fmt_number(r['slowdown'], lang, 2):<5} {verdict}"
+            )
         p = c["plan"]
         lines.append("")
         if p["steps"] and p["fits"]:
             lines.append(t("plan.plan_header", lang, slowdown=p["slowdown"]))
             for s in p["steps"]:
-                label = t("plan.change." + s["change"], lang, **{k: v for k, v in s["set"].items() if isinstance(v, int)})
+                label = t(
+                    "plan.change." + s["change"], lang, **{k: v for k, v in s["set"].items() if isinstance(v, int)}
+                )
                 lines.append(f"  + {label:<50} → {_b(s['needed_bytes'], lang, units)}")
         elif not c["fits_now"]:
             lines.append(t("plan.plan_none", lang))
     tm = out.get("time")
     if tm:
         lines.append("")
-        lines.append(t("plan.time_step", lang, seconds=round(tm["step_seconds"], 3), tflops=round(tm["flops_per_step"] / 1e12, 1),
-                       mfu=tm["mfu"]))
+        lines.append(
+            t(
+                "plan.time_step",
+                lang,
+                seconds=round(tm["step_seconds"], 3),
+                tflops=round(tm["flops_per_step"] / 1e12, 1),
+                mfu=tm["mfu"],
+            )
+        )
         if tm.get("run_hours") is not None:
-            lines.append(t("plan.time_run", lang, hours=round(tm["run_hours"], 2), gpu_hours=round(tm["gpu_hours"], 1),
-                           tokens=tm["tokens"]))
+            lines.append(
+                t(
+                    "plan.time_run",
+                    lang,
+                    hours=round(tm["run_hours"], 2),
+                    gpu_hours=round(tm["gpu_hours"], 1),
+                    tokens=tm["tokens"],
+                )
+            )
     lines.append(t("plan.elapsed", lang, ms=out["elapsed_ms"]))
     return "\n".join(lines)

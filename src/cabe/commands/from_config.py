@@ -16,12 +16,20 @@ from cabe.i18n import t
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("files", nargs="+", metavar="FILE",
-                   help="config files (JSON or YAML): TrainingArguments/SFTConfig, adapter_config.json, "
-                        "BitsAndBytesConfig, DeepSpeed, accelerate, axolotl, torchtune")
-    p.add_argument("--format", dest="config_format", default=None,
-                   help="force the format of every FILE: training_args | peft_config | bnb | deepspeed | "
-                        "accelerate | axolotl | torchtune (default: detected from the content)")
+    p.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="config files (JSON or YAML): TrainingArguments/SFTConfig, adapter_config.json, "
+        "BitsAndBytesConfig, DeepSpeed, accelerate, axolotl, torchtune",
+    )
+    p.add_argument(
+        "--format",
+        dest="config_format",
+        default=None,
+        help="force the format of every FILE: training_args | peft_config | bnb | deepspeed | "
+        "accelerate | axolotl | torchtune (default: detected from the content)",
+    )
     p.add_argument("--model", "-m", help="override the model (preset, config.json path or Hugging Face id)")
     p.add_argument("--seq", help="override the sequence length (tokens)")
     p.add_argument("--batch", help="override the micro-batch size")
@@ -62,8 +70,11 @@ def run(args: argparse.Namespace, lang: str, units: str) -> int:
     print(format_report(report, lang=lang, units=units, explain=args.explain))
     if report.mode != "simple" and not report.gpu:
         fits_on = gpus.fits_on(report)
-        print(t("ui.fits_on", lang, list=", ".join(fits_on[:8]) + (" …" if len(fits_on) > 8 else "")) if fits_on
-              else t("ui.fits_on_none", lang))
+        print(
+            t("ui.fits_on", lang, list=", ".join(fits_on[:8]) + (" …" if len(fits_on) > 8 else ""))
+            if fits_on
+            else t("ui.fits_on_none", lang)
+        )
     print()
     print(format_sources(combined, lang))
     return 0

@@ -17,10 +17,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", default="fp16", help=" | ".join(KV_DTYPES))
     p.add_argument("--context", default=None, help="tokens per sequence (prompt + generated; default 4096)")
     p.add_argument("--batch", default=None, help="sequences at once (default 1)")
-    p.add_argument("--mode", default="generate", help="generate (logits of the last token) | prefill (of every position)")
-    p.add_argument("--prefill-chunk", default=None, help="prefill in chunks of this many tokens (default: whole prompt)")
+    p.add_argument(
+        "--mode", default="generate", help="generate (logits of the last token) | prefill (of every position)"
+    )
+    p.add_argument(
+        "--prefill-chunk", default=None, help="prefill in chunks of this many tokens (default: whole prompt)"
+    )
     p.add_argument("--gpu", help="a card from `cabe gpus`: fits? longest context, most sequences, serving pool")
-    p.add_argument("--gpu-memory-utilization", default=None, help="vLLM's fraction of the card it may use (default 0.9)")
+    p.add_argument(
+        "--gpu-memory-utilization", default=None, help="vLLM's fraction of the card it may use (default 0.9)"
+    )
 
 
 def run(args: argparse.Namespace, lang: str, units: str) -> int:
@@ -60,8 +66,19 @@ def format_infer(out: dict, lang: str, units: str) -> str:
     def b(n: float) -> str:
         return fmt_bytes(round(n), lang, units)
 
-    lines = [t("infer.header", lang, model=out.get("model") or "", weights=out["weights_format"], kv_dtype=out["kv_dtype"],
-               batch=out["batch"], context=out["context"], mode=out["mode"]), ""]
+    lines = [
+        t(
+            "infer.header",
+            lang,
+            model=out.get("model") or "",
+            weights=out["weights_format"],
+            kv_dtype=out["kv_dtype"],
+            batch=out["batch"],
+            context=out["context"],
+            mode=out["mode"],
+        ),
+        "",
+    ]
     for name, nbytes in out["components"].items():
         share = f"{fmt_number(round(100 * nbytes / out['total_bytes'], 1), lang, 1)}%" if out["total_bytes"] else ""
         lines.append(f"  {t('infer.component.' + name, lang):<40} {b(nbytes):>26}  {share:>6}")
@@ -71,22 +88,45 @@ def format_infer(out: dict, lang: str, units: str) -> str:
     lines.append("")
     lines.append(t("infer.kv_per_token", lang, formula=kv["formula"], bytes=round(kv["bytes_per_token"])))
     if kv["sliding_layers"]:
-        lines.append(t("infer.sliding", lang, sliding=kv["sliding_layers"], layers=kv["full_layers"] + kv["sliding_layers"],
-                       window=kv["sliding_window"]))
+        lines.append(
+            t(
+                "infer.sliding",
+                lang,
+                sliding=kv["sliding_layers"],
+                layers=kv["full_layers"] + kv["sliding_layers"],
+                window=kv["sliding_window"],
+            )
+        )
     if "fit" in out:
         f = out["fit"]
         lines.append("")
-        lines.append(t("infer.fit", lang, gpu=f["display"], verdict=t("ui.fits" if f["fits"] else "ui.does_not_fit", lang),
-                       need=fmt_bytes(f["needed_bytes"], lang, units, both=False),
-                       have=fmt_bytes(f["memory_bytes"], lang, units, both=False)))
+        lines.append(
+            t(
+                "infer.fit",
+                lang,
+                gpu=f["display"],
+                verdict=t("ui.fits" if f["fits"] else "ui.does_not_fit", lang),
+                need=fmt_bytes(f["needed_bytes"], lang, units, both=False),
+                have=fmt_bytes(f["memory_bytes"], lang, units, both=False),
+            )
+        )
         lines.append(t("infer.max_context", lang, batch=out["batch"], value=out["max_context"]))
         lines.append(t("infer.max_batch", lang, context=out["context"], value=out["max_batch"]))
         s = out["serving"]
         if s["kv_pool_bytes"] > 0:
-            lines.append(t("infer.serving", lang, util=s["gpu_memory_utilization"],
-                           pool=fmt_bytes(s["kv_pool_bytes"], lang, units, both=False), blocks=s["total_blocks"],
-                           block=s["block_size"], seqs=s["max_concurrent_sequences"], context=s["context"],
-                           max_context=s["max_context"]))
+            lines.append(
+                t(
+                    "infer.serving",
+                    lang,
+                    util=s["gpu_memory_utilization"],
+                    pool=fmt_bytes(s["kv_pool_bytes"], lang, units, both=False),
+                    blocks=s["total_blocks"],
+                    block=s["block_size"],
+                    seqs=s["max_concurrent_sequences"],
+                    context=s["context"],
+                    max_context=s["max_context"],
+                )
+            )
         else:
             lines.append(t("infer.serving_none", lang, util=s["gpu_memory_utilization"]))
     return "\n".join(lines)

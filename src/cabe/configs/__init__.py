@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from cabe.errors import ConfigError
 
@@ -34,9 +35,19 @@ from cabe.errors import ConfigError
 FORMATS: tuple[str, ...] = ("torchtune", "accelerate", "deepspeed", "axolotl", "training_args", "peft_config", "bnb")
 
 #: File-name hints, used when the content says nothing.
-NAME_HINTS = (("adapter_config", "peft_config"), ("ds_config", "deepspeed"), ("deepspeed", "deepspeed"),
-              ("zero", "deepspeed"), ("accelerate", "accelerate"), ("fsdp", "accelerate"), ("axolotl", "axolotl"),
-              ("bnb", "bnb"), ("quant", "bnb"), ("training_args", "training_args"), ("sft", "training_args"))
+NAME_HINTS = (
+    ("adapter_config", "peft_config"),
+    ("ds_config", "deepspeed"),
+    ("deepspeed", "deepspeed"),
+    ("zero", "deepspeed"),
+    ("accelerate", "accelerate"),
+    ("fsdp", "accelerate"),
+    ("axolotl", "axolotl"),
+    ("bnb", "bnb"),
+    ("quant", "bnb"),
+    ("training_args", "training_args"),
+    ("sft", "training_args"),
+)
 
 #: Request fields one format decides when several files set them: an ``optimizer`` block in the
 #: DeepSpeed config replaces TrainingArguments' ``optim`` (the HF Trainer does the same).
@@ -44,9 +55,17 @@ PRECEDENCE = {"optimizer": "deepspeed"}
 #: Fields that go with a decided field (TrainingArguments' fused AdamW goes with its optim).
 COMPANIONS = {"optimizer": ("optimizer_impl",)}
 
-ALIASES = {"peft": "peft_config", "lora": "peft_config", "trainingarguments": "training_args", "sftconfig": "training_args",
-           "trl": "training_args", "transformers": "training_args", "bitsandbytes": "bnb", "ds": "deepspeed",
-           "fsdp": "accelerate"}
+ALIASES = {
+    "peft": "peft_config",
+    "lora": "peft_config",
+    "trainingarguments": "training_args",
+    "sftconfig": "training_args",
+    "trl": "training_args",
+    "transformers": "training_args",
+    "bitsandbytes": "bnb",
+    "ds": "deepspeed",
+    "fsdp": "accelerate",
+}
 
 
 def module(fmt: str) -> ModuleType:
@@ -103,8 +122,11 @@ class Combined:
         return {
             "files": [{"path": s.path, "format": s.format} for s in self.sources],
             "used": [{"file": s.path, "field": u} for s in self.sources for u in s.used],
-            "ignored": [{"file": s.path, "field": f, "reason": r, "message": t("from_config.reason." + r, lang)}
-                        for s in self.sources for f, r in s.ignored],
+            "ignored": [
+                {"file": s.path, "field": f, "reason": r, "message": t("from_config.reason." + r, lang)}
+                for s in self.sources
+                for f, r in s.ignored
+            ],
             "request": {k: list(v) if isinstance(v, tuple) else v for k, v in self.request.items()},
             "overridden": list(self.overridden),
             "defaults": list(self.defaults),
@@ -117,7 +139,7 @@ def read_source(item: Any, fmt: str | None = None) -> Source:
 
     path = "<dict>" if isinstance(item, Mapping) else str(item)
     data = _base.read(item)
-    name = fmt and module(fmt).FORMAT or detect(data, path)
+    name = (fmt and module(fmt).FORMAT) or detect(data, path)
     mod = module(name)
     if hasattr(mod, "read") and not isinstance(item, Mapping):
         data = mod.read(item)
@@ -153,7 +175,9 @@ def combine(sources: Sequence[Source], overrides: Mapping[str, Any] | None = Non
             if k == "shard" and "ddp" in (old, v):
                 merged[k] = v if old == "ddp" else old  # "several GPUs" + a sharding strategy: the strategy
                 continue
-            raise ConfigError("cfg_conflict", k, first=_show(old), first_file=origin[k], second=_show(v), second_file=s.path)
+            raise ConfigError(
+                "cfg_conflict", k, first=_show(old), first_file=origin[k], second=_show(v), second_file=s.path
+            )
     dtype = merged.pop("_dtype", None)
     method = merged.get("method", "full")
     prec = merged.get("precision")

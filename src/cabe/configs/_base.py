@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from cabe.errors import ConfigError, MissingDependencyError
 
@@ -93,8 +94,13 @@ class Collector:
         if field == "method" and {self.fields.get(field), value} == {"lora", "qlora"}:
             value = "qlora"  # a LoRA adapter on a 4-bit base is QLoRA
         elif field in self.fields and self.fields[field] != value:
-            raise ConfigError("cfg_contradiction", field, first=_show(self.fields[field]), second=_show(value),
-                              source=self.name(source))
+            raise ConfigError(
+                "cfg_contradiction",
+                field,
+                first=_show(self.fields[field]),
+                second=_show(value),
+                source=self.name(source),
+            )
         self.fields[field] = value
         self.origin.setdefault(field, self.name(source))
         self.use(source)
@@ -202,9 +208,17 @@ CLASS_OPTIMIZERS: dict[str, str] = {
 }
 
 DTYPES = {
-    "bfloat16": "bf16", "torch.bfloat16": "bf16", "bf16": "bf16",
-    "float16": "fp16", "torch.float16": "fp16", "fp16": "fp16", "half": "fp16",
-    "float32": "fp32", "torch.float32": "fp32", "fp32": "fp32", "float": "fp32",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "torch.float16": "fp16",
+    "fp16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "torch.float32": "fp32",
+    "fp32": "fp32",
+    "float": "fp32",
 }
 
 
@@ -237,7 +251,7 @@ def model_name(name: str) -> str:
             return by_id[key[: -len(suffix)]]
         if key + "-hf" in by_id and key.endswith(suffix):
             break
-    base = key[:-len("-pt")] if key.endswith("-pt") else key
+    base = key[: -len("-pt")] if key.endswith("-pt") else key
     for hid, preset in by_id.items():  # google/gemma-3-1b-it <-> google/gemma-3-1b-pt
         if hid.endswith("-pt") and hid[:-3] == base.removesuffix("-it"):
             return preset

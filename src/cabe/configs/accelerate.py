@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cabe.configs import _base
 from cabe.configs._base import Collector
@@ -12,8 +13,16 @@ FORMAT = "accelerate"
 TITLE = "accelerate config"
 
 #: FSDP sharding strategies, by name and by accelerate's old numbering (1..5).
-STRATEGIES = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "zero2", "NO_SHARD": "ddp", "HYBRID_SHARD": "fsdp-hybrid",
-              "1": "fsdp", "2": "zero2", "3": "ddp", "4": "fsdp-hybrid"}
+STRATEGIES = {
+    "FULL_SHARD": "fsdp",
+    "SHARD_GRAD_OP": "zero2",
+    "NO_SHARD": "ddp",
+    "HYBRID_SHARD": "fsdp-hybrid",
+    "1": "fsdp",
+    "2": "zero2",
+    "3": "ddp",
+    "4": "fsdp-hybrid",
+}
 PRECISION = {"bf16": "bf16-amp", "fp16": "fp16-amp", "no": "fp32", "fp8": None}
 
 
@@ -22,7 +31,11 @@ def read(path_or_dict: Any) -> Mapping[str, Any]:
 
 
 def looks_like(data: Mapping[str, Any]) -> bool:
-    return "distributed_type" in data or "compute_environment" in data or "fsdp_config" in data and "num_processes" in data
+    return (
+        "distributed_type" in data
+        or "compute_environment" in data
+        or ("fsdp_config" in data and "num_processes" in data)
+    )
 
 
 def to_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], list[tuple[str, str]]]:
@@ -52,8 +65,13 @@ def collect(data: Mapping[str, Any]) -> Collector:
             if m > 1 and procs is not None:
                 per, rest = divmod(_base.as_int(procs, "num_processes"), m)
                 if rest or per < 1:
-                    raise ConfigError("cfg_contradiction", "gpus_per_node", first=f"num_processes {procs}",
-                                      second=f"num_machines {m}", source=key)
+                    raise ConfigError(
+                        "cfg_contradiction",
+                        "gpus_per_node",
+                        first=f"num_processes {procs}",
+                        second=f"num_machines {m}",
+                        source=key,
+                    )
                 c.set("gpus_per_node", per, key)
             else:
                 c.use(key)
@@ -114,8 +132,13 @@ def _fsdp(c: Collector, f: Mapping[str, Any]) -> None:
                 c.use(name)
         elif key == "fsdp_activation_checkpointing":
             c.set("checkpointing", _base.as_bool(value, name), name)
-        elif key in ("fsdp_backward_prefetch", "fsdp_forward_prefetch", "fsdp_auto_wrap_policy",
-                     "fsdp_transformer_layer_cls_to_wrap", "fsdp_min_num_params"):
+        elif key in (
+            "fsdp_backward_prefetch",
+            "fsdp_forward_prefetch",
+            "fsdp_auto_wrap_policy",
+            "fsdp_transformer_layer_cls_to_wrap",
+            "fsdp_min_num_params",
+        ):
             c.ignore(name, "not_modeled")
         elif key == "fsdp_version":
             c.use(name) if version in (1, 2, "1", "2") else c.ignore(name, "unsupported_value")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cabe.configs import _base
 from cabe.configs._base import Collector
@@ -12,11 +13,30 @@ from cabe.errors import ConfigError
 FORMAT = "axolotl"
 TITLE = "axolotl config"
 
-NOT_MODELED = {"sample_packing", "unsloth_lora_mlp", "unsloth_lora_qkv", "unsloth_lora_o", "liger_rms_norm",
-               "liger_glu_activation", "liger_fused_linear_cross_entropy", "liger_cross_entropy", "torch_compile",
-               "lora_modules_to_save", "peft_use_dora", "gradient_checkpointing_kwargs", "activation_offloading",
-               "cut_cross_entropy", "lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "unfrozen_parameters",
-               "peft_layers_to_transform", "relora_steps", "load_in_8bit", "s2_attention"}
+NOT_MODELED = {
+    "sample_packing",
+    "unsloth_lora_mlp",
+    "unsloth_lora_qkv",
+    "unsloth_lora_o",
+    "liger_rms_norm",
+    "liger_glu_activation",
+    "liger_fused_linear_cross_entropy",
+    "liger_cross_entropy",
+    "torch_compile",
+    "lora_modules_to_save",
+    "peft_use_dora",
+    "gradient_checkpointing_kwargs",
+    "activation_offloading",
+    "cut_cross_entropy",
+    "lora_mlp_kernel",
+    "lora_qkv_kernel",
+    "lora_o_kernel",
+    "unfrozen_parameters",
+    "peft_layers_to_transform",
+    "relora_steps",
+    "load_in_8bit",
+    "s2_attention",
+}
 
 
 def read(path_or_dict: Any) -> Mapping[str, Any]:
@@ -25,8 +45,12 @@ def read(path_or_dict: Any) -> Mapping[str, Any]:
 
 def looks_like(data: Mapping[str, Any]) -> bool:
     keys = set(data)
-    return "base_model" in keys or "micro_batch_size" in keys or "sequence_len" in keys or \
-        ("adapter" in keys and "datasets" in keys)
+    return (
+        "base_model" in keys
+        or "micro_batch_size" in keys
+        or "sequence_len" in keys
+        or ("adapter" in keys and "datasets" in keys)
+    )
 
 
 def to_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], list[tuple[str, str]]]:
@@ -43,8 +67,13 @@ def collect(data: Mapping[str, Any]) -> Collector:
     if adapter == "lora" and four:
         adapter = "qlora"  # axolotl: adapter lora + load_in_4bit is QLoRA
     if adapter == "qlora" and data.get("load_in_4bit") is False:
-        raise ConfigError("cfg_contradiction", "method", first="adapter: qlora", second="load_in_4bit: false",
-                          source="adapter, load_in_4bit")
+        raise ConfigError(
+            "cfg_contradiction",
+            "method",
+            first="adapter: qlora",
+            second="load_in_4bit: false",
+            source="adapter, load_in_4bit",
+        )
     if data.get("bf16") is True and data.get("fp16") is True:
         raise ConfigError("cfg_contradiction", "precision", first="bf16", second="fp16", source="bf16, fp16")
     pure = adapter is not None
@@ -145,6 +174,10 @@ def collect(data: Mapping[str, Any]) -> Collector:
                 c.ignore(key, "not_modeled")
         else:
             c.ignore(key, "no_effect")
-    if data.get("fsdp_version") is not None and isinstance(data.get("fsdp_config"), Mapping) and "shard" not in c.fields:
+    if (
+        data.get("fsdp_version") is not None
+        and isinstance(data.get("fsdp_config"), Mapping)
+        and "shard" not in c.fields
+    ):
         c.fields["shard"] = "fsdp"
     return c

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cabe.configs import _base
 from cabe.configs._base import Collector
@@ -22,8 +23,10 @@ def read(path_or_dict: Any) -> Mapping[str, Any]:
 
 def looks_like(data: Mapping[str, Any]) -> bool:
     keys = set(data)
-    return bool(keys & {"load_in_4bit", "_load_in_4bit", "bnb_4bit_quant_type", "bnb_4bit_compute_dtype"}) or \
-        data.get("quant_method") == "bitsandbytes"
+    return (
+        bool(keys & {"load_in_4bit", "_load_in_4bit", "bnb_4bit_quant_type", "bnb_4bit_compute_dtype"})
+        or data.get("quant_method") == "bitsandbytes"
+    )
 
 
 def to_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], list[tuple[str, str]]]:
@@ -38,8 +41,13 @@ def collect(data: Mapping[str, Any]) -> Collector:
     four = _base.as_bool(four, "load_in_4bit") if four is not None else False
     eight = _base.as_bool(eight, "load_in_8bit") if eight is not None else False
     if four and eight:
-        raise ConfigError("cfg_contradiction", "quant", first="load_in_4bit", second="load_in_8bit",
-                          source="load_in_4bit, load_in_8bit")
+        raise ConfigError(
+            "cfg_contradiction",
+            "quant",
+            first="load_in_4bit",
+            second="load_in_8bit",
+            source="load_in_4bit, load_in_8bit",
+        )
     for key, value in data.items():
         k = key.lstrip("_")
         if k == "load_in_4bit":

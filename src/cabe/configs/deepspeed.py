@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cabe.configs import _base
 from cabe.configs._base import Collector
@@ -14,11 +15,24 @@ TITLE = "DeepSpeed config"
 STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 #: zero_optimization fields that change memory but are not in cabe's model.
 NOT_MODELED = {
-    "reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
-    "stage3_max_reuse_distance", "stage3_param_persistence_threshold", "sub_group_size", "contiguous_gradients",
-    "overlap_comm", "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
-    "prefetch_bucket_size", "max_live_parameters", "max_reuse_distance", "param_persistence_threshold",
-    "round_robin_gradients", "offload_optimizer.ratio",
+    "reduce_bucket_size",
+    "allgather_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+    "stage3_param_persistence_threshold",
+    "sub_group_size",
+    "contiguous_gradients",
+    "overlap_comm",
+    "zero_hpz_partition_size",
+    "zero_quantized_weights",
+    "zero_quantized_gradients",
+    "prefetch_bucket_size",
+    "max_live_parameters",
+    "max_reuse_distance",
+    "param_persistence_threshold",
+    "round_robin_gradients",
+    "offload_optimizer.ratio",
 }
 
 
@@ -27,8 +41,16 @@ def read(path_or_dict: Any) -> Mapping[str, Any]:
 
 
 def looks_like(data: Mapping[str, Any]) -> bool:
-    return bool(set(data) & {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size",
-                             "zero_allow_untested_optimizer", "steps_per_print"})
+    return bool(
+        set(data)
+        & {
+            "zero_optimization",
+            "train_micro_batch_size_per_gpu",
+            "train_batch_size",
+            "zero_allow_untested_optimizer",
+            "steps_per_print",
+        }
+    )
 
 
 def to_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], list[tuple[str, str]]]:
@@ -41,8 +63,13 @@ def collect(data: Mapping[str, Any]) -> Collector:
     bf = _enabled(data.get("bf16") or data.get("bfloat16"))
     fp = _enabled(data.get("fp16"))
     if bf is True and fp is True:
-        raise ConfigError("cfg_contradiction", "precision", first="bf16.enabled", second="fp16.enabled",
-                          source="bf16.enabled, fp16.enabled")
+        raise ConfigError(
+            "cfg_contradiction",
+            "precision",
+            first="bf16.enabled",
+            second="fp16.enabled",
+            source="bf16.enabled, fp16.enabled",
+        )
     numbers: dict[str, int] = {}
     for key, value in data.items():
         if key in ("bf16", "bfloat16", "fp16"):
@@ -93,8 +120,13 @@ def collect(data: Mapping[str, Any]) -> Collector:
         per_step = numbers["train_micro_batch_size_per_gpu"] * numbers.get("gradient_accumulation_steps", 1)
         world, rest = divmod(numbers["train_batch_size"], per_step)
         if rest or world < 1:
-            raise ConfigError("cfg_contradiction", "gpus", first=f"train_batch_size {numbers['train_batch_size']}",
-                              second=f"micro-batch × accumulation {per_step}", source="train_batch_size")
+            raise ConfigError(
+                "cfg_contradiction",
+                "gpus",
+                first=f"train_batch_size {numbers['train_batch_size']}",
+                second=f"micro-batch × accumulation {per_step}",
+                source="train_batch_size",
+            )
         c.set("gpus", world, "train_batch_size")
     return c
 
@@ -133,7 +165,10 @@ def _zero(c: Collector, z: Mapping[str, Any]) -> None:
             if isinstance(value, Mapping):
                 for k in value:
                     if k != "device":
-                        c.ignore(f"{name}.{k}", "not_modeled" if k in ("ratio", "buffer_count", "buffer_size") else "no_effect")
+                        c.ignore(
+                            f"{name}.{k}",
+                            "not_modeled" if k in ("ratio", "buffer_count", "buffer_size") else "no_effect",
+                        )
         elif key in ("cpu_offload", "cpu_offload_params"):  # deprecated spellings
             if _base.as_bool(value, name):
                 opt_off = opt_off or key == "cpu_offload"

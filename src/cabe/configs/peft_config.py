@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cabe.configs import _base
 from cabe.configs._base import Collector
@@ -11,8 +12,17 @@ from cabe.errors import ConfigError
 FORMAT = "peft_config"
 TITLE = "PEFT adapter config"
 
-NOT_MODELED = {"use_dora", "modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern",
-               "layer_replication", "trainable_token_indices", "loftq_config", "target_parameters"}
+NOT_MODELED = {
+    "use_dora",
+    "modules_to_save",
+    "layers_to_transform",
+    "rank_pattern",
+    "alpha_pattern",
+    "layer_replication",
+    "trainable_token_indices",
+    "loftq_config",
+    "target_parameters",
+}
 
 
 def read(path_or_dict: Any) -> Mapping[str, Any]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cabe.configs import _base
 from cabe.configs._base import Collector
@@ -14,23 +15,49 @@ TITLE = "torchtune recipe"
 
 #: torchtune model builder names (after ``lora_`` / ``qlora_``) -> cabe presets.
 MODELS = {
-    "llama3_1_8b": "llama-3.1-8b", "llama3_1_70b": "llama-3.1-70b", "llama3_1_405b": "llama-3.1-405b",
-    "llama3_2_1b": "llama-3.2-1b", "llama3_2_3b": "llama-3.2-3b",
-    "llama2_7b": "llama-2-7b", "llama2_13b": "llama-2-13b", "llama2_70b": "llama-2-70b",
-    "mistral_7b": "mistral-7b-v0.1", "gemma2_2b": "gemma-2-2b", "gemma2_9b": "gemma-2-9b",
-    "gemma2_27b": "gemma-2-27b", "phi3_mini": "phi-3-mini", "phi4_14b": "phi-4", "phi4": "phi-4",
-    "qwen2_5_0_5b": "qwen2.5-0.5b", "qwen2_5_1_5b_base": "qwen2.5-1.5b", "qwen2_5_1_5b_instruct": "qwen2.5-1.5b",
-    "qwen2_5_7b_base": "qwen2.5-7b", "qwen2_5_7b_instruct": "qwen2.5-7b", "qwen2_5_14b_base": "qwen2.5-14b",
-    "qwen2_5_14b_instruct": "qwen2.5-14b", "qwen2_5_32b_base": "qwen2.5-32b", "qwen2_5_32b_instruct": "qwen2.5-32b",
-    "qwen2_5_72b_base": "qwen2.5-72b", "qwen2_5_72b_instruct": "qwen2.5-72b", "qwen3_8b_base": "qwen3-8b",
+    "llama3_1_8b": "llama-3.1-8b",
+    "llama3_1_70b": "llama-3.1-70b",
+    "llama3_1_405b": "llama-3.1-405b",
+    "llama3_2_1b": "llama-3.2-1b",
+    "llama3_2_3b": "llama-3.2-3b",
+    "llama2_7b": "llama-2-7b",
+    "llama2_13b": "llama-2-13b",
+    "llama2_70b": "llama-2-70b",
+    "mistral_7b": "mistral-7b-v0.1",
+    "gemma2_2b": "gemma-2-2b",
+    "gemma2_9b": "gemma-2-9b",
+    "gemma2_27b": "gemma-2-27b",
+    "phi3_mini": "phi-3-mini",
+    "phi4_14b": "phi-4",
+    "phi4": "phi-4",
+    "qwen2_5_0_5b": "qwen2.5-0.5b",
+    "qwen2_5_1_5b_base": "qwen2.5-1.5b",
+    "qwen2_5_1_5b_instruct": "qwen2.5-1.5b",
+    "qwen2_5_7b_base": "qwen2.5-7b",
+    "qwen2_5_7b_instruct": "qwen2.5-7b",
+    "qwen2_5_14b_base": "qwen2.5-14b",
+    "qwen2_5_14b_instruct": "qwen2.5-14b",
+    "qwen2_5_32b_base": "qwen2.5-32b",
+    "qwen2_5_32b_instruct": "qwen2.5-32b",
+    "qwen2_5_72b_base": "qwen2.5-72b",
+    "qwen2_5_72b_instruct": "qwen2.5-72b",
+    "qwen3_8b_base": "qwen3-8b",
     "qwen3_8b_instruct": "qwen3-8b",
 }
 #: torchtune's attention projection names -> PEFT's (what cabe's model specs use).
 ATTN = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
 MLP = ("gate_proj", "up_proj", "down_proj")
 DTYPES = {"bf16": "bf16", "fp32": "fp32", "fp16": "fp16"}
-NOT_MODELED = {"enable_activation_offloading", "compile", "optimizer_in_bwd", "loss", "fsdp_reshard_after_forward",
-               "custom_sharded_layers", "activation_offloading_use_streams", "clip_grad_norm"}
+NOT_MODELED = {
+    "enable_activation_offloading",
+    "compile",
+    "optimizer_in_bwd",
+    "loss",
+    "fsdp_reshard_after_forward",
+    "custom_sharded_layers",
+    "activation_offloading_use_streams",
+    "clip_grad_norm",
+}
 
 
 def read(path_or_dict: Any) -> Mapping[str, Any]:

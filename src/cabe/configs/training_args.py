@@ -3,7 +3,8 @@ the YAML ``trl sft --config`` reads, which may also carry TRL's ``ModelConfig`` 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cabe.configs import _base
 from cabe.configs._base import Collector
@@ -13,10 +14,25 @@ TITLE = "TrainingArguments / SFTConfig"
 
 #: Fields that change GPU memory in ways cabe does not model (yet).
 NOT_MODELED = {
-    "torch_compile", "use_liger_kernel", "optim_target_modules", "optim_args", "ddp_bucket_cap_mb",
-    "padding_free", "torch_empty_cache_steps", "activation_offloading", "use_dora", "lora_modules_to_save",
-    "neftune_noise_alpha", "auto_find_batch_size", "parallelism_config", "completion_only_loss",
-    "assistant_only_loss", "use_rslora", "tp_size", "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap",
+    "torch_compile",
+    "use_liger_kernel",
+    "optim_target_modules",
+    "optim_args",
+    "ddp_bucket_cap_mb",
+    "padding_free",
+    "torch_empty_cache_steps",
+    "activation_offloading",
+    "use_dora",
+    "lora_modules_to_save",
+    "neftune_noise_alpha",
+    "auto_find_batch_size",
+    "parallelism_config",
+    "completion_only_loss",
+    "assistant_only_loss",
+    "use_rslora",
+    "tp_size",
+    "fsdp_min_num_params",
+    "fsdp_transformer_layer_cls_to_wrap",
 }
 #: Fields whose value names another file.
 OTHER_FILE = {"deepspeed", "fsdp_config"}
@@ -28,8 +44,18 @@ def read(path_or_dict: Any) -> Mapping[str, Any]:
 
 def looks_like(data: Mapping[str, Any]) -> bool:
     keys = set(data)
-    return bool(keys & {"per_device_train_batch_size", "optim", "gradient_checkpointing", "output_dir",
-                        "max_seq_length", "learning_rate", "model_name_or_path"})
+    return bool(
+        keys
+        & {
+            "per_device_train_batch_size",
+            "optim",
+            "gradient_checkpointing",
+            "output_dir",
+            "max_seq_length",
+            "learning_rate",
+            "model_name_or_path",
+        }
+    )
 
 
 def to_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], list[tuple[str, str]]]:
@@ -62,9 +88,9 @@ def collect(data: Mapping[str, Any]) -> Collector:
 
 
 def _field(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> bool:
-    if key == "per_device_train_batch_size":
-        c.set("batch", _base.as_int(value, key), key)
-    elif key == "train_batch_size" and "per_device_train_batch_size" not in all_:
+    if key == "per_device_train_batch_size" or (
+        key == "train_batch_size" and "per_device_train_batch_size" not in all_
+    ):
         c.set("batch", _base.as_int(value, key), key)
     elif key == "gradient_accumulation_steps":
         c.set("grad_accum", _base.as_int(value, key), key)
@@ -94,8 +120,14 @@ def _field(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> bool:
         else:
             c.set("_dtype", d, key)  # the loaded weights' dtype; combined with bf16/fp16 later
     elif key == "attn_implementation":
-        att = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash", "flash_attention_3": "flash",
-               "kernels-community/flash-attn": "flash", "kernels-community/vllm-flash-attn3": "flash"}.get(str(value))
+        att = {
+            "eager": "eager",
+            "sdpa": "sdpa",
+            "flash_attention_2": "flash",
+            "flash_attention_3": "flash",
+            "kernels-community/flash-attn": "flash",
+            "kernels-community/vllm-flash-attn3": "flash",
+        }.get(str(value))
         if att is None:
             c.ignore(key, "unsupported_value")
         else:
@@ -162,7 +194,19 @@ def _field(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> bool:
                 else:
                     c.use(name)
             elif v is not None:
-                c.ignore(name, "not_modeled" if kk in ("min_num_params", "transformer_layer_cls_to_wrap", "forward_prefetch", "backward_prefetch", "limit_all_gathers") else "no_effect")
+                c.ignore(
+                    name,
+                    "not_modeled"
+                    if kk
+                    in (
+                        "min_num_params",
+                        "transformer_layer_cls_to_wrap",
+                        "forward_prefetch",
+                        "backward_prefetch",
+                        "limit_all_gathers",
+                    )
+                    else "no_effect",
+                )
     elif key in ("world_size", "n_gpu") and _base.as_int(value, key) > 1:
         c.set("gpus", _base.as_int(value, key), key)
     else:
@@ -172,7 +216,9 @@ def _field(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> bool:
 
 def fsdp_words(value: Any) -> tuple[str | None, str | None]:
     """TrainingArguments ``fsdp``: ``"full_shard auto_wrap offload"`` or a list of those words."""
-    words = value.split() if isinstance(value, str) else [str(w) for w in value] if isinstance(value, (list, tuple)) else []
+    words = (
+        value.split() if isinstance(value, str) else [str(w) for w in value] if isinstance(value, (list, tuple)) else []
+    )
     if isinstance(value, bool):
         words = ["full_shard"] if value else []
     words = [w.lower() for w in words]

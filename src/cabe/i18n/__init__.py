@@ -12,7 +12,7 @@ import json
 import locale
 import os
 import re
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -20,7 +20,7 @@ LANGS = ("en", "es")
 DEFAULT_LANG = "en"
 
 
-@lru_cache(maxsize=None)
+@cache
 def catalog(lang: str) -> dict[str, str]:
     lang = lang if lang in LANGS else DEFAULT_LANG
     out: dict[str, str] = {}

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from transformers import TrainerCallback
 
@@ -79,7 +80,9 @@ def request_for_run(model: Any, args: Any = None, *, seq: int | None = None) -> 
     att = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash", "flash_attention_3": "flash"}.get(str(attn))
     if att:
         model_fields["attention"] = att
-    sources.append(configs.Source(path="model", format="model", fields=model_fields, used=list(model_fields), ignored=[]))
+    sources.append(
+        configs.Source(path="model", format="model", fields=model_fields, used=list(model_fields), ignored=[])
+    )
     if args is not None:
         data = args.to_dict() if hasattr(args, "to_dict") else dict(vars(args))
         c = configs.module("training_args").collect(data)
@@ -101,7 +104,11 @@ def request_for_run(model: Any, args: Any = None, *, seq: int | None = None) -> 
         f, u, i = c.result()
         sources.append(configs.Source(path="quantization_config", format="bnb", fields=f, used=u, ignored=i))
     if getattr(base, "is_loaded_in_4bit", False) and not quant:
-        sources.append(configs.Source(path="model", format="model", fields={"method": "qlora"}, used=["is_loaded_in_4bit"], ignored=[]))
+        sources.append(
+            configs.Source(
+                path="model", format="model", fields={"method": "qlora"}, used=["is_loaded_in_4bit"], ignored=[]
+            )
+        )
     combined = configs.combine(sources, overrides={"seq": seq} if seq else None)
     request = dict(combined.request)
     request.pop("model", None)
@@ -127,8 +134,15 @@ class CabeCallback(TrainerCallback):
     ``{"skipped": "no_cuda"}``) and ``comparison`` (measured vs estimated, or ``{"skipped": ...}``).
     """
 
-    def __init__(self, compare_after_steps: int = 3, *, seq: int | None = None, lang: str = "en",
-                 units: str = "GB", log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        compare_after_steps: int = 3,
+        *,
+        seq: int | None = None,
+        lang: str = "en",
+        units: str = "GB",
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         self.compare_after_steps = max(1, int(compare_after_steps))
         self.seq = seq
         self.lang = lang
@@ -172,8 +186,15 @@ class CabeCallback(TrainerCallback):
         r = self.report
         if main:
             self.log(format_report(r, lang=self.lang, units=self.units))
-            self.log(t("callback.estimate", self.lang, peak=self._bytes(r.total_bytes),
-                       reserved=self._bytes(r.reserved_bytes), device=self._bytes(r.device_bytes)))
+            self.log(
+                t(
+                    "callback.estimate",
+                    self.lang,
+                    peak=self._bytes(r.total_bytes),
+                    reserved=self._bytes(r.reserved_bytes),
+                    device=self._bytes(r.device_bytes),
+                )
+            )
         self._check_fit(main)
         return None
 
@@ -199,8 +220,13 @@ class CabeCallback(TrainerCallback):
         props = torch.cuda.get_device_properties(0)
         have = int(props.total_memory)
         need = int(self.report.device_bytes)
-        self.fit = {"gpu": getattr(props, "name", "cuda:0"), "memory_bytes": have, "needed_bytes": need,
-                    "fits": need <= have, "margin_bytes": have - need}
+        self.fit = {
+            "gpu": getattr(props, "name", "cuda:0"),
+            "memory_bytes": have,
+            "needed_bytes": need,
+            "fits": need <= have,
+            "margin_bytes": have - need,
+        }
         if need > have:
             text = t("callback.does_not_fit", self.lang, need=self._bytes(need), have=self._bytes(have))
             warnings.warn(text, ResourceWarning, stacklevel=2)
@@ -232,10 +258,19 @@ class CabeCallback(TrainerCallback):
             "error_reserved": (est_res - reserved) / reserved if reserved else None,
         }
         if main:
-            self.log(t("callback.compare", self.lang, steps=step, measured=self._bytes(allocated),
-                       estimated=self._bytes(est), error=_pct(self.comparison["error"]),
-                       measured_reserved=self._bytes(reserved), estimated_reserved=self._bytes(est_res),
-                       error_reserved=_pct(self.comparison["error_reserved"])))
+            self.log(
+                t(
+                    "callback.compare",
+                    self.lang,
+                    steps=step,
+                    measured=self._bytes(allocated),
+                    estimated=self._bytes(est),
+                    error=_pct(self.comparison["error"]),
+                    measured_reserved=self._bytes(reserved),
+                    estimated_reserved=self._bytes(est_res),
+                    error_reserved=_pct(self.comparison["error_reserved"]),
+                )
+            )
 
 
 def _pct(x: float | None) -> str:

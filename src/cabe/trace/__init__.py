@@ -38,10 +38,10 @@ _native.preload()
 
 from cabe.trace.engine import TraceResult  # noqa: E402  (no torch import at module level)
 
-__all__ = ["trace_step", "TraceResult", "layer_inventory"]
+__all__ = ["TraceResult", "layer_inventory", "trace_step"]
 
 
-def trace_step(config: dict, setup: Any, *, steps: int = 2, mode: str = "auto") -> "TraceResult":
+def trace_step(config: dict, setup: Any, *, steps: int = 2, mode: str = "auto") -> TraceResult:
     from cabe.trace.engine import trace_step as _trace_step
 
     return _trace_step(config, setup, steps=steps, mode=mode)
@@ -51,4 +51,3 @@ def layer_inventory(config: dict, setup: Any, *, mode: str = "auto") -> list[dic
     from cabe.trace.engine import layer_inventory as _inv
 
     return _inv(config, setup, mode=mode)
-

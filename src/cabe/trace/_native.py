@@ -129,8 +129,22 @@ def _build(tdir: Path) -> Path:
         src = Path(tmp) / "fakecuda.cpp"
         src.write_text(_SOURCE)
         tmp_out = Path(tmp) / out.name
-        base = [cxx, "-O1", "-shared", "-fPIC", "-std=c++17", "-w", f"-I{tdir / 'include'}", str(src),
-                f"-L{tdir / 'lib'}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{tdir / 'lib'}", "-o", str(tmp_out)]
+        base = [
+            cxx,
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-std=c++17",
+            "-w",
+            f"-I{tdir / 'include'}",
+            str(src),
+            f"-L{tdir / 'lib'}",
+            "-lc10",
+            "-ltorch_cpu",
+            f"-Wl,-rpath,{tdir / 'lib'}",
+            "-o",
+            str(tmp_out),
+        ]
         proc = subprocess.run(base, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError("compiling the fake-CUDA shim failed: " + proc.stderr[-2000:])

@@ -32,12 +32,26 @@ def handle(payload: dict[str, Any]) -> dict[str, Any]:
         res = trace_step(payload["config"], setup, steps=payload["steps"], mode="fake")
         return res.to_json(include_events=bool(payload.get("include_events")))
     except CabeError as exc:
-        return {"error": {"type": type(exc).__name__, "code": exc.code, "field": exc.field,
-                          "params": {k: (v if isinstance(v, (str, int, float, bool)) or v is None else str(v))
-                                     for k, v in exc.params.items()}}}
-    except Exception as exc:  # noqa: BLE001 (reported to the parent as a cabe error)
-        return {"error": {"type": "ConfigError", "code": "trace_failed", "field": None,
-                          "params": {"reason": f"{type(exc).__name__}: {str(exc)[:400]}"}}}
+        return {
+            "error": {
+                "type": type(exc).__name__,
+                "code": exc.code,
+                "field": exc.field,
+                "params": {
+                    k: (v if isinstance(v, (str, int, float, bool)) or v is None else str(v))
+                    for k, v in exc.params.items()
+                },
+            }
+        }
+    except Exception as exc:
+        return {
+            "error": {
+                "type": "ConfigError",
+                "code": "trace_failed",
+                "field": None,
+                "params": {"reason": f"{type(exc).__name__}: {str(exc)[:400]}"},
+            }
+        }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,8 +38,8 @@ CUDA context: memory the driver and libraries take outside the caching allocator
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 kMinBlockSize = 512
 kSmallSize = 1048576
@@ -88,7 +88,7 @@ def get_allocation_size(size: int) -> int:
 
 
 class _Block:
-    __slots__ = ("ptr", "size", "allocated", "prev", "next", "small", "mapped", "expandable")
+    __slots__ = ("allocated", "expandable", "mapped", "next", "prev", "ptr", "size", "small")
 
     def __init__(self, ptr: int, size: int, small: bool, expandable: bool = False) -> None:
         self.ptr = ptr
@@ -193,7 +193,7 @@ class CachingAllocatorModel:
             # a new segment: address space only (no physical memory yet)
             tail = _Block(self._next_ptr, 1 << 44, pool.small, expandable=True)
             tail.mapped = False
-            self._next_ptr += (1 << 45)
+            self._next_ptr += 1 << 45
             self._tail[pool.small] = tail
             self.stats.segments += 1
             self.stats.peak_segments = max(self.stats.peak_segments, self.stats.segments)
@@ -287,8 +287,10 @@ def replay(sizes: list[int], events: Iterable[int], **kwargs: object) -> Allocat
     return model.stats
 
 
-def replay_reserved(sizes: list[int], events: Iterable[int], *, expandable_segments: bool = False,
-                    max_split_size: int | None = None) -> int:
+def replay_reserved(
+    sizes: list[int], events: Iterable[int], *, expandable_segments: bool = False, max_split_size: int | None = None
+) -> int:
     """Predicted ``torch.cuda.max_memory_reserved()`` for the event sequence."""
-    return replay(sizes, events, expandable_segments=expandable_segments,
-                  max_split_size=max_split_size).peak_reserved_bytes
+    return replay(
+        sizes, events, expandable_segments=expandable_segments, max_split_size=max_split_size
+    ).peak_reserved_bytes

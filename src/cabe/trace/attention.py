@@ -59,9 +59,16 @@ def _heads_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: boo
     return hq == hk == hv
 
 
-def cuda_sdp_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
-                    dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None,
-                    enable_gqa: bool = False) -> int:
+def cuda_sdp_choice(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Any = None,
+    enable_gqa: bool = False,
+) -> int:
     """The SDPA backend PyTorch picks on an sm90 GPU (see module docstring)."""
     if not (q.dim() == k.dim() == v.dim() == 4):  # check_tensor_shapes
         return SDP_MATH
@@ -71,21 +78,32 @@ def cuda_sdp_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask
     dq, dk, dv = q.size(-1), k.size(-1), v.size(-1)
     flash = (
         attn_mask is None
-        and dq == dk == dv and dq <= 256
+        and dq == dk == dv
+        and dq <= 256
         and (not is_causal or q.size(-2) == k.size(-2))
-        and q.dtype in _HALF and k.dtype == q.dtype and v.dtype == q.dtype
+        and q.dtype in _HALF
+        and k.dtype == q.dtype
+        and v.dtype == q.dtype
         and _heads_ok(q, k, v, enable_gqa)
-        and (q.stride(-1) == 1 or dq == 1) and (k.stride(-1) == 1 or dq == 1) and (v.stride(-1) == 1 or dq == 1)
+        and (q.stride(-1) == 1 or dq == 1)
+        and (k.stride(-1) == 1 or dq == 1)
+        and (v.stride(-1) == 1 or dq == 1)
     )
     if flash:
         return SDP_FLASH
     # can_use_mem_efficient_attention; minimum_gemm_alignment on sm80+: 8 for 16-bit, 4 for fp32
     align = 8 if q.dtype in _HALF else 4
     eff = (
-        dq == dk and dq % align == 0 and dq > 0 and dv % align == 0 and dv > 0
+        dq == dk
+        and dq % align == 0
+        and dq > 0
+        and dv % align == 0
+        and dv > 0
         and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
         and _heads_ok(q, k, v, enable_gqa)
-        and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+        and q.stride(-1) == 1
+        and k.stride(-1) == 1
+        and v.stride(-1) == 1
         and (attn_mask is None or attn_mask.stride(-1) == 1)
     )
     if eff:
@@ -136,9 +154,18 @@ def _flash_bwd_scratch(tracker: Any, b: int, sq: int, sk: int, hq: int, hk: int,
         f()
 
 
-def routed_sdpa(state: AttentionState, original: Any, query: torch.Tensor, key: torch.Tensor,
-                value: torch.Tensor, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
-                scale: Any = None, enable_gqa: bool = False) -> torch.Tensor:
+def routed_sdpa(
+    state: AttentionState,
+    original: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Any = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
     """``scaled_dot_product_attention`` as CUDA runs it (see module docstring)."""
     if torch.is_autocast_enabled(query.device.type if query.device.type != "meta" else "cuda"):
         # SDPA is on autocast's lower-precision list (autocast_mode.cpp): floating inputs are
@@ -150,8 +177,16 @@ def routed_sdpa(state: AttentionState, original: Any, query: torch.Tensor, key: 
     choice = cuda_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     state.note(SDP_NAMES.get(choice, str(choice)))
     if choice == SDP_MATH:
-        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                        scale=scale, enable_gqa=enable_gqa)
+        return original(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
     if attn_mask is not None and attn_mask.dtype == torch.bool:  # convert_boolean_attn_mask
         new_mask = torch.zeros_like(attn_mask, dtype=query.dtype)
         new_mask.masked_fill_(attn_mask.logical_not(), float("-inf"))
@@ -162,9 +197,10 @@ def routed_sdpa(state: AttentionState, original: Any, query: torch.Tensor, key: 
         def pad8(t: torch.Tensor) -> torch.Tensor:  # pad_last_dim<8, false>
             return t if t.size(-1) % 8 == 0 else torch.nn.functional.pad(t, (0, 8 - t.size(-1) % 8))
 
-        og_scale = scale if scale is not None else 1.0 / (og ** 0.5)  # sdp::calculate_scale
-        out = aten._scaled_dot_product_flash_attention(pad8(query), pad8(key), pad8(value), dropout_p,
-                                                       is_causal, False, scale=og_scale)[0]
+        og_scale = scale if scale is not None else 1.0 / (og**0.5)  # sdp::calculate_scale
+        out = aten._scaled_dot_product_flash_attention(
+            pad8(query), pad8(key), pad8(value), dropout_p, is_causal, False, scale=og_scale
+        )[0]
         return out if out.size(-1) == og else out[..., :og]  # post_process_flash_output
     # memory-efficient
     compute_lse = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
@@ -174,8 +210,9 @@ def routed_sdpa(state: AttentionState, original: Any, query: torch.Tensor, key: 
             last = attn_mask.size(-1)
             attn_mask = torch.nn.functional.pad(attn_mask, (0, 8 - last % 8))[..., :last]
         attn_mask = attn_mask.expand(query.size(0), query.size(1), query.size(2), key.size(2))
-    return aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, compute_lse, dropout_p,
-                                                        is_causal, scale=scale)[0]
+    return aten._scaled_dot_product_efficient_attention(
+        query, key, value, attn_mask, compute_lse, dropout_p, is_causal, scale=scale
+    )[0]
 
 
 def intercept(state: AttentionState, tracker: Any, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -240,10 +277,17 @@ def intercept(state: AttentionState, tracker: Any, func: Any, args: tuple, kwarg
     return NotImplemented
 
 
-def flash_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                            value: torch.Tensor, attention_mask: Any, dropout: float = 0.0,
-                            scaling: float | None = None, is_causal: bool | None = None,
-                            **kwargs: Any) -> tuple[torch.Tensor, None]:
+def flash_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers' ``flash_attention_2`` memory behaviour via ``aten._flash_attention_forward``."""
     q = query.transpose(1, 2)
     k = key.transpose(1, 2)
@@ -265,8 +309,17 @@ def flash_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     causal = bool(causal and q.size(1) > 1)
     out = torch.ops.aten._flash_attention_forward(
-        q, k, v, None, None, q.size(1), k.size(1), float(dropout if module.training else 0.0),
-        causal, False, scale=scaling,
+        q,
+        k,
+        v,
+        None,
+        None,
+        q.size(1),
+        k.size(1),
+        float(dropout if module.training else 0.0),
+        causal,
+        False,
+        scale=scaling,
     )[0]
     return out, None
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from cabe.errors import CabeError, ConfigError, InvalidValueError
 
 GIB = 2**30
 
 
-from cabe.trace_options import add_arguments  # noqa: E402,F401  (torch-free, so `cabe --help` stays fast)
+from cabe.trace_options import add_arguments  # noqa: E402  (torch-free, so `cabe --help` stays fast)
 
 
 def run(args: argparse.Namespace, config: dict[str, Any], setup: Any) -> dict[str, Any]:
@@ -34,8 +35,16 @@ def run(args: argparse.Namespace, config: dict[str, Any], setup: Any) -> dict[st
         out["reserved_bytes"] = out["reserved_bytes_expandable_segments"]
     timeline = getattr(args, "timeline", None)
     if timeline:
-        _write(timeline, json.dumps({k: out[k] for k in ("timeline", "step_starts", "peak_event", "peak_bytes",
-                                                         "peak_phase", "phase_peaks")}, indent=1))
+        _write(
+            timeline,
+            json.dumps(
+                {
+                    k: out[k]
+                    for k in ("timeline", "step_starts", "peak_event", "peak_bytes", "peak_phase", "phase_peaks")
+                },
+                indent=1,
+            ),
+        )
         out["timeline_file"] = timeline
     plot = getattr(args, "plot", None)
     if plot:
@@ -75,8 +84,10 @@ def format_inventory(rows: list[dict[str, Any]]) -> str:
         note = f"  (same storage as #{r['shared_with']})" if r.get("shared_with") is not None else ""
         if r.get("name"):
             note += f"  {r['name']}"
-        lines.append(f"{i:>3}  {r['module'][:24]:<24} {r['op'].replace('.default', '')[:28]:<28} {r.get('saved_by', '')[:46]:<46} {shape[:24]:<24} "
-                     f"{r['dtype']:<9} {kind:<11} {b:>14,}{note}")
+        lines.append(
+            f"{i:>3}  {r['module'][:24]:<24} {r['op'].replace('.default', '')[:28]:<28} {r.get('saved_by', '')[:46]:<46} {shape[:24]:<24} "
+            f"{r['dtype']:<9} {kind:<11} {b:>14,}{note}"
+        )
     lines.append("-" * len(head))
     for kind in sorted(totals):
         lines.append(f"     total {kind:<12} {totals[kind]:>16,} B  ({totals[kind] / 2**20:,.2f} MiB)")
@@ -88,8 +99,17 @@ def format_inventory(rows: list[dict[str, Any]]) -> str:
 def add_setup_arguments(p: argparse.ArgumentParser) -> None:
     """The TrainingSetup options, spelled as in the main CLI."""
     s = p.add_argument_group("training setup")
-    for flag in ("method", "precision", "optimizer", "optimizer-impl", "attention", "lora-alpha", "lora-targets",
-                 "quant", "compute-dtype"):
+    for flag in (
+        "method",
+        "precision",
+        "optimizer",
+        "optimizer-impl",
+        "attention",
+        "lora-alpha",
+        "lora-targets",
+        "quant",
+        "compute-dtype",
+    ):
         s.add_argument(f"--{flag}")
     for flag in ("batch", "seq", "grad-accum", "lora-rank", "trainable-layers", "prompt-tokens"):
         s.add_argument(f"--{flag}", type=int)
@@ -101,9 +121,24 @@ def setup_from_args(args: argparse.Namespace) -> Any:
     from cabe.training import TrainingSetup
 
     kw: dict[str, Any] = {}
-    for name in ("method", "precision", "optimizer", "optimizer_impl", "attention", "quant", "compute_dtype",
-                 "batch", "seq", "grad_accum", "lora_rank", "trainable_layers", "prompt_tokens", "checkpointing",
-                 "double_quant", "lora_targets"):
+    for name in (
+        "method",
+        "precision",
+        "optimizer",
+        "optimizer_impl",
+        "attention",
+        "quant",
+        "compute_dtype",
+        "batch",
+        "seq",
+        "grad_accum",
+        "lora_rank",
+        "trainable_layers",
+        "prompt_tokens",
+        "checkpointing",
+        "double_quant",
+        "lora_targets",
+    ):
         v = getattr(args, name, None)
         if v is not None:
             kw[name] = v
@@ -129,8 +164,10 @@ def print_summary(out: dict[str, Any], file: Any = None) -> None:
     file = file or sys.stdout
     p = lambda s="": print(s, file=file)  # noqa: E731
     p(f"peak allocated      {out['peak_bytes'] / GIB:10.2f} GiB  ({out['peak_bytes']:,} B, {out['peak_phase']})")
-    p(f"reserved (replay)   {out['reserved_bytes'] / GIB:10.2f} GiB  "
-      f"(expandable segments {out['reserved_bytes_expandable_segments'] / GIB:.2f} GiB)")
+    p(
+        f"reserved (replay)   {out['reserved_bytes'] / GIB:10.2f} GiB  "
+        f"(expandable segments {out['reserved_bytes_expandable_segments'] / GIB:.2f} GiB)"
+    )
     if out.get("paged_bytes"):
         p(f"paged (managed)     {out['paged_bytes'] / GIB:10.2f} GiB  (not in allocated/reserved)")
     p(f"first step peak     {out['first_step_peak_bytes'] / GIB:10.2f} GiB")
@@ -139,8 +176,10 @@ def print_summary(out: dict[str, Any], file: Any = None) -> None:
         if v:
             p(f"  {k:<22} {v / GIB:10.3f} GiB")
     p("phase peaks:  " + ", ".join(f"{k} {v / GIB:.2f}" for k, v in out["phase_peaks"].items()))
-    p(f"parameters {out['parameters']:,} (trainable {out['trainable_parameters']:,}); "
-      f"attention kernels {out['attention_kernels']}; mode {out['mode']}; {out['seconds']:.1f} s")
+    p(
+        f"parameters {out['parameters']:,} (trainable {out['trainable_parameters']:,}); "
+        f"attention kernels {out['attention_kernels']}; mode {out['mode']}; {out['seconds']:.1f} s"
+    )
     for n in out.get("notes", []):
         p(f"note: {n}")
     if out.get("inventory_text"):

@@ -25,8 +25,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from cabe.errors import CabeError, ConfigError, MissingDependencyError
 from cabe.trace import _native
@@ -104,21 +105,34 @@ class TraceResult:
         return out
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "TraceResult":
+    def from_json(cls, d: dict[str, Any]) -> TraceResult:
         return cls(
-            peak_bytes=d["peak_bytes"], peak_phase=d["peak_phase"], components=d["components"],
-            phase_peaks=d["phase_peaks"], timeline=[tuple(t) for t in d["timeline"]],  # type: ignore[misc]
-            parameters=d["parameters"], trainable_parameters=d["trainable_parameters"],
+            peak_bytes=d["peak_bytes"],
+            peak_phase=d["peak_phase"],
+            components=d["components"],
+            phase_peaks=d["phase_peaks"],
+            timeline=[tuple(t) for t in d["timeline"]],  # type: ignore[misc]
+            parameters=d["parameters"],
+            trainable_parameters=d["trainable_parameters"],
             reserved_bytes=d["reserved_bytes"],
             reserved_bytes_expandable=d.get("reserved_bytes_expandable_segments", 0),
-            allocator_allocated_bytes=d.get("allocator_allocated_bytes", 0), segments=d.get("segments", 0),
-            paged_bytes=d["paged_bytes"], first_step_peak_bytes=d["first_step_peak_bytes"],
-            mode=d["mode"], attention_kernels=d.get("attention_kernels", {}), notes=d.get("notes", []),
-            setup=d.get("setup", {}), steps=d.get("steps", 2),
-            micro_batches_per_step=d.get("micro_batches_per_step", 1), events=d.get("events", 0),
-            peak_event=d.get("peak_event", 0), step_starts=d.get("step_starts", []),
-            seconds=d.get("seconds", 0.0), top_allocations=d.get("top_allocations", []),
-            alloc_sizes=d.get("alloc_sizes"), alloc_events=d.get("alloc_events"),
+            allocator_allocated_bytes=d.get("allocator_allocated_bytes", 0),
+            segments=d.get("segments", 0),
+            paged_bytes=d["paged_bytes"],
+            first_step_peak_bytes=d["first_step_peak_bytes"],
+            mode=d["mode"],
+            attention_kernels=d.get("attention_kernels", {}),
+            notes=d.get("notes", []),
+            setup=d.get("setup", {}),
+            steps=d.get("steps", 2),
+            micro_batches_per_step=d.get("micro_batches_per_step", 1),
+            events=d.get("events", 0),
+            peak_event=d.get("peak_event", 0),
+            step_starts=d.get("step_starts", []),
+            seconds=d.get("seconds", 0.0),
+            top_allocations=d.get("top_allocations", []),
+            alloc_sizes=d.get("alloc_sizes"),
+            alloc_events=d.get("alloc_events"),
         )
 
 
@@ -130,8 +144,9 @@ def import_deps(setup: TrainingSetup | None = None) -> None:
     needed = ["torch", "transformers"]
     if setup is not None and setup.method in ("lora", "qlora", "prompt-tuning"):
         needed.append("peft")
-    if setup is not None and (setup.method == "qlora" or setup.optimizer in (
-            "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "lion")):
+    if setup is not None and (
+        setup.method == "qlora" or setup.optimizer in ("adamw-8bit", "paged-adamw", "paged-adamw-8bit", "lion")
+    ):
         needed.append("bitsandbytes")
     for name in needed:
         try:
@@ -140,8 +155,17 @@ def import_deps(setup: TrainingSetup | None = None) -> None:
             raise MissingDependencyError("missing_extra", None, extra="trace", package=name) from None
 
 
-_DROP_KEYS = ("quantization_config", "auto_map", "_name_or_path", "torch_dtype", "dtype",
-              "transformers_version", "_commit_hash", "attn_implementation", "_attn_implementation")
+_DROP_KEYS = (
+    "quantization_config",
+    "auto_map",
+    "_name_or_path",
+    "torch_dtype",
+    "dtype",
+    "transformers_version",
+    "_commit_hash",
+    "attn_implementation",
+    "_attn_implementation",
+)
 
 
 def hf_config(config: dict[str, Any]) -> Any:
@@ -161,7 +185,7 @@ def hf_config(config: dict[str, Any]) -> Any:
         if "Unrecognized model identifier" in str(exc) or model_type in str(exc):
             raise ConfigError("unknown_architecture", "model_type", model_type=model_type) from None
         raise ConfigError("bad_config", None, model_type=model_type, reason=str(exc)[:300]) from None
-    except Exception as exc:  # noqa: BLE001 (TypeError, KeyError, strict-dataclass validation ...)
+    except Exception as exc:
         raise ConfigError("bad_config", None, model_type=model_type, reason=str(exc)[:300]) from None
     return cfg
 
@@ -169,8 +193,13 @@ def hf_config(config: dict[str, Any]) -> Any:
 def _torch_dtype(name: str) -> Any:
     import torch
 
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-            "bf16-amp": torch.float32, "fp16-amp": torch.float32}[name]
+    return {
+        "fp32": torch.float32,
+        "bf16": torch.bfloat16,
+        "fp16": torch.float16,
+        "bf16-amp": torch.float32,
+        "fp16-amp": torch.float32,
+    }[name]
 
 
 def autocast_dtype(setup: TrainingSetup) -> Any:
@@ -233,7 +262,7 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
             try:
                 model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
             except (ValueError, ImportError) as exc:
-                if attn == "eager" or "attn" not in str(exc).lower() and "attention" not in str(exc).lower():
+                if attn == "eager" or ("attn" not in str(exc).lower() and "attention" not in str(exc).lower()):
                     raise
                 notes.append(f"{setup.attention} attention is not supported by this architecture; used eager")
                 model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="eager")
@@ -250,7 +279,8 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
     if setup.attention == "flash":
         for m in model.modules():
             m._cabe_flash_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(
-                setup.compute_dtype, torch.bfloat16)
+                setup.compute_dtype, torch.bfloat16
+            )
     gc_kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
 
     if setup.method == "full":
@@ -261,7 +291,7 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
             p.requires_grad_(False)
         layers = decoder_layers(model, cfg)
         k = min(setup.trainable_layers, len(layers))
-        for layer in list(layers)[len(layers) - k:]:
+        for layer in list(layers)[len(layers) - k :]:
             for p in layer.parameters():
                 p.requires_grad_(True)
         if setup.checkpointing:
@@ -276,16 +306,24 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
 
             quantize_on_meta(model, setup, dtype)
             model = prepare_model_for_kbit_training(
-                model, use_gradient_checkpointing=setup.checkpointing,
-                gradient_checkpointing_kwargs={"use_reentrant": False})
+                model,
+                use_gradient_checkpointing=setup.checkpointing,
+                gradient_checkpointing_kwargs={"use_reentrant": False},
+            )
         elif setup.checkpointing:
             model.gradient_checkpointing_enable(**gc_kwargs)
             model.enable_input_require_grads()
         targets: Any = list(setup.lora_targets) or None  # None: PEFT's default for the model type
         if targets == ["all-linear"]:
             targets = "all-linear"
-        lcfg = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha, target_modules=targets,
-                          lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+        lcfg = LoraConfig(
+            r=setup.lora_rank,
+            lora_alpha=setup.lora_alpha,
+            target_modules=targets,
+            lora_dropout=0.0,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
         try:
             try:
                 model = get_peft_model(model, lcfg)
@@ -297,16 +335,19 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
                 lcfg.target_modules = "all-linear"
                 model = get_peft_model(model, lcfg)
         except ValueError as exc:
-            raise ConfigError("bad_lora_targets", "lora_targets", targets=",".join(setup.lora_targets) or "(peft default)",
-                              reason=str(exc)[:300]) from None
+            raise ConfigError(
+                "bad_lora_targets",
+                "lora_targets",
+                targets=",".join(setup.lora_targets) or "(peft default)",
+                reason=str(exc)[:300],
+            ) from None
     elif setup.method == "prompt-tuning":
         from peft import PromptTuningConfig, get_peft_model
 
         if setup.checkpointing:
             model.gradient_checkpointing_enable(**gc_kwargs)
             model.enable_input_require_grads()
-        model = get_peft_model(model, PromptTuningConfig(task_type="CAUSAL_LM",
-                                                         num_virtual_tokens=setup.prompt_tokens))
+        model = get_peft_model(model, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=setup.prompt_tokens))
     model.train()
     return model, cfg
 
@@ -358,15 +399,18 @@ def _register_cuda_placeholders() -> None:
         if not name.startswith("aten::"):
             continue
         try:
-            if has(name, "CompositeImplicitAutograd") and (has(name, "CPU") or has(name, "Meta")) \
-                    and not has(name, "CUDA"):
-                lib.impl(name[len("aten::"):], _never, "CUDA")
+            if (
+                has(name, "CompositeImplicitAutograd")
+                and (has(name, "CPU") or has(name, "Meta"))
+                and not has(name, "CUDA")
+            ):
+                lib.impl(name[len("aten::") :], _never, "CUDA")
         except RuntimeError:
             continue
     _CUDA_LIB = lib
 
 
-def _patch_falcon_split_heads(p: "_Patch") -> None:
+def _patch_falcon_split_heads(p: _Patch) -> None:
     """Falcon's multi-query ``_split_heads`` indexes with Python lists (``fused_qkv[..., [-2], :]``).
 
     PyTorch turns such a list into an index tensor in C++, below the Python dispatch key, so it
@@ -389,8 +433,11 @@ def _patch_falcon_split_heads(p: "_Patch") -> None:
         n = self.num_heads + 2
         k_idx = torch.arange(n - 2, n - 1, device=fused_qkv.device)
         v_idx = torch.arange(n - 1, n, device=fused_qkv.device)
-        return (fused_qkv[..., :-2, :], torch.index_select(fused_qkv, 2, k_idx),
-                torch.index_select(fused_qkv, 2, v_idx))
+        return (
+            fused_qkv[..., :-2, :],
+            torch.index_select(fused_qkv, 2, k_idx),
+            torch.index_select(fused_qkv, 2, v_idx),
+        )
 
     p.set(mf.FalconAttention, "_split_heads", split_heads)
 
@@ -432,8 +479,11 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
             from cabe.trace.attention import routed_sdpa
 
             astate = _current_attention_state()
-            p.set(torch.nn.functional, "scaled_dot_product_attention",
-                  functools.partial(routed_sdpa, astate, torch.nn.functional.scaled_dot_product_attention))
+            p.set(
+                torch.nn.functional,
+                "scaled_dot_product_attention",
+                functools.partial(routed_sdpa, astate, torch.nn.functional.scaled_dot_product_attention),
+            )
         if kind == "meta":
             # at::dropout uses the fused native_dropout (1-byte mask) only for CUDA tensors
             # (is_fused_kernel_acceptable); meta tensors would take the float-mask path.
@@ -498,8 +548,9 @@ def resolve_mode(mode: str, setup: TrainingSetup) -> str:
     needs_fake = setup.precision in ("bf16-amp", "fp16-amp") or setup.resolved_optimizer_impl == "fused"
     if mode in ("meta", "cpu"):
         if needs_fake and mode == "meta":
-            raise ConfigError("mode_unsupported", "mode", mode=mode,
-                              reason="AMP and fused optimizers need the fake CUDA device")
+            raise ConfigError(
+                "mode_unsupported", "mode", mode=mode, reason="AMP and fused optimizers need the fake CUDA device"
+            )
         if mode == "cpu" and setup.precision in ("bf16-amp", "fp16-amp"):
             raise ConfigError("mode_unsupported", "mode", mode=mode, reason="CUDA autocast on a CPU run")
         return mode
@@ -510,8 +561,9 @@ def resolve_mode(mode: str, setup: TrainingSetup) -> str:
     if not os.environ.get("CABE_NO_SUBPROCESS") and _native.reason().startswith("torch was imported"):
         return "fake-subprocess"
     if mode == "fake" or needs_fake:
-        raise ConfigError("mode_unsupported", "mode", mode=mode,
-                          reason=f"no fake CUDA device here ({_native.reason()})")
+        raise ConfigError(
+            "mode_unsupported", "mode", mode=mode, reason=f"no fake CUDA device here ({_native.reason()})"
+        )
     return "meta"
 
 
@@ -541,8 +593,12 @@ def _make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any, kind:
         return torch.optim.Adafactor(params, lr=1e-2, **kw)
     import bitsandbytes as bnb
 
-    cls = {"adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw": bnb.optim.PagedAdamW,
-           "paged-adamw-8bit": bnb.optim.PagedAdamW8bit, "lion": bnb.optim.Lion}[opt]
+    cls = {
+        "adamw-8bit": bnb.optim.AdamW8bit,
+        "paged-adamw": bnb.optim.PagedAdamW,
+        "paged-adamw-8bit": bnb.optim.PagedAdamW8bit,
+        "lion": bnb.optim.Lion,
+    }[opt]
     o = cls(params, lr=LEARNING_RATE)
 
     def get_state_buffer(self: Any, p: Any, dtype: Any = torch.float32) -> Any:
@@ -580,8 +636,14 @@ def _optimizer_tensors(opt: Any) -> Iterator[Any]:
                 yield v
 
 
-def run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str,
-              inventory: bool = False, hooks: dict[str, Any] | None = None) -> Any:
+def run_trace(
+    config: dict[str, Any],
+    setup: TrainingSetup,
+    steps: int,
+    kind: str,
+    inventory: bool = False,
+    hooks: dict[str, Any] | None = None,
+) -> Any:
     """Run the simulation in this process.
 
     ``kind``: ``fake`` | ``meta`` (simulations), ``cpu`` (real tensors on the CPU: the
@@ -598,8 +660,9 @@ def run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: st
         raise ConfigError("out_of_range", "steps", value=steps, minimum=2, maximum=100)
     if kind == "fake" and not torch.cuda.is_available() and not _native.available():
         # without the shim, autograd on fake CUDA tensors aborts the process: refuse instead
-        raise ConfigError("mode_unsupported", "mode", mode="fake",
-                          reason=f"no fake CUDA device in this process ({_native.reason()})")
+        raise ConfigError(
+            "mode_unsupported", "mode", mode="fake", reason=f"no fake CUDA device in this process ({_native.reason()})"
+        )
     device = torch.device({"fake": "cuda", "meta": "meta", "cpu": "cpu", "cuda": "cuda"}[kind])
     astate = AttentionState(device)
     _ASTATE.append(astate)
@@ -609,8 +672,18 @@ def run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: st
         _ASTATE.pop()
 
 
-def _run_trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str, inventory: bool,
-               notes: list[str], device: Any, astate: Any, t0: float, hooks: dict[str, Any]) -> Any:
+def _run_trace(
+    config: dict[str, Any],
+    setup: TrainingSetup,
+    steps: int,
+    kind: str,
+    inventory: bool,
+    notes: list[str],
+    device: Any,
+    astate: Any,
+    t0: float,
+    hooks: dict[str, Any],
+) -> Any:
     import torch
 
     from cabe.trace.attention import intercept as attn_intercept
@@ -756,16 +829,27 @@ def _install_logits_hooks(model: Any, tracker: Any) -> list[Any]:
     return handles
 
 
-def _train(model: Any, cfg: Any, setup: TrainingSetup, steps: int, device: Any, tracker: Any,
-           trainable: list[Any], kind: str, hooks: dict[str, Any] | None = None) -> TraceResult:
+def _train(
+    model: Any,
+    cfg: Any,
+    setup: TrainingSetup,
+    steps: int,
+    device: Any,
+    tracker: Any,
+    trainable: list[Any],
+    kind: str,
+    hooks: dict[str, Any] | None = None,
+) -> TraceResult:
     import torch
 
     notes: list[str] = []
     amp = autocast_dtype(setup)
     micro = min(setup.grad_accum, 2)
     if setup.grad_accum > 2:
-        notes.append(f"grad_accum={setup.grad_accum}: simulated 2 micro-batches per step "
-                     "(memory is the same for every micro-batch after the first)")
+        notes.append(
+            f"grad_accum={setup.grad_accum}: simulated 2 micro-batches per step "
+            "(memory is the same for every micro-batch after the first)"
+        )
     scaler = None
     if setup.precision == "fp16-amp":
         scaler = torch.amp.GradScaler("cuda")
@@ -833,7 +917,7 @@ def analyse(tracker: Any, steps: int, step_starts: list[int]) -> TraceResult:
     start_level = curve[last_start - 1] if last_start > 0 else 0
     peak = start_level
     peak_i = last_start - 1
-    phase_peaks = {ph: 0 for ph in ("forward", "backward", "optimizer")}
+    phase_peaks = dict.fromkeys(("forward", "backward", "optimizer"), 0)
     ev_phase = tracker.event_phase
     for i in range(last_start, n):
         v = curve[i]
@@ -845,11 +929,11 @@ def analyse(tracker: Any, steps: int, step_starts: list[int]) -> TraceResult:
             phase_peaks[ph] = v
     # step 1 peak, for comparison
     first_end = step_starts[1] if len(step_starts) > 1 else n
-    first_peak = max(curve[step_starts[0]:first_end], default=0)
+    first_peak = max(curve[step_starts[0] : first_end], default=0)
 
     live = tracker.replay(peak_i) if peak_i >= 0 else set()
     live -= tracker.ignored
-    comps = {c: 0 for c in COMPONENTS}
+    comps = dict.fromkeys(COMPONENTS, 0)
     size = tracker.size
     for aid in live:
         comps[tracker.classify(aid)] += size[aid]
@@ -858,8 +942,16 @@ def analyse(tracker: Any, steps: int, step_starts: list[int]) -> TraceResult:
     if peak_phase == "setup":
         peak_phase = "forward"
     top = sorted(live, key=lambda a: -size[a])[:15]
-    top_allocations = [{"bytes": size[a], "component": tracker.classify(a), "op": tracker.op_of[a],
-                        "phase": PHASES[tracker.phase_of[a]], "step": tracker.step_of[a]} for a in top]
+    top_allocations = [
+        {
+            "bytes": size[a],
+            "component": tracker.classify(a),
+            "op": tracker.op_of[a],
+            "phase": PHASES[tracker.phase_of[a]],
+            "step": tracker.step_of[a],
+        }
+        for a in top
+    ]
 
     # timeline: at most TIMELINE_POINTS samples, each the max of its bucket
     timeline: list[tuple[int, str, int]] = []
@@ -868,26 +960,42 @@ def analyse(tracker: Any, steps: int, step_starts: list[int]) -> TraceResult:
         for s in range(0, n, bucket):
             j = max(range(s, min(n, s + bucket)), key=lambda k: curve[k])
             timeline.append((j, PHASES[ev_phase[j]], curve[j]))
-    events = [e for e in tracker.events
-              if (e if e > 0 else -e) - 1 not in tracker.paged and (e if e > 0 else -e) - 1 not in tracker.ignored]
+    events = [
+        e
+        for e in tracker.events
+        if (e if e > 0 else -e) - 1 not in tracker.paged and (e if e > 0 else -e) - 1 not in tracker.ignored
+    ]
     sizes = list(tracker.size)
     st = replay(sizes, events)
     st_exp = replay(sizes, events, expandable_segments=True)
     paged = sum(tracker.raw_size[a] for a in tracker.paged)
     return TraceResult(
-        peak_bytes=peak, peak_phase=peak_phase, components=comps, phase_peaks=phase_peaks,
-        timeline=timeline, reserved_bytes=st.peak_reserved_bytes,
+        peak_bytes=peak,
+        peak_phase=peak_phase,
+        components=comps,
+        phase_peaks=phase_peaks,
+        timeline=timeline,
+        reserved_bytes=st.peak_reserved_bytes,
         reserved_bytes_expandable=st_exp.peak_reserved_bytes,
-        allocator_allocated_bytes=st.peak_allocated_bytes, segments=st.peak_segments,
-        paged_bytes=paged, first_step_peak_bytes=first_peak, events=n, peak_event=peak_i,
-        step_starts=step_starts, top_allocations=top_allocations, alloc_sizes=sizes, alloc_events=events,
+        allocator_allocated_bytes=st.peak_allocated_bytes,
+        segments=st.peak_segments,
+        paged_bytes=paged,
+        first_step_peak_bytes=first_peak,
+        events=n,
+        peak_event=peak_i,
+        step_starts=step_starts,
+        top_allocations=top_allocations,
+        alloc_sizes=sizes,
+        alloc_events=events,
     )
 
 
 # ---------------------------------------------------------------------------------------
 # layer inventory
 # ---------------------------------------------------------------------------------------
-def _inventory(model: Any, cfg: Any, setup: TrainingSetup, device: Any, tracker: Any, astate: Any) -> list[dict[str, Any]]:
+def _inventory(
+    model: Any, cfg: Any, setup: TrainingSetup, device: Any, tracker: Any, astate: Any
+) -> list[dict[str, Any]]:
     import torch
 
     from cabe.trace.tracker import round_up
@@ -987,7 +1095,7 @@ def _saved_by(loss: Any, device: Any) -> dict[int, list[str]]:
             if attr.startswith("_saved_") or attr == "saved_tensors":
                 try:
                     v = getattr(fn, attr)
-                except Exception:  # noqa: BLE001 (freed or not a tensor)
+                except Exception:
                     continue
                 values.extend(v if isinstance(v, (tuple, list)) else (v,))
         for x in values:
@@ -1070,9 +1178,14 @@ class _Worker:
                     env = dict(os.environ)
                     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
                     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-                    self.proc = subprocess.Popen([sys.executable, "-m", "cabe.trace._worker", "--serve"],
-                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                 stderr=subprocess.DEVNULL, text=True, env=env)
+                    self.proc = subprocess.Popen(
+                        [sys.executable, "-m", "cabe.trace._worker", "--serve"],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL,
+                        text=True,
+                        env=env,
+                    )
                 try:
                     self.proc.stdin.write(json.dumps(payload) + "\n")
                     self.proc.stdin.flush()
@@ -1088,11 +1201,13 @@ class _Worker:
 _WORKER = _Worker()
 
 
-def _subprocess(fn: str, config: dict[str, Any], setup: TrainingSetup, steps: int,
-                include_events: bool = False) -> dict[str, Any]:
+def _subprocess(
+    fn: str, config: dict[str, Any], setup: TrainingSetup, steps: int, include_events: bool = False
+) -> dict[str, Any]:
     """Run one trace in a worker interpreter where the fake-CUDA shim precedes torch."""
-    out = _WORKER.request({"fn": fn, "config": config, "setup": setup.to_dict(), "steps": steps,
-                           "include_events": include_events})
+    out = _WORKER.request(
+        {"fn": fn, "config": config, "setup": setup.to_dict(), "steps": steps, "include_events": include_events}
+    )
     if "error" in out:
         err = out["error"]
         import cabe.errors as errors

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from cabe.trace import _native
 
@@ -39,8 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(f"# layer 0 of {cfg.get('model_type')}: {setup.method}, {setup.precision}, attention {setup.attention}, "
-              f"batch {setup.batch} x seq {setup.seq}")
+        print(
+            f"# layer 0 of {cfg.get('model_type')}: {setup.method}, {setup.precision}, attention {setup.attention}, "
+            f"batch {setup.batch} x seq {setup.seq}"
+        )
         print(format_inventory(rows))
     return 0
 

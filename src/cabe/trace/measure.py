@@ -68,8 +68,13 @@ def measure_step(config: dict[str, Any], setup: TrainingSetup, *, steps: int = 3
         res = run_trace(config, setup, steps, "cuda", hooks={"on_step_start": on_step_start})
     except torch.cuda.OutOfMemoryError as exc:
         free, total = torch.cuda.mem_get_info()
-        return {"oom": True, "error": str(exc).splitlines()[0][:300], "device_total_bytes": total,
-                "device": torch.cuda.get_device_name(dev), "setup": setup.to_dict()}
+        return {
+            "oom": True,
+            "error": str(exc).splitlines()[0][:300],
+            "device_total_bytes": total,
+            "device": torch.cuda.get_device_name(dev),
+            "setup": setup.to_dict(),
+        }
     torch.cuda.synchronize()
     free1, _ = torch.cuda.mem_get_info()
     props = torch.cuda.get_device_properties(dev)
@@ -77,8 +82,9 @@ def measure_step(config: dict[str, Any], setup: TrainingSetup, *, steps: int = 3
         "oom": False,
         "max_memory_allocated_bytes": torch.cuda.max_memory_allocated(),
         "max_memory_reserved_bytes": torch.cuda.max_memory_reserved(),
-        "max_memory_reserved_whole_run_bytes": max(marks.get("max_reserved_before_last_step", 0),
-                                                   torch.cuda.max_memory_reserved()),
+        "max_memory_reserved_whole_run_bytes": max(
+            marks.get("max_reserved_before_last_step", 0), torch.cuda.max_memory_reserved()
+        ),
         "max_memory_allocated_first_steps_bytes": marks.get("max_allocated_before_last_step", 0),
         "memory_reserved_end_bytes": torch.cuda.memory_reserved(),
         "device_used_bytes": total - free1,

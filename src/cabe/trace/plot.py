@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from html import escape
-from typing import Any, Sequence
+from typing import Any
 
 PHASE_COLORS = {
     "setup": "#e5e7eb",
@@ -28,9 +29,17 @@ def _nice_step(span: float, target: int = 6) -> float:
     return 10 * mag
 
 
-def timeline_svg(timeline: Sequence[Sequence[Any]], *, peak_bytes: int | None = None, peak_event: int | None = None,
-                 peak_phase: str | None = None, step_starts: Sequence[int] = (), title: str = "",
-                 width: int = 960, height: int = 420) -> str:
+def timeline_svg(
+    timeline: Sequence[Sequence[Any]],
+    *,
+    peak_bytes: int | None = None,
+    peak_event: int | None = None,
+    peak_phase: str | None = None,
+    step_starts: Sequence[int] = (),
+    title: str = "",
+    width: int = 960,
+    height: int = 420,
+) -> str:
     """SVG text for ``timeline`` = [(event_index, phase, live_bytes), ...]."""
     ml, mr, mt, mb = 72, 20, 40, 64
     pw, ph = width - ml - mr, height - mt - mb
@@ -72,15 +81,20 @@ def timeline_svg(timeline: Sequence[Sequence[Any]], *, peak_bytes: int | None = 
         v += step
     out.append(f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#111827"/>')
     out.append(f'<line x1="{ml}" y1="{mt + ph}" x2="{ml + pw}" y2="{mt + ph}" stroke="#111827"/>')
-    out.append(f'<text x="18" y="{mt + ph / 2:.1f}" text-anchor="middle" '
-               f'transform="rotate(-90 18 {mt + ph / 2:.1f})">live allocated memory (GiB)</text>')
-    out.append(f'<text x="{ml + pw / 2:.1f}" y="{height - 28}" text-anchor="middle">'
-               f'allocation event (malloc/free) index</text>')
+    out.append(
+        f'<text x="18" y="{mt + ph / 2:.1f}" text-anchor="middle" '
+        f'transform="rotate(-90 18 {mt + ph / 2:.1f})">live allocated memory (GiB)</text>'
+    )
+    out.append(
+        f'<text x="{ml + pw / 2:.1f}" y="{height - 28}" text-anchor="middle">'
+        f"allocation event (malloc/free) index</text>"
+    )
     # step boundaries
     for k, s in enumerate(step_starts):
         x = sx(s)
-        out.append(f'<line x1="{x:.1f}" y1="{mt}" x2="{x:.1f}" y2="{mt + ph}" stroke="#6b7280" '
-                   f'stroke-dasharray="4 3"/>')
+        out.append(
+            f'<line x1="{x:.1f}" y1="{mt}" x2="{x:.1f}" y2="{mt + ph}" stroke="#6b7280" stroke-dasharray="4 3"/>'
+        )
         out.append(f'<text x="{x + 3:.1f}" y="{mt + 12}" fill="#374151">step {k + 1}</text>')
     # the curve (a step function: the level holds until the next event)
     path = []
@@ -95,13 +109,16 @@ def timeline_svg(timeline: Sequence[Sequence[Any]], *, peak_bytes: int | None = 
         label = f"peak {peak_bytes / GIB:.2f} GiB" + (f" ({escape(peak_phase)})" if peak_phase else "")
         anchor = "end" if x > ml + pw * 0.7 else "start"
         dx = -8 if anchor == "end" else 8
-        out.append(f'<text x="{x + dx:.1f}" y="{max(y - 6, mt + 24):.1f}" text-anchor="{anchor}" '
-                   f'fill="{PEAK_COLOR}" font-weight="bold">{label}</text>')
+        out.append(
+            f'<text x="{x + dx:.1f}" y="{max(y - 6, mt + 24):.1f}" text-anchor="{anchor}" '
+            f'fill="{PEAK_COLOR}" font-weight="bold">{label}</text>'
+        )
     # legend
     lx = ml
     for name in ("forward", "backward", "optimizer", "setup"):
-        out.append(f'<rect x="{lx}" y="{height - 18}" width="12" height="12" fill="{PHASE_COLORS[name]}" '
-                   f'stroke="#9ca3af"/>')
+        out.append(
+            f'<rect x="{lx}" y="{height - 18}" width="12" height="12" fill="{PHASE_COLORS[name]}" stroke="#9ca3af"/>'
+        )
         out.append(f'<text x="{lx + 16}" y="{height - 8}">{name}</text>')
         lx += 96
     if title:
@@ -113,8 +130,14 @@ def timeline_svg(timeline: Sequence[Sequence[Any]], *, peak_bytes: int | None = 
 def write_svg(result: Any, path: str, title: str = "") -> str:
     """Write the timeline of a :class:`~cabe.trace.TraceResult` (or its JSON dict) to ``path``."""
     d = result.to_json() if hasattr(result, "to_json") else dict(result)
-    svg = timeline_svg(d["timeline"], peak_bytes=d.get("peak_bytes"), peak_event=d.get("peak_event"),
-                       peak_phase=d.get("peak_phase"), step_starts=d.get("step_starts", ()), title=title)
+    svg = timeline_svg(
+        d["timeline"],
+        peak_bytes=d.get("peak_bytes"),
+        peak_event=d.get("peak_event"),
+        peak_phase=d.get("peak_phase"),
+        step_starts=d.get("step_starts", ()),
+        title=title,
+    )
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(svg)
     return path

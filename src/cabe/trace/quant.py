@@ -78,9 +78,14 @@ def quantize_on_meta(model: torch.nn.Module, setup: Any, store_dtype: torch.dtyp
             if conv1d:  # Conv1D keeps weight as (in, out)
                 child.in_features, child.out_features = child.weight.shape[0], child.weight.shape[1]
             new = bnb.nn.Linear4bit(
-                child.in_features, child.out_features, bias=child.bias is not None,
-                compute_dtype=compute, compress_statistics=setup.double_quant,
-                quant_type=setup.quant, quant_storage=torch.uint8, device="meta",
+                child.in_features,
+                child.out_features,
+                bias=child.bias is not None,
+                compute_dtype=compute,
+                compress_statistics=setup.double_quant,
+                quant_type=setup.quant,
+                quant_storage=torch.uint8,
+                device="meta",
             )
             specs = quant_tensor_specs(child.out_features, child.in_features, setup.double_quant)
             shape, dtype = specs["weight"]
@@ -136,8 +141,14 @@ def materialize(model: torch.nn.Module, setup: Any, device: torch.device, tracke
             s2_code = mk("state2.code")
             state2 = QuantState(absmax=s2_absmax, code=s2_code, blocksize=BLOCKSIZE2, dtype=torch.float32)
         qs = QuantState(
-            absmax=absmax, shape=torch.Size((n_out, n_in)), dtype=m._cabe_store_dtype, blocksize=BLOCKSIZE,
-            code=code, quant_type=setup.quant, offset=offset, state2=state2,
+            absmax=absmax,
+            shape=torch.Size((n_out, n_in)),
+            dtype=m._cabe_store_dtype,
+            blocksize=BLOCKSIZE,
+            code=code,
+            quant_type=setup.quant,
+            offset=offset,
+            state2=state2,
         )
         w = m.weight
         w.quant_state = qs

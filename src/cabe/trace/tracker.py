@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import weakref
 from array import array
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -57,8 +58,9 @@ def storage_key(t: torch.Tensor) -> int:
 class AllocationTracker(TorchDispatchMode):
     """Dispatch mode that logs allocations; see the module docstring."""
 
-    def __init__(self, device_type: str = "cuda",
-                 intercept: Callable[[Any, Any, tuple, dict], Any] | None = None) -> None:
+    def __init__(
+        self, device_type: str = "cuda", intercept: Callable[[Any, Any, tuple, dict], Any] | None = None
+    ) -> None:
         super().__init__()
         self.device_type = device_type  # only storages on this device count
         self.intercept = intercept  # (tracker, func, args, kwargs) -> result or NotImplemented

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from cabe import api, i18n
+from cabe import api, i18n, models
 from cabe import gpus as gpu_catalog
-from cabe import models
 from cabe.errors import CabeError, InvalidValueError
 from cabe.web import page
 from cabe.web.openapi import openapi_document
@@ -104,13 +104,25 @@ async def read_json(request: Any) -> Any:
 def _json(data: Any, status: int = 200) -> Any:
     from starlette.responses import Response
 
-    return Response(json.dumps(data, ensure_ascii=False, allow_nan=False, default=str), status_code=status,
-                    media_type="application/json")
+    return Response(
+        json.dumps(data, ensure_ascii=False, allow_nan=False, default=str),
+        status_code=status,
+        media_type="application/json",
+    )
 
 
 def _web_error(code: str, lang: str, http_status: int, field: str | None = None, **params: Any) -> Any:
-    return _json({"error": {"code": code, "field": field, "params": params,
-                            "message": i18n.t("web.error." + code, lang, **params)}}, http_status)
+    return _json(
+        {
+            "error": {
+                "code": code,
+                "field": field,
+                "params": params,
+                "message": i18n.t("web.error." + code, lang, **params),
+            }
+        },
+        http_status,
+    )
 
 
 def _needs_thread(body: Mapping[str, Any]) -> bool:
@@ -212,8 +224,13 @@ def lora_json(body: Any) -> dict[str, Any]:
         "targets": [r.name for r in rows],
         "num_layers": spec.num_layers,
         "per_target": [
-            {"name": r.name, "in_features": r.in_features, "out_features": r.out_features,
-             "per_layer": r.per_layer, "parameters": r.parameters}
+            {
+                "name": r.name,
+                "in_features": r.in_features,
+                "out_features": r.out_features,
+                "per_layer": r.per_layer,
+                "parameters": r.parameters,
+            }
             for r in rows
         ],
         "total_parameters": total,
@@ -307,7 +324,7 @@ async def http_error(request: Any, exc: Any) -> Any:
 
 _PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
-                               "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
@@ -345,8 +362,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     app = create_app()
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            server_header=False, limit_concurrency=1000)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False, server_header=False, limit_concurrency=1000
+    )
     server = uvicorn.Server(config)
     shown = f"[{host}]" if ":" in host else host
     print(f"cabe: http://{shown}:{port}", flush=True)

@@ -6,11 +6,10 @@ the same numbers in a table next to it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
-from typing import Sequence
 
-PALETTE = ("#2f6db5", "#d9822b", "#3a9a5b", "#b8475a", "#7c5cbf", "#8c6d3f", "#c05fa8", "#5f7f8f",
-           "#a3a3a3", "#4d4d4d")
+PALETTE = ("#2f6db5", "#d9822b", "#3a9a5b", "#b8475a", "#7c5cbf", "#8c6d3f", "#c05fa8", "#5f7f8f", "#a3a3a3", "#4d4d4d")
 
 
 def _nice_max(x: float) -> float:
@@ -29,8 +28,15 @@ def _ticks(top: float, n: int = 5) -> list[float]:
     return [top * i / n for i in range(n + 1)]
 
 
-def stacked_bar(segments: Sequence[tuple[str, float]], markers: Sequence[tuple[str, float, bool]], *,
-                title: str, unit: str, fmt: "callable", width: int = 640) -> str:
+def stacked_bar(
+    segments: Sequence[tuple[str, float]],
+    markers: Sequence[tuple[str, float, bool]],
+    *,
+    title: str,
+    unit: str,
+    fmt: callable,
+    width: int = 640,
+) -> str:
     """A horizontal stacked bar (``segments``: label, value in ``unit``) and vertical markers
     (``markers``: card label, capacity in ``unit``, chosen?)."""
     total = sum(v for _, v in segments)
@@ -41,22 +47,28 @@ def stacked_bar(segments: Sequence[tuple[str, float]], markers: Sequence[tuple[s
     label_rows = len(markers)
     height = bar_y + bar_h + 30 + 16 * label_rows + 8
     sx = lambda v: left + plot_w * (v / top)  # noqa: E731
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {width} {height}" '
-             f'role="img" aria-labelledby="bar-title"><title id="bar-title">{escape(title)}</title>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {width} {height}" '
+        f'role="img" aria-labelledby="bar-title"><title id="bar-title">{escape(title)}</title>'
+    ]
     x = 0.0
     for i, (label, v) in enumerate(segments):
         if v <= 0:
             continue
         w = plot_w * (v / top)
-        parts.append(f'<rect x="{sx(x):.1f}" y="{bar_y}" width="{max(w, 0.5):.1f}" height="{bar_h}" '
-                     f'fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(label)}: {escape(fmt(v))} {unit}</title></rect>')
+        parts.append(
+            f'<rect x="{sx(x):.1f}" y="{bar_y}" width="{max(w, 0.5):.1f}" height="{bar_h}" '
+            f'fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(label)}: {escape(fmt(v))} {unit}</title></rect>'
+        )
         x += v
     # axis
     axis_y = bar_y + bar_h + 14
     for tv in _ticks(top):
-        parts.append(f'<line x1="{sx(tv):.1f}" x2="{sx(tv):.1f}" y1="{bar_y + bar_h}" y2="{bar_y + bar_h + 4}" '
-                     f'class="axis"/><text x="{sx(tv):.1f}" y="{axis_y}" class="tick" text-anchor="middle">'
-                     f'{escape(fmt(tv))}</text>')
+        parts.append(
+            f'<line x1="{sx(tv):.1f}" x2="{sx(tv):.1f}" y1="{bar_y + bar_h}" y2="{bar_y + bar_h + 4}" '
+            f'class="axis"/><text x="{sx(tv):.1f}" y="{axis_y}" class="tick" text-anchor="middle">'
+            f"{escape(fmt(tv))}</text>"
+        )
     parts.append(f'<text x="{left}" y="14" class="tick">{escape(unit)}</text>')
     for j, (label, cap, chosen) in enumerate(markers):
         cx = sx(cap)
@@ -64,18 +76,33 @@ def stacked_bar(segments: Sequence[tuple[str, float]], markers: Sequence[tuple[s
         ly = axis_y + 16 + 16 * j
         anchor = "end" if cx > width * 0.6 else "start"
         dx = -4 if anchor == "end" else 4
-        parts.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{bar_y - 10}" y2="{ly - 4}" class="{cls}"/>'
-                     f'<text x="{cx + dx:.1f}" y="{ly}" class="{"marker-label chosen" if chosen else "marker-label"}" text-anchor="{anchor}">'
-                     f'{escape(label)} · {escape(fmt(cap))} {unit}</text>')
-    parts.append(f'<text x="{sx(total):.1f}" y="{bar_y - 14}" class="total-label" '
-                 f'text-anchor="{"end" if sx(total) > width * 0.6 else "start"}">{escape(fmt(total))} {unit}</text>')
+        parts.append(
+            f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{bar_y - 10}" y2="{ly - 4}" class="{cls}"/>'
+            f'<text x="{cx + dx:.1f}" y="{ly}" class="{"marker-label chosen" if chosen else "marker-label"}" text-anchor="{anchor}">'
+            f"{escape(label)} · {escape(fmt(cap))} {unit}</text>"
+        )
+    parts.append(
+        f'<text x="{sx(total):.1f}" y="{bar_y - 14}" class="total-label" '
+        f'text-anchor="{"end" if sx(total) > width * 0.6 else "start"}">{escape(fmt(total))} {unit}</text>'
+    )
     parts.append("</svg>")
     return "".join(parts)
 
 
-def line_chart(points: Sequence[tuple[float, float]], limit: float | None, *, title: str, x_label: str,
-               y_label: str, limit_label: str, fmt: "callable", fmt_x: "callable", width: int = 320,
-               height: int = 220, chart_id: str = "c") -> str:
+def line_chart(
+    points: Sequence[tuple[float, float]],
+    limit: float | None,
+    *,
+    title: str,
+    x_label: str,
+    y_label: str,
+    limit_label: str,
+    fmt: callable,
+    fmt_x: callable,
+    width: int = 320,
+    height: int = 220,
+    chart_id: str = "c",
+) -> str:
     """Memory (y) against a size (x, drawn on a log2 axis), with the card's limit as a line."""
     import math
 
@@ -89,28 +116,40 @@ def line_chart(points: Sequence[tuple[float, float]], limit: float | None, *, ti
     sx = lambda lx: left + pw * (lx - x0) / (x1 - x0)  # noqa: E731
     sy = lambda v: top_pad + ph * (1 - v / ymax)  # noqa: E731
     tid = f"{chart_id}-title"
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {width} {height}" role="img" '
-             f'aria-labelledby="{tid}"><title id="{tid}">{escape(title)}</title>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-labelledby="{tid}"><title id="{tid}">{escape(title)}</title>'
+    ]
     for tv in _ticks(ymax, 4):
         y = sy(tv)
-        parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
-                     f'<text x="{left - 4}" y="{y + 4:.1f}" class="tick" text-anchor="end">{escape(fmt(tv))}</text>')
+        parts.append(
+            f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+            f'<text x="{left - 4}" y="{y + 4:.1f}" class="tick" text-anchor="end">{escape(fmt(tv))}</text>'
+        )
     for (xv, _), lx in zip(points, xs):
-        parts.append(f'<text x="{sx(lx):.1f}" y="{top_pad + ph + 14}" class="tick" text-anchor="middle">'
-                     f'{escape(fmt_x(xv))}</text>')
-    parts.append(f'<text x="{left + pw / 2:.1f}" y="{height - 6}" class="axis-label" text-anchor="middle">'
-                 f'{escape(x_label)}</text>')
+        parts.append(
+            f'<text x="{sx(lx):.1f}" y="{top_pad + ph + 14}" class="tick" text-anchor="middle">'
+            f"{escape(fmt_x(xv))}</text>"
+        )
+    parts.append(
+        f'<text x="{left + pw / 2:.1f}" y="{height - 6}" class="axis-label" text-anchor="middle">'
+        f"{escape(x_label)}</text>"
+    )
     parts.append(f'<text x="4" y="12" class="axis-label">{escape(y_label)}</text>')
     if limit:
         ly = sy(limit)
-        parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{ly:.1f}" y2="{ly:.1f}" class="limit"/>'
-                     f'<text x="{left + pw}" y="{ly - 4:.1f}" class="limit-label" text-anchor="end">'
-                     f'{escape(limit_label)}</text>')
+        parts.append(
+            f'<line x1="{left}" x2="{left + pw}" y1="{ly:.1f}" y2="{ly:.1f}" class="limit"/>'
+            f'<text x="{left + pw}" y="{ly - 4:.1f}" class="limit-label" text-anchor="end">'
+            f"{escape(limit_label)}</text>"
+        )
     path = " ".join(f"{sx(lx):.1f},{sy(p[1]):.1f}" for p, lx in zip(points, xs))
     parts.append(f'<polyline points="{path}" class="curve"/>')
     for p, lx in zip(points, xs):
         over = limit is not None and p[1] > limit
-        parts.append(f'<circle cx="{sx(lx):.1f}" cy="{sy(p[1]):.1f}" r="3.5" class="{"pt over" if over else "pt"}">'
-                     f'<title>{escape(fmt_x(p[0]))}: {escape(fmt(p[1]))}</title></circle>')
+        parts.append(
+            f'<circle cx="{sx(lx):.1f}" cy="{sy(p[1]):.1f}" r="3.5" class="{"pt over" if over else "pt"}">'
+            f"<title>{escape(fmt_x(p[0]))}: {escape(fmt(p[1]))}</title></circle>"
+        )
     parts.append("</svg>")
     return "".join(parts)

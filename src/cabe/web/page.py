@@ -7,13 +7,13 @@ form GET when JavaScript is off and a copied address reproduces the calculation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from html import escape
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlencode
 
-from cabe import api, i18n
+from cabe import api, i18n, models, training
 from cabe import gpus as gpu_catalog
-from cabe import models, training
 from cabe.errors import CabeError
 from cabe.report import GB, GiB
 from cabe.web import charts
@@ -22,10 +22,21 @@ from cabe.web import charts
 
 SEED_DEFAULTS = {"n": "7", "b": "16", "bc": "", "a": "0"}
 PLAN_DEFAULTS = {
-    "model": "llama-3.1-8b", "method": "lora", "precision": "bf16", "optimizer": "adamw",
-    "batch": "1", "seq": "2048", "grad_accum": "1", "checkpointing": "", "attention": "sdpa",
-    "lora_rank": "8", "lora_alpha": "16", "lora_targets": "", "quant": "nf4",
-    "double_quant": "1", "gpu": "rtx-4090",
+    "model": "llama-3.1-8b",
+    "method": "lora",
+    "precision": "bf16",
+    "optimizer": "adamw",
+    "batch": "1",
+    "seq": "2048",
+    "grad_accum": "1",
+    "checkpointing": "",
+    "attention": "sdpa",
+    "lora_rank": "8",
+    "lora_alpha": "16",
+    "lora_targets": "",
+    "quant": "nf4",
+    "double_quant": "1",
+    "gpu": "rtx-4090",
 }
 INT_FIELDS = ("batch", "seq", "grad_accum", "lora_rank")
 SEED_PRESETS = ("16", "12", "8")
@@ -166,41 +177,49 @@ def render_seed_results(s: Mapping[str, str], lang: str) -> str:
     gib = i18n.fmt_number(out["total_gib"], lang, 2)
     rows = []
     if m:
-        rows.append(f'<div class="kv"><span>{_e("web.seed.model_states", lang)}</span>'
-                    f'<output id="seed-m" class="formula">{escape(i18n.fill(m["formula"], m["params"], lang))}</output></div>')
+        rows.append(
+            f'<div class="kv"><span>{_e("web.seed.model_states", lang)}</span>'
+            f'<output id="seed-m" class="formula">{escape(i18n.fill(m["formula"], m["params"], lang))}</output></div>'
+        )
     if v:
-        rows.append(f'<div class="kv"><span>{_e("web.seed.total", lang)}</span>'
-                    f'<output id="seed-v" class="formula">{escape(i18n.fill(v["formula"], v["params"], lang))}</output></div>')
+        rows.append(
+            f'<div class="kv"><span>{_e("web.seed.total", lang)}</span>'
+            f'<output id="seed-v" class="formula">{escape(i18n.fill(v["formula"], v["params"], lang))}</output></div>'
+        )
     gb = i18n.fmt_number(out["total_gb"], lang, 2)
-    return (f'<p class="big"><output id="seed-total" data-gb="{out["total_gb"]}">{gb} GB</output>'
-            f' <span class="muted">(<output id="seed-total-gib">{gib} GiB</output>)</span></p>' + "".join(rows))
+    return (
+        f'<p class="big"><output id="seed-total" data-gb="{out["total_gb"]}">{gb} GB</output>'
+        f' <span class="muted">(<output id="seed-total-gib">{gib} GiB</output>)</span></p>' + "".join(rows)
+    )
 
 
 def _details_html(lang: str) -> str:
     p = lambda k: f"<p>{_e(k, lang)}</p>"  # noqa: E731
     f = lambda text: f'<p class="math">{escape(text)}</p>'  # noqa: E731
     faq = "".join(
-        f'<details><summary>{_e(f"web.faq.q{i}", lang)}</summary>{p(f"web.faq.a{i}a")}{p(f"web.faq.a{i}b")}</details>'
-        for i in (1, 2, 3))
+        f"<details><summary>{_e(f'web.faq.q{i}', lang)}</summary>{p(f'web.faq.a{i}a')}{p(f'web.faq.a{i}b')}</details>"
+        for i in (1, 2, 3)
+    )
     return (
         f'<section class="details" aria-labelledby="details-h"><h2 id="details-h">{_e("web.details.title", lang)}</h2>'
-        f'<h3>{_e("web.details.h1", lang)}</h3>{p("web.details.p1")}'
-        f'<h3>{_e("web.details.h2", lang)}</h3>{p("web.details.p2")}{f("M = N · B  GB")}{p("web.details.p3")}'
-        f'<h3>{_e("web.details.h3", lang)}</h3>{p("web.details.p4")}{f("V = M + A")}{p("web.details.p5")}'
-        f'<h3>{_e("web.details.h4", lang)}</h3>{p("web.details.p6")}'
-        f'{f("M = 7 × 16 = 112 GB")}{f("V = 112 + 0 = 112 GB")}{p("web.details.p7")}'
-        f'<h3>{_e("web.details.h5", lang)}</h3>{p("web.details.p8")}'
-        f'</section>'
+        f"<h3>{_e('web.details.h1', lang)}</h3>{p('web.details.p1')}"
+        f"<h3>{_e('web.details.h2', lang)}</h3>{p('web.details.p2')}{f('M = N · B  GB')}{p('web.details.p3')}"
+        f"<h3>{_e('web.details.h3', lang)}</h3>{p('web.details.p4')}{f('V = M + A')}{p('web.details.p5')}"
+        f"<h3>{_e('web.details.h4', lang)}</h3>{p('web.details.p6')}"
+        f"{f('M = 7 × 16 = 112 GB')}{f('V = 112 + 0 = 112 GB')}{p('web.details.p7')}"
+        f"<h3>{_e('web.details.h5', lang)}</h3>{p('web.details.p8')}"
+        f"</section>"
         f'<section class="faq" aria-labelledby="faq-h"><h2 id="faq-h">{_e("web.faq.title", lang)}</h2>{faq}</section>'
         f'<section class="disclaimer" aria-labelledby="disc-h"><h2 id="disc-h">{_e("web.disclaimer.title", lang)}</h2>'
-        f'{p("web.disclaimer.text")}</section>'
+        f"{p('web.disclaimer.text')}</section>"
     )
 
 
 def _seed_form(s: Mapping[str, str], lang: str) -> str:
     opts = "".join(
         f'<option value="{b}"{" selected" if s["b"] == b else ""}>{_e("web.seed.bpp" + b, lang)}</option>'
-        for b in SEED_PRESETS)
+        for b in SEED_PRESETS
+    )
     custom_sel = " selected" if s["b"] not in SEED_PRESETS else ""
     opts += f'<option value="custom"{custom_sel}>{_e("web.seed.bpp_custom", lang)}</option>'
     return f"""
@@ -223,15 +242,18 @@ def _seed_form(s: Mapping[str, str], lang: str) -> str:
 
 
 def _select(name: str, label: str, choices: list[tuple[str, str]], current: str, describedby: str = "") -> str:
-    opts = "".join(f'<option value="{escape(v)}"{" selected" if v == current else ""}>{escape(t)}</option>'
-                   for v, t in choices)
+    opts = "".join(
+        f'<option value="{escape(v)}"{" selected" if v == current else ""}>{escape(t)}</option>' for v, t in choices
+    )
     extra = f' aria-describedby="{describedby}"' if describedby else ""
     return f'<label for="{name}">{escape(label)}</label><select id="{name}" name="{name}"{extra}>{opts}</select>'
 
 
 def _input(name: str, label: str, value: str, *, kind: str = "text", mode: str = "numeric", extra: str = "") -> str:
-    return (f'<label for="{name}">{escape(label)}</label><input id="{name}" name="{name}" type="{kind}" '
-            f'inputmode="{mode}" autocomplete="off" value="{escape(value)}"{extra}>')
+    return (
+        f'<label for="{name}">{escape(label)}</label><input id="{name}" name="{name}" type="{kind}" '
+        f'inputmode="{mode}" autocomplete="off" value="{escape(value)}"{extra}>'
+    )
 
 
 def _choice_labels(prefix: str, values: tuple[str, ...], lang: str) -> list[tuple[str, str]]:
@@ -241,9 +263,12 @@ def _choice_labels(prefix: str, values: tuple[str, ...], lang: str) -> list[tupl
 def _plan_form(s: Mapping[str, str], lang: str) -> str:
     model_opts = "".join(
         f'<option value="{escape(n)}">{escape(str(models.preset(n).meta.get("display", n)))}</option>'
-        for n in models.preset_names())
-    gpu_opts = [(g.name, f"{g.display} · {i18n.fmt_number(g.memory_gb_nominal or g.memory_bytes / GB, lang, 0)} GB")
-                for g in gpu_catalog.all_gpus()]
+        for n in models.preset_names()
+    )
+    gpu_opts = [
+        (g.name, f"{g.display} · {i18n.fmt_number(g.memory_gb_nominal or g.memory_bytes / GB, lang, 0)} GB")
+        for g in gpu_catalog.all_gpus()
+    ]
     yes_no = [("1", _t("web.yes", lang)), ("0", _t("web.no", lang))]
     ck = " checked" if s.get("checkpointing") in ("1", "on", "true") else ""
     return f"""
@@ -329,9 +354,13 @@ def render_plan_results(s: Mapping[str, str], lang: str, config: Any = None) -> 
     parts: list[str] = []
     model = out.get("model") or {}
     name = model.get("display") or model.get("name") or ""
-    parts.append(f'<p class="big"><output id="plan-total" data-bytes="{out["total_bytes"]}">{escape(u.label(out["total_bytes"]))}</output>'
-                 f' <span class="muted">{_e("web.res.peak_phase", lang, phase=_t("web.phase." + out["peak_phase"], lang))}</span></p>')
-    parts.append(f'<p class="muted">{_e("web.res.summary", lang, model=name, params=out["parameters"], trainable=out["trainable_parameters"])}</p>')
+    parts.append(
+        f'<p class="big"><output id="plan-total" data-bytes="{out["total_bytes"]}">{escape(u.label(out["total_bytes"]))}</output>'
+        f' <span class="muted">{_e("web.res.peak_phase", lang, phase=_t("web.phase." + out["peak_phase"], lang))}</span></p>'
+    )
+    parts.append(
+        f'<p class="muted">{_e("web.res.summary", lang, model=name, params=out["parameters"], trainable=out["trainable_parameters"])}</p>'
+    )
     card = None
     if fit:
         card = gpu_catalog.gpu(fit["gpu"])
@@ -341,8 +370,9 @@ def render_plan_results(s: Mapping[str, str], lang: str, config: Any = None) -> 
         parts.append(
             f'<p id="verdict" class="verdict {"ok" if fit["fits"] else "no"}" data-fits="{str(fit["fits"]).lower()}" '
             f'role="status"><strong>{_e(key, lang, gpu=fit["display"])}</strong> — '
-            f'{_e(mkey, lang, amount=u.of(margin), unit=u.name)}</p>'
-            f'<p class="muted">{_e("web.res.needed", lang, need=u.of(fit["needed_bytes"]), have=u.of(fit["memory_bytes"]), unit=u.name)}</p>')
+            f"{_e(mkey, lang, amount=u.of(margin), unit=u.name)}</p>"
+            f'<p class="muted">{_e("web.res.needed", lang, need=u.of(fit["needed_bytes"]), have=u.of(fit["memory_bytes"]), unit=u.name)}</p>'
+        )
         if fit.get("warning"):
             parts.append(f'<p class="warn">{_e("web.warning." + fit["warning"], lang)}</p>')
     # stacked bar: the components, the allocator slack, the CUDA context of the chosen card
@@ -361,28 +391,37 @@ def render_plan_results(s: Mapping[str, str], lang: str, config: Any = None) -> 
                 last = g.memory_bytes
                 markers.append((g.display, g.memory_bytes / u.div, False))
     title = _t("web.chart.bar_title", lang, gpu=card.display if card else "")
-    parts.append(f'<h3>{_e("web.res.chart", lang)}</h3>')
-    parts.append(charts.stacked_bar([(lbl, v / u.div) for lbl, v in comps], markers, title=title, unit=u.name, fmt=u.num))
+    parts.append(f"<h3>{_e('web.res.chart', lang)}</h3>")
+    parts.append(
+        charts.stacked_bar([(lbl, v / u.div) for lbl, v in comps], markers, title=title, unit=u.name, fmt=u.num)
+    )
     # legend + components table
     rows = "".join(
         f'<tr><th scope="row"><span class="swatch c{i % len(charts.PALETTE)}" aria-hidden="true"></span>'
         f'{escape(lbl)}</th><td class="num">{escape(u.of(v))}</td>'
         f'<td class="num">{i18n.fmt_number(100 * v / max(sum(x for _, x in comps), 1), lang, 1)} %</td></tr>'
-        for i, (lbl, v) in enumerate(comps))
-    parts.append(f'<table class="components"><caption>{_e("web.res.components", lang)}</caption>'
-                 f'<thead><tr><th scope="col">{_e("web.res.col_component", lang)}</th>'
-                 f'<th scope="col">{escape(u.name)}</th><th scope="col">%</th></tr></thead><tbody>{rows}</tbody></table>')
+        for i, (lbl, v) in enumerate(comps)
+    )
+    parts.append(
+        f'<table class="components"><caption>{_e("web.res.components", lang)}</caption>'
+        f'<thead><tr><th scope="col">{_e("web.res.col_component", lang)}</th>'
+        f'<th scope="col">{escape(u.name)}</th><th scope="col">%</th></tr></thead><tbody>{rows}</tbody></table>'
+    )
     # steps
     srows = []
     for st in out["steps"]:
         params = {k: v for k, v in st["params"].items() if isinstance(v, (int, float, str))}
         formula = i18n.fill(st["formula"], params, lang)
         val = u.label(st["bytes"]) if st.get("bytes") else ""
-        srows.append(f'<tr><th scope="row">{escape(step_label(st["key"], params, lang))}</th>'
-                     f'<td class="formula">{escape(formula)}</td><td class="num">{escape(val)}</td></tr>')
-    parts.append(f'<table class="steps"><caption>{_e("web.res.steps", lang)}</caption><thead><tr>'
-                 f'<th scope="col">{_e("web.res.col_step", lang)}</th><th scope="col">{_e("web.res.col_formula", lang)}</th>'
-                 f'<th scope="col">{escape(u.name)}</th></tr></thead><tbody>{"".join(srows)}</tbody></table>')
+        srows.append(
+            f'<tr><th scope="row">{escape(step_label(st["key"], params, lang))}</th>'
+            f'<td class="formula">{escape(formula)}</td><td class="num">{escape(val)}</td></tr>'
+        )
+    parts.append(
+        f'<table class="steps"><caption>{_e("web.res.steps", lang)}</caption><thead><tr>'
+        f'<th scope="col">{_e("web.res.col_step", lang)}</th><th scope="col">{_e("web.res.col_formula", lang)}</th>'
+        f'<th scope="col">{escape(u.name)}</th></tr></thead><tbody>{"".join(srows)}</tbody></table>'
+    )
     notes = [n for n in out.get("notes", [])]
     if notes:
         items = "".join(f"<li>{escape(_t('note.' + n, lang) if _has('note.' + n, lang) else n)}</li>" for n in notes)
@@ -392,7 +431,9 @@ def render_plan_results(s: Mapping[str, str], lang: str, config: Any = None) -> 
     if fits:
         items = "".join(
             f'<li data-gpu="{escape(n)}">{escape(gpu_catalog.gpu(n).display)} '
-            f'<span class="muted">({escape(u.label(gpu_catalog.gpu(n).memory_bytes))})</span></li>' for n in fits)
+            f'<span class="muted">({escape(u.label(gpu_catalog.gpu(n).memory_bytes))})</span></li>'
+            for n in fits
+        )
         parts.append(f'<h3>{_e("web.res.fits_on", lang)}</h3><ul id="fits-on" class="fits-on">{items}</ul>')
     else:
         parts.append(f'<h3>{_e("web.res.fits_on", lang)}</h3><p id="fits-on">{_e("web.res.fits_on_none", lang)}</p>')
@@ -404,14 +445,32 @@ def render_plan_results(s: Mapping[str, str], lang: str, config: Any = None) -> 
         seq_pts = _clip(_sweep(body, "seq", _sweep_values(body.get("seq"), SEQ_SWEEP)), cap)
         bat_pts = _clip(_sweep(body, "batch", _sweep_values(body.get("batch"), BATCH_SWEEP)), cap)
         fmt_x = lambda x: _short(int(x), lang)  # noqa: E731
-        c1 = charts.line_chart([(x, y / u.div) for x, y in seq_pts], limit, title=_t("web.chart.vs_seq", lang),
-                               x_label=_t("web.chart.seq", lang), y_label=u.name, limit_label=limit_label,
-                               fmt=u.num, fmt_x=fmt_x, chart_id="seq")
-        c2 = charts.line_chart([(x, y / u.div) for x, y in bat_pts], limit, title=_t("web.chart.vs_batch", lang),
-                               x_label=_t("web.chart.batch", lang), y_label=u.name, limit_label=limit_label,
-                               fmt=u.num, fmt_x=fmt_x, chart_id="batch")
-        parts.append(f'<h3>{_e("web.res.curves", lang)}</h3><p class="muted">{_e("web.res.curves_hint", lang)}</p>'
-                     f'<div class="curves">{c1}{c2}</div>')
+        c1 = charts.line_chart(
+            [(x, y / u.div) for x, y in seq_pts],
+            limit,
+            title=_t("web.chart.vs_seq", lang),
+            x_label=_t("web.chart.seq", lang),
+            y_label=u.name,
+            limit_label=limit_label,
+            fmt=u.num,
+            fmt_x=fmt_x,
+            chart_id="seq",
+        )
+        c2 = charts.line_chart(
+            [(x, y / u.div) for x, y in bat_pts],
+            limit,
+            title=_t("web.chart.vs_batch", lang),
+            x_label=_t("web.chart.batch", lang),
+            y_label=u.name,
+            limit_label=limit_label,
+            fmt=u.num,
+            fmt_x=fmt_x,
+            chart_id="batch",
+        )
+        parts.append(
+            f'<h3>{_e("web.res.curves", lang)}</h3><p class="muted">{_e("web.res.curves_hint", lang)}</p>'
+            f'<div class="curves">{c1}{c2}</div>'
+        )
     return "".join(parts)
 
 
@@ -432,7 +491,9 @@ def render_fragments(q: Mapping[str, str], lang: str, config: Any = None) -> dic
 def render_page(q: Mapping[str, str], lang: str) -> str:
     s = state(q)
     other = "en" if lang == "es" else "es"
-    units_opts = "".join(f'<option value="{u}"{" selected" if s["units"] == u else ""}>{u}</option>' for u in ("GB", "GiB"))
+    units_opts = "".join(
+        f'<option value="{u}"{" selected" if s["units"] == u else ""}>{u}</option>' for u in ("GB", "GiB")
+    )
     return f"""<!doctype html>
 <html lang="{lang}">
 <head>
