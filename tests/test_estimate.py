@@ -13,7 +13,7 @@ LLAMA7 = preset("llama-7b").spec
 
 def test_llama7b_fp32_foreach_adamw_is_20_bytes_per_param_at_the_step():
     # 4 (weights) + 4 (grads) + 8 (Adam) + 4 (foreach sqrt copy) per parameter, each tensor rounded to
-    # 512 B; matches the fake-tensor trace of shared/notes/trace.md (125.51 GiB).
+    # 512 B; matches the fake-tensor trace of benchmarks/trace/notes.md (125.51 GiB).
     r = estimate_model(LLAMA7, TrainingSetup(precision="fp32", batch=4, seq=512))
     assert r.peak_phase == "optimizer"
     assert r.components["weights"] == r.components["gradients"] == 4 * 6_738_415_616

@@ -1,4 +1,4 @@
-"""Golden numbers from the seeds (shared/seeds/004: V = N·B + A; 000: the LLaMA-7B lesson)."""
+"""Golden numbers from the seeds (docs/seeds/004-calculadora-vram.txt: V = N·B + A; docs/seeds/000-lesson-llama-7b.txt: the LLaMA-7B lesson)."""
 
 import json
 

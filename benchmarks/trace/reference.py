@@ -2,7 +2,7 @@
 
 Prints, for each setup, the steady-state (step 2) peak of allocated memory, the step-1 peak,
 the predicted reserved memory, and the components at the peak, in GiB -- next to the figures
-in shared/notes/trace.md where there is one.
+in benchmarks/trace/notes.md where there is one.
 """
 
 from __future__ import annotations
