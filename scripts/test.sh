@@ -8,8 +8,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-# torch pinned in the same command as everything that depends on it (a CPU wheel, see README)
-.venv/bin/python -m pip install -q -e '.[hub,web,trace,test,browser]' 'torch==2.13.0'
+# torch pinned in the same command as everything that depends on it (a CPU wheel, see README);
+# every other version pinned by constraints.txt, so a run today and a run next year install the same
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[hub,web,trace,test,browser,dev]' 'torch==2.13.0'
 if ! command -v chromium >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null) \
