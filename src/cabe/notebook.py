@@ -7,9 +7,13 @@ fonts or style sheets), so it renders the same offline and in exported notebooks
 from __future__ import annotations
 
 from html import escape
+from typing import TYPE_CHECKING
 
 from cabe.i18n import fmt_number, t
-from cabe.report import GB, GiB, Report
+from cabe.units import GB, GiB
+
+if TYPE_CHECKING:  # Report._repr_html_ imports this module lazily; no runtime import back
+    from cabe.report import Report
 
 #: One colour per component, in report order; others cycle through the tail.
 COLORS = {

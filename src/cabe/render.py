@@ -6,17 +6,13 @@ other beside it in parentheses.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cabe.i18n import fill, fmt_number, t
-from cabe.report import GB, GiB, Report
+from cabe.units import fmt_bytes
 
-
-def fmt_bytes(n: int, lang: str, units: str = "GB", both: bool = True) -> str:
-    gb = f"{fmt_number(n / GB, lang, 2 if n < 10 * GB else 1)} GB"
-    gib = f"{fmt_number(n / GiB, lang, 2 if n < 10 * GiB else 1)} GiB"
-    first, second = (gib, gb) if units == "GiB" else (gb, gib)
-    return f"{first} ({second})" if both else first
+if TYPE_CHECKING:  # the report imports this module lazily (Report.explain); no runtime import back
+    from cabe.report import Report
 
 
 def format_report(report: Report, *, lang: str = "en", units: str = "GB", explain: bool = False) -> str:
@@ -140,20 +136,18 @@ def format_report(report: Report, *, lang: str = "en", units: str = "GB", explai
 
 def format_explain(report: Report, *, lang: str = "en") -> str:
     lines = [t("ui.explain", lang) + ":"]
-    steps = list(report.steps)
+    steps = [(s.key, s.formula, s.params) for s in report.steps]
     dist = report.extra.get("distributed")
     if dist:
-        from cabe.report import Step
-
-        steps += [Step(d["key"], d["formula"], d.get("bytes"), d.get("params", {})) for d in dist.get("steps", [])]
-    for i, step in enumerate(steps, 1):
-        params = {k: v for k, v in step.params.items() if k != "detail"}
-        label = t("step." + step.key, lang)
-        if label == "step." + step.key:  # catalogs of other modules key their steps without the prefix
-            label = t(step.key, lang)
+        steps += [(d["key"], d["formula"], d.get("params", {})) for d in dist.get("steps", [])]
+    for i, (key, formula, step_params) in enumerate(steps, 1):
+        params = {k: v for k, v in step_params.items() if k != "detail"}
+        label = t("step." + key, lang)
+        if label == "step." + key:  # catalogs of other modules key their steps without the prefix
+            label = t(key, lang)
         lines.append(f"{i:>2}. {label}")
-        lines.append(f"    {fill(step.formula, _round_params(params), lang)}")
-        for d in step.params.get("detail", []) or []:
+        lines.append(f"    {fill(formula, _round_params(params), lang)}")
+        for d in step_params.get("detail", []) or []:
             lines.append(f"      {d['name']:<36} {d['formula']:>10} = {fmt_number(d['bytes_per_token'], lang)} B")
     return "\n".join(lines)
 

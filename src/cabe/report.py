@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-GB = 10**9
-GiB = 2**30
+from cabe.units import GB, GiB
 
 
 @dataclass(frozen=True)
