@@ -47,7 +47,7 @@ def main() -> None:
     for model, label, setup, card_name in CASES:
         spec, card = preset(model).spec, gpus.gpu(card_name)
         for what in ("batch", "seq", "gpus", "changes"):
-            ms = bench(lambda: solver.solve(spec, setup, card, (what,)))
+            ms = bench(lambda spec=spec, setup=setup, card=card, what=what: solver.solve(spec, setup, card, (what,)))
             print(f"{label:<42} {what:<8} {ms:>12.2f}")
     spec, card = preset("llama-3.1-8b").spec, gpus.gpu("rtx-4090")
     print(

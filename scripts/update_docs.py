@@ -33,7 +33,7 @@ def main() -> int:
     for path in [ROOT / "README.md", ROOT / "README.es.md", *sorted((ROOT / "docs" / "guides").glob("*.md"))]:
         text = path.read_text(encoding="utf-8")
 
-        def repl(m: re.Match[str]) -> str:
+        def repl(m: re.Match[str], path: Path = path) -> str:
             out = run(m.group(1))
             if VOLATILE.sub("", out) != VOLATILE.sub("", m.group(2)):
                 stale.append(f"{path.name}: {m.group(1)}")

@@ -169,12 +169,12 @@ def predict(cfg: dict, fields: dict) -> dict:
 
 def measure_in_subprocess(cfg: dict, fields: dict, timeout: float) -> dict:
     code = (
-        "import sys, json; sys.path.insert(0, %r); import cabe.trace; "
+        f"import sys, json; sys.path.insert(0, {str(ROOT / 'src')!r}); import cabe.trace; "
         "from cabe.trace.measure import measure_step; "
-        "sys.path.insert(0, %r); from run_grid import make_setup; "
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r}); from run_grid import make_setup; "
         "d = json.loads(sys.stdin.read()); "
         "print('\\n' + json.dumps(measure_step(d['cfg'], make_setup(d['fields']))))"
-    ) % (str(ROOT / "src"), str(Path(__file__).parent))
+    )
     try:
         proc = subprocess.run(
             [sys.executable, "-c", code],
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     # 1) measurements, each in its own process -- before this process touches CUDA (the fake
     #    trace may create a context here, which would show in the children's mem_get_info)
     if not args.predict_only:
-        for row, (name, cfg, fields) in zip(rows, grid):
+        for row, (_name, cfg, fields) in zip(rows, grid):
             elapsed = time.perf_counter() - t_start
             if elapsed > args.budget:
                 row["skipped"] = f"time budget ({elapsed:.0f} s)"
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({k: v for k, v in row.items() if not isinstance(v, (dict, list))}), flush=True)
             (out_dir / "grid.json").write_text(json.dumps(rows, indent=1))
     # 2) predictions on fake tensors
-    for row, (name, cfg, fields) in zip(rows, grid):
+    for row, (_name, cfg, fields) in zip(rows, grid):
         if "skipped" in row:
             continue
         try:
