@@ -54,7 +54,9 @@ def settle(pg) -> None:
     """Wait for the debounce and the answers."""
     pg.wait_for_timeout(350)
     pg.wait_for_load_state("networkidle")
-    pg.wait_for_function("!document.querySelector('#plan-results[aria-busy]')")
+    # A locator wait runs in Playwright's own world, so the page's CSP (no 'unsafe-eval') does not block it,
+    # as it does the string predicate of wait_for_function.
+    pg.locator("#plan-results[aria-busy]").wait_for(state="detached")
 
 
 def test_seed_example_112_then_132(page):
