@@ -1,0 +1,713 @@
+"""The request, declared once: every field a training or serving request can carry.
+
+Each :class:`Field` says its name (snake_case, the same in JSON, Python and — with dashes — on the
+command line), its Python type, its allowed values or range, its default and unit, the catalog key of
+its help text (``i18n/<lang>/options.json``), which commands take it, and whether it changes the model
+states (the analytic cache key). Everything else is derived from :data:`FIELDS`:
+
+* the argparse flags of ``estimate``, ``fit``, ``trace``, ``measure``, ``infer``, ``lora`` and the
+  ``from-config`` overrides (:func:`add_arguments`, :func:`values_from_args`);
+* the validation of :class:`cabe.training.TrainingSetup` and the fields :func:`cabe.api.build` accepts;
+* the HTTP request models and the OpenAPI document (:func:`json_schema`, in :mod:`cabe.web`);
+* the cache key of model states (:func:`state_fields`) and ``docs/options.md`` (:func:`markdown`).
+
+Defaults live here; the one default that depends on another field (the precision, by method) is
+decided by :func:`resolve_defaults`. This module imports nothing heavy (the CLI builds its parser from
+it on every start).
+
+Commands (the ``commands`` of a field): the CLI commands ``estimate``, ``fit``, ``trace``, ``measure``,
+``infer``, ``lora``, ``from-config`` (overrides of what the files say), and the HTTP endpoints
+``api.estimate``, ``api.fit``, ``api.infer``, ``api.lora``.
+
+``python -m cabe.schema --markdown`` prints the options table of ``docs/options.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cabe.optimizer import OPTIMIZERS
+
+# Upper bounds that catch typos (a batch of 10^9) without limiting real use.
+MAX_BATCH = 1 << 20
+MAX_SEQ = 1 << 24
+MAX_RANK = 1 << 16
+MAX_GPUS = 1 << 20
+MAX_LAYERS = 1 << 12
+
+#: the commands and endpoints a field can belong to
+CLI_COMMANDS = ("estimate", "fit", "trace", "measure", "infer", "lora", "from-config")
+API_COMMANDS = ("api.estimate", "api.fit", "api.infer", "api.lora")
+COMMANDS = CLI_COMMANDS + API_COMMANDS
+
+#: argparse groups (and sections of docs/options.md), in order
+GROUPS = ("model", "setup", "gpus", "fit", "serving", "trace", "output")
+
+_TRAINING = ("estimate", "fit", "trace", "measure", "api.estimate", "api.fit")
+_ESTIMATE = ("estimate", "fit", "trace", "measure")  # the CLI commands that take every training field
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a request.
+
+    Args:
+        name: snake_case name on every interface (``lora_rank``; ``--lora-rank`` on the command line).
+        type: the Python type of a valid value: ``int``, ``float``, ``str``, ``bool``, ``tuple`` (a list
+            of strings; a comma string on the command line) or ``dict`` (a JSON object).
+        group: where it sits in ``--help`` and in docs/options.md (one of :data:`GROUPS`).
+        commands: the commands and endpoints that take it (:data:`COMMANDS`).
+        default: the value when it is not given; ``None`` means "not given" is a state of its own
+            (e.g. ``optimizer_impl``: what PyTorch picks). Depending defaults: :func:`resolve_defaults`.
+        choices: the allowed values of a string field, or None.
+        choices_from: ``"module:attribute"`` of a catalog that lives in the core (weight formats), read
+            lazily by :meth:`allowed`.
+        minimum, maximum: the range of a number (inclusive); ``exclusive_minimum`` makes ``minimum``
+            excluded.
+        unit: what a number counts (``tokens``, ``sequences``, ``GB``...), or None.
+        states: it changes the model states (weights, gradients, optimizer state): part of their
+            cache key.
+        flags: its command-line spellings (the first is the canonical one); empty: not on the command
+            line.
+        aliases: older names ``cabe lora`` and ``/api/lora`` still accept (``rank``).
+        required_for: commands where it must be given.
+        cli_default: the command line fills in the default (so it is always sent).
+        cli_typed: argparse converts and checks it (``type=``, ``choices=``); otherwise the core does,
+            with typed errors.
+        negatable: a flag with a ``--no-`` form.
+        max_length: the longest string the HTTP API accepts.
+        help_key: its help text in the catalogs (``option.<name>`` unless said).
+        metavar: the placeholder in ``--help``.
+        depends_on: the fields its default depends on (decided by :func:`resolve_defaults`).
+    """
+
+    name: str
+    type: type
+    group: str
+    commands: tuple[str, ...]
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    choices_from: str | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    unit: str | None = None
+    states: bool = False
+    flags: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    required_for: tuple[str, ...] = ()
+    cli_default: bool = False
+    cli_typed: bool = False
+    negatable: bool = False
+    max_length: int | None = None
+    help_key: str = ""
+    metavar: str | None = None
+    depends_on: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """The catalog key of the help text."""
+        return self.help_key or f"option.{self.name}"
+
+    @property
+    def dest(self) -> str:
+        """The argparse attribute (the field's name)."""
+        return self.name
+
+    def allowed(self) -> tuple[str, ...] | None:
+        """The allowed values: :attr:`choices`, or the catalog :attr:`choices_from` names."""
+        if self.choices is not None:
+            return self.choices
+        if self.choices_from is None:
+            return None
+        module, _, attr = self.choices_from.partition(":")
+        return tuple(getattr(importlib.import_module(module), attr))
+
+    def json_schema(self) -> dict[str, Any]:
+        """The field as a JSON Schema (OpenAPI 3.1) property: type, enum, range, default."""
+        out: dict[str, Any] = dict(_JSON_TYPES[self.type])
+        allowed = self.allowed()
+        if allowed is not None:
+            out["enum"] = list(allowed)
+        if self.minimum is not None:
+            out["exclusiveMinimum" if self.exclusive_minimum else "minimum"] = _json_number(self.minimum, self.type)
+        if self.maximum is not None:
+            out["maximum"] = _json_number(self.maximum, self.type)
+        if self.max_length is not None:
+            out["maxLength"] = self.max_length
+        if self.default is not None and self.default != ():
+            out["default"] = list(self.default) if isinstance(self.default, tuple) else self.default
+        return out
+
+
+_JSON_TYPES: dict[type, dict[str, Any]] = {
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    str: {"type": "string"},
+    bool: {"type": "boolean"},
+    tuple: {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    dict: {"type": "object"},
+}
+
+
+def _json_number(x: float, kind: type) -> int | float:
+    return int(x) if kind is int or float(x).is_integer() else x
+
+
+def _int(
+    name: str, group: str, commands: tuple[str, ...], default: int | None, lo: int, hi: int | None, **kw: Any
+) -> Field:
+    return Field(name, int, group, commands, default, minimum=lo, maximum=hi, **kw)
+
+
+def _choice(
+    name: str, group: str, commands: tuple[str, ...], default: str | None, choices: tuple[str, ...], **kw: Any
+) -> Field:
+    return Field(name, str, group, commands, default, choices=choices, **kw)
+
+
+def _flag(name: str) -> tuple[str, ...]:
+    return ("--" + name.replace("_", "-"),)
+
+
+# NOTE: the order of FIELDS is the order of ``known fields`` in error messages, of the checks of
+# TrainingSetup (choices, then integers, per group) and of docs/options.md; keep new fields at the end
+# of their group.
+_MODEL: tuple[Field, ...] = (
+    Field(
+        "params",
+        float,
+        "model",
+        _TRAINING,
+        minimum=0,
+        maximum=1e6,
+        exclusive_minimum=True,
+        unit="billion parameters",
+        flags=_flag("params"),
+    ),
+    Field(
+        "bytes_per_param",
+        float,
+        "model",
+        _TRAINING,
+        minimum=0,
+        maximum=1024,
+        exclusive_minimum=True,
+        unit="B/parameter",
+        flags=_flag("bytes_per_param"),
+    ),
+    Field(
+        "activations_gb",
+        float,
+        "model",
+        _TRAINING,
+        minimum=0,
+        maximum=1e6,
+        unit="GB",
+        flags=_flag("activations_gb"),
+    ),
+    Field(
+        "model",
+        str,
+        "model",
+        _TRAINING + ("infer", "lora", "from-config", "api.infer", "api.lora"),
+        max_length=200,
+        flags=("--model", "-m"),
+    ),
+    Field("config", dict, "model", ("api.estimate", "api.fit", "api.infer", "api.lora")),
+    Field(
+        "gpu",
+        str,
+        "model",
+        _TRAINING + ("infer", "from-config", "api.infer"),
+        max_length=100,
+        flags=_flag("gpu"),
+        required_for=("fit", "api.fit"),
+    ),
+)
+
+_SETUP: tuple[Field, ...] = (
+    _choice(
+        "method",
+        "setup",
+        _TRAINING,
+        "full",
+        ("full", "lora", "qlora", "freeze", "prompt-tuning"),
+        states=True,
+        flags=_flag("method"),
+    ),
+    _choice(
+        "precision",
+        "setup",
+        _TRAINING,
+        "bf16-amp",
+        ("fp32", "fp16-amp", "bf16-amp", "bf16", "fp16"),
+        states=True,
+        flags=_flag("precision"),
+        depends_on=("method",),
+    ),
+    _choice("optimizer", "setup", _TRAINING, "adamw", OPTIMIZERS, states=True, flags=_flag("optimizer")),
+    _choice(
+        "optimizer_impl",
+        "setup",
+        _TRAINING,
+        None,
+        ("foreach", "fused", "for-loop"),
+        states=True,
+        flags=_flag("optimizer_impl"),
+    ),
+    _int("batch", "setup", _TRAINING + ("from-config",), 1, 1, MAX_BATCH, unit="sequences", flags=_flag("batch")),
+    _int("seq", "setup", _TRAINING + ("from-config",), 512, 1, MAX_SEQ, unit="tokens", flags=_flag("seq")),
+    _int(
+        "grad_accum",
+        "setup",
+        _TRAINING + ("from-config",),
+        1,
+        1,
+        MAX_BATCH,
+        unit="steps",
+        flags=_flag("grad_accum"),
+    ),
+    Field("checkpointing", bool, "setup", _TRAINING, False, flags=_flag("checkpointing")),
+    _choice("attention", "setup", _TRAINING, "sdpa", ("eager", "sdpa", "flash"), flags=_flag("attention")),
+    _int(
+        "lora_rank",
+        "setup",
+        _TRAINING + ("lora", "api.lora"),
+        8,
+        1,
+        MAX_RANK,
+        states=True,
+        flags=_flag("lora_rank"),
+        aliases=("rank",),
+    ),
+    Field(
+        "lora_alpha",
+        float,
+        "setup",
+        _TRAINING,
+        16.0,
+        minimum=0,
+        maximum=1e15,
+        exclusive_minimum=True,
+        flags=_flag("lora_alpha"),
+    ),
+    # NOTE: () means PEFT's default targets for the model type
+    # (peft.utils.constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
+    Field(
+        "lora_targets",
+        tuple,
+        "setup",
+        _TRAINING + ("lora", "api.lora"),
+        (),
+        states=True,
+        flags=_flag("lora_targets"),
+        aliases=("targets",),
+    ),
+    _choice("quant", "setup", _TRAINING, "nf4", ("nf4", "fp4"), states=True, flags=_flag("quant")),
+    Field("double_quant", bool, "setup", _TRAINING, True, states=True, flags=_flag("double_quant"), negatable=True),
+    _choice(
+        "compute_dtype",
+        "setup",
+        _TRAINING,
+        "bf16",
+        ("bf16", "fp16", "fp32"),
+        states=True,
+        flags=_flag("compute_dtype"),
+    ),
+    _int(
+        "trainable_layers",
+        "setup",
+        _TRAINING,
+        1,
+        0,
+        MAX_LAYERS,
+        unit="layers",
+        states=True,
+        flags=_flag("trainable_layers"),
+    ),
+    _int(
+        "prompt_tokens",
+        "setup",
+        _TRAINING,
+        20,
+        1,
+        MAX_SEQ,
+        unit="tokens",
+        states=True,
+        flags=_flag("prompt_tokens"),
+    ),
+)
+
+_GPUS: tuple[Field, ...] = (
+    _int("gpus", "gpus", _TRAINING + ("from-config",), 1, 1, MAX_GPUS, unit="GPUs", flags=_flag("gpus")),
+    _choice(
+        "shard",
+        "gpus",
+        _TRAINING,
+        "none",
+        ("none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid"),
+        flags=_flag("shard"),
+    ),
+    _choice("offload", "gpus", _TRAINING, "none", ("none", "optimizer", "parameters", "both"), flags=_flag("offload")),
+    _int("tp", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("tp")),
+    _int("pp", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("pp")),
+    _int("ep", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("ep")),
+    _int("gpus_per_node", "gpus", _TRAINING, 8, 1, MAX_GPUS, unit="GPUs", flags=_flag("gpus_per_node")),
+)
+
+_FIT: tuple[Field, ...] = (
+    Field(
+        "solve",
+        tuple,
+        "fit",
+        ("fit", "api.fit"),
+        ("batch", "seq", "gpus", "changes"),
+        choices=("batch", "seq", "gpus", "changes"),
+        flags=_flag("solve"),
+    ),
+    Field("mfu", float, "fit", ("fit",), 0.4, minimum=0, maximum=1, exclusive_minimum=True, flags=_flag("mfu")),
+    Field(
+        "tokens", float, "fit", ("fit",), None, minimum=0, exclusive_minimum=True, unit="tokens", flags=_flag("tokens")
+    ),
+)
+
+_INFER = ("infer", "api.infer")
+_SERVING: tuple[Field, ...] = (
+    Field(
+        "weights",
+        str,
+        "serving",
+        _INFER,
+        "fp16",
+        choices_from="cabe.inference:FORMATS",
+        flags=_flag("weights"),
+        cli_default=True,
+    ),
+    Field(
+        "kv_dtype",
+        str,
+        "serving",
+        _INFER,
+        "fp16",
+        choices_from="cabe.kv_cache:KV_DTYPES",
+        flags=_flag("kv_dtype"),
+        cli_default=True,
+    ),
+    # NOTE: the core caps the default context at the model's max_position_embeddings
+    _int("context", "serving", _INFER, 4096, 1, MAX_SEQ, unit="tokens", flags=_flag("context")),
+    _int(
+        "batch",
+        "serving",
+        _INFER,
+        1,
+        1,
+        MAX_SEQ,
+        unit="sequences",
+        flags=_flag("batch"),
+        help_key="option.serving.batch",
+    ),
+    _choice(
+        "mode",
+        "serving",
+        _INFER,
+        "generate",
+        ("generate", "prefill"),
+        flags=_flag("mode"),
+        cli_default=True,
+        help_key="option.serving.mode",
+    ),
+    _int("prefill_chunk", "serving", _INFER, None, 1, MAX_SEQ, unit="tokens", flags=_flag("prefill_chunk")),
+    _int("group_size", "serving", _INFER, 128, 1, MAX_SEQ, unit="weights", flags=_flag("group_size")),
+    Field(
+        "gpu_memory_utilization",
+        float,
+        "serving",
+        _INFER,
+        0.9,
+        minimum=0,
+        maximum=1,
+        exclusive_minimum=True,
+        flags=_flag("gpu_memory_utilization"),
+    ),
+)
+
+_TRACE: tuple[Field, ...] = (
+    _int(
+        "steps", "trace", ("trace",), 2, 2, None, unit="steps", flags=_flag("steps"), cli_default=True, cli_typed=True
+    ),
+    _choice(
+        "mode",
+        "trace",
+        ("trace",),
+        "auto",
+        ("auto", "fake", "meta"),
+        flags=_flag("mode"),
+        cli_default=True,
+        cli_typed=True,
+        help_key="option.trace.mode",
+    ),
+    Field("timeline", str, "trace", ("trace",), flags=_flag("timeline"), metavar="FILE.json"),
+    Field("plot", str, "trace", ("trace",), flags=_flag("plot"), metavar="FILE.svg"),
+    Field(
+        "expandable_segments", bool, "trace", ("trace",), False, flags=_flag("expandable_segments"), cli_default=True
+    ),
+    Field("inventory", bool, "trace", ("trace",), False, flags=_flag("inventory"), cli_default=True),
+)
+
+_ALL_INTERFACES = tuple(c for c in COMMANDS if c != "api.lora")
+_OUTPUT: tuple[Field, ...] = (
+    _choice("lang", "output", COMMANDS, None, ("en", "es"), flags=_flag("lang")),
+    _choice("units", "output", _ALL_INTERFACES, "GB", ("GB", "GiB"), flags=_flag("units"), cli_default=True),
+)
+
+#: every field, once
+FIELDS: tuple[Field, ...] = _MODEL + _SETUP + _GPUS + _FIT + _SERVING + _TRACE + _OUTPUT
+
+#: the fields of :class:`cabe.training.TrainingSetup`, in its order
+SETUP_FIELDS: tuple[Field, ...] = _SETUP + _GPUS
+
+
+def fields_for(command: str, *, output: bool = True) -> tuple[Field, ...]:
+    """The fields a command or endpoint takes, in :data:`FIELDS` order; ``output=False`` leaves out
+    ``lang`` and ``units`` (how to show the answer, not what to compute)."""
+    if command not in COMMANDS:
+        raise KeyError(command)
+    return tuple(f for f in FIELDS if command in f.commands and (output or f.group != "output"))
+
+
+def field(name: str, command: str | None = None) -> Field:
+    """The field called ``name`` (for ``command`` when two commands mean different things by it:
+    ``batch`` and ``mode`` of ``infer``). Without a command: the training field."""
+    for f in FIELDS:
+        if f.name == name and (command is None or command in f.commands):
+            return f
+    raise KeyError(name)
+
+
+def names(command: str, *, output: bool = False) -> tuple[str, ...]:
+    """The field names a command or endpoint takes (without ``lang`` / ``units`` unless asked)."""
+    return tuple(f.name for f in fields_for(command, output=output))
+
+
+def state_fields() -> tuple[str, ...]:
+    """The setup fields that change the model states: the cache key of :mod:`cabe.analytic`."""
+    return tuple(f.name for f in SETUP_FIELDS if f.states)
+
+
+def defaults(command: str = "estimate") -> dict[str, Any]:
+    """Every field of a command with its static default (see :func:`resolve_defaults`)."""
+    return {f.name: f.default for f in fields_for(command, output=False)}
+
+
+def _given(v: Any) -> bool:
+    return v is not None and v != ""
+
+
+def default_precision(method: str) -> str:
+    """The precision when none is given: LoRA, QLoRA and prompt tuning load the base in bf16."""
+    # NOTE: LoRA users load the base in bf16 (torch_dtype=torch.bfloat16); an fp32 base is opt-in.
+    # QLoRA: 4-bit base, bf16 compute (the precision is shown, compute_dtype decides).
+    return "bf16" if method in ("lora", "qlora", "prompt-tuning") else str(field("precision").default)
+
+
+def resolve_defaults(values: Mapping[str, Any], command: str = "estimate") -> dict[str, Any]:
+    """The setup a request describes: the given values (None and "" mean not given) over the defaults,
+    with the defaults that depend on other fields decided here — the one place that does it.
+
+    Returns every :data:`SETUP_FIELDS` name (for ``api.*`` / training commands) or every field of
+    ``command``, values as given (not yet validated).
+    """
+    pool = SETUP_FIELDS if command in _TRAINING or command == "from-config" else fields_for(command, output=False)
+    out = {f.name: values[f.name] if _given(values.get(f.name)) else f.default for f in pool}
+    if "precision" in out and not _given(values.get("precision")):
+        out["precision"] = default_precision(str(out.get("method") or "full"))
+    return out
+
+
+# ---- the command line ----------------------------------------------------------------------------
+_GROUP_TITLES = {
+    "model": "model",
+    "setup": "training setup",
+    "gpus": "several GPUs",
+    "fit": "make it fit",
+    "serving": "serving",
+    "trace": "trace",
+    "output": "output",
+}
+
+
+def help_text(f: Field, lang: str = "en") -> str:
+    """``--help`` text: the catalog sentence, then the choices and the default from the schema."""
+    from cabe.i18n import t
+
+    text = t(f.key, lang)
+    allowed = f.choices  # catalogs read lazily (choices_from) would import the core on every start
+    extra = []
+    if allowed is not None:
+        extra.append(" | ".join(allowed))
+    if f.default is not None and f.default != () and f.type is not bool and not f.depends_on:
+        shown = ",".join(f.default) if isinstance(f.default, tuple) else f.default
+        extra.append(f"default {shown}")
+    if f.unit:
+        extra.append(f.unit)
+    return f"{text} ({'; '.join(extra)})" if extra else text
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    command: str,
+    *,
+    groups: Iterable[str] | None = None,
+    only: Iterable[str] | None = None,
+) -> None:
+    """Add the flags of ``command``'s fields to ``parser`` (one argparse group per schema group).
+
+    Values arrive as the strings typed (``None`` when not given), converted and checked by
+    :func:`values_from_args` and the core, so bad input is a typed error; fields marked ``cli_typed``
+    are converted by argparse. ``groups`` / ``only`` restrict which fields are added.
+    """
+    wanted_groups = set(groups) if groups is not None else None
+    wanted = set(only) if only is not None else None
+    sections: dict[str, argparse._ArgumentGroup] = {}
+    for f in fields_for(command):
+        if not f.flags or (wanted_groups is not None and f.group not in wanted_groups):
+            continue
+        if wanted is not None and f.name not in wanted:
+            continue
+        if f.group not in sections:
+            sections[f.group] = parser.add_argument_group(_GROUP_TITLES[f.group])
+        add_flag(sections[f.group], f, command)
+
+
+def add_flag(group: argparse._ArgumentGroup | argparse.ArgumentParser, f: Field, command: str) -> None:
+    """Add one field's flag(s) to a parser or argument group (see :func:`add_arguments`)."""
+    flags = f.flags + (tuple("--" + a for a in f.aliases) if command == "lora" else ())
+    kw: dict[str, Any] = {"dest": f.dest, "help": help_text(f)}
+    if f.type is bool:
+        kw.update(action="store_true", default=f.default if f.cli_default else None)
+        group.add_argument(*flags, **kw)
+        if f.negatable:
+            group.add_argument("--no-" + flags[0][2:], dest=f.dest, action="store_false")
+        return
+    if f.cli_default:
+        kw["default"] = f.default
+    if f.cli_typed:
+        kw["type"] = f.type
+        if f.choices is not None:
+            kw["choices"] = f.choices
+    if command in f.required_for:
+        kw["required"] = True
+    if f.metavar:
+        kw["metavar"] = f.metavar
+    group.add_argument(*flags, **kw)
+
+
+def values_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The request dict of the fields given on the command line, numbers converted (integers first,
+    then real numbers: the order errors are reported in); ``lang`` / ``units`` left out."""
+    body: dict[str, Any] = {}
+    taken = [f for f in fields_for(command, output=False) if f.flags]
+    for f in taken:
+        v = getattr(args, f.dest, None)
+        if v is not None and f.type in (str, bool, tuple, dict):
+            body[f.name] = v
+    for kind, convert in ((int, to_int), (float, to_float)):
+        for f in taken:
+            v = getattr(args, f.dest, None)
+            if v is not None and f.type is kind:
+                body[f.name] = v if f.cli_typed else convert(f.name, v)
+    return body
+
+
+def to_int(name: str, text: Any) -> int:
+    """A command-line integer (``1_000`` allowed) or a typed ``not_integer`` error."""
+    from cabe.errors import InvalidValueError
+
+    try:
+        return int(str(text).replace("_", ""))
+    except ValueError:
+        raise InvalidValueError("not_integer", name, value=text) from None
+
+
+def to_float(name: str, text: Any) -> float:
+    """A command-line real number (``7,5`` and ``7.5``) or a typed ``not_number`` error."""
+    from cabe.errors import InvalidValueError
+
+    try:
+        return float(str(text).replace(",", "."))
+    except ValueError:
+        raise InvalidValueError("not_number", name, value=text) from None
+
+
+# ---- docs/options.md -----------------------------------------------------------------------------
+def _cell(f: Field) -> tuple[str, str, str, str]:
+    allowed = f.allowed()
+    if allowed is not None:
+        values = " \\| ".join(f"`{a}`" for a in allowed)
+    elif f.minimum is not None or f.maximum is not None:
+        lo = "" if f.minimum is None else f"{'>' if f.exclusive_minimum else '≥'} {_json_number(f.minimum, f.type)}"
+        hi = "" if f.maximum is None else f"≤ {_json_number(f.maximum, f.type)}"
+        values = ", ".join(x for x in (lo, hi) if x)
+    else:
+        values = {bool: "on / off", tuple: "comma list", dict: "JSON object"}.get(f.type, "text")
+    if f.depends_on:
+        default = f"by {', '.join(f.depends_on)} (`resolve_defaults`)"
+    elif f.default is None or f.default == ():
+        default = "—"
+    elif isinstance(f.default, tuple):
+        default = "`" + ",".join(f.default) + "`"
+    else:
+        default = f"`{f.default}`"
+    flags = ", ".join(f"`{x}`" for x in f.flags) or "(HTTP only)"
+    return flags, values, default, f.unit or ""
+
+
+def markdown(lang: str = "en") -> str:
+    """The options table of docs/options.md, one section per group."""
+    from cabe.i18n import t
+
+    lines = [
+        "# Options",
+        "",
+        "<!-- Generated by `python -m cabe.schema --markdown > docs/options.md` from src/cabe/schema.py;"
+        " do not edit by hand. -->",
+        "",
+        "Every field of a request, as the command line, the HTTP API and the Python API spell it.",
+        "Names are snake_case in JSON and Python, dashed on the command line.",
+    ]
+    for group in GROUPS:
+        rows = [f for f in FIELDS if f.group == group]
+        lines += ["", f"## {_GROUP_TITLES[group].capitalize()}", ""]
+        lines.append("| field | flags | values | default | unit | commands | states | help |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for f in rows:
+            flags, values, default, unit = _cell(f)
+            cmds = ", ".join(f.commands)
+            lines.append(
+                f"| `{f.name}` | {flags} | {values} | {default} | {unit} | {cmds} | {'yes' if f.states else ''} "
+                f"| {t(f.key, lang)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m cabe.schema", description="The request schema of cabe.")
+    ap.add_argument("--markdown", action="store_true", help="print the options table (docs/options.md)")
+    ap.add_argument("--lang", default="en")
+    args = ap.parse_args(argv)
+    if args.markdown:
+        sys.stdout.write(markdown(args.lang))
+        return 0
+    for f in FIELDS:
+        print(f"{f.name:<24} {f.group:<8} {', '.join(f.commands)}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The request schema: one declaration, and everything that is derived from it agrees with it."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import typing
+
+import pytest
+
+from cabe import schema, training
+from cabe.errors import InvalidValueError
+from cabe.i18n import LANGS, catalog
+
+
+def test_names_are_unique_per_command() -> None:
+    for command in schema.COMMANDS:
+        names = [f.name for f in schema.fields_for(command)]
+        assert len(names) == len(set(names)), command
+
+
+def test_every_field_is_well_formed() -> None:
+    for f in schema.FIELDS:
+        assert f.group in schema.GROUPS, f.name
+        assert f.commands and set(f.commands) <= set(schema.COMMANDS), f.name
+        assert f.name == f.name.lower() and "-" not in f.name
+        for flag in f.flags:
+            assert flag.startswith("-"), f.name
+        if f.choices is not None and f.default is not None and f.type is str:
+            assert f.default in f.choices, f.name
+        if f.type is int and f.default is not None:
+            assert f.minimum is None or f.default >= f.minimum
+            assert f.maximum is None or f.default <= f.maximum
+        for lang in LANGS:
+            assert f.key in catalog(lang), (lang, f.key)
+
+
+def test_training_setup_is_the_schema() -> None:
+    dc = {f.name: f for f in dataclasses.fields(training.TrainingSetup)}
+    assert tuple(dc) == tuple(f.name for f in schema.SETUP_FIELDS)
+    for f in schema.SETUP_FIELDS:
+        assert dc[f.name].default == f.default, f.name
+    hints = typing.get_type_hints(training.TrainingSetup)
+    for f in schema.SETUP_FIELDS:
+        if f.choices is not None:
+            literal = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
+            args = typing.get_args(literal[0]) if len(literal) == 1 and typing.get_args(literal[0]) else literal
+            assert tuple(args) == f.choices, f.name
+
+
+def test_state_fields_are_the_cache_key() -> None:
+    from cabe import analytic
+
+    assert tuple(analytic._STATE_FIELDS) == schema.state_fields()
+    assert "lora_alpha" not in schema.state_fields() and "batch" not in schema.state_fields()
+
+
+def test_api_fields() -> None:
+    from cabe import api
+
+    assert schema.names("api.estimate") == api.REQUEST_FIELDS
+    assert schema.names("api.fit") == api.REQUEST_FIELDS + ("solve",)
+
+
+def test_infer_fields_are_what_the_core_accepts() -> None:
+    from cabe.inference import infer_json
+
+    with pytest.raises(InvalidValueError) as err:
+        infer_json({"model": "gpt2", "nope": 1})
+    # NOTE: as sets: the core lists them in its own order (gpu after group_size) in the error message
+    assert set(err.value.params["allowed"].split(", ")) == set(schema.names("api.infer", output=True))
+
+
+def test_lazy_choices_are_the_core_catalogs() -> None:
+    from cabe.inference import FORMATS
+    from cabe.kv_cache import KV_DTYPES
+
+    assert schema.field("weights", "infer").allowed() == FORMATS
+    assert schema.field("kv_dtype", "infer").allowed() == tuple(KV_DTYPES)
+
+
+def test_field_lookup_by_command() -> None:
+    assert schema.field("batch").maximum == schema.MAX_BATCH
+    assert schema.field("batch", "infer").group == "serving"
+    assert schema.field("mode", "trace").choices == ("auto", "fake", "meta")
+    with pytest.raises(KeyError):
+        schema.field("nope")
+    with pytest.raises(KeyError):
+        schema.fields_for("nope")
+
+
+@pytest.mark.parametrize(
+    ("given", "precision"),
+    [
+        ({}, "bf16-amp"),
+        ({"method": "full"}, "bf16-amp"),
+        ({"method": "freeze"}, "bf16-amp"),
+        ({"method": "lora"}, "bf16"),
+        ({"method": "qlora"}, "bf16"),
+        ({"method": "prompt-tuning"}, "bf16"),
+        ({"method": "lora", "precision": "fp32"}, "fp32"),
+        ({"method": "lora", "precision": ""}, "bf16"),
+        ({"method": "full", "precision": None}, "bf16-amp"),
+    ],
+)
+def test_resolve_defaults_precision(given: dict, precision: str) -> None:
+    out = schema.resolve_defaults(given)
+    assert out["precision"] == precision
+    assert set(out) == {f.name for f in schema.SETUP_FIELDS}
+    assert out["seq"] == 512 and out["lora_targets"] == ()
+
+
+def test_json_schema() -> None:
+    assert schema.field("batch").json_schema() == {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": schema.MAX_BATCH,
+        "default": 1,
+    }
+    assert schema.field("lora_alpha").json_schema()["exclusiveMinimum"] == 0
+    assert schema.field("method").json_schema()["enum"] == list(training.METHODS)
+    assert schema.field("lora_targets").json_schema()["type"] == "array"
+    assert schema.field("config", "api.estimate").json_schema() == {"type": "object"}
+
+
+def test_optimizer_choices_come_from_the_registry() -> None:
+    from cabe import optimizer
+
+    assert schema.field("optimizer").choices == optimizer.OPTIMIZERS == training.OPTIMIZERS
+
+
+def test_schema_imports_nothing_heavy() -> None:
+    code = (
+        "import sys, cabe.schema; "
+        "heavy = [m for m in ('torch', 'pydantic', 'starlette', 'transformers', 'cabe.analytic') if m in sys.modules]; "
+        "print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
