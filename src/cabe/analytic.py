@@ -29,9 +29,11 @@ from cabe.activations import (
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.method import lora_targets, parameter_tensors, quantized_bytes, stored_bytes
+from cabe.optimizer import get as optimizer_entry
 from cabe.optimizer import optimizer_memory, round_alloc
 from cabe.precision import dtypes_for
 from cabe.report import GB, GiB, Report, Step
+from cabe.schema import state_fields
 from cabe.step import StepParts, timeline
 from cabe.training import TrainingSetup, number
 
@@ -87,17 +89,6 @@ def estimate_simple(params_billion: float, bytes_per_param: float, activations_g
 # lesson mode: a parameter count, a precision and an optimizer, no architecture
 # =============================================================================================
 
-_LESSON_STATE = {  # optimizer state bytes per parameter, by optimizer, for fp32 moments
-    "adamw": 8,
-    "paged-adamw": 8,
-    "adamw-8bit": 2,
-    "paged-adamw-8bit": 2,
-    "sgd": 0,
-    "sgd-momentum": 4,
-    "adafactor": 0,
-    "lion": 4,
-}
-
 
 def estimate_lesson(params_billion: float, setup: TrainingSetup, activations_gb: float = 0.0) -> Report:
     """Model states from a parameter count alone, component by component, as the lesson does.
@@ -110,14 +101,15 @@ def estimate_lesson(params_billion: float, setup: TrainingSetup, activations_gb:
     a_gb = number("activations_gb", activations_gb, minimum=0.0, maximum=1e7)
     n = round(n_b * 1e9)
     p = setup.precision
-    state_per = _LESSON_STATE[setup.optimizer]
+    opt = optimizer_entry(setup.optimizer)
+    state_per = opt.lesson_bytes_per_param  # optimizer state bytes per parameter, for fp32 moments
     if p == "fp32":
         w, g, master = 4, 4, 0
     elif p in ("bf16-amp", "fp16-amp"):
         w, g, master = 2, 2, 4
     else:
         w, g, master = 2, 2, 0
-        if setup.optimizer in ("adamw", "paged-adamw", "sgd-momentum", "lion"):
+        if opt.lesson_follows_dtype:
             state_per //= 2  # moments in the parameter dtype
     comps = {
         "weights": n * w,
@@ -229,19 +221,8 @@ class _States:
     n_train: int
 
 
-_STATE_FIELDS = (
-    "method",
-    "precision",
-    "optimizer",
-    "optimizer_impl",
-    "lora_rank",
-    "lora_targets",
-    "quant",
-    "double_quant",
-    "compute_dtype",
-    "trainable_layers",
-    "prompt_tokens",
-)
+#: the setup fields that change model states (cabe.schema, ``states=True``): the cache key
+_STATE_FIELDS = state_fields()
 _STATES_CACHE: dict[tuple, _States] = {}
 
 

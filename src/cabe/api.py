@@ -12,46 +12,30 @@ from its form. Fields (all optional, but a model or a parameter count is needed)
   ``lora_rank``, ``lora_alpha``, ``lora_targets``, ``quant``, ``double_quant``,
   ``compute_dtype``, ``trainable_layers``, ``prompt_tokens``.
 * ``gpu``: a card name for the "fits?" answer.
+
+The fields, their types, ranges and defaults are :mod:`cabe.schema`'s (``api.estimate``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Any
 
 from cabe import gpus as gpu_catalog
-from cabe import models
+from cabe import models, schema
 from cabe.analytic import estimate_lesson, estimate_model, estimate_simple
 from cabe.errors import CabeError, InvalidValueError
 from cabe.report import Report
-from cabe.training import TrainingSetup, parse_targets
+from cabe.training import TrainingSetup
 
-SETUP_FIELDS = tuple(f.name for f in fields(TrainingSetup))
-REQUEST_FIELDS = ("params", "bytes_per_param", "activations_gb", "model", "config", "gpu") + SETUP_FIELDS
+SETUP_FIELDS = tuple(f.name for f in schema.SETUP_FIELDS)
+#: what ``build`` accepts (besides ``lang`` and ``units``), in the order error messages list them
+REQUEST_FIELDS = schema.names("api.estimate")
 
 
 def setup_from(body: Mapping[str, Any]) -> TrainingSetup:
-    kw: dict[str, Any] = {}
-    for name in SETUP_FIELDS:
-        v = body.get(name)
-        if v is None or v == "":
-            continue
-        if name == "lora_targets":
-            v = (
-                parse_targets(v)
-                if isinstance(v, str)
-                else tuple(str(x) for x in v)
-                if isinstance(v, (list, tuple))
-                else v
-            )
-        kw[name] = v
-    if "precision" not in kw and kw.get("method") == "qlora":
-        kw["precision"] = "bf16"  # QLoRA: 4-bit base, bf16 compute (precision is shown, compute_dtype decides)
-    if "precision" not in kw and kw.get("method") in ("lora", "prompt-tuning"):
-        # NOTE: LoRA users load the base in bf16 (torch_dtype=torch.bfloat16); an fp32 base is opt-in.
-        kw["precision"] = "bf16"
-    return TrainingSetup(**kw)
+    """The setup of a request: the given fields over the defaults (:func:`cabe.schema.resolve_defaults`)."""
+    return TrainingSetup(**schema.resolve_defaults(body))
 
 
 def model_source(body: Mapping[str, Any], *, allow_files: bool) -> models.ModelSource | None:

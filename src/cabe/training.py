@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Literal, get_args
+from typing import Any, Literal
 
+from cabe import schema
 from cabe.errors import InvalidValueError
+from cabe.schema import MAX_BATCH, MAX_RANK, MAX_SEQ
 
+__all__ = ["MAX_BATCH", "MAX_RANK", "MAX_SEQ", "TrainingSetup", "number", "parse_targets"]
+
+# NOTE: the Literal types are for type checkers; the allowed values are cabe.schema's (a test pins them
+# equal, tests/test_schema.py).
 Method = Literal["full", "lora", "qlora", "freeze", "prompt-tuning"]
 Precision = Literal["fp32", "fp16-amp", "bf16-amp", "bf16", "fp16"]
 Optimizer = Literal[
@@ -24,24 +30,26 @@ ComputeDtype = Literal["bf16", "fp16", "fp32"]
 Shard = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid"]
 Offload = Literal["none", "optimizer", "parameters", "both"]
 
-METHODS: tuple[str, ...] = get_args(Method)
-PRECISIONS: tuple[str, ...] = get_args(Precision)
-OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
-OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
-ATTENTIONS: tuple[str, ...] = get_args(Attention)
-QUANTS: tuple[str, ...] = get_args(Quant)
-COMPUTE_DTYPES: tuple[str, ...] = get_args(ComputeDtype)
-SHARDS: tuple[str, ...] = get_args(Shard)
-OFFLOADS: tuple[str, ...] = get_args(Offload)
+
+def _choices(name: str) -> tuple[str, ...]:
+    return schema.field(name).choices or ()
+
+
+METHODS = _choices("method")
+PRECISIONS = _choices("precision")
+OPTIMIZERS = _choices("optimizer")
+OPTIMIZER_IMPLS = _choices("optimizer_impl")
+ATTENTIONS = _choices("attention")
+QUANTS = _choices("quant")
+COMPUTE_DTYPES = _choices("compute_dtype")
+SHARDS = _choices("shard")
+OFFLOADS = _choices("offload")
 
 #: LoRA targets when none are given: PEFT's default for the model type
 #: (peft.utils.constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING). An empty tuple means "that default".
-DEFAULT_LORA_TARGETS: tuple[str, ...] = ()
+DEFAULT_LORA_TARGETS: tuple[str, ...] = schema.field("lora_targets").default
 
-# Upper bounds that catch typos (a batch of 10^9) without limiting real use.
-MAX_BATCH = 1 << 20
-MAX_SEQ = 1 << 24
-MAX_RANK = 1 << 16
+_D = schema.defaults("api.estimate")
 
 
 @dataclass(frozen=True)
@@ -74,60 +82,33 @@ class TrainingSetup:
         gpus_per_node: GPUs in one node (hybrid sharding and host-RAM-per-node figures).
     """
 
-    method: Method = "full"
-    precision: Precision = "bf16-amp"
-    optimizer: Optimizer = "adamw"
-    optimizer_impl: OptimizerImpl | None = None
-    batch: int = 1
-    seq: int = 512
-    grad_accum: int = 1
-    checkpointing: bool = False
-    attention: Attention = "sdpa"
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
-    quant: Quant = "nf4"
-    double_quant: bool = True
-    compute_dtype: ComputeDtype = "bf16"
-    trainable_layers: int = 1
-    prompt_tokens: int = 20
-    gpus: int = 1
-    shard: Shard = "none"
-    offload: Offload = "none"
-    tp: int = 1
-    pp: int = 1
-    ep: int = 1
-    gpus_per_node: int = 8
+    method: Method = _D["method"]
+    precision: Precision = _D["precision"]
+    optimizer: Optimizer = _D["optimizer"]
+    optimizer_impl: OptimizerImpl | None = _D["optimizer_impl"]
+    batch: int = _D["batch"]
+    seq: int = _D["seq"]
+    grad_accum: int = _D["grad_accum"]
+    checkpointing: bool = _D["checkpointing"]
+    attention: Attention = _D["attention"]
+    lora_rank: int = _D["lora_rank"]
+    lora_alpha: float = _D["lora_alpha"]
+    lora_targets: tuple[str, ...] = _D["lora_targets"]
+    quant: Quant = _D["quant"]
+    double_quant: bool = _D["double_quant"]
+    compute_dtype: ComputeDtype = _D["compute_dtype"]
+    trainable_layers: int = _D["trainable_layers"]
+    prompt_tokens: int = _D["prompt_tokens"]
+    gpus: int = _D["gpus"]
+    shard: Shard = _D["shard"]
+    offload: Offload = _D["offload"]
+    tp: int = _D["tp"]
+    pp: int = _D["pp"]
+    ep: int = _D["ep"]
+    gpus_per_node: int = _D["gpus_per_node"]
 
     def __post_init__(self) -> None:
-        _choice("method", self.method, METHODS)
-        _choice("precision", self.precision, PRECISIONS)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        if self.optimizer_impl is not None:
-            _choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
-        _choice("attention", self.attention, ATTENTIONS)
-        _choice("quant", self.quant, QUANTS)
-        _choice("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
-        _int_range("batch", self.batch, 1, MAX_BATCH)
-        _int_range("seq", self.seq, 1, MAX_SEQ)
-        _int_range("grad_accum", self.grad_accum, 1, MAX_BATCH)
-        _int_range("lora_rank", self.lora_rank, 1, MAX_RANK)
-        _int_range("trainable_layers", self.trainable_layers, 0, 1 << 12)
-        _int_range("prompt_tokens", self.prompt_tokens, 1, MAX_SEQ)
-        _choice("shard", self.shard, SHARDS)
-        _choice("offload", self.offload, OFFLOADS)
-        for name in ("gpus", "tp", "pp", "ep", "gpus_per_node"):
-            _int_range(name, getattr(self, name), 1, 1 << 20)
-        number("lora_alpha", self.lora_alpha, minimum=0.0, strict=True)
-        if isinstance(self.lora_targets, str):
-            object.__setattr__(self, "lora_targets", parse_targets(self.lora_targets))
-        elif isinstance(self.lora_targets, list):
-            object.__setattr__(self, "lora_targets", tuple(str(t) for t in self.lora_targets))
-        if not isinstance(self.lora_targets, tuple):
-            raise InvalidValueError("not_string", "lora_targets", value=self.lora_targets)
-        for flag in ("checkpointing", "double_quant"):
-            if not isinstance(getattr(self, flag), bool):
-                raise InvalidValueError("not_bool", flag, value=getattr(self, flag))
+        validate(self)
 
     # ---- derived quantities -------------------------------------------------------------
     @property
@@ -165,6 +146,43 @@ class TrainingSetup:
             v = getattr(self, f.name)
             out[f.name] = list(v) if isinstance(v, tuple) else v
         return out
+
+
+def validate(setup: TrainingSetup) -> None:
+    """Check every field against :mod:`cabe.schema` (lists given as a comma string or a list become
+    tuples), in the order errors are reported: per group, the choices then the integers; then the real
+    numbers, the lists and the on/off flags."""
+    for group in ("setup", "gpus"):
+        for f in schema.SETUP_FIELDS:
+            if f.group == group and f.type is str:
+                _check_choice(f, getattr(setup, f.name))
+        for f in schema.SETUP_FIELDS:
+            if f.group == group and f.type is int:
+                _int_range(f.name, getattr(setup, f.name), int(f.minimum or 0), int(f.maximum or 0))
+    for f in schema.SETUP_FIELDS:
+        if f.type is float:
+            lo, hi = float(f.minimum or 0.0), float(f.maximum or 1e15)
+            number(f.name, getattr(setup, f.name), minimum=lo, maximum=hi, strict=f.exclusive_minimum)
+    for f in schema.SETUP_FIELDS:
+        if f.type is tuple:
+            value = getattr(setup, f.name)
+            if isinstance(value, (str, list, tuple)):
+                object.__setattr__(setup, f.name, _targets(value))
+            elif not isinstance(value, tuple):
+                raise InvalidValueError("not_string", f.name, value=value)
+    for f in schema.SETUP_FIELDS:
+        if f.type is bool and not isinstance(getattr(setup, f.name), bool):
+            raise InvalidValueError("not_bool", f.name, value=getattr(setup, f.name))
+
+
+def _check_choice(f: schema.Field, value: Any) -> None:
+    if value is None and f.default is None:
+        return  # not given is a state of its own (optimizer_impl: what PyTorch picks)
+    _choice(f.name, value, f.choices or ())
+
+
+def _targets(value: str | list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
+    return parse_targets(value) if isinstance(value, str) else tuple(str(t) for t in value)
 
 
 def parse_targets(text: str) -> tuple[str, ...]:
