@@ -100,6 +100,8 @@ class Optimizer:
         hf_optim: transformers ``TrainingArguments.optim`` names -> the ``optimizer_impl`` they imply.
         classes: optimizer classes (lower-case dotted paths, torchtune ``_component_``) that are this one.
         deepspeed_types: DeepSpeed ``optimizer.type`` values (lower case) that are this one.
+        impl_flags: the implementation switches a config may set (``fused=True``, ``foreach=True``).
+        with_momentum: the entry a ``momentum > 0`` turns it into (``sgd`` -> ``sgd-momentum``).
         trace_factory: ``"module:function"`` that builds it on the traced model (:mod:`cabe.trace`).
     """
 
@@ -114,6 +116,8 @@ class Optimizer:
     hf_optim: tuple[tuple[str, str | None], ...] = ()
     classes: tuple[str, ...] = ()
     deepspeed_types: tuple[str, ...] = ()
+    impl_flags: tuple[str, ...] = ()
+    with_momentum: str = ""
     trace_factory: str = ""
 
 
@@ -136,6 +140,7 @@ REGISTRY: tuple[Optimizer, ...] = (
         ),
         classes=("torch.optim.adamw", "torch.optim.adam"),
         deepspeed_types=("adamw", "adam"),
+        impl_flags=("fused", "foreach"),
         trace_factory="cabe.trace.optim:adamw",
     ),
     Optimizer(
@@ -183,6 +188,7 @@ REGISTRY: tuple[Optimizer, ...] = (
         hf_optim=(("sgd", None),),
         classes=("torch.optim.sgd",),
         deepspeed_types=("sgd",),
+        with_momentum="sgd-momentum",
         trace_factory="cabe.trace.optim:sgd",
     ),
     Optimizer(

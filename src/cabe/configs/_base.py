@@ -170,42 +170,13 @@ def as_number(v: Any, field: str) -> float:
 
 # ---- name tables ---------------------------------------------------------------------------
 
-#: transformers ``optim`` names (``OptimizerNames``) -> (cabe optimizer, optimizer_impl or None).
+#: transformers ``optim`` names (``OptimizerNames``) -> (cabe optimizer, optimizer_impl or None): the registry's.
 HF_OPTIMIZERS: dict[str, tuple[str, str | None]] = {
-    "adamw_torch": ("adamw", None),
-    "adamw_hf": ("adamw", "for-loop"),
-    "adamw_torch_fused": ("adamw", "fused"),
-    "adamw_apex_fused": ("adamw", "fused"),
-    "adamw_torch_xla": ("adamw", None),
-    "adamw_torch_npu_fused": ("adamw", "fused"),
-    "adamw_bnb_8bit": ("adamw-8bit", None),
-    "adamw_8bit": ("adamw-8bit", None),
-    "adamw_torch_8bit": ("adamw-8bit", None),
-    "paged_adamw_32bit": ("paged-adamw", None),
-    "paged_adamw": ("paged-adamw", None),
-    "paged_adamw_8bit": ("paged-adamw-8bit", None),
-    "adafactor": ("adafactor", None),
-    "sgd": ("sgd", None),
-    "lion_32bit": ("lion", None),
-    "lion": ("lion", None),
-    "adamw": ("adamw", None),
+    hf: (o.name, impl) for o in optimizer.REGISTRY for hf, impl in o.hf_optim
 }
 
-#: torch / bitsandbytes / torchao optimizer classes (torchtune ``optimizer._component_``).
-CLASS_OPTIMIZERS: dict[str, str] = {
-    "torch.optim.adamw": "adamw",
-    "torch.optim.adam": "adamw",
-    "torch.optim.sgd": "sgd",
-    "bitsandbytes.optim.adamw8bit": "adamw-8bit",
-    "bitsandbytes.optim.adam8bit": "adamw-8bit",
-    "bitsandbytes.optim.pagedadamw8bit": "paged-adamw-8bit",
-    "bitsandbytes.optim.pagedadamw": "paged-adamw",
-    "bitsandbytes.optim.pagedadamw32bit": "paged-adamw",
-    "bitsandbytes.optim.lion": "lion",
-    "bitsandbytes.optim.lion32bit": "lion",
-    "torchao.optim.adamw8bit": "adamw-8bit",
-    "torchao.prototype.low_bit_optim.adamw8bit": "adamw-8bit",
-}
+#: torch / bitsandbytes / torchao optimizer classes (torchtune ``optimizer._component_``): the registry's.
+CLASS_OPTIMIZERS: dict[str, str] = {cls: o.name for o in optimizer.REGISTRY for cls in o.classes}
 
 DTYPES = {
     "bfloat16": "bf16",

@@ -105,7 +105,7 @@ def collect(data: Mapping[str, Any]) -> Collector:
                 c.ignore(f"{key}.{k}", "not_modeled" if value[k] else "no_effect")
         elif key == "optimizer" and isinstance(value, Mapping):
             kind = str(value.get("type", "")).lower()
-            opt = {"adamw": "adamw", "adam": "adamw", "sgd": "sgd", "lion": "lion"}.get(kind)
+            opt = optimizer.from_deepspeed(kind)
             if opt is None:
                 c.ignore("optimizer.type", "unsupported_value")
             else:

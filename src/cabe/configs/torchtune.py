@@ -156,8 +156,8 @@ def collect(data: Mapping[str, Any]) -> Collector:
 def _optimizer(c: Collector, opt: Mapping[str, Any]) -> None:
     comp = str(opt.get("_component_", ""))
     name = _base.CLASS_OPTIMIZERS.get(comp.lower())
-    if name == "sgd" and float(opt.get("momentum") or 0) > 0:
-        name = "sgd-momentum"
+    if name is not None and optimizer.get(name).with_momentum and float(opt.get("momentum") or 0) > 0:
+        name = optimizer.get(name).with_momentum
     if name is None:
         c.ignore("optimizer._component_", "unsupported_value")
     else:
@@ -165,7 +165,7 @@ def _optimizer(c: Collector, opt: Mapping[str, Any]) -> None:
     for k, v in opt.items():
         if k == "_component_":
             continue
-        if k in ("fused", "foreach") and name == "adamw":
+        if name is not None and k in optimizer.get(name).impl_flags:
             if _base.as_bool(v, f"optimizer.{k}"):
                 c.set("optimizer_impl", k, f"optimizer.{k}")
             else:
