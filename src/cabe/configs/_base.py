@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cabe import optimizer
 from cabe.errors import ConfigError, MissingDependencyError
 
 #: Largest config file cabe reads (a real one is a few kB).

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from cabe import optimizer
 from cabe.configs import _base
 from cabe.configs._base import Collector
 from cabe.errors import ConfigError
