@@ -138,3 +138,11 @@ def test_schema_imports_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_docs_options_is_generated_from_the_schema() -> None:
+    """docs/options.md is `python -m cabe.schema --markdown`: regenerate it when a field changes."""
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "options.md"
+    assert doc.read_text(encoding="utf-8") == schema.markdown()

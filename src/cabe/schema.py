@@ -224,7 +224,8 @@ _MODEL: tuple[Field, ...] = (
         "gpu",
         str,
         "model",
-        _TRAINING + ("infer", "from-config", "api.infer"),
+        # NOTE: not `trace` / `measure`: they report the step's memory, not a verdict on a card
+        ("estimate", "fit", "api.estimate", "api.fit", "infer", "from-config", "api.infer"),
         max_length=100,
         flags=_flag("gpu"),
         required_for=("fit", "api.fit"),
@@ -608,11 +609,13 @@ def add_flag(group: argparse._ArgumentGroup | argparse.ArgumentParser, f: Field,
     group.add_argument(*flags, **kw)
 
 
-def values_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
+def values_from_args(args: argparse.Namespace, command: str, *, groups: Iterable[str] | None = None) -> dict[str, Any]:
     """The request dict of the fields given on the command line, numbers converted (integers first,
-    then real numbers: the order errors are reported in); ``lang`` / ``units`` left out."""
+    then real numbers: the order errors are reported in); ``lang`` / ``units`` left out; ``groups``
+    restricts it to those schema groups."""
     body: dict[str, Any] = {}
-    taken = [f for f in fields_for(command, output=False) if f.flags]
+    wanted = set(groups) if groups is not None else None
+    taken = [f for f in fields_for(command, output=False) if f.flags and (wanted is None or f.group in wanted)]
     for f in taken:
         v = getattr(args, f.dest, None)
         if v is not None and f.type in (str, bool, tuple, dict):

@@ -5,26 +5,26 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
+from cabe import schema
+from cabe.cli import options
+from cabe.errors import InvalidValueError
 from cabe.i18n import fmt_number, t
+
+COMMAND = "fit"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from cabe.cli import _common_model_options
-
-    _common_model_options(p)
-    p.add_argument("--gpu", required=True, help="a card from `cabe gpus` (memory per GPU)")
-    p.add_argument("--solve", default=None, help="batch | seq | gpus | changes, or a comma list (default: all four)")
-    p.add_argument("--mfu", default=None, help="model FLOPs utilisation for the time figures (default 0.4)")
-    p.add_argument("--tokens", default=None, help="tokens of the whole run, for time and GPU-hours (e.g. 1e9)")
+    options.training(p, COMMAND)
+    schema.add_arguments(p, COMMAND, groups=("fit",))
+    options.output(p, COMMAND)
 
 
-def run(args: argparse.Namespace, lang: str, units: str) -> int:
+def gather(args: argparse.Namespace) -> dict[str, Any]:
     from cabe import api, gpus, solver
-    from cabe.cli import _to_float, request_from_args
-    from cabe.errors import InvalidValueError
 
-    body = request_from_args(args)
+    body = options.request(args, COMMAND)
     card_name = body.pop("gpu", None)
     src = api.model_source(body, allow_files=True)
     if src is None:
@@ -36,14 +36,16 @@ def run(args: argparse.Namespace, lang: str, units: str) -> int:
     if args.tokens is not None or args.mfu is not None:
         from cabe.flops import run_time
 
-        tokens = _to_float("tokens", args.tokens) if args.tokens is not None else None
-        mfu = _to_float("mfu", args.mfu) if args.mfu is not None else 0.4
+        tokens = schema.to_float("tokens", args.tokens) if args.tokens is not None else None
+        mfu = schema.to_float("mfu", args.mfu) if args.mfu is not None else schema.field("mfu").default
         out["time"] = run_time(src.spec, setup, card, tokens=tokens, mfu=mfu)
+    return out
+
+
+def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str) -> str:
     if args.json:
-        print(json.dumps(out, ensure_ascii=False, indent=2))
-        return 0
-    print(format_plan(out, lang, units))
-    return 0
+        return json.dumps(out, ensure_ascii=False, indent=2)
+    return format_plan(out, lang, units)
 
 
 def _b(n: int, lang: str, units: str) -> str:

@@ -12,72 +12,52 @@ import argparse
 import json
 from typing import Any
 
+from cabe import schema
+from cabe.cli import options
 from cabe.i18n import t
+
+COMMAND = "from-config"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "files",
-        nargs="+",
-        metavar="FILE",
-        help="config files (JSON or YAML): TrainingArguments/SFTConfig, adapter_config.json, "
-        "BitsAndBytesConfig, DeepSpeed, accelerate, axolotl, torchtune",
-    )
-    p.add_argument(
-        "--format",
-        dest="config_format",
-        default=None,
-        help="force the format of every FILE: training_args | peft_config | bnb | deepspeed | "
-        "accelerate | axolotl | torchtune (default: detected from the content)",
-    )
-    p.add_argument("--model", "-m", help="override the model (preset, config.json path or Hugging Face id)")
-    p.add_argument("--seq", help="override the sequence length (tokens)")
-    p.add_argument("--batch", help="override the micro-batch size")
-    p.add_argument("--grad-accum", help="override the gradient-accumulation steps")
-    p.add_argument("--gpus", help="total number of GPUs (the configs rarely say; launchers do)")
-    p.add_argument("--gpu", help="a card from `cabe gpus`: does it fit?")
-    p.add_argument("--explain", action="store_true", help="show each figure's formula and worked numbers")
+    options.flag(p, "files", key="files", nargs="+", metavar="FILE")
+    options.flag(p, "--format", key="config_format", dest="config_format", default=None)
+    # the request fields the command line may override (the configs rarely say how many GPUs)
+    schema.add_arguments(p, COMMAND, groups=options.TRAINING_GROUPS)
+    options.flag(p, "--explain", key="explain", action="store_true")
+    options.output(p, COMMAND)
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    from cabe.cli import _to_int
-
-    out: dict[str, Any] = {}
-    if getattr(args, "model", None):
-        out["model"] = args.model
-    for name in ("seq", "batch", "grad_accum", "gpus"):
-        v = getattr(args, name, None)
-        if v is not None:
-            out[name] = _to_int(name, v)
-    return out
+    """What the flags override in the configs (the card is not in them: it is added after)."""
+    return options.request(args, COMMAND, exclude=("gpu",))
 
 
-def run(args: argparse.Namespace, lang: str, units: str) -> int:
-    from cabe import api, configs, gpus
-    from cabe.render import format_report
+def gather(args: argparse.Namespace) -> tuple[Any, Any]:
+    from cabe import api, configs
 
     combined = configs.from_files(args.files, fmt=args.config_format, overrides=overrides_from_args(args))
     body = dict(combined.request)
     if args.gpu:
         body["gpu"] = args.gpu
-    report = api.build(body, allow_files=True)
+    return combined, api.build(body, allow_files=True)
+
+
+def render(result: tuple[Any, Any], args: argparse.Namespace, lang: str, units: str) -> str:
+    from cabe import gpus
+    from cabe.cli.estimate import fits_on_line
+    from cabe.render import format_report
+
+    combined, report = result
     if args.json:
         out = report.to_json()
         out["fits_on"] = gpus.fits_on(report)
         out["from_config"] = combined.to_json(lang)
-        print(json.dumps(out, ensure_ascii=False, indent=2))
-        return 0
-    print(format_report(report, lang=lang, units=units, explain=args.explain))
+        return json.dumps(out, ensure_ascii=False, indent=2)
+    lines = [format_report(report, lang=lang, units=units, explain=args.explain)]
     if report.mode != "simple" and not report.gpu:
-        fits_on = gpus.fits_on(report)
-        print(
-            t("ui.fits_on", lang, list=", ".join(fits_on[:8]) + (" …" if len(fits_on) > 8 else ""))
-            if fits_on
-            else t("ui.fits_on_none", lang)
-        )
-    print()
-    print(format_sources(combined, lang))
-    return 0
+        lines.append(fits_on_line(report, lang))
+    return "\n".join([*lines, "", format_sources(combined, lang)])
 
 
 def format_sources(combined: Any, lang: str = "en", max_names: int = 10) -> str:

@@ -5,58 +5,39 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
+
+from cabe import schema
+from cabe.cli import options
+
+COMMAND = "infer"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from cabe.inference import FORMATS
-    from cabe.kv_cache import KV_DTYPES
-
-    p.add_argument("--model", "-m", help="preset name (cabe models), path to a config.json, or a Hugging Face id")
-    p.add_argument("--weights", default="fp16", help=" | ".join(FORMATS))
-    p.add_argument("--group-size", default=None, help="GPTQ/AWQ group size (default 128)")
-    p.add_argument("--kv-dtype", default="fp16", help=" | ".join(KV_DTYPES))
-    p.add_argument("--context", default=None, help="tokens per sequence (prompt + generated; default 4096)")
-    p.add_argument("--batch", default=None, help="sequences at once (default 1)")
-    p.add_argument(
-        "--mode", default="generate", help="generate (logits of the last token) | prefill (of every position)"
-    )
-    p.add_argument(
-        "--prefill-chunk", default=None, help="prefill in chunks of this many tokens (default: whole prompt)"
-    )
-    p.add_argument("--gpu", help="a card from `cabe gpus`: fits? longest context, most sequences, serving pool")
-    p.add_argument(
-        "--gpu-memory-utilization", default=None, help="vLLM's fraction of the card it may use (default 0.9)"
-    )
+    schema.add_arguments(p, COMMAND, groups=("model", "serving"))
+    options.output(p, COMMAND)
 
 
-def run(args: argparse.Namespace, lang: str, units: str) -> int:
+def gather(args: argparse.Namespace) -> dict[str, Any]:
     from cabe import api
-    from cabe.cli import _to_float, _to_int
     from cabe.errors import InvalidValueError
     from cabe.inference import infer_json
 
     if not args.model:
         raise InvalidValueError("missing_model", "model")
-    body: dict = {"model": args.model, "weights": args.weights, "kv_dtype": args.kv_dtype, "mode": args.mode}
-    for name in ("context", "batch", "prefill_chunk", "group_size"):
-        v = getattr(args, name)
-        if v is not None:
-            body[name] = _to_int(name, v)
-    if args.gpu:
-        body["gpu"] = args.gpu
-    if args.gpu_memory_utilization is not None:
-        body["gpu_memory_utilization"] = _to_float("gpu_memory_utilization", args.gpu_memory_utilization)
+    body = schema.values_from_args(args, COMMAND)
     # local config.json paths are allowed on the command line
     src = api.model_source(body, allow_files=True)
     if src is not None and src.kind not in ("preset", "hub"):
         body = {**body, "config": dict(src.config)}
         body.pop("model")
-    out = infer_json(body)
+    return infer_json(body)
+
+
+def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str) -> str:
     if args.json:
-        print(json.dumps(out, ensure_ascii=False, indent=2, default=str))
-        return 0
-    print(format_infer(out, lang, units))
-    return 0
+        return json.dumps(out, ensure_ascii=False, indent=2, default=str)
+    return format_infer(out, lang, units)
 
 
 def format_infer(out: dict, lang: str, units: str) -> str:

@@ -1,0 +1,57 @@
+"""``cabe estimate``: the peak GPU memory of a training step, part by part, and where it fits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from cabe.cli import options
+from cabe.i18n import t
+
+COMMAND = "estimate"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    options.training(p, COMMAND)
+    options.flag(p, "--fits", key="fits", action="store_true")
+    options.flag(p, "--explain", key="explain", action="store_true")
+    options.output(p, COMMAND)
+
+
+def gather(args: argparse.Namespace) -> Any:
+    from cabe import api
+
+    return api.build(options.request(args, COMMAND), allow_files=True)
+
+
+def render(report: Any, args: argparse.Namespace, lang: str, units: str) -> str:
+    from cabe import gpus
+    from cabe.render import fmt_bytes, format_report
+
+    if args.json:
+        out = report.to_json()
+        out["fits_on"] = gpus.fits_on(report)
+        return json.dumps(out, ensure_ascii=False, indent=2)
+    lines = [format_report(report, lang=lang, units=units, explain=args.explain)]
+    if args.fits:
+        lines.append("")
+        bf16 = gpus.needs_bf16(report)
+        for g in gpus.fits_table(report):
+            verdict = t("ui.fits" if g["fits"] else "ui.does_not_fit", lang)
+            if bf16 and not g["bf16"]:
+                verdict += " — " + t("ui.no_bf16", lang)
+            lines.append(f"  {g['display']:<40} {fmt_bytes(g['memory_bytes'], lang, units, both=False):>12}  {verdict}")
+    elif report.mode != "simple":
+        lines.append(fits_on_line(report, lang))
+    return "\n".join(lines)
+
+
+def fits_on_line(report: Any, lang: str) -> str:
+    """ "Fits on: ..." — the first eight cards of the catalog that hold the run."""
+    from cabe import gpus
+
+    fits_on = gpus.fits_on(report)
+    if not fits_on:
+        return t("ui.fits_on_none", lang)
+    return t("ui.fits_on", lang, list=", ".join(fits_on[:8]) + (" …" if len(fits_on) > 8 else ""))

@@ -1,0 +1,75 @@
+"""``cabe trace``: the training step run through PyTorch on fake CUDA tensors (needs ``cabe[trace]``),
+with the analytic estimate of the same step beside it; ``cabe measure`` runs it for real on a GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from cabe import schema
+from cabe.cli import options
+from cabe.errors import InvalidValueError, MissingDependencyError
+
+COMMAND = "trace"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    options.training(p, COMMAND)
+    options.output(p, COMMAND)
+    schema.add_arguments(p, COMMAND, groups=("trace",))
+
+
+def inputs(args: argparse.Namespace, command: str) -> tuple[dict[str, Any], Any]:
+    """The config dict and the :class:`~cabe.training.TrainingSetup` the flags describe."""
+    from cabe import api
+
+    body = options.request(args, command)
+    src = api.model_source(body, allow_files=True)
+    if src is None:
+        raise InvalidValueError("missing_model", "model")
+    return dict(src.config), api.setup_from(body)
+
+
+def gather(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        from cabe.trace import cli as trace_cli
+    except ImportError as exc:
+        raise MissingDependencyError("missing_extra", None, extra="trace", package=exc.name or "torch") from None
+    config, setup = inputs(args, COMMAND)
+    out = trace_cli.run(args, config, setup)
+    # the analytic estimate of the same step, beside the trace: how far apart they are
+    from cabe.analytic import estimate_model
+    from cabe.architecture import ModelSpec
+
+    est = estimate_model(ModelSpec.from_config(config), setup)
+    out["estimate_bytes"] = est.total_bytes
+    out["estimate_relative_error"] = round((est.total_bytes - out["peak_bytes"]) / out["peak_bytes"], 5)
+    return out
+
+
+def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str) -> str:
+    """Byte figures with both units, counts as counts, the inventory as text; JSON with --json."""
+    from cabe.i18n import fmt_number
+    from cabe.render import fmt_bytes
+
+    if args.json:
+        return json.dumps(
+            {k: v for k, v in out.items() if k != "inventory_text"}, ensure_ascii=False, indent=2, default=str
+        )
+    lines = []
+    for key, value in out.items():
+        if key == "inventory_text":
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and "_bytes" in key:
+            lines.append(f"  {key:<32} {fmt_bytes(value, lang, units)}")
+        elif isinstance(value, dict) and value and all(isinstance(v, int) for v in value.values()):
+            lines.append(f"  {key}:")
+            for k, v in value.items():
+                shown = fmt_bytes(v, lang, units) if key in ("components", "phase_peaks") else fmt_number(v, lang)
+                lines.append(f"    {k:<30} {shown}")
+        elif isinstance(value, (str, int, float, bool)):
+            lines.append(f"  {key:<32} {value}")
+    if out.get("inventory_text"):
+        lines += ["", out["inventory_text"]]
+    return "\n".join(lines)
