@@ -90,7 +90,7 @@ def test_peft_model_is_unwrapped(tmp_path):
         tiny_model(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     )
     args = training_args(tmp_path, bf16=False, gradient_checkpointing=True, optim="adamw_torch_fused")
-    request, combined = request_for_run(model, args, seq=32)
+    request, _combined = request_for_run(model, args, seq=32)
     assert request["method"] == "lora" and request["lora_rank"] == 4 and request["lora_alpha"] == 8
     assert request["lora_targets"] == ("q_proj", "v_proj")
     assert request["checkpointing"] is True and request["optimizer_impl"] == "fused"

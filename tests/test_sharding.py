@@ -142,7 +142,7 @@ def test_zero2_against_deepspeed_estimator(gpus):
 
 
 def test_zero2_offload_against_deepspeed_estimator():
-    info, r = _model_only("zero2", 8, offload="optimizer")
+    info, _r = _model_only("zero2", 8, offload="optimizer")
     ds_cpu, ds_gpu = ds_zero2(P7, num_gpus_per_node=8, cpu_offload=True)
     # GPU: DeepSpeed counts the 16-bit parameters only (2P); cabe has the same weights, no gradients,
     # no optimizer state on the GPU...
@@ -159,7 +159,7 @@ def test_zero2_offload_against_deepspeed_estimator():
 
 @pytest.mark.parametrize("gpus", [8, 64])
 def test_zero3_against_deepspeed_estimator(gpus):
-    info, r = _model_only("zero3", gpus)
+    _info, r = _model_only("zero3", gpus)
     # DeepSpeed's largest layer: max over modules of params(recurse=False); for Llama-2-7B the
     # embedding (and lm_head), 32000 × 4096.
     largest = 32000 * 4096
@@ -182,7 +182,7 @@ def test_zero3_against_deepspeed_estimator(gpus):
 
 def test_zero3_offload_params_host_ram():
     info, _ = _model_only("zero3", 8, offload="both")
-    ds_cpu, ds_gpu = ds_zero3(P7, 32000 * 4096, num_gpus_per_node=8, cpu_offload=True, cpu_offload_params=True)
+    ds_cpu, _ds_gpu = ds_zero3(P7, 32000 * 4096, num_gpus_per_node=8, cpu_offload=True, cpu_offload_params=True)
     # host: 16-bit params (2P) + master, Adam, fp32 grads (16P) = 18P per node; DeepSpeed: 18P × 1.5.
     assert info["host_ram_bytes_per_node"] == pytest.approx(18 * P7, rel=0.01)
     assert ds_cpu == pytest.approx(1.5 * info["host_ram_bytes_per_node"], rel=0.01)

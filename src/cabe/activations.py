@@ -38,6 +38,7 @@ from cabe.architecture import ModelSpec
 from cabe.method import lora_targets
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
+from cabe.units import round_alloc
 
 
 @dataclass(frozen=True)
@@ -272,12 +273,8 @@ def layer_activations(
         bwd = max(bwd, (4 + 2 * a) * nh * s)
     rng = 2 * 512 if attn == "flash" else 0  # flash keeps its philox seed and offset: two 512 B blocks
     if fam in ("gpt_neox", "phi3"):  # NOTE: they cast cos and sin inside every layer: (1, s, rotary_dim) each
-        per_layer_const[0] += 2 * _round512(s * spec.rotary_dim * (4 if quantized else a))
+        per_layer_const[0] += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
     return LayerActivations(tuple(terms), bwd, fwd, per_layer_const[0], rng)
-
-
-def _round512(n: int) -> int:
-    return -(-n // 512) * 512
 
 
 def _sym(n: int, spec: ModelSpec) -> str:

@@ -252,7 +252,7 @@ def _compute_model_states(spec: ModelSpec, setup: TrainingSetup) -> _States:
         b = stored_bytes(t, setup, dt)
         bytes_of[t.kind] = b
         weights += round_alloc(t.numel * b) * t.count
-    bytes_of_trainable = {k: v for k, v in bytes_of.items()}
+    bytes_of_trainable = dict(bytes_of)
     grads = sum(round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count for t in tensors if t.trainable)
     opt = optimizer_memory(tensors, setup, bytes_of_trainable)
     n_train = sum(t.total for t in tensors if t.trainable)
@@ -374,7 +374,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     phase_peaks: dict[str, int] = {}
     for m in moments:
         phase_peaks[m.phase] = max(phase_peaks.get(m.phase, 0), m.total)
-    components = {k: v for k, v in peak.components.items()}
+    components = dict(peak.components)
     for k in ("weights", "gradients", "optimizer", "activations"):
         components.setdefault(k, 0)
     total = sum(components.values())

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cabe import gpus as gpu_catalog
+from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers)
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
@@ -52,7 +53,6 @@ FORMATS = (
     + ("fp8", "int8", "nf4", "fp4", "gptq-4bit", "gptq-8bit", "gptq-3bit", "gptq-2bit", "awq-4bit")
     + tuple("gguf-" + k for k in GGUF_BPW)
 )
-from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers here)
 
 BLOCK_SIZE = 16
 
@@ -88,13 +88,11 @@ def weights_bytes(spec: ModelSpec, fmt: str = "fp16", group_size: int = 128) -> 
             "format": f,
         }
     L = spec.num_layers
+    q: float
     if f in ("nf4", "fp4"):
-        mats = [
-            (lin.in_features * lin.out_features * lin.copies, lin.out_features * lin.copies)
-            for lin in spec.layer_linears
-            if lin.is_module
-        ]
-        q = sum(quantized_bytes(numel, True) for numel, _ in mats) * L
+        q4 = [lin.in_features * lin.out_features * lin.copies for lin in spec.layer_linears if lin.is_module]
+        q = sum(quantized_bytes(numel, True) for numel in q4) * L
+        qn = sum(q4) * L
     else:
         mats = [
             (lin.in_features * lin.out_features * lin.copies, lin.out_features * lin.copies, lin.in_features)
@@ -108,13 +106,13 @@ def weights_bytes(spec: ModelSpec, fmt: str = "fp16", group_size: int = 128) -> 
         else:  # gptq / awq
             bits = int(f.split("-")[1].removesuffix("bit"))
             q = 0.0
-            for numel, rows, inf in mats:
+            for numel, _rows, inf in mats:
                 groups = numel / group_size
                 q += numel * bits / 8 + groups * (2 + bits / 8)
                 if f.startswith("gptq"):
                     q += 4 * inf  # g_idx: one int32 per input feature
             q *= L
-    qn = sum(m[0] for m in mats) * L
+        qn = sum(m[0] for m in mats) * L
     other = n - qn
     total = round(q + 2 * other)
     return {
@@ -373,7 +371,7 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
     kw = {k: body[k] for k in ("weights", "kv_dtype", "mode", "prefill_chunk", "group_size") if body.get(k) is not None}
     context = body.get("context")
     context = min(4096, spec.max_positions or 4096) if context is None else context
-    batch = 1 if body.get("batch") is None else body.get("batch")
+    batch: int = 1 if body.get("batch") is None else body["batch"]
     est = estimate_inference(spec, context=context, batch=batch, **kw)
     out: dict[str, Any] = {"model": spec.name, **est}
     if body.get("gpu"):

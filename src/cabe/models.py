@@ -80,7 +80,7 @@ def from_mapping(config: Any, name: str = "config.json") -> ModelSource:
     cfg = dict(config)
     cfg.pop("_cabe", None)
     src = ModelSource(name=name, kind="inline", config=cfg, meta={})
-    src.spec  # validate now: a bad config fails here, not later
+    _ = src.spec  # validate now: a bad config fails here, not later
     return src
 
 

@@ -275,7 +275,7 @@ def shard_parts(
     ``host_ram_bytes_per_node``, ``per_gpu`` figures, ``notes`` (codes) and ``steps``.
     """
     cfg = config or DEFAULT_CONFIG
-    dp, tp, pp = _layout(spec, setup, cfg)
+    dp, _tp, pp = _layout(spec, setup, cfg)
     shard = setup.shard
     notes: list[str] = []
     if shard == "none" and dp > 1:
@@ -332,13 +332,13 @@ def _gpu_parts(
     rg = parts.grads / full.t if full.t else 0.0
     rtmp = parts.optimizer_temporaries / full.t if full.t else 0.0
     notes: list[str] = []
-    first, last = stage == 0, stage == pp - 1
+    last = stage == pp - 1
     stage_layers = _stage_layers(spec.num_layers, pp, stage)
 
     # ---- model-parallel (TP/PP/EP) sizes on this GPU, not yet data-parallel sharded ------------
     W = (s.w + s.q) * rw  # weights as cabe stores them (fp32 with AMP)
     G = s.t * rg
-    O = s.t * ro
+    O = s.t * ro  # noqa: E741  (renamed in the parallel/ rewrite)
     TMP = s.t * rtmp
     # 16-bit copies: DeepSpeed and FSDP mixed precision run the module in 16-bit
     half_w = 2 * s.n if amp else s.w  # the non-quantized weights in 16-bit
@@ -355,7 +355,6 @@ def _gpu_parts(
     optimizer = O
     grads = G
     temps = TMP
-    grad_partition_16 = 0.0
 
     if shard == "ddp":
         if not cfg.gradient_as_bucket_view and G:
@@ -418,7 +417,6 @@ def _gpu_parts(
                 grads = g16
             else:
                 grads = g16_sh
-                grad_partition_16 = g16_sh
             if ipg:
                 comps["backward"]["ipg_buckets"] = ipg
             if grad32_sh:

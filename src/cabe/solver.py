@@ -258,17 +258,17 @@ def make_it_fit(spec: ModelSpec, setup: TrainingSetup, card: Gpu) -> dict[str, A
     for code in sorted({r["change"] for r in rows if r["change"] != "more_gpus"}, key=lambda c: SLOWDOWN[c]):
         if fits:
             break
-        change = dict(_candidates(spec, cur, card)).get(code)
-        if change is None:
+        step = dict(_candidates(spec, cur, card)).get(code)
+        if step is None:
             continue
         try:
-            nxt = cur.with_(**change)
+            nxt = cur.with_(**step)
             f = gpu_catalog.fit(estimate_model(spec, nxt), card)
         except CabeError:
             continue
         if f["needed_bytes"] < cur_need:
             cur, cur_need, fits = nxt, f["needed_bytes"], f["fits"]
-            plan.append({"change": code, "set": change, "needed_bytes": cur_need, "fits": fits})
+            plan.append({"change": code, "set": step, "needed_bytes": cur_need, "fits": fits})
     slowdown = 1.0
     for p in plan:
         slowdown *= SLOWDOWN[p["change"]]

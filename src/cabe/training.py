@@ -137,7 +137,7 @@ class TrainingSetup:
     def adapters(self) -> bool:
         return self.method in ("lora", "qlora")
 
-    def with_(self, **changes: object) -> TrainingSetup:
+    def with_(self, **changes: Any) -> TrainingSetup:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, object]:

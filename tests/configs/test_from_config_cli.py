@@ -59,7 +59,7 @@ def test_single_gpu_end_to_end_equals_cabe_estimate(capsys):
     assert got == want
     assert fc["files"] == [{"path": str(FILES / "torchtune_8B_qlora_single_device.yaml"), "format": "torchtune"}]
     assert {"file": str(FILES / "torchtune_8B_qlora_single_device.yaml"), "field": "batch_size"} in fc["used"]
-    loss = [i for i in fc["ignored"] if i["field"] == "loss"][0]
+    loss = next(i for i in fc["ignored"] if i["field"] == "loss")
     assert loss["reason"] == "not_modeled" and loss["message"]
 
 

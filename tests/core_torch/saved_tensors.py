@@ -43,9 +43,11 @@ def layer_saved_bytes(model, input_ids, *, layer_index: int = 1, amp: bool = Fal
         return t
 
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-                out = model(input_ids=input_ids, labels=input_ids)
+        with (
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp),
+        ):
+            out = model(input_ids=input_ids, labels=input_ids)
         out.loss.backward()
     finally:
         for h in hooks:

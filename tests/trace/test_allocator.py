@@ -66,10 +66,9 @@ def test_best_fit_and_merge():
 
 def test_growing_sizes_fragment_without_expandable_segments():
     sizes = [(12 + 2 * i) * MiB for i in range(8)]
-    events, n = [], 0
-    for s in sizes:  # allocate, free, next one a bit larger: nothing cached fits
+    events = []
+    for n in range(len(sizes)):  # allocate, free, next one a bit larger: nothing cached fits
         events += [n + 1, -(n + 1)]
-        n += 1
     st = replay(sizes, events)
     assert st.peak_allocated_bytes == sizes[-1]
     assert st.peak_reserved_bytes == sum(sizes)

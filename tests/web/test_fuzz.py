@@ -24,7 +24,7 @@ def test_no_server_errors(case):
 
 # Negative data: any JSON value in any request field answers 200 or 422, never 5xx.
 from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st
+from hypothesis import strategies as st  # noqa: E402
 
 from cabe.api import REQUEST_FIELDS  # noqa: E402
 

@@ -80,7 +80,8 @@ def collect(data: Mapping[str, Any]) -> Collector:
     model = data.get("model") or {}
     component = str(model.get("_component_", ""))
     builder = component.rsplit(".", 1)[-1]
-    m = re.match(r"^(q?lora_)?(.+)$", builder)
+    m = re.fullmatch(r"(q?lora_)?(.*)", builder)
+    assert m is not None  # the pattern matches every string
     kind, base = (m.group(1) or ""), m.group(2)
     method = {"lora_": "lora", "qlora_": "qlora"}.get(kind, "full")
     preset = MODELS.get(base)

@@ -12,7 +12,7 @@ import json
 import locale
 import os
 import re
-from functools import cache, lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 

@@ -89,7 +89,7 @@ def _torch_dir() -> Path | None:
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def torch_has_cuda() -> bool:

@@ -128,14 +128,14 @@ class AttentionState:
 
 def _device_rng(state: AttentionState, tracker: Any, out: tuple, seed_i: int, off_i: int) -> tuple:
     # mha_fwd: rng_state = at::empty({2}, uint64, CUDA); _unused = at::empty({}, uint64, CUDA)
-    out = list(out)
-    if isinstance(out[seed_i], torch.Tensor) and out[seed_i].device.type == "meta" and state.device.type != "meta":
-        out[seed_i] = torch.empty((2,), dtype=torch.uint64, device=state.device)
-        out[off_i] = torch.empty((), dtype=torch.uint64, device=state.device)
+    res = list(out)
+    if isinstance(res[seed_i], torch.Tensor) and res[seed_i].device.type == "meta" and state.device.type != "meta":
+        res[seed_i] = torch.empty((2,), dtype=torch.uint64, device=state.device)
+        res[off_i] = torch.empty((), dtype=torch.uint64, device=state.device)
     for i in (seed_i, off_i):
-        if isinstance(out[i], torch.Tensor):
-            tracker.record(out[i], "flash.rng_state")
-    return tuple(out)
+        if isinstance(res[i], torch.Tensor):
+            tracker.record(res[i], "flash.rng_state")
+    return tuple(res)
 
 
 def _flash_bwd_scratch(tracker: Any, b: int, sq: int, sk: int, hq: int, hk: int, d: int, dtype: torch.dtype) -> None:

@@ -111,7 +111,7 @@ class TraceResult:
             peak_phase=d["peak_phase"],
             components=d["components"],
             phase_peaks=d["phase_peaks"],
-            timeline=[tuple(t) for t in d["timeline"]],  # type: ignore[misc]
+            timeline=[tuple(t) for t in d["timeline"]],
             parameters=d["parameters"],
             trainable_parameters=d["trainable_parameters"],
             reserved_bytes=d["reserved_bytes"],
@@ -318,7 +318,7 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
             targets = "all-linear"
         lcfg = LoraConfig(
             r=setup.lora_rank,
-            lora_alpha=setup.lora_alpha,
+            lora_alpha=setup.lora_alpha,  # type: ignore[arg-type]  # PEFT annotates int, uses it as a float scale
             target_modules=targets,
             lora_dropout=0.0,
             bias="none",
@@ -467,7 +467,7 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
         import bitsandbytes  # noqa: F401  (import before torch.cuda is patched)
         import bitsandbytes.optim.optimizer as bnb_opt
     else:
-        bnb_opt = None
+        bnb_opt = None  # type: ignore[assignment]
     if setup.method in ("lora", "qlora", "prompt-tuning"):
         import peft  # noqa: F401
 
@@ -810,7 +810,7 @@ def _inputs(cfg: Any, setup: TrainingSetup, device: Any) -> tuple[Any, Any]:
 def _install_logits_hooks(model: Any, tracker: Any) -> list[Any]:
     """Tag everything from the LM head's forward to its output gradient as ``logits``."""
     head = model.get_output_embeddings()
-    handles = []
+    handles: list[Any] = []
     if head is None:
         return handles
 
@@ -864,7 +864,7 @@ def _train(
                 hooks["on_step_start"](step)
             tracker.step = step
             step_starts.append(len(tracker.events))
-            for mb in range(micro):
+            for _mb in range(micro):
                 tracker.set_phase("setup")
                 tracker.region = None
                 ids, labels = _inputs(cfg, setup, device)
@@ -1173,7 +1173,7 @@ class _Worker:
 
     def request(self, payload: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
-            for attempt in (0, 1):
+            for _attempt in (0, 1):
                 if self.proc is None or self.proc.poll() is not None:
                     env = dict(os.environ)
                     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

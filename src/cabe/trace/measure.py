@@ -67,7 +67,7 @@ def measure_step(config: dict[str, Any], setup: TrainingSetup, *, steps: int = 3
     try:
         res = run_trace(config, setup, steps, "cuda", hooks={"on_step_start": on_step_start})
     except torch.cuda.OutOfMemoryError as exc:
-        free, total = torch.cuda.mem_get_info()
+        _free, total = torch.cuda.mem_get_info()
         return {
             "oom": True,
             "error": str(exc).splitlines()[0][:300],

@@ -27,9 +27,12 @@ dynamic map per device (``name2qmap["dynamic"]``), allocated once.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+
+from cabe.units import round_alloc
 
 BLOCKSIZE = 64
 BLOCKSIZE2 = 256
@@ -57,7 +60,7 @@ def quant_tensor_specs(n_out: int, n_in: int, double_quant: bool) -> dict[str, t
     return specs
 
 
-def quantize_on_meta(model: torch.nn.Module, setup: Any, store_dtype: torch.dtype) -> list[torch.nn.Module]:
+def quantize_on_meta(model: Any, setup: Any, store_dtype: torch.dtype) -> list[torch.nn.Module]:
     """Replace the model's linear layers (but the LM head) by 4-bit ``bnb.nn.Linear4bit``.
 
     As transformers' ``replace_with_bnb_linear`` does: ``isinstance(module, Conv1D) or type(module) is
@@ -70,6 +73,9 @@ def quantize_on_meta(model: torch.nn.Module, setup: Any, store_dtype: torch.dtyp
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[setup.compute_dtype]
     head = model.get_output_embeddings()
     replaced: list[torch.nn.Module] = []
+    child: Any  # nn.Linear or Conv1D; both get in/out_features and bnb's attributes set on them
+    new: Any
+    w: Any
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             conv1d = isinstance(child, Conv1D)
@@ -105,7 +111,7 @@ def quantize_on_meta(model: torch.nn.Module, setup: Any, store_dtype: torch.dtyp
     return replaced
 
 
-def materialize(model: torch.nn.Module, setup: Any, device: torch.device, tracker: Any) -> int:
+def materialize(model: Any, setup: Any, device: torch.device, tracker: Any) -> int:
     """After ``to_empty``: attach a QuantState of real (fake) device tensors to every 4-bit layer.
 
     Returns the number of bytes (rounded per allocation) of quantisation state created.
@@ -115,6 +121,8 @@ def materialize(model: torch.nn.Module, setup: Any, device: torch.device, tracke
 
     total = 0
     dyn = None
+    m: Any  # bnb Linear4bit carrying cabe's _cabe_shape / _cabe_store_dtype
+    w: Any
     if setup.double_quant:
         dyn = torch.empty((256,), dtype=torch.float32, device=device)  # name2qmap["dynamic"]
         tracker.tag_tensor(dyn, "weights")
@@ -122,10 +130,10 @@ def materialize(model: torch.nn.Module, setup: Any, device: torch.device, tracke
     for m in model.modules():
         if not isinstance(m, bnb.nn.Linear4bit) or not hasattr(m, "_cabe_shape"):
             continue
-        n_out, n_in = m._cabe_shape
+        n_out, n_in = m._cabe_shape  # type: ignore[misc]  # set by quantize_on_meta
         specs = quant_tensor_specs(n_out, n_in, setup.double_quant)
 
-        def mk(key: str) -> torch.Tensor:
+        def mk(key: str, specs: dict[str, Any] = specs) -> torch.Tensor:
             shape, dtype = specs[key]
             t = torch.empty(shape, dtype=dtype, device=device)
             tracker.tag_tensor(t, "weights")
@@ -157,14 +165,11 @@ def materialize(model: torch.nn.Module, setup: Any, device: torch.device, tracke
         m.quant_state = qs
         for key in specs:
             shape, dtype = specs[key]
-            numel = 1
-            for s in shape:
-                numel *= s
-            total += max(512, (numel * dtype.itemsize + 511) // 512 * 512)
+            total += round_alloc(math.prod(shape) * dtype.itemsize)
     return total
 
 
-def fill_real(model: torch.nn.Module) -> None:
+def fill_real(model: Any) -> None:
     """Give real (CPU/CUDA) 4-bit layers plausible contents: random codes, the NF4/FP4 table,
     small scales. Only for runs with real tensors; allocates nothing that stays."""
     import bitsandbytes as bnb
@@ -174,7 +179,7 @@ def fill_real(model: torch.nn.Module) -> None:
         for m in model.modules():
             if not isinstance(m, bnb.nn.Linear4bit) or not hasattr(m, "_cabe_shape"):
                 continue
-            qs = m.weight.quant_state
+            qs = m.weight.quant_state  # type: ignore[attr-defined]  # bnb Params4bit
             m.weight.random_(0, 256)
             qs.code.copy_(get_4bit_type(qs.quant_type, device="cpu"))
             if qs.nested:

@@ -59,7 +59,7 @@ def lang_from(request: Any, body: Mapping[str, Any] | None = None) -> str:
 
 def accept_language(header: str) -> str:
     best, best_q = i18n.DEFAULT_LANG, -1.0
-    for i, part in enumerate(header.split(",")):
+    for _i, part in enumerate(header.split(",")):
         bits = part.strip().split(";")
         code = bits[0].strip().lower()[:2]
         q = 1.0
@@ -307,7 +307,7 @@ async def fragment(request: Any) -> Any:
     from urllib.parse import parse_qsl
 
     query = dict(parse_qsl(body.get("query", ""), keep_blank_values=True))
-    lang = query.get("lang") if query.get("lang") in i18n.LANGS else lang
+    lang = query["lang"] if query.get("lang") in i18n.LANGS else lang
     config = body.get("config")
     return _json(await _call(lambda q: page.render_fragments(q, lang, config=config), query))
 

@@ -6,7 +6,7 @@ the same numbers in a table next to it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from html import escape
 
 PALETTE = ("#2f6db5", "#d9822b", "#3a9a5b", "#b8475a", "#7c5cbf", "#8c6d3f", "#c05fa8", "#5f7f8f", "#a3a3a3", "#4d4d4d")
@@ -34,7 +34,7 @@ def stacked_bar(
     *,
     title: str,
     unit: str,
-    fmt: callable,
+    fmt: Callable[[float], str],
     width: int = 640,
 ) -> str:
     """A horizontal stacked bar (``segments``: label, value in ``unit``) and vertical markers
@@ -97,8 +97,8 @@ def line_chart(
     x_label: str,
     y_label: str,
     limit_label: str,
-    fmt: callable,
-    fmt_x: callable,
+    fmt: Callable[[float], str],
+    fmt_x: Callable[[float], str],
     width: int = 320,
     height: int = 220,
     chart_id: str = "c",

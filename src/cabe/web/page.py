@@ -422,7 +422,7 @@ def render_plan_results(s: Mapping[str, str], lang: str, config: Any = None) -> 
         f'<th scope="col">{_e("web.res.col_step", lang)}</th><th scope="col">{_e("web.res.col_formula", lang)}</th>'
         f'<th scope="col">{escape(u.name)}</th></tr></thead><tbody>{"".join(srows)}</tbody></table>'
     )
-    notes = [n for n in out.get("notes", [])]
+    notes = list(out.get("notes", []))
     if notes:
         items = "".join(f"<li>{escape(_t('note.' + n, lang) if _has('note.' + n, lang) else n)}</li>" for n in notes)
         parts.append(f'<ul class="notes">{items}</ul>')
