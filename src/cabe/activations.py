@@ -70,16 +70,14 @@ class LayerActivations:
 def attention_kind(spec: ModelSpec, setup: TrainingSetup) -> str:
     """What attention really runs: ``eager`` or ``flash`` (fused SDPA kernels).
 
-    NOTE: transformers 5 has no SDPA path for Gemma 2 (logit soft-capping): ``sdpa`` means eager.
+    ``sdpa`` runs what the family's ``sdpa_fallback`` says when SDPA cannot use a fused kernel
+    (Gemma 2's soft-capping: eager; Falcon's multi-query call: PyTorch's math kernel, which upcasts
+    q, k, v to fp32 and keeps the s×s softmax).
     """
     if setup.attention == "eager":
         return "eager"
-    if spec.model_type == "gemma2" and setup.attention == "sdpa":
-        return "eager"
-    if spec.family == "falcon" and setup.attention == "sdpa" and spec.num_kv_heads == 1:
-        # NOTE: Falcon-7B's multi-query SDPA call (one broadcast k/v head and a mask) makes PyTorch pick its
-        # math kernel, which upcasts q, k, v to fp32 and keeps the s×s softmax (seen in the trace).
-        return "math"
+    if setup.attention == "sdpa" and spec.sdpa_fallback:
+        return spec.sdpa_fallback
     return "flash"
 
 
@@ -133,62 +131,61 @@ def layer_activations(
         width: int,
         width_sym: str,
         trainable: bool,
-        gemma: bool,
+        fp32_weight: bool,
         rows: int = 1,
         rows_sym: str = "",
         in_bytes: int | None = None,
     ) -> None:
-        """``in_bytes``: dtype of the norm's input (the residual stream ρ, or a for q/k norms)."""
+        """``in_bytes``: dtype of the norm's input (the residual stream ρ, or a for q/k norms);
+        ``fp32_weight``: the weight multiplies the fp32 normalised tensor (Gemma, OLMo 2)."""
         add(f"{name}.fp32_input", 4 * width, f"4·{width_sym}")
         add(f"{name}.rsqrt", 4 * rows, f"4·{rows_sym}" if rows_sym else "4")
         width_in = rho if in_bytes is None else in_bytes
         if trainable:
-            nb = 4 * width if gemma else width_in * width
+            nb = 4 * width if fp32_weight else width_in * width
             add(f"{name}.normalized", nb, f"{nb // width}·{width_sym}")
-        if gemma and fam == "gemma":
+        if fp32_weight and spec.norm_plus_one:
             per_layer_const[0] += 4 * (spec.head_dim if rows_sym else width)  # (1 + w) in fp32, saved by the multiply
 
-    fam = spec.family
     attn = attention_kind(spec, setup)
     gqa = spec.num_kv_heads != spec.num_heads
+    qkv_names, o_name = spec.slot_names("qkv"), spec.slot_names("o")[0]
+    up_names, down_name = spec.slot_names("up"), (spec.slot_names("down") or [""])[0]
 
-    if fam in ("llama", "gemma", "phi3", "mixtral", "olmo2"):
-        gemma = fam == "gemma"
-        post_norm_only = fam == "olmo2"
+    if spec.norm == "rmsnorm":
+        wf = spec.norm_weight_fp32
+        post_norm_only = spec.norm_placement == "post"
+        sandwich = spec.norm_placement == "sandwich"
         # ---- attention block -----------------------------------------------------------------
         if post_norm_only:
             attn_in_bytes, attn_in_formula = rho * h, f"{rho}·h"  # the residual itself feeds q, k, v
         else:
-            rms_norm("input_norm", h, "h", base_trainable, gemma)
+            rms_norm("input_norm", h, "h", base_trainable, wf)
             attn_in_bytes, attn_in_formula = rho * h, f"{rho}·h"
-        if fam == "phi3":
-            linear_inputs("attn", [("qkv_proj", h)], attn_in_bytes, attn_in_formula)
-            lora_mid(["qkv_proj"])
-        else:
-            linear_inputs("attn", [("q_proj", h), ("k_proj", h), ("v_proj", h)], attn_in_bytes, attn_in_formula)
-            lora_mid(["q_proj", "k_proj", "v_proj"])
+        linear_inputs("attn", [(n, h) for n in qkv_names], attn_in_bytes, attn_in_formula)
+        lora_mid(qkv_names)
         if spec.qk_norm == "head":
             # per-head norms: one rsqrt per head
-            rms_norm("q_norm", q, "q", base_trainable, gemma, nh, "nh", in_bytes=a)
-            rms_norm("k_norm", kv, "kv", base_trainable, gemma, spec.num_kv_heads, "nkv", in_bytes=a)
+            rms_norm("q_norm", q, "q", base_trainable, wf, nh, "nh", in_bytes=a)
+            rms_norm("k_norm", kv, "kv", base_trainable, wf, spec.num_kv_heads, "nkv", in_bytes=a)
         elif spec.qk_norm == "full":
             rms_norm("q_norm", q, "q", base_trainable, True)
             rms_norm("k_norm", kv, "kv", base_trainable, True)
         _attention_core(add, attn, a, q, kv, nh, s, gqa, spec, quantized)
-        o_trains = base_trainable or "o_proj" in targets
+        o_trains = base_trainable or o_name in targets
         # eager, and flash after a rotary written with torch.cat (Phi-3): the kernel's output is laid out
         # (b, heads, s, d), so transpose(1, 2).contiguous() copies it before o_proj.
-        copies_output = attn == "eager" or fam == "phi3"  # Phi-3 writes its rotary with torch.cat
-        if copies_output and (base_trainable or ("o_proj" in targets and not adapter_cast)):
+        copies_output = attn == "eager" or spec.rotary_by_cat
+        if copies_output and (base_trainable or (o_name in targets and not adapter_cast)):
             add("attn.output_for_o_proj", a * q, f"{a}·q")
         if amp and o_trains:
             pass  # the attention output is already 16-bit: o_proj saves it without a cast
-        if adapter_cast and "o_proj" in targets:
-            add("attn.o_proj.lora_input_fp32", 4 * q, "4·q")
-        if quantized and "o_proj" in targets and not copies_output:
+        if adapter_cast and o_name in targets:
+            add(f"attn.{o_name}.lora_input_fp32", 4 * q, "4·q")
+        if quantized and o_name in targets and not copies_output:
             pass  # the 16-bit attention output is what lora_A saves: already counted as attn.output
-        lora_mid(["o_proj"])
-        if gemma and spec.norms_per_layer == 4:
+        lora_mid([o_name])
+        if sandwich:
             rms_norm("post_attention_norm", h, "h", base_trainable, True)
         if post_norm_only:
             rms_norm("post_attention_norm", h, "h", base_trainable, True)
@@ -196,58 +193,54 @@ def layer_activations(
         if post_norm_only:
             mlp_in_bytes = rho * h
         else:
-            rms_norm("mlp_norm", h, "h", base_trainable, gemma)
+            rms_norm("mlp_norm", h, "h", base_trainable, wf)
             mlp_in_bytes = rho * h
-        if fam == "mixtral":
+        if spec.mlp == "moe":
             _moe(add, spec, a, rho, base_trainable)
         else:
-            if fam == "phi3":
-                linear_inputs("mlp", [("gate_up_proj", h)], mlp_in_bytes, f"{rho}·h")
-                lora_mid(["gate_up_proj"])
-            else:
-                linear_inputs("mlp", [("gate_proj", h), ("up_proj", h)], mlp_in_bytes, f"{rho}·h")
-                lora_mid(["gate_proj", "up_proj"])
+            linear_inputs("mlp", [(n, h) for n in up_names], mlp_in_bytes, f"{rho}·h")
+            lora_mid(up_names)
             m = 4 if quantized else a  # Linear4bit returns its output in the input's dtype (fp32 here)
             add("mlp.gate_output", m * f, f"{m}·f")
             add("mlp.act_output", m * f, f"{m}·f")
             add("mlp.up_output", m * f, f"{m}·f")
             if quantized:
-                if "down_proj" in targets:
-                    add("mlp.down_proj.input_cast", 2 * f, "2·f")
-            elif base_trainable or ("down_proj" in targets and not adapter_cast):
+                if down_name in targets:
+                    add(f"mlp.{down_name}.input_cast", 2 * f, "2·f")
+            elif base_trainable or (down_name in targets and not adapter_cast):
                 add("mlp.product", a * f, f"{a}·f")
-            if adapter_cast and "down_proj" in targets:
-                add("mlp.down_proj.lora_input_fp32", 4 * f, "4·f")
-            lora_mid(["down_proj"])
-        if (gemma and spec.norms_per_layer == 4) or post_norm_only:
+            if adapter_cast and down_name in targets:
+                add(f"mlp.{down_name}.lora_input_fp32", 4 * f, "4·f")
+            lora_mid([down_name])
+        if sandwich or post_norm_only:
             rms_norm("post_mlp_norm", h, "h", base_trainable, True)
         bwd = 3 * a * f + 2 * rho * h
-    else:  # gpt2, gpt_neox, falcon: LayerNorm, plain GELU MLP
+    else:  # LayerNorm blocks with a plain GELU MLP (GPT-2, GPT-NeoX, Falcon)
         ln_stats = 8  # mean and rstd, fp32 per token
         parallel = spec.parallel_block
         n_ln = spec.norms_per_layer
         add("ln.input", rho * h * (1 if parallel else n_ln), f"{rho}·h" if parallel or n_ln == 1 else f"{n_ln}·{rho}·h")
         add("ln.mean_rstd", ln_stats * n_ln, f"{n_ln}·8")
-        attn_name = "c_attn" if fam == "gpt2" else "query_key_value"
+        attn_name = qkv_names[0]  # one fused projection
         linear_inputs("attn", [(attn_name, h)], rho * h, f"{rho}·h")
         lora_mid([attn_name])
         _attention_core(add, attn, a, q, kv, nh, s, gqa, spec, quantized)
-        out_name = "c_proj" if fam == "gpt2" else "dense"
+        out_name = o_name
         # eager, and flash after GPT-NeoX's partial rotary (torch.cat): the output is copied before dense
-        if (attn in ("eager", "math") or fam == "gpt_neox") and (base_trainable or out_name in targets):
+        if (attn in ("eager", "math") or spec.rotary_by_cat) and (base_trainable or out_name in targets):
             add("attn.output_for_dense", a * q, f"{a}·q")
         if adapter_cast and out_name in targets:
             add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
         if spec.hidden_dropout > 0:
             add("attn.resid_dropout_mask", h, "1·h")
-        fc_name = "c_fc" if fam == "gpt2" else "dense_h_to_4h"
+        fc_name = up_names[0]
         if not parallel or n_ln == 2:
             linear_inputs("mlp", [(fc_name, h)], rho * h if n_ln == 2 else 0, f"{rho}·h")
         else:
             linear_inputs("mlp", [(fc_name, h)], 0, "")  # shares the attention block's LN output
         lora_mid([fc_name])
         chain = 4 if spec.activation in ("gelu_new", "gelu_fast") else 1
-        down = "c_proj" if fam == "gpt2" else "dense_4h_to_h"
+        down = down_name
         if chain > 1 and amp:
             # NOTE: under autocast gelu_new's pow runs in fp32: x, tanh and the sum are fp32 copies; the
             # product is 16-bit, or fp32 when x itself is fp32 (QLoRA's Linear4bit output)
@@ -272,7 +265,7 @@ def layer_activations(
     if attn == "eager":
         bwd = max(bwd, (4 + 2 * a) * nh * s)
     rng = 2 * 512 if attn == "flash" else 0  # flash keeps its philox seed and offset: two 512 B blocks
-    if fam in ("gpt_neox", "phi3"):  # NOTE: they cast cos and sin inside every layer: (1, s, rotary_dim) each
+    if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
         per_layer_const[0] += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
     return LayerActivations(tuple(terms), bwd, fwd, per_layer_const[0], rng)
 
@@ -300,7 +293,7 @@ def _attention_core(
         add("attn.query", a * q, f"{a}·q")
         add("attn.key", a * kv, f"{a}·kv")
         # (with QLoRA the fused output is fp32 and SDPA gets a 16-bit cast of v instead of the view)
-        if spec.family in ("gpt_neox", "falcon", "phi3") and not quantized:
+        if spec.value_is_qkv_view and not quantized:
             # NOTE: v is a view of the fused qkv output (CUDA kernels take it strided): the whole storage
             # stays alive as long as v is saved
             add("attn.value_fused_qkv", a * (q + 2 * kv), f"{a}·(q + 2·kv)")
@@ -313,13 +306,13 @@ def _attention_core(
     add("attn.query", a * q, f"{a}·q")
     add("attn.key", a * kv_saved, f"{a}·{'q' if gqa else 'kv'}")
     add("attn.value", a * kv_saved, f"{a}·{'q' if gqa else 'kv'}")
-    if spec.family == "gpt2":  # NOTE: GPT-2's eager attention takes the softmax in the compute dtype
+    if not spec.eager_softmax_fp32:  # NOTE: GPT-2's eager attention takes the softmax in the compute dtype
         add("attn.softmax", a * nh * s, f"{a}·nh·s")
     else:
         add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
         if a != 4:
             add("attn.probs", a * nh * s, f"{a}·nh·s")
-    if spec.config.get("attn_logit_softcapping"):
+    if spec.attn_logit_softcapping:
         add("attn.softcap_tanh", a * nh * s, f"{a}·nh·s")
     if spec.attention_dropout > 0:
         add("attn.dropout", (1 + a) * nh * s, f"(1+{a})·nh·s")

@@ -1,40 +1,29 @@
 """Model architecture: a Hugging Face ``config.json`` turned into a small, exact description.
 
-:class:`ModelSpec` lists, per decoder layer, every weight matrix (with the name PEFT uses to
-target it), every norm, and the embeddings, so that parameter counts are exact (they equal
-what transformers counts when it builds the same config) and LoRA / QLoRA / activations can be
-derived from the same inventory. Supported ``model_type`` values: llama, mistral, qwen2, qwen3,
-olmo2, gemma, gemma2, gemma3_text (and gemma3, via its text config), mixtral, phi3, gpt2,
-gpt_neox, falcon.
+:class:`ModelSpec` lists, per group of identical decoder layers (:class:`LayerGroup`), every weight
+matrix (with the name PEFT uses to target it and the slot it fills in the block), the norms and the
+embeddings, so that parameter counts are exact (they equal what transformers counts when it builds
+the same config) and LoRA / QLoRA / activations can be derived from the same inventory. What a
+family's layers are made of is data on the spec (attention, MLP and norm kinds, fused projections,
+PEFT's names and default targets), read from ``config.json`` by one module per family in
+:mod:`cabe.families`; the estimators dispatch on these kinds, never on family names.
 
 No torch here: this is plain arithmetic over the config's integers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cabe.errors import ConfigError
 
-#: ``model_type`` values cabe understands, with the family whose layer layout they share.
-SUPPORTED_MODEL_TYPES: dict[str, str] = {
-    "llama": "llama",
-    "mistral": "llama",
-    "qwen2": "llama",
-    "qwen3": "llama",
-    "olmo2": "olmo2",
-    "gemma": "gemma",
-    "gemma2": "gemma",
-    "gemma3_text": "gemma",
-    "gemma3": "gemma",
-    "mixtral": "mixtral",
-    "phi3": "phi3",
-    "gpt2": "gpt2",
-    "gpt_neox": "gpt_neox",
-    "falcon": "falcon",
-}
+#: Slots of a linear layer in a decoder block: what the estimators need to know about it.
+#: ``qkv`` reads the attention input (q, k, v or one fused projection), ``o`` is the attention
+#: output, ``up`` reads the MLP input (gate and up, or one fused gate_up / fc), ``down`` is the MLP
+#: output; ``router`` and ``experts`` are a mixture-of-experts' bare parameters.
+SLOTS = ("qkv", "o", "up", "down", "router", "experts")
 
 
 @dataclass(frozen=True)
@@ -56,6 +45,7 @@ class Linear:
     role: str = "attn"  # attn | mlp | router | expert
     # transformers' bitsandbytes integration replaces `type(m) is nn.Linear` and Conv1D, not subclasses
     quantizable: bool = True
+    slot: str = "qkv"  # one of SLOTS
 
     @property
     def quantized_by_bnb(self) -> bool:
@@ -71,17 +61,38 @@ class Linear:
 
 
 @dataclass(frozen=True)
+class LayerGroup:
+    """``count`` decoder layers that are made of the same tensors and attend the same way.
+
+    ``attention``: ``"full"`` (every earlier token) or ``"sliding"`` (the last ``window`` tokens).
+    ``mlp``: ``"gated"`` (SwiGLU / GeGLU), ``"plain"`` (one activation between two matrices) or
+    ``"moe"`` (routed experts). A model whose layers differ (sliding and global layers, dense layers
+    then MoE layers) is several groups.
+    """
+
+    count: int
+    linears: tuple[Linear, ...]
+    mlp: str = "gated"
+    attention: str = "full"
+    window: int | None = None
+
+    @property
+    def linear_count(self) -> int:
+        return sum(lin.parameter_count for lin in self.linears)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """An exact, torch-free description of a decoder-only transformer.
 
-    Sizes are counts of elements (not bytes). ``layer_linears`` is the weight-matrix inventory of
-    ONE decoder layer; ``layer_norm_params`` the norm parameters of one layer.
+    Sizes are counts of elements (not bytes). ``layer_groups`` are the decoder layers, grouped by
+    what they are made of; the per-layer figures (``layer_linears``, ``mlp``) are those of every
+    group, and :meth:`uniform` says whether the groups share them.
     """
 
     model_type: str
     family: str
     hidden_size: int
-    num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -91,25 +102,77 @@ class ModelSpec:
     activation: str
     rotary_dim: int
     max_positions: int
-    layer_linears: tuple[Linear, ...]
-    # what most decoder families share (Llama-style); builders set only what differs
+    layer_groups: tuple[LayerGroup, ...]
+    # what most decoder families share (Llama-style); family modules set only what differs
     norm: str = "rmsnorm"  # "rmsnorm" | "layernorm"
     norm_bias: bool = False
     norms_per_layer: int = 2  # norms over hidden_size in one layer
+    # where the norms sit: "pre" (before attention and MLP), "post" (after them, OLMo 2),
+    # "sandwich" (before and after, Gemma 2 / 3)
+    norm_placement: str = "pre"
+    norm_weight_fp32: bool = False  # the norm multiplies by its weight in fp32 (Gemma, OLMo 2)
+    norm_plus_one: bool = False  # Gemma: x · (1 + w), the (1 + w) an fp32 tensor saved per layer
     qk_norm: str = "none"  # "none" | "head" (over head_dim) | "full" (over heads*head_dim)
-    mlp: str = "gated"  # "gated" | "plain"
     parallel_block: bool = False  # attention and MLP read the same input (Falcon, GPT-NeoX)
     position: str = "rotary"  # "rotary" | "learned"
+    # rotary applied with torch.cat (partial rotary, Phi-3's and GPT-NeoX's code): the attention
+    # output is copied before the output projection, cos and sin are cast in every layer
+    rotary_by_cat: bool = False
+    # v is a view of one fused qkv output, whose whole storage stays alive while v is saved
+    value_is_qkv_view: bool = False
+    eager_softmax_fp32: bool = True  # GPT-2's eager attention takes softmax in the compute dtype
+    sdpa_fallback: str = ""  # what attn_implementation="sdpa" really runs, when not a fused kernel
+    attn_logit_softcapping: float | None = None
     num_experts: int = 0
     experts_per_token: int = 0
-    sliding_window: int | None = None
-    sliding_layers: int = 0  # how many layers use the sliding window
     final_logit_softcapping: float | None = None
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
     embedding_dropout: float = 0.0
+    #: PEFT's default LoRA targets for this model type (peft/utils/constants.py), or all-linear
+    #: where PEFT has none and asks for target_modules
+    peft_default_targets: tuple[str, ...] = ("q_proj", "v_proj")
     name: str = ""
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    # ---- the layers ---------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return sum(g.count for g in self.layer_groups)
+
+    def uniform(self) -> bool:
+        """True when every layer group has the same tensors (only its attention span differs)."""
+        first = self.layer_groups[0]
+        return all(g.linears == first.linears and g.mlp == first.mlp for g in self.layer_groups)
+
+    def _one_layer(self) -> LayerGroup:
+        if not self.uniform():
+            # NOTE: no family cabe reads yet has layers made of different tensors; the estimators
+            # that take one layer times num_layers refuse such a model rather than guess
+            raise ConfigError("unsupported_feature", "model", feature="layers of different shapes")
+        return self.layer_groups[0]
+
+    @property
+    def layer_linears(self) -> tuple[Linear, ...]:
+        """The weight matrices of one decoder layer (every group has the same)."""
+        return self._one_layer().linears
+
+    @property
+    def mlp(self) -> str:
+        return self._one_layer().mlp
+
+    @property
+    def sliding_layers(self) -> int:
+        """How many layers attend over a sliding window."""
+        return sum(g.count for g in self.layer_groups if g.attention == "sliding")
+
+    @property
+    def sliding_window(self) -> int | None:
+        return next((g.window for g in self.layer_groups if g.attention == "sliding"), None)
+
+    def slot_names(self, slot: str) -> list[str]:
+        """PEFT names of one layer's linears in ``slot`` (see :data:`SLOTS`), in order."""
+        return [lin.name for lin in self.layer_linears if lin.slot == slot]
 
     # ---- parameter counts -----------------------------------------------------------------
     @property
@@ -142,7 +205,7 @@ class ModelSpec:
 
     @property
     def layer_linear_count(self) -> int:
-        return sum(lin.parameter_count for lin in self.layer_linears)
+        return self._one_layer().linear_count
 
     @property
     def layer_norm_count(self) -> int:
@@ -159,7 +222,8 @@ class ModelSpec:
         return (
             self.embedding_count
             + self.position_embedding_count
-            + self.num_layers * self.layer_count
+            + sum(g.count * g.linear_count for g in self.layer_groups)
+            + self.num_layers * self.layer_norm_count
             + self.norm_param_count  # final norm
             + self.lm_head_count
         )
@@ -169,7 +233,7 @@ class ModelSpec:
         out = {
             "embedding": self.embedding_count,
             "position_embedding": self.position_embedding_count,
-            "layers_linear": self.num_layers * self.layer_linear_count,
+            "layers_linear": sum(g.count * g.linear_count for g in self.layer_groups),
             "layers_norm": self.num_layers * self.layer_norm_count,
             "final_norm": self.norm_param_count,
             "lm_head": self.lm_head_count,
@@ -188,7 +252,9 @@ class ModelSpec:
     @property
     def quantizable_count(self) -> int:
         """Weights bitsandbytes turns to 4 bit: every ``nn.Linear`` in the layers (not lm_head)."""
-        return self.num_layers * sum(lin.weight_count for lin in self.layer_linears if lin.quantized_by_bnb)
+        return sum(
+            g.count * sum(lin.weight_count for lin in g.linears if lin.quantized_by_bnb) for g in self.layer_groups
+        )
 
     @property
     def kv_dim(self) -> int:
@@ -205,437 +271,11 @@ class ModelSpec:
 
 
 # =============================================================================================
-# config.json -> ModelSpec
+# config.json -> ModelSpec: one module per family in cabe.families
 # =============================================================================================
 
 
 def from_config(config: Mapping[str, Any], *, name: str = "") -> ModelSpec:
-    if not isinstance(config, Mapping):
-        raise ConfigError("config_not_object", "model")
-    model_type = config.get("model_type")
-    if model_type == "gemma3" and isinstance(config.get("text_config"), Mapping):
-        # NOTE: multimodal Gemma 3 checkpoints: cabe plans the text model only.
-        text = dict(config["text_config"])
-        text.setdefault("model_type", "gemma3_text")
-        text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", True))
-        config, model_type = text, "gemma3_text"
-    if not isinstance(model_type, str) or not model_type:
-        raise ConfigError("config_missing_field", "model", key="model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(
-            "unsupported_architecture",
-            "model",
-            model_type=model_type,
-            allowed=", ".join(sorted(SUPPORTED_MODEL_TYPES)),
-        )
-    builder = _BUILDERS[SUPPORTED_MODEL_TYPES[model_type]]
-    try:
-        spec = builder(_Reader(config, model_type), name or str(config.get("_name_or_path", "")))
-    except (TypeError, ValueError, ZeroDivisionError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError("config_bad_value", "model", detail=str(exc)) from None
-    return spec
+    from cabe.families import from_config as read  # the families build ModelSpecs: imported on use
 
-
-class _Reader:
-    """Typed access to config keys with clear errors (never a KeyError traceback)."""
-
-    def __init__(self, config: Mapping[str, Any], model_type: str) -> None:
-        self.c = config
-        self.model_type = model_type
-
-    def int(self, *keys: str, default: int | None = None, minimum: int = 1) -> int:
-        for key in keys:
-            v = self.c.get(key)
-            if v is not None:
-                if isinstance(v, bool) or not isinstance(v, int):
-                    if isinstance(v, float) and v.is_integer():
-                        v = int(v)
-                    else:
-                        raise ConfigError("config_bad_value", "model", key=key, detail=repr(v))
-                if v < minimum:
-                    raise ConfigError("config_bad_value", "model", key=key, detail=repr(v))
-                return v
-        if default is None:
-            raise ConfigError("config_missing_field", "model", key=keys[0])
-        return default
-
-    def bool(self, key: str, default: bool) -> bool:
-        v = self.c.get(key)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            raise ConfigError("config_bad_value", "model", key=key, detail=repr(v))
-        return v
-
-    def float(self, key: str, default: float | None) -> float | None:
-        v = self.c.get(key)
-        if v is None:
-            return default
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError("config_bad_value", "model", key=key, detail=repr(v))
-        return float(v)
-
-    def str(self, *keys: str, default: str) -> str:
-        for key in keys:
-            v = self.c.get(key)
-            if isinstance(v, str):
-                return v
-        return default
-
-
-def _attention_shape(r: _Reader, heads_key: str = "num_attention_heads") -> tuple[int, int, int, int]:
-    h = r.int("hidden_size")
-    nh = r.int(heads_key)
-    nkv = r.int("num_key_value_heads", default=nh)
-    head_dim = r.int("head_dim", default=h // nh)
-    if nh % nkv:
-        raise ConfigError("config_bad_value", "model", key="num_key_value_heads", detail=f"{nh} % {nkv} != 0")
-    return h, nh, nkv, head_dim
-
-
-def _qkvo(h: int, nh: int, nkv: int, d: int, qkv_bias: bool, o_bias: bool) -> tuple[Linear, ...]:
-    return (
-        Linear("q_proj", h, nh * d, qkv_bias),
-        Linear("k_proj", h, nkv * d, qkv_bias),
-        Linear("v_proj", h, nkv * d, qkv_bias),
-        Linear("o_proj", nh * d, h, o_bias),
-    )
-
-
-def _gated_mlp(h: int, f: int, bias: bool) -> tuple[Linear, ...]:
-    return (
-        Linear("gate_proj", h, f, bias, role="mlp"),
-        Linear("up_proj", h, f, bias, role="mlp"),
-        Linear("down_proj", f, h, bias, role="mlp"),
-    )
-
-
-def _sliding(r: _Reader, layers: int) -> tuple[int | None, int]:
-    window = r.c.get("sliding_window")
-    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-        return None, 0
-    layer_types = r.c.get("layer_types")
-    if isinstance(layer_types, list) and layer_types:
-        return window, sum(1 for t in layer_types if t == "sliding_attention")
-    if r.model_type in ("mistral", "mixtral", "qwen2", "qwen3"):
-        if r.model_type in ("qwen2", "qwen3") and not r.bool("use_sliding_window", False):
-            return None, 0
-        return window, layers
-    if r.model_type == "gemma2":  # NOTE: Gemma 2 alternates sliding / global, starting with sliding
-        return window, (layers + 1) // 2
-    if r.model_type == "gemma3_text":  # NOTE: Gemma 3: 5 local layers for every global one
-        pattern = r.int("sliding_window_pattern", default=6)
-        return window, layers - layers // pattern
-    return None, 0
-
-
-def _llama(r: _Reader, name: str) -> ModelSpec:
-    h, nh, nkv, d = _attention_shape(r)
-    f = r.int("intermediate_size")
-    layers = r.int("num_hidden_layers")
-    mt = r.model_type
-    if mt == "qwen2":  # NOTE: Qwen2 has biases on q, k, v only
-        qkv_bias, o_bias = True, False
-    else:
-        qkv_bias = o_bias = r.bool("attention_bias", False)
-    mlp_bias = r.bool("mlp_bias", False)
-    window, sliding_layers = _sliding(r, layers)
-    return ModelSpec(
-        model_type=mt,
-        family="llama",
-        hidden_size=h,
-        num_layers=layers,
-        num_heads=nh,
-        num_kv_heads=nkv,
-        head_dim=d,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", False),
-        qk_norm="head" if mt == "qwen3" else "none",
-        activation=r.str("hidden_act", default="silu"),
-        rotary_dim=d,
-        max_positions=r.int("max_position_embeddings", default=2048),
-        layer_linears=_qkvo(h, nh, nkv, d, qkv_bias, o_bias) + _gated_mlp(h, f, mlp_bias),
-        sliding_window=window,
-        sliding_layers=sliding_layers,
-        attention_dropout=r.float("attention_dropout", 0.0) or 0.0,
-        name=name,
-        config=dict(r.c),
-    )
-
-
-def _olmo2(r: _Reader, name: str) -> ModelSpec:
-    spec = _llama(r, name)
-    # NOTE: OLMo 2 normalises after attention and MLP (post-norms), and q/k over the full projection.
-    from dataclasses import replace
-
-    qkv_bias = r.bool("attention_bias", False)
-    h, nh, nkv, d = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
-    return replace(
-        spec,
-        model_type="olmo2",
-        family="olmo2",
-        qk_norm="full",
-        layer_linears=_qkvo(h, nh, nkv, d, qkv_bias, qkv_bias) + _gated_mlp(h, spec.intermediate_size, False),
-    )
-
-
-def _gemma(r: _Reader, name: str) -> ModelSpec:
-    h, nh, nkv, d = _attention_shape(r)
-    f = r.int("intermediate_size")
-    layers = r.int("num_hidden_layers")
-    mt = r.model_type
-    bias = r.bool("attention_bias", False)
-    window, sliding_layers = _sliding(r, layers)
-    return ModelSpec(
-        model_type=mt,
-        family="gemma",
-        hidden_size=h,
-        num_layers=layers,
-        num_heads=nh,
-        num_kv_heads=nkv,
-        head_dim=d,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", True),
-        # NOTE: Gemma 2 and 3 wrap attention and MLP in pre- and post-norms: 4 per layer.
-        norms_per_layer=2 if mt == "gemma" else 4,
-        qk_norm="head" if mt == "gemma3_text" else "none",
-        activation=r.str("hidden_activation", "hidden_act", default="gelu_pytorch_tanh"),
-        rotary_dim=d,
-        max_positions=r.int("max_position_embeddings", default=8192),
-        layer_linears=_qkvo(h, nh, nkv, d, bias, bias) + _gated_mlp(h, f, False),
-        sliding_window=window,
-        sliding_layers=sliding_layers,
-        final_logit_softcapping=r.float("final_logit_softcapping", None),
-        attention_dropout=r.float("attention_dropout", 0.0) or 0.0,
-        name=name,
-        config=dict(r.c),
-    )
-
-
-def _mixtral(r: _Reader, name: str) -> ModelSpec:
-    h, nh, nkv, d = _attention_shape(r)
-    f = r.int("intermediate_size")
-    layers = r.int("num_hidden_layers")
-    experts = r.int("num_local_experts")
-    top_k = r.int("num_experts_per_tok", default=2)
-    window, sliding_layers = _sliding(r, layers)
-    # NOTE: transformers 5 stores the experts as two 3-D parameters (gate_up_proj, down_proj) and
-    # the router as a bare weight: none of them is an nn.Linear that LoRA or bnb would replace.
-    moe = (
-        Linear("router", h, experts, False, is_module=False, role="router"),
-        Linear("experts.gate_up_proj", h, 2 * f, False, copies=experts, is_module=False, role="expert"),
-        Linear("experts.down_proj", f, h, False, copies=experts, is_module=False, role="expert"),
-    )
-    return ModelSpec(
-        model_type="mixtral",
-        family="mixtral",
-        hidden_size=h,
-        num_layers=layers,
-        num_heads=nh,
-        num_kv_heads=nkv,
-        head_dim=d,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", False),
-        activation=r.str("hidden_act", default="silu"),
-        rotary_dim=d,
-        max_positions=r.int("max_position_embeddings", default=32768),
-        layer_linears=_qkvo(h, nh, nkv, d, False, False) + moe,
-        num_experts=experts,
-        experts_per_token=top_k,
-        sliding_window=window,
-        sliding_layers=sliding_layers,
-        attention_dropout=r.float("attention_dropout", 0.0) or 0.0,
-        name=name,
-        config=dict(r.c),
-    )
-
-
-def _phi3(r: _Reader, name: str) -> ModelSpec:
-    h, nh, nkv, d = _attention_shape(r)
-    f = r.int("intermediate_size")
-    layers = r.int("num_hidden_layers")
-    window, sliding_layers = _sliding(r, layers)
-    rotary = int(d * (r.float("partial_rotary_factor", 1.0) or 1.0))
-    # NOTE: Phi-3 fuses q, k, v into qkv_proj and gate, up into gate_up_proj.
-    linears = (
-        Linear("qkv_proj", h, (nh + 2 * nkv) * d, False),
-        Linear("o_proj", nh * d, h, False),
-        Linear("gate_up_proj", h, 2 * f, False, role="mlp"),
-        Linear("down_proj", f, h, False, role="mlp"),
-    )
-    return ModelSpec(
-        model_type="phi3",
-        family="phi3",
-        hidden_size=h,
-        num_layers=layers,
-        num_heads=nh,
-        num_kv_heads=nkv,
-        head_dim=d,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", False),
-        activation=r.str("hidden_act", default="silu"),
-        rotary_dim=rotary,
-        max_positions=r.int("max_position_embeddings", default=4096),
-        layer_linears=linears,
-        sliding_window=window,
-        sliding_layers=sliding_layers,
-        attention_dropout=r.float("attention_dropout", 0.0) or 0.0,
-        hidden_dropout=r.float("resid_pdrop", 0.0) or 0.0,
-        embedding_dropout=r.float("embd_pdrop", 0.0) or 0.0,
-        name=name,
-        config=dict(r.c),
-    )
-
-
-def _gpt2(r: _Reader, name: str) -> ModelSpec:
-    h = r.int("n_embd", "hidden_size")
-    nh = r.int("n_head", "num_attention_heads")
-    layers = r.int("n_layer", "num_hidden_layers")
-    f = r.int("n_inner", default=4 * h)
-    # NOTE: GPT-2 uses Conv1D modules; PEFT targets them as c_attn, c_proj (attention and MLP), c_fc.
-    linears = (
-        Linear("c_attn", h, 3 * h, True),
-        Linear("c_proj", h, h, True),
-        Linear("c_fc", h, f, True, role="mlp"),
-        Linear("c_proj", f, h, True, role="mlp"),
-    )
-    return ModelSpec(
-        model_type="gpt2",
-        family="gpt2",
-        hidden_size=h,
-        num_layers=layers,
-        num_heads=nh,
-        num_kv_heads=nh,
-        head_dim=h // nh,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", True),
-        norm="layernorm",
-        norm_bias=True,
-        mlp="plain",
-        activation=r.str("activation_function", default="gelu_new"),
-        position="learned",
-        rotary_dim=0,
-        max_positions=r.int("n_positions", "max_position_embeddings", default=1024),
-        layer_linears=linears,
-        attention_dropout=r.float("attn_pdrop", 0.1) or 0.0,
-        hidden_dropout=r.float("resid_pdrop", 0.1) or 0.0,
-        embedding_dropout=r.float("embd_pdrop", 0.1) or 0.0,
-        name=name,
-        config=dict(r.c),
-    )
-
-
-def _gpt_neox(r: _Reader, name: str) -> ModelSpec:
-    h, nh, _, d = _attention_shape(r)
-    f = r.int("intermediate_size", default=4 * h)
-    layers = r.int("num_hidden_layers")
-    bias = r.bool("attention_bias", True)
-    rotary_pct = r.float("rotary_pct", None)
-    if rotary_pct is None:
-        rope = r.c.get("rope_parameters") or {}
-        rotary_pct = float(rope.get("partial_rotary_factor", 0.25)) if isinstance(rope, Mapping) else 0.25
-    linears = (
-        Linear("query_key_value", h, 3 * h, bias),
-        Linear("dense", h, h, bias),
-        Linear("dense_h_to_4h", h, f, True, role="mlp"),
-        Linear("dense_4h_to_h", f, h, True, role="mlp"),
-    )
-    return ModelSpec(
-        model_type="gpt_neox",
-        family="gpt_neox",
-        hidden_size=h,
-        num_layers=layers,
-        num_heads=nh,
-        num_kv_heads=nh,
-        head_dim=d,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", False),
-        norm="layernorm",
-        norm_bias=True,
-        mlp="plain",
-        activation=r.str("hidden_act", default="gelu"),
-        parallel_block=r.bool("use_parallel_residual", True),
-        rotary_dim=int(d * rotary_pct),
-        max_positions=r.int("max_position_embeddings", default=2048),
-        layer_linears=linears,
-        attention_dropout=r.float("attention_dropout", 0.0) or 0.0,
-        hidden_dropout=r.float("hidden_dropout", 0.0) or 0.0,
-        name=name,
-        config=dict(r.c),
-    )
-
-
-def _falcon(r: _Reader, name: str) -> ModelSpec:
-    h = r.int("hidden_size")
-    nh = r.int("num_attention_heads", "n_head")
-    d = h // nh
-    layers = r.int("num_hidden_layers", "n_layer")
-    new_arch = r.bool("new_decoder_architecture", False)
-    multi_query = r.bool("multi_query", True)
-    if new_arch:
-        nkv = r.int("num_kv_heads", default=nh)
-    else:
-        nkv = 1 if multi_query else nh
-    qkv_out = (nh + 2 * nkv) * d if (new_arch or multi_query) else 3 * h
-    bias = r.bool("bias", False)
-    f = r.int("ffn_hidden_size", default=4 * h)
-    parallel = r.bool("parallel_attn", True)
-    if new_arch:
-        norms = r.int("num_ln_in_parallel_attn", default=2)
-    else:
-        norms = 1 if parallel else 2
-    if r.bool("alibi", False):
-        raise ConfigError("unsupported_feature", "model", feature="alibi")
-    # NOTE: FalconLinear subclasses nn.Linear, which transformers' bitsandbytes integration does not
-    # replace (`type(module) is nn.Linear`): under QLoRA Falcon keeps its weights (in fp32).
-    linears = (
-        Linear("query_key_value", h, qkv_out, bias, quantizable=False),
-        Linear("dense", h, h, bias, quantizable=False),
-        Linear("dense_h_to_4h", h, f, bias, role="mlp", quantizable=False),
-        Linear("dense_4h_to_h", f, h, bias, role="mlp", quantizable=False),
-    )
-    return ModelSpec(
-        model_type="falcon",
-        family="falcon",
-        hidden_size=h,
-        num_layers=layers,
-        num_heads=nh,
-        num_kv_heads=nkv,
-        head_dim=d,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", True),
-        norm="layernorm",
-        norm_bias=True,
-        norms_per_layer=norms,
-        mlp="plain",
-        activation=r.str("activation", default="gelu"),
-        parallel_block=parallel,
-        rotary_dim=d,
-        max_positions=r.int("max_position_embeddings", default=2048),
-        layer_linears=linears,
-        attention_dropout=r.float("attention_dropout", 0.0) or 0.0,
-        hidden_dropout=r.float("hidden_dropout", 0.0) or 0.0,
-        name=name,
-        config=dict(r.c),
-    )
-
-
-_BUILDERS: dict[str, Callable[[_Reader, str], ModelSpec]] = {
-    "llama": _llama,
-    "olmo2": _olmo2,
-    "gemma": _gemma,
-    "mixtral": _mixtral,
-    "phi3": _phi3,
-    "gpt2": _gpt2,
-    "gpt_neox": _gpt_neox,
-    "falcon": _falcon,
-}
+    return read(config, name=name)

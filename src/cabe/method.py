@@ -21,17 +21,6 @@ QUANT_CODE_BYTES = 16 * 4  # the 16-entry NF4/FP4 code book, fp32
 DOUBLE_QUANT_CODE_BYTES = 256 * 4  # the 8-bit dynamic code for the absmax values
 
 
-#: PEFT's default LoRA targets per model type (peft/utils/constants.py). PEFT has none for Phi-3 and
-#: OLMo 2 (it asks for target_modules): cabe then adapts every linear layer, and says so.
-PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
-    "gpt2": ("c_attn",),
-    "gpt_neox": ("query_key_value",),
-    "falcon": ("query_key_value",),
-    "phi3": ("all-linear",),
-    "olmo2": ("all-linear",),
-}
-
-
 @dataclass(frozen=True)
 class Tensor:
     """A group of identical parameter tensors: ``count`` tensors of ``numel`` elements each."""
@@ -66,7 +55,7 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[Linear, ...
     """
     names = spec.linear_names
     if not targets:
-        targets = PEFT_DEFAULT_TARGETS.get(spec.model_type, ("q_proj", "v_proj"))
+        targets = spec.peft_default_targets  # PEFT's default for the model type (the family module's)
     if any(t == "all-linear" for t in targets):
         wanted = set(names)
     else:

@@ -1,0 +1,75 @@
+"""Model families: one module per family, each turning a ``config.json`` into a :class:`ModelSpec`.
+
+A family module declares ``MODEL_TYPES`` (the ``model_type`` values it reads) and ``read(r, name)``,
+which builds the spec from a :class:`~cabe.families._common.Reader` — what its layers are made of
+(attention, MLP and norm kinds, fused projections, biases, tied embeddings, PEFT names and default
+targets), as data. Modules are found by name in this package: adding a family is adding a module
+(see CONTRIBUTING.md). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+from cabe.architecture import ModelSpec
+from cabe.errors import ConfigError
+from cabe.families._common import Reader
+
+__all__ = ["from_config", "modules", "supported_model_types"]
+
+
+@cache
+def modules() -> tuple[ModuleType, ...]:
+    """Every family module of this package (names not starting with ``_``), sorted by name."""
+    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    return tuple(importlib.import_module(f"{__name__}.{n}") for n in names)
+
+
+@cache
+def _readers() -> dict[str, Callable[[Reader, str], ModelSpec]]:
+    out: dict[str, Callable[[Reader, str], ModelSpec]] = {}
+    for mod in modules():
+        for model_type in mod.MODEL_TYPES:
+            if model_type in out:
+                raise RuntimeError(f"model_type {model_type!r} declared by two family modules")
+            out[model_type] = mod.read
+    return out
+
+
+def supported_model_types() -> tuple[str, ...]:
+    """``model_type`` values cabe reads, sorted."""
+    return tuple(sorted(_readers()))
+
+
+def from_config(config: Mapping[str, Any], *, name: str = "") -> ModelSpec:
+    """Build a spec from a Hugging Face ``config.json`` dict. Raises :class:`ConfigError`."""
+    if not isinstance(config, Mapping):
+        raise ConfigError("config_not_object", "model")
+    model_type = config.get("model_type")
+    if model_type == "gemma3" and isinstance(config.get("text_config"), Mapping):
+        # NOTE: multimodal Gemma 3 checkpoints: cabe plans the text model only.
+        text = dict(config["text_config"])
+        text.setdefault("model_type", "gemma3_text")
+        text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", True))
+        config, model_type = text, "gemma3_text"
+    if not isinstance(model_type, str) or not model_type:
+        raise ConfigError("config_missing_field", "model", key="model_type")
+    readers = _readers()
+    if model_type not in readers:
+        raise ConfigError(
+            "unsupported_architecture",
+            "model",
+            model_type=model_type,
+            allowed=", ".join(supported_model_types()),
+        )
+    try:
+        return readers[model_type](Reader(config, model_type), name or str(config.get("_name_or_path", "")))
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError("config_bad_value", "model", detail=str(exc)) from None
