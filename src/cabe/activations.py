@@ -86,7 +86,7 @@ def layer_activations(
 ) -> LayerActivations:
     """Saved bytes per token of ONE decoder layer through which gradients flow."""
     h, q, kv, f, nh = spec.hidden_size, spec.q_dim, spec.kv_dim, spec.intermediate_size, spec.num_heads
-    s = setup.seq + (setup.prompt_tokens if setup.method == "prompt-tuning" else 0)
+    s = setup.tokens_per_sequence
     a = dt.compute
     rho = dt.residual
     amp = dt.amp

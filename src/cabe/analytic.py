@@ -286,7 +286,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     else:
         grad_layers = layers
         trainable_layers = layers if setup.method == "full" else 0
-    tokens = setup.batch * (setup.seq + (setup.prompt_tokens if setup.method == "prompt-tuning" else 0))
+    tokens = setup.batch * setup.tokens_per_sequence
 
     # ---- activations per layer -------------------------------------------------------------
     if trainable_layers:
@@ -365,7 +365,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     shard_info: dict[str, Any] = {}
     if setup.distributed:
         # Multi-GPU plans: sharding transforms the per-GPU parts; the walk of the step is the same.
-        from cabe.sharding import shard_parts
+        from cabe.parallel import shard_parts
 
         parts, shard_info = shard_parts(parts, spec, setup)
     moments = timeline(parts)

@@ -2,7 +2,7 @@
 
 Every answer is a bisection over :func:`cabe.analytic.estimate_model` (peak memory is monotone in
 micro-batch and sequence length — tests/test_estimate.py — and non-increasing in the number of
-GPUs under ZeRO / FSDP — tests/test_sharding.py): an exponential search brackets the answer, then
+GPUs under ZeRO / FSDP — tests/parallel/test_sharding.py): an exponential search brackets the answer, then
 binary search finds it, so a solve is a few dozen estimates (milliseconds), never a loop of
 decrements. "Fits" always means ``cabe.gpus.fit(report, card)["fits"]``: reserved memory (peak +
 allocator slack) plus the CUDA context within the card's memory.

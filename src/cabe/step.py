@@ -2,7 +2,7 @@
 
 :class:`StepParts` holds the per-GPU sizes a step is made of (bytes); :func:`timeline` walks the
 steady-state step (step 2 onwards) and returns what is live at each moment that can be a peak.
-Sharding (:mod:`cabe.sharding`) transforms the parts before the walk; the walk is the same.
+Sharding (:mod:`cabe.parallel`) transforms the parts before the walk; the walk is the same.
 """
 
 from __future__ import annotations

@@ -134,6 +134,12 @@ class TrainingSetup:
         return self.gpus > 1 or self.shard != "none" or self.offload != "none" or self.tp > 1 or self.pp > 1
 
     @property
+    def tokens_per_sequence(self) -> int:
+        """Tokens one sequence carries through the layers: ``seq``, plus the virtual prompt that
+        PEFT's prompt tuning prepends to every sequence."""
+        return self.seq + (self.prompt_tokens if self.method == "prompt-tuning" else 0)
+
+    @property
     def adapters(self) -> bool:
         return self.method in ("lora", "qlora")
 

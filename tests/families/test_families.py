@@ -85,7 +85,15 @@ def test_unknown_model_type_lists_what_is_supported():
 
 
 # The estimators dispatch on kinds (spec.norm, spec.mlp, slots, traits), never on family names.
-ESTIMATORS = ["activations.py", "analytic.py", "sharding.py", "kv_cache.py", "flops.py", "method.py", "inference.py"]
+ESTIMATORS = [
+    "activations.py",
+    "analytic.py",
+    "kv_cache.py",
+    "flops.py",
+    "method.py",
+    "inference.py",
+    *sorted(p.name and f"parallel/{p.name}" for p in (SRC / "parallel").glob("*.py")),
+]
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)

@@ -13,8 +13,8 @@ from cabe import api
 from cabe.analytic import estimate_model
 from cabe.errors import InvalidValueError
 from cabe.models import preset
+from cabe.parallel import ShardConfig, zero_paper_model_states
 from cabe.report import GB
-from cabe.sharding import ShardConfig, zero_paper_model_states
 from cabe.training import TrainingSetup
 
 LLAMA2_7B = preset("llama-2-7b").spec
@@ -259,7 +259,7 @@ def test_sequence_parallel_splits_activations():
     spec = preset("llama-2-70b").spec
     s = TrainingSetup(precision="bf16", batch=1, seq=4096, gpus=8, tp=8, shard="ddp")
     parts_plain = estimate_model(spec, s).components["activations"]
-    import cabe.sharding as sh
+    import cabe.parallel.config as sh
     from cabe.analytic import estimate_model as em  # the same path, with a config
 
     old = sh.DEFAULT_CONFIG
@@ -299,7 +299,7 @@ def test_bad_layouts(body, code):
 
 # ---- torchtune FSDP measurements (published-dev.csv): the error is reported, not tuned ---------------
 
-CSV = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "published" / "published-dev.csv"
+CSV = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "published" / "published-dev.csv"
 
 
 def _torchtune_rows():
@@ -350,3 +350,12 @@ def test_torchtune_fsdp_rows_reported():
         # cabe at the full 2048 / 4096 tokens over-counts activations and logits; the full-FT row
         # (checkpointing on, activations small) is under by 22% — its measurement method is unstated.
         assert abs(err) < 3.0
+
+
+def test_prompt_tokens_count_in_pipeline_buffers_as_in_activations():
+    # PEFT's prompt tuning prepends num_virtual_tokens to every sequence: the activations count them
+    # (cabe.activations), and so must the pipeline's send/receive buffers: 2 × b × (s + p) × h × a.
+    spec = preset("llama-2-7b").spec
+    s = TrainingSetup(method="prompt-tuning", precision="bf16", batch=2, seq=512, prompt_tokens=20, gpus=2, pp=2)
+    info = estimate_model(spec, s).extra["distributed"]
+    assert info["per_gpu"]["communication_bytes"]["p2p_buffers"] == 2 * 2 * (512 + 20) * 4096 * 2

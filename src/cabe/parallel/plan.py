@@ -1,0 +1,178 @@
+"""A multi-GPU (or offloaded) step, seen from its busiest GPU: :func:`shard_parts`.
+
+1. the layout (:mod:`~cabe.parallel.layout`); 2. every parameter tensor's share on one GPU, summed
+(:mod:`~cabe.parallel.shares`); 3. the data-parallel strategy's states (:data:`STRATEGIES`, one
+module each); 4. TP / SP / PP / EP on the saved tensors and buffers (:mod:`~cabe.parallel.activations`);
+5. the figures and steps (:mod:`~cabe.parallel.explain`). Every pipeline stage whose holdings differ
+(the first and the last) is planned, and the one with the highest peak is returned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from typing import Any
+
+from cabe.architecture import ModelSpec
+from cabe.method import parameter_tensors
+from cabe.parallel import config as _config
+from cabe.parallel import ddp, fsdp, zero
+from cabe.parallel.activations import communication_buffers, micro_batches_in_flight, tensor_parallel
+from cabe.parallel.config import ShardConfig
+from cabe.parallel.explain import per_gpu, step_json, steps
+from cabe.parallel.layout import Layout, layout, stage_layers
+from cabe.parallel.shares import holdings
+from cabe.parallel.strategy import Context, Scale, States, unsharded
+from cabe.precision import dtypes_for
+from cabe.step import StepParts, timeline
+from cabe.training import TrainingSetup
+
+#: one function per data-parallel strategy: Context -> States
+STRATEGIES: dict[str, Callable[[Context], States]] = {
+    "none": unsharded,
+    "ddp": ddp.states,
+    "zero1": zero.states,
+    "zero2": zero.states,
+    "zero3": zero.states,
+    "fsdp": fsdp.states,
+    "fsdp-hybrid": fsdp.states,
+}
+
+
+def shard_parts(
+    parts: StepParts, spec: ModelSpec, setup: TrainingSetup, config: ShardConfig | None = None
+) -> tuple[StepParts, dict[str, Any]]:
+    """Per-GPU step parts for a multi-GPU (or offloaded) setup, and what explains them.
+
+    Returns the parts of the pipeline stage whose peak is highest, and ``info`` with
+    ``host_ram_bytes_per_node``, ``per_gpu`` figures, ``notes`` (codes) and ``steps``.
+    """
+    cfg = config or _config.DEFAULT_CONFIG
+    lay, notes = layout(spec, setup, cfg)
+    dt = dtypes_for(setup)
+    tensors = parameter_tensors(spec, setup)
+    single = Layout(1, 1, 1, 1, 1, "none", 1, 0, spec.num_layers)
+    whole = holdings(spec, setup, cfg, tensors, dt, single)
+    scale = Scale.of(parts, whole)
+
+    best: tuple[int, StepParts, dict[str, Any]] | None = None
+    per_stage: list[dict[str, Any]] = []
+    for stage in sorted({0, lay.pp - 1}):
+        here = lay.at_stage(stage)
+        ctx = Context(setup, cfg, dt, here, holdings(spec, setup, cfg, tensors, dt, here), scale)
+        new, info = _gpu_parts(parts, spec, ctx, whole.stored + whole.quantized)
+        peak = max(m.total for m in timeline(new))
+        per_stage.append({"stage": stage, "peak_bytes": peak})
+        if best is None or peak > best[0]:
+            best = (peak, new, info)
+    assert best is not None
+    _, new, info = best
+    info["notes"] = notes + info["notes"]
+    if lay.pp > 1:
+        info["pipeline_stages"] = per_stage
+    return new, info
+
+
+def _gpu_parts(parts: StepParts, spec: ModelSpec, c: Context, whole_stored: float) -> tuple[StepParts, dict[str, Any]]:
+    """One GPU's parts: the strategy's states, then model parallelism on activations and buffers."""
+    setup, cfg, lay = c.setup, c.cfg, c.layout
+    st = STRATEGIES[lay.strategy](c)
+    new = _activations(parts, spec, c, st)
+    nodes = math.ceil(setup.gpus / setup.gpus_per_node)
+    per_node = min(setup.gpus, setup.gpus_per_node)
+    host_per_gpu = round(st.host)
+    # Loading: every process materialises the model on the host before it is partitioned or moved
+    # (DeepSpeed's "zero_init=False" term: 4 B/param × GPUs per node); zero.Init / FSDP meta-device
+    # init avoid it. Reported beside the steady state.
+    mine = c.mine.stored + c.mine.quantized
+    load_peak = per_node * parts.weights * mine / whole_stored if whole_stored else 0
+    figures = per_gpu(new, st.buffers["optimizer"].get("master_weights", 0), host_per_gpu)
+    inflight = micro_batches_in_flight(lay, setup.grad_accum, cfg)
+    info: dict[str, Any] = {
+        "strategy": lay.strategy,
+        "world_size": setup.gpus,
+        "dp": lay.dp,
+        "tp": lay.tp,
+        "pp": lay.pp,
+        "ep": lay.ep,
+        "shard_group": lay.shard_group,
+        "nodes": nodes,
+        "gpus_per_node": setup.gpus_per_node,
+        "offload": setup.offload,
+        "stage": lay.stage,
+        "stage_layers": lay.stage_layers,
+        "micro_batches_in_flight": inflight,
+        "per_gpu": figures,
+        "host_ram_bytes_per_node": host_per_gpu * per_node,
+        "host_ram_load_peak_bytes_per_node": round(load_peak),
+        "config": asdict(cfg),
+        "notes": st.notes,
+        "steps": [step_json(s) for s in steps(lay, inflight, figures, per_node, cfg)],
+    }
+    return new, info
+
+
+def _grad_layers(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
+    """Layers on this stage whose parameters get gradients."""
+    n = lay.stage_layers
+    if setup.method == "freeze" and lay.pp > 1:
+        # freeze trains the LAST layers: they live on the last stages
+        below = spec.num_layers - sum(stage_layers(spec.num_layers, lay.pp, i) for i in range(lay.stage + 1))
+        return max(0, min(n, parts.grad_layers - below))
+    return min(parts.grad_layers, n) if parts.grad_layers else 0
+
+
+def _grads_split(
+    parts: StepParts, grads_total: float, lay: Layout, layer_frac: float, grad_layers: int
+) -> tuple[float, float]:
+    """This GPU's gradients of the loss head (last stage only) and per trained layer."""
+    g_ratio = grads_total / parts.grads if parts.grads else 0.0
+    grads_head = (
+        parts.grads_head * g_ratio / (layer_frac if lay.pp > 1 else 1) * (1 if lay.last else 0) if parts.grads else 0
+    )
+    grads_head = min(grads_head, grads_total)
+    return grads_head, (grads_total - grads_head) / grad_layers if grad_layers else 0
+
+
+def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> StepParts:
+    setup, cfg, lay = c.setup, c.cfg, c.layout
+    f = tensor_parallel(lay.tp, cfg)
+    inflight = micro_batches_in_flight(lay, setup.grad_accum, cfg)
+    saved = parts.saved_layer * (f.checkpointed if setup.checkpointing else f.saved)
+    head_on = lay.last
+    layer_frac = lay.stage_layers / spec.num_layers
+    grad_layers = _grad_layers(parts, spec, setup, lay)
+    grads_total = st.grads
+    grads_head, grads_per_layer = _grads_split(parts, grads_total, lay, layer_frac, grad_layers)
+    for name, nbytes in communication_buffers(spec, setup, lay, cfg, c.dt).items():
+        st.buffers["forward"][name] = nbytes
+        st.buffers["backward"][name] = nbytes
+    keep = st.keep_copies
+    layer_copies = parts.copies_layer * (1 / lay.tp if lay.tp > 1 else 1) if keep else 0
+    head_copies = parts.copies_head * f.head * (1 if head_on else 0) if keep else 0
+    extra = {ph: {k: round(v) for k, v in st.buffers[ph].items() if v} for ph in st.buffers}
+    return replace(
+        parts,
+        weights=round(st.weights),
+        optimizer=round(st.optimizer),
+        grads=round(grads_total),
+        grads_head=round(grads_head),
+        grads_per_layer=round(grads_per_layer),
+        grad_layers=grad_layers,
+        copies_layer=round(layer_copies),
+        copies_head=round(head_copies),
+        copies_fwd_layers=lay.stage_layers if setup.checkpointing else grad_layers,
+        saved_layer=round(saved * inflight),
+        recompute_layer=round(parts.recompute_layer * f.saved),
+        workspace_layer=round(parts.workspace_layer * f.saved),
+        rotary=round(parts.rotary * inflight) if grad_layers else 0,
+        head_saved=round(parts.head_saved * f.head) if head_on else 0,
+        head_forward_extra=round(parts.head_forward_extra * f.head) if head_on else 0,
+        head_backward_extra=round(parts.head_backward_extra * f.head) if head_on else 0,
+        optimizer_temporaries=round(st.temporaries),
+        grads_in_forward=parts.grads_in_forward or (lay.pp > 1 and setup.grad_accum > 1),
+        extra_forward={**parts.extra_forward, **extra["forward"]},
+        extra_backward={**parts.extra_backward, **extra["backward"]},
+        extra_optimizer={**parts.extra_optimizer, **extra["optimizer"]},
+    )
