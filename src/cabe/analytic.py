@@ -30,12 +30,13 @@ from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.method import lora_targets, parameter_tensors, quantized_bytes, stored_bytes
 from cabe.optimizer import get as optimizer_entry
-from cabe.optimizer import optimizer_memory, round_alloc
+from cabe.optimizer import optimizer_memory
 from cabe.precision import dtypes_for
 from cabe.report import GB, GiB, Report, Step
 from cabe.schema import state_fields
 from cabe.step import StepParts, timeline
 from cabe.training import TrainingSetup, number
+from cabe.units import round_alloc
 
 #: The seed calculator's presets for bytes per parameter (mixed-precision Adam, 8-bit Adam, SGD+momentum).
 BYTES_PER_PARAM_PRESETS = {"adam-mixed": 16.0, "adam-8bit": 12.0, "sgd-momentum": 8.0}

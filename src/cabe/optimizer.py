@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from cabe.units import round_alloc
+
 if TYPE_CHECKING:
     from cabe.method import Tensor
     from cabe.training import TrainingSetup
@@ -29,12 +31,6 @@ if TYPE_CHECKING:
 BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes Optimizer8bit min_8bit_size
 BNB_BLOCK = 256  # blockwise quantization block for 8-bit optimizer state
 BNB_PAGED_MIN = 100_000  # Optimizer.get_state_buffer pages only tensors of at least 1e5 elements
-ALLOC_ROUND = 512  # CUDA caching allocator rounds every block to 512 B
-
-
-def round_alloc(nbytes: int) -> int:
-    """Round a tensor's size up as the CUDA caching allocator does (multiples of 512 B)."""
-    return -(-nbytes // ALLOC_ROUND) * ALLOC_ROUND if nbytes > 0 else 0
 
 
 # ---- state rules: bytes of one copy of a tensor's optimizer state --------------------------------
