@@ -85,48 +85,71 @@ def layer_activations(
     spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, *, base_trainable: bool, adapters: bool
 ) -> LayerActivations:
     """Saved bytes per token of ONE decoder layer through which gradients flow."""
-    h, q, kv, f, nh = spec.hidden_size, spec.q_dim, spec.kv_dim, spec.intermediate_size, spec.num_heads
-    s = setup.tokens_per_sequence
-    a = dt.compute
-    rho = dt.residual
-    amp = dt.amp
-    targets = {lin.name for lin in lora_targets(spec, setup.lora_targets)} if adapters else set()
-    r = setup.lora_rank
-    adapter_cast = dt.adapter != dt.compute and not amp  # PEFT casts the input to the fp32 adapter
-    # QLoRA (bitsandbytes Linear4bit under autocast): the 4-bit layers save no input (their weight is
-    # frozen), cast their output back to the fp32 residual dtype, and LoRA adapters run under autocast.
-    quantized = setup.method == "qlora" and any(lin.quantized_by_bnb for lin in spec.layer_linears)
-    terms: list[Term] = []
+    layer = _Layer(spec, setup, dt, base_trainable, adapters)
+    bwd = layer.rms_norm_block() if spec.norm == "rmsnorm" else layer.layer_norm_block()
+    attn, a, nh, s, quantized = layer.attn, layer.a, layer.nh, layer.s, layer.quantized
+    fwd = _attention_forward_workspace(attn, a, nh, s)
+    if attn == "eager":
+        bwd = max(bwd, (4 + 2 * a) * nh * s)
+    rng = 2 * 512 if attn == "flash" else 0  # flash keeps its philox seed and offset: two 512 B blocks
+    if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
+        layer.constant += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
+    return LayerActivations(tuple(layer.terms), bwd, fwd, layer.constant, rng)
 
-    def add(name: str, nbytes: int, formula: str) -> None:
+
+class _Layer:
+    """The saved tensors of one decoder layer, term by term: the setup's dtypes and flags, and one
+    method per kind of block (RMSNorm blocks of the Llama lineage, LayerNorm blocks of GPT-2's)."""
+
+    def __init__(self, spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, base_trainable: bool, adapters: bool) -> None:
+        self.spec, self.base_trainable = spec, base_trainable
+        self.h, self.q, self.kv = spec.hidden_size, spec.q_dim, spec.kv_dim
+        self.f, self.nh = spec.intermediate_size, spec.num_heads
+        self.s = setup.tokens_per_sequence
+        self.a, self.rho, self.amp = dt.compute, dt.residual, dt.amp
+        self.targets = {lin.name for lin in lora_targets(spec, setup.lora_targets)} if adapters else set()
+        self.r = setup.lora_rank
+        self.adapter_cast = dt.adapter != dt.compute and not self.amp  # PEFT casts the input to the fp32 adapter
+        # QLoRA (bitsandbytes Linear4bit under autocast): the 4-bit layers save no input (their weight is
+        # frozen), cast their output back to the fp32 residual dtype, and LoRA adapters run under autocast.
+        self.quantized = setup.method == "qlora" and any(lin.quantized_by_bnb for lin in spec.layer_linears)
+        self.attn = attention_kind(spec, setup)
+        self.gqa = spec.num_kv_heads != spec.num_heads
+        self.qkv_names, self.o_name = spec.slot_names("qkv"), spec.slot_names("o")[0]
+        self.up_names, self.down_name = spec.slot_names("up"), (spec.slot_names("down") or [""])[0]
+        self.terms: list[Term] = []
+        self.constant = 0  # saved bytes per layer that do not grow with tokens
+
+    def add(self, name: str, nbytes: int, formula: str) -> None:
         if nbytes:
-            terms.append(Term(name, nbytes, formula))
+            self.terms.append(Term(name, nbytes, formula))
 
-    def linear_inputs(group: str, names: list[tuple[str, int]], shared_bytes: int, shared_formula: str) -> None:
+    def linear_inputs(self, group: str, names: list[tuple[str, int]], shared_bytes: int, shared_formula: str) -> None:
         """Inputs saved by the linear layers ``names`` (name, in_features) that read one tensor."""
-        trained = [n for n, _ in names if base_trainable]
-        if amp or quantized:
+        spec, targets, adapter_cast = self.spec, self.targets, self.adapter_cast
+        trained = [n for n, _ in names if self.base_trainable]
+        if self.amp or self.quantized:
             for n, inf in names:
-                if base_trainable or n in targets:
-                    add(f"{group}.{n}.input_cast", 2 * inf, f"2·{_sym(inf, spec)}")
+                if self.base_trainable or n in targets:
+                    self.add(f"{group}.{n}.input_cast", 2 * inf, f"2·{_sym(inf, spec)}")
             return
         shared_needed = bool(trained) or (any(n in targets for n, _ in names) and not adapter_cast)
         if shared_needed:
-            add(f"{group}.input", shared_bytes, shared_formula)
+            self.add(f"{group}.input", shared_bytes, shared_formula)
         if adapter_cast:
             for n, inf in names:
                 if n in targets:
-                    add(f"{group}.{n}.lora_input_fp32", 4 * inf, f"4·{_sym(inf, spec)}")
+                    self.add(f"{group}.{n}.lora_input_fp32", 4 * inf, f"4·{_sym(inf, spec)}")
 
-    def lora_mid(names: list[str]) -> None:
+    def lora_mid(self, names: list[str]) -> None:
+        r = self.r
         for n in names:
-            if n in targets:
-                per = 2 * r if (amp or quantized) else 4 * r
-                add(f"lora.{n}.A_output", per, f"{per // r}·r")
-
-    per_layer_const = [0]
+            if n in self.targets:
+                per = 2 * r if (self.amp or self.quantized) else 4 * r
+                self.add(f"lora.{n}.A_output", per, f"{per // r}·r")
 
     def rms_norm(
+        self,
         name: str,
         width: int,
         width_sym: str,
@@ -138,21 +161,27 @@ def layer_activations(
     ) -> None:
         """``in_bytes``: dtype of the norm's input (the residual stream ρ, or a for q/k norms);
         ``fp32_weight``: the weight multiplies the fp32 normalised tensor (Gemma, OLMo 2)."""
-        add(f"{name}.fp32_input", 4 * width, f"4·{width_sym}")
-        add(f"{name}.rsqrt", 4 * rows, f"4·{rows_sym}" if rows_sym else "4")
-        width_in = rho if in_bytes is None else in_bytes
+        self.add(f"{name}.fp32_input", 4 * width, f"4·{width_sym}")
+        self.add(f"{name}.rsqrt", 4 * rows, f"4·{rows_sym}" if rows_sym else "4")
+        width_in = self.rho if in_bytes is None else in_bytes
         if trainable:
             nb = 4 * width if fp32_weight else width_in * width
-            add(f"{name}.normalized", nb, f"{nb // width}·{width_sym}")
-        if fp32_weight and spec.norm_plus_one:
-            per_layer_const[0] += 4 * (spec.head_dim if rows_sym else width)  # (1 + w) in fp32, saved by the multiply
+            self.add(f"{name}.normalized", nb, f"{nb // width}·{width_sym}")
+        if fp32_weight and self.spec.norm_plus_one:
+            self.constant += 4 * (self.spec.head_dim if rows_sym else width)  # (1 + w) in fp32, saved by the multiply
 
-    attn = attention_kind(spec, setup)
-    gqa = spec.num_kv_heads != spec.num_heads
-    qkv_names, o_name = spec.slot_names("qkv"), spec.slot_names("o")[0]
-    up_names, down_name = spec.slot_names("up"), (spec.slot_names("down") or [""])[0]
+    def rms_norm_block(self) -> int:
+        """RMSNorm blocks (Llama, Gemma, Phi-3, Mixtral, OLMo 2): attention, then a gated or MoE MLP.
+        Returns the backward workspace per token."""
+        self._rms_attention()
+        self._rms_mlp()
+        return 3 * self.a * self.f + 2 * self.rho * self.h  # backward workspace per token
 
-    if spec.norm == "rmsnorm":
+    def _rms_attention(self) -> None:
+        spec, h, q, kv, nh, s = self.spec, self.h, self.q, self.kv, self.nh, self.s
+        a, rho, amp, quantized, attn, gqa = self.a, self.rho, self.amp, self.quantized, self.attn, self.gqa
+        base_trainable, targets, adapter_cast = self.base_trainable, self.targets, self.adapter_cast
+        qkv_names, o_name = self.qkv_names, self.o_name
         wf = spec.norm_weight_fp32
         post_norm_only = spec.norm_placement == "post"
         sandwich = spec.norm_placement == "sandwich"
@@ -160,114 +189,133 @@ def layer_activations(
         if post_norm_only:
             attn_in_bytes, attn_in_formula = rho * h, f"{rho}·h"  # the residual itself feeds q, k, v
         else:
-            rms_norm("input_norm", h, "h", base_trainable, wf)
+            self.rms_norm("input_norm", h, "h", base_trainable, wf)
             attn_in_bytes, attn_in_formula = rho * h, f"{rho}·h"
-        linear_inputs("attn", [(n, h) for n in qkv_names], attn_in_bytes, attn_in_formula)
-        lora_mid(qkv_names)
+        self.linear_inputs("attn", [(n, h) for n in qkv_names], attn_in_bytes, attn_in_formula)
+        self.lora_mid(qkv_names)
         if spec.qk_norm == "head":
             # per-head norms: one rsqrt per head
-            rms_norm("q_norm", q, "q", base_trainable, wf, nh, "nh", in_bytes=a)
-            rms_norm("k_norm", kv, "kv", base_trainable, wf, spec.num_kv_heads, "nkv", in_bytes=a)
+            self.rms_norm("q_norm", q, "q", base_trainable, wf, nh, "nh", in_bytes=a)
+            self.rms_norm("k_norm", kv, "kv", base_trainable, wf, spec.num_kv_heads, "nkv", in_bytes=a)
         elif spec.qk_norm == "full":
-            rms_norm("q_norm", q, "q", base_trainable, True)
-            rms_norm("k_norm", kv, "kv", base_trainable, True)
-        _attention_core(add, attn, a, q, kv, nh, s, gqa, spec, quantized)
+            self.rms_norm("q_norm", q, "q", base_trainable, True)
+            self.rms_norm("k_norm", kv, "kv", base_trainable, True)
+        _attention_core(self.add, attn, a, q, kv, nh, s, gqa, spec, quantized)
         o_trains = base_trainable or o_name in targets
         # eager, and flash after a rotary written with torch.cat (Phi-3): the kernel's output is laid out
         # (b, heads, s, d), so transpose(1, 2).contiguous() copies it before o_proj.
         copies_output = attn == "eager" or spec.rotary_by_cat
         if copies_output and (base_trainable or (o_name in targets and not adapter_cast)):
-            add("attn.output_for_o_proj", a * q, f"{a}·q")
+            self.add("attn.output_for_o_proj", a * q, f"{a}·q")
         if amp and o_trains:
             pass  # the attention output is already 16-bit: o_proj saves it without a cast
         if adapter_cast and o_name in targets:
-            add(f"attn.{o_name}.lora_input_fp32", 4 * q, "4·q")
+            self.add(f"attn.{o_name}.lora_input_fp32", 4 * q, "4·q")
         if quantized and o_name in targets and not copies_output:
             pass  # the 16-bit attention output is what lora_A saves: already counted as attn.output
-        lora_mid([o_name])
+        self.lora_mid([o_name])
         if sandwich:
-            rms_norm("post_attention_norm", h, "h", base_trainable, True)
+            self.rms_norm("post_attention_norm", h, "h", base_trainable, True)
         if post_norm_only:
-            rms_norm("post_attention_norm", h, "h", base_trainable, True)
+            self.rms_norm("post_attention_norm", h, "h", base_trainable, True)
+
+    def _rms_mlp(self) -> None:
+        spec, h, f, a, rho, quantized = self.spec, self.h, self.f, self.a, self.rho, self.quantized
+        base_trainable, targets, adapter_cast = self.base_trainable, self.targets, self.adapter_cast
+        up_names, down_name = self.up_names, self.down_name
+        wf = spec.norm_weight_fp32
+        post_norm_only = spec.norm_placement == "post"
+        sandwich = spec.norm_placement == "sandwich"
         # ---- MLP block -------------------------------------------------------------------------
         if post_norm_only:
             mlp_in_bytes = rho * h
         else:
-            rms_norm("mlp_norm", h, "h", base_trainable, wf)
+            self.rms_norm("mlp_norm", h, "h", base_trainable, wf)
             mlp_in_bytes = rho * h
         if spec.mlp == "moe":
-            _moe(add, spec, a, rho, base_trainable)
+            _moe(self.add, spec, a, rho, base_trainable)
         else:
-            linear_inputs("mlp", [(n, h) for n in up_names], mlp_in_bytes, f"{rho}·h")
-            lora_mid(up_names)
+            self.linear_inputs("mlp", [(n, h) for n in up_names], mlp_in_bytes, f"{rho}·h")
+            self.lora_mid(up_names)
             m = 4 if quantized else a  # Linear4bit returns its output in the input's dtype (fp32 here)
-            add("mlp.gate_output", m * f, f"{m}·f")
-            add("mlp.act_output", m * f, f"{m}·f")
-            add("mlp.up_output", m * f, f"{m}·f")
+            self.add("mlp.gate_output", m * f, f"{m}·f")
+            self.add("mlp.act_output", m * f, f"{m}·f")
+            self.add("mlp.up_output", m * f, f"{m}·f")
             if quantized:
                 if down_name in targets:
-                    add(f"mlp.{down_name}.input_cast", 2 * f, "2·f")
+                    self.add(f"mlp.{down_name}.input_cast", 2 * f, "2·f")
             elif base_trainable or (down_name in targets and not adapter_cast):
-                add("mlp.product", a * f, f"{a}·f")
+                self.add("mlp.product", a * f, f"{a}·f")
             if adapter_cast and down_name in targets:
-                add(f"mlp.{down_name}.lora_input_fp32", 4 * f, "4·f")
-            lora_mid([down_name])
+                self.add(f"mlp.{down_name}.lora_input_fp32", 4 * f, "4·f")
+            self.lora_mid([down_name])
         if sandwich or post_norm_only:
-            rms_norm("post_mlp_norm", h, "h", base_trainable, True)
-        bwd = 3 * a * f + 2 * rho * h
-    else:  # LayerNorm blocks with a plain GELU MLP (GPT-2, GPT-NeoX, Falcon)
+            self.rms_norm("post_mlp_norm", h, "h", base_trainable, True)
+
+    def layer_norm_block(self) -> int:
+        """LayerNorm blocks with a plain GELU MLP (GPT-2, GPT-NeoX, Falcon). Returns the backward
+        workspace per token."""
+        self._ln_attention()
+        self._ln_mlp()
+        return 2 * self.a * self.f + 2 * self.rho * self.h  # backward workspace per token
+
+    def _ln_attention(self) -> None:
+        spec, h, q, kv, nh, s = self.spec, self.h, self.q, self.kv, self.nh, self.s
+        a, rho, quantized, attn, gqa = self.a, self.rho, self.quantized, self.attn, self.gqa
+        base_trainable, targets, adapter_cast = self.base_trainable, self.targets, self.adapter_cast
+        qkv_names, o_name = self.qkv_names, self.o_name
         ln_stats = 8  # mean and rstd, fp32 per token
         parallel = spec.parallel_block
         n_ln = spec.norms_per_layer
-        add("ln.input", rho * h * (1 if parallel else n_ln), f"{rho}·h" if parallel or n_ln == 1 else f"{n_ln}·{rho}·h")
-        add("ln.mean_rstd", ln_stats * n_ln, f"{n_ln}·8")
+        self.add(
+            "ln.input", rho * h * (1 if parallel else n_ln), f"{rho}·h" if parallel or n_ln == 1 else f"{n_ln}·{rho}·h"
+        )
+        self.add("ln.mean_rstd", ln_stats * n_ln, f"{n_ln}·8")
         attn_name = qkv_names[0]  # one fused projection
-        linear_inputs("attn", [(attn_name, h)], rho * h, f"{rho}·h")
-        lora_mid([attn_name])
-        _attention_core(add, attn, a, q, kv, nh, s, gqa, spec, quantized)
+        self.linear_inputs("attn", [(attn_name, h)], rho * h, f"{rho}·h")
+        self.lora_mid([attn_name])
+        _attention_core(self.add, attn, a, q, kv, nh, s, gqa, spec, quantized)
         out_name = o_name
         # eager, and flash after GPT-NeoX's partial rotary (torch.cat): the output is copied before dense
         if (attn in ("eager", "math") or spec.rotary_by_cat) and (base_trainable or out_name in targets):
-            add("attn.output_for_dense", a * q, f"{a}·q")
+            self.add("attn.output_for_dense", a * q, f"{a}·q")
         if adapter_cast and out_name in targets:
-            add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
+            self.add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
         if spec.hidden_dropout > 0:
-            add("attn.resid_dropout_mask", h, "1·h")
+            self.add("attn.resid_dropout_mask", h, "1·h")
+
+    def _ln_mlp(self) -> None:
+        spec, h, f, a, rho, amp, quantized = self.spec, self.h, self.f, self.a, self.rho, self.amp, self.quantized
+        base_trainable, targets, adapter_cast = self.base_trainable, self.targets, self.adapter_cast
+        up_names, down_name = self.up_names, self.down_name
+        parallel, n_ln = spec.parallel_block, spec.norms_per_layer
         fc_name = up_names[0]
         if not parallel or n_ln == 2:
-            linear_inputs("mlp", [(fc_name, h)], rho * h if n_ln == 2 else 0, f"{rho}·h")
+            self.linear_inputs("mlp", [(fc_name, h)], rho * h if n_ln == 2 else 0, f"{rho}·h")
         else:
-            linear_inputs("mlp", [(fc_name, h)], 0, "")  # shares the attention block's LN output
-        lora_mid([fc_name])
+            self.linear_inputs("mlp", [(fc_name, h)], 0, "")  # shares the attention block's LN output
+        self.lora_mid([fc_name])
         chain = 4 if spec.activation in ("gelu_new", "gelu_fast") else 1
         down = down_name
         if chain > 1 and amp:
             # NOTE: under autocast gelu_new's pow runs in fp32: x, tanh and the sum are fp32 copies; the
             # product is 16-bit, or fp32 when x itself is fp32 (QLoRA's Linear4bit output)
-            add("mlp.gelu_tanh_chain_fp32", 3 * 4 * f, "3·4·f")
+            self.add("mlp.gelu_tanh_chain_fp32", 3 * 4 * f, "3·4·f")
             pb = 4 if quantized else 2
-            add("mlp.gelu_product", pb * f, f"{pb}·f")
+            self.add("mlp.gelu_product", pb * f, f"{pb}·f")
             if base_trainable or down in targets:
-                add(f"mlp.{down}.input_cast", 2 * f, "2·f")
+                self.add(f"mlp.{down}.input_cast", 2 * f, "2·f")
         else:
             m = 4 if quantized else a  # Linear4bit returns its output in the input's dtype (fp32 here)
-            add("mlp.fc_output", m * f, f"{m}·f")
+            self.add("mlp.fc_output", m * f, f"{m}·f")
             if chain > 1:
-                add("mlp.gelu_tanh_chain", (chain - 1) * a * f, f"{chain - 1}·{a}·f")
+                self.add("mlp.gelu_tanh_chain", (chain - 1) * a * f, f"{chain - 1}·{a}·f")
             if base_trainable or (down in targets and not adapter_cast):
-                add("mlp.act_output", a * f, f"{a}·f")
+                self.add("mlp.act_output", a * f, f"{a}·f")
         if adapter_cast and down in targets:
-            add(f"mlp.{down}.lora_input_fp32", 4 * f, "4·f")
+            self.add(f"mlp.{down}.lora_input_fp32", 4 * f, "4·f")
         if spec.hidden_dropout > 0:
-            add("mlp.dropout_mask", h, "1·h")
-        bwd = 2 * a * f + 2 * rho * h
-    fwd = _attention_forward_workspace(attn, a, nh, s)
-    if attn == "eager":
-        bwd = max(bwd, (4 + 2 * a) * nh * s)
-    rng = 2 * 512 if attn == "flash" else 0  # flash keeps its philox seed and offset: two 512 B blocks
-    if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
-        per_layer_const[0] += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
-    return LayerActivations(tuple(terms), bwd, fwd, per_layer_const[0], rng)
+            self.add("mlp.dropout_mask", h, "1·h")
 
 
 def _sym(n: int, spec: ModelSpec) -> str:
