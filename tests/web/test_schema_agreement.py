@@ -139,3 +139,18 @@ def test_lora_errors_name_the_key_sent(client) -> None:
     both = client.post("/api/lora", json={"model": "gpt2", "rank": 4, "lora_rank": 4, "lang": "es"})
     assert both.status_code == 422
     assert both.json()["error"]["code"] == "alias_conflict" and "lora_rank" in both.json()["error"]["message"]
+
+
+def test_templates_are_package_data() -> None:
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")
+    from importlib import resources
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["cabe"]
+    templates = [p.name for p in (resources.files("cabe") / "web" / "templates").iterdir() if p.name.endswith(".html")]
+    assert templates
+    for name in templates:
+        assert any(fnmatch.fnmatch(f"web/templates/{name}", pat) for pat in patterns), name

@@ -30,12 +30,13 @@ _BAD_INPUT = (TypeError, ValueError, KeyError, AttributeError, OverflowError, In
 
 
 def _starlette() -> Any:
-    try:
-        import starlette  # noqa: F401
-    except ImportError:  # pragma: no cover - depends on the environment
-        from cabe.errors import MissingDependencyError
+    import importlib.util
 
-        raise MissingDependencyError("missing_extra", None, extra="web", package="starlette") from None
+    for package in ("starlette", "jinja2"):
+        if importlib.util.find_spec(package) is None:  # pragma: no cover - depends on the environment
+            from cabe.errors import MissingDependencyError
+
+            raise MissingDependencyError("missing_extra", None, extra="web", package=package)
 
 
 class BodyTooLarge(Exception):

@@ -197,13 +197,71 @@ _RESPONSES: dict[str, Any] = {
 }
 
 
+_BODY_ERRORS = {
+    "413": _error_response("Body larger than 256 KiB."),
+    "422": _error_response("Invalid input; `field` and a `message` in the asked language."),
+}
+
+#: POST endpoints: path -> (operationId, summary, request schema, response description, response schema)
+_POSTS = {
+    "/api/estimate": ("estimate", "Estimate the memory of a training run.", "EstimateRequest", "The report.", "Report"),
+    "/api/lora": (
+        "lora",
+        "LoRA adapter parameters per target module.",
+        "LoraRequest",
+        "Adapter sizes.",
+        "LoraResponse",
+    ),
+    "/api/fit": (
+        "fit",
+        "Make it fit: largest micro-batch, longest sequence, fewest GPUs, and the changes that fit the card, ranked.",
+        "FitRequest",
+        "The plan.",
+        "Object",
+    ),
+    "/api/infer": (
+        "infer",
+        "Inference memory: weights by format, KV cache, serving pool.",
+        "InferRequest",
+        "The inference estimate.",
+        "Object",
+    ),
+}
+
+#: GET endpoints: path -> (operationId, summary, response description, response schema)
+_GETS = {
+    "/api/models": ("models", "Model presets with metadata.", "Presets.", "Models"),
+    "/api/gpus": ("gpus", "The GPU catalog, smallest first.", "Cards.", "Gpus"),
+    "/api/health": ("health", "Liveness.", "OK.", "Health"),
+}
+
+
+def _post(operation: str, summary: str, request: str, description: str, response: str) -> dict[str, Any]:
+    body = {"application/json": {"schema": {"$ref": f"#/components/schemas/{request}"}}}
+    return {
+        "post": {
+            "operationId": operation,
+            "summary": summary,
+            "requestBody": {"required": True, "content": body},
+            "responses": {"200": _json_response(description, response), **_BODY_ERRORS},
+        }
+    }
+
+
+def _get(operation: str, summary: str, description: str, response: str) -> dict[str, Any]:
+    return {
+        "get": {
+            "operationId": operation,
+            "summary": summary,
+            "responses": {"200": _json_response(description, response)},
+        }
+    }
+
+
 @lru_cache(maxsize=1)
 def openapi_document() -> dict[str, Any]:
-    schemas = _schemas()
-    body_errors = {
-        "413": _error_response("Body larger than 256 KiB."),
-        "422": _error_response("Invalid input; `field` and a `message` in the asked language."),
-    }
+    paths = {path: _post(*spec) for path, spec in _POSTS.items()}
+    paths.update({path: _get(*spec) for path, spec in _GETS.items()})
     return {
         "openapi": "3.1.0",
         "info": {
@@ -211,73 +269,6 @@ def openapi_document() -> dict[str, Any]:
             "version": "1",
             "description": "GPU memory planner for training LLMs. Errors answer in `lang` or Accept-Language.",
         },
-        "paths": {
-            "/api/estimate": {
-                "post": {
-                    "operationId": "estimate",
-                    "summary": "Estimate the memory of a training run.",
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/EstimateRequest"}}},
-                    },
-                    "responses": {"200": _json_response("The report.", "Report"), **body_errors},
-                }
-            },
-            "/api/lora": {
-                "post": {
-                    "operationId": "lora",
-                    "summary": "LoRA adapter parameters per target module.",
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/LoraRequest"}}},
-                    },
-                    "responses": {"200": _json_response("Adapter sizes.", "LoraResponse"), **body_errors},
-                }
-            },
-            "/api/fit": {
-                "post": {
-                    "operationId": "fit",
-                    "summary": "Make it fit: largest micro-batch, longest sequence, fewest GPUs, "
-                    "and the changes that fit the card, ranked.",
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/FitRequest"}}},
-                    },
-                    "responses": {"200": _json_response("The plan.", "Object"), **body_errors},
-                }
-            },
-            "/api/infer": {
-                "post": {
-                    "operationId": "infer",
-                    "summary": "Inference memory: weights by format, KV cache, serving pool.",
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/InferRequest"}}},
-                    },
-                    "responses": {"200": _json_response("The inference estimate.", "Object"), **body_errors},
-                }
-            },
-            "/api/models": {
-                "get": {
-                    "operationId": "models",
-                    "summary": "Model presets with metadata.",
-                    "responses": {"200": _json_response("Presets.", "Models")},
-                }
-            },
-            "/api/gpus": {
-                "get": {
-                    "operationId": "gpus",
-                    "summary": "The GPU catalog, smallest first.",
-                    "responses": {"200": _json_response("Cards.", "Gpus")},
-                }
-            },
-            "/api/health": {
-                "get": {
-                    "operationId": "health",
-                    "summary": "Liveness.",
-                    "responses": {"200": _json_response("OK.", "Health")},
-                }
-            },
-        },
-        "components": {"schemas": schemas},
+        "paths": paths,
+        "components": {"schemas": _schemas()},
     }
