@@ -154,3 +154,78 @@ def test_templates_are_package_data() -> None:
     assert templates
     for name in templates:
         assert any(fnmatch.fnmatch(f"web/templates/{name}", pat) for pat in patterns), name
+
+
+def _form_controls(html: str) -> dict[str, Any]:
+    """name -> the options of a select, or the input's type (from the page's HTML)."""
+    from html.parser import HTMLParser
+
+    out: dict[str, Any] = {}
+
+    class Controls(HTMLParser):
+        select: str | None = None
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag == "select":
+                self.select = a["name"]
+                out[self.select] = []
+            elif tag == "option" and self.select:
+                out[self.select].append(a["value"])
+            elif tag == "input" and a.get("name"):
+                out[a["name"]] = a.get("type")
+
+        def handle_endtag(self, tag):
+            if tag == "select":
+                self.select = None
+
+    Controls().feed(html)
+    return out
+
+
+def test_page_form_is_the_schema(client) -> None:
+    from cabe.web import page
+
+    html = client.get("/?lang=en").text
+    controls = _form_controls(html)
+    for name in page.PLAN_FIELDS:
+        f = schema.field(name, "api.estimate")
+        assert name in controls, name
+        if f.type is bool:
+            assert controls[name] == ("checkbox" if not f.default else ["1", "0"]), name
+        elif f.allowed() is not None and name != "gpu":
+            assert controls[name] == list(f.allowed()), name
+    assert controls["units"] == list(schema.field("units", "api.estimate").choices or ())
+    # the first visit: the page's example over the schema's defaults (precision by method)
+    s = page.state({})
+    assert s["precision"] == schema.resolve_defaults({"method": s["method"]})["precision"]
+    assert page.state({"method": "full"})["precision"] == schema.resolve_defaults({"method": "full"})["precision"]
+    assert page.state({"method": "full", "precision": "fp32"})["precision"] == "fp32"
+
+
+def test_page_scripts_are_external_or_data(client) -> None:
+    """The CSP (script-src 'self') runs no inline script: the page has none, only a JSON data block."""
+    import json
+    import re
+
+    r = client.get("/?lang=en")
+    assert "script-src 'self'" in r.headers["content-security-policy"]
+    tags = re.findall(r"<script([^>]*)>(.*?)</script>", r.text, flags=re.S)
+    assert tags
+    for attrs, body in tags:
+        assert ('src="/static/' in attrs and not body.strip()) or 'type="application/json"' in attrs, attrs
+    data = json.loads(next(body for attrs, body in tags if 'id="form-defaults"' in attrs))
+    methods = schema.field("method").choices or ()
+    assert data["precision"] == {
+        "depends_on": "method",
+        "values": {m: schema.resolve_defaults({"method": m})["precision"] for m in methods},
+    }
+
+
+def test_script_keeps_no_copy_of_the_defaults() -> None:
+    from importlib import resources
+
+    js = (resources.files("cabe") / "web" / "static" / "app.js").read_text("utf-8")
+    for name in ("precision", "method"):
+        for value in schema.field(name).choices or ():
+            assert f'"{value}"' not in js, value
