@@ -132,7 +132,9 @@ class Field:
         """The field as a JSON Schema (OpenAPI 3.1) property: type, enum, range, default."""
         out: dict[str, Any] = dict(_JSON_TYPES[self.type])
         allowed = self.allowed()
-        if allowed is not None:
+        if allowed is not None and self.type is tuple:  # a list of names: each one of the choices
+            out["items"] = {**out["items"], "enum": list(allowed)}
+        elif allowed is not None:
             out["enum"] = list(allowed)
         if self.minimum is not None:
             out["exclusiveMinimum" if self.exclusive_minimum else "minimum"] = _json_number(self.minimum, self.type)
@@ -140,7 +142,7 @@ class Field:
             out["maximum"] = _json_number(self.maximum, self.type)
         if self.max_length is not None:
             out["maxLength"] = self.max_length
-        if self.default is not None and self.default != ():
+        if self.default is not None and self.default != () and not self.depends_on:  # see resolve_defaults
             out["default"] = list(self.default) if isinstance(self.default, tuple) else self.default
         return out
 
@@ -494,6 +496,37 @@ def field(name: str, command: str | None = None) -> Field:
 def names(command: str, *, output: bool = False) -> tuple[str, ...]:
     """The field names a command or endpoint takes (without ``lang`` / ``units`` unless asked)."""
     return tuple(f.name for f in fields_for(command, output=output))
+
+
+#: the commands that still accept the older names of fields (:attr:`Field.aliases`)
+ALIAS_COMMANDS = ("lora", "api.lora")
+
+
+def aliases(command: str) -> dict[str, str]:
+    """``{older name: field name}`` of a command (empty unless it is one of :data:`ALIAS_COMMANDS`)."""
+    if command not in ALIAS_COMMANDS:
+        return {}
+    return {a: f.name for f in fields_for(command) for a in f.aliases}
+
+
+def accepted(command: str) -> tuple[str, ...]:
+    """Every key a request to ``command`` may carry: its fields (``lang`` / ``units`` included), then
+    the older names it still accepts."""
+    return names(command, output=True) + tuple(aliases(command))
+
+
+def json_schema(command: str) -> dict[str, Any]:
+    """The request of an endpoint (``api.*``) as a JSON Schema object: one property per field
+    (:meth:`Field.json_schema`), the older names as deprecated properties, the fields it requires,
+    and no other key (``additionalProperties: false``)."""
+    props = {f.name: f.json_schema() for f in fields_for(command)}
+    for alias, name in aliases(command).items():
+        props[alias] = {**props[name], "deprecated": True}
+    out: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
+    required = [f.name for f in fields_for(command) if command in f.required_for]
+    if required:
+        out["required"] = required
+    return out
 
 
 def state_fields() -> tuple[str, ...]:

@@ -126,6 +126,27 @@ def test_planner_lora_24gb_matches_core(page):
     assert page.locator("#verdict").get_attribute("data-fits") == str(core["gpu"]["fits"]).lower()
 
 
+def test_precision_follows_the_method_unless_chosen(page):
+    from cabe.schema import resolve_defaults
+
+    page.goto(page.base + "/?lang=en")
+    assert page.input_value("#precision") == resolve_defaults({"method": "lora"})["precision"] == "bf16"
+    page.select_option("#method", "full")
+    settle(page)
+    assert page.input_value("#precision") == resolve_defaults({"method": "full"})["precision"] == "bf16-amp"
+    assert "precision=bf16-amp" in page.url
+    core = estimate_json({"model": "llama-3.1-8b", "method": "full", "seq": 2048, "gpu": "rtx-4090"})
+    assert page.locator("#plan-total").get_attribute("data-bytes") == str(core["total_bytes"])
+    page.select_option("#method", "qlora")
+    settle(page)
+    assert page.input_value("#precision") == "bf16"
+    # a precision the user chose stays when the method changes
+    page.select_option("#precision", "fp32")
+    page.select_option("#method", "full")
+    settle(page)
+    assert page.input_value("#precision") == "fp32"
+
+
 def test_switch_language_and_shared_url(page):
     page.goto(page.base + "/?lang=en")
     page.fill("#n", "7.5")
@@ -240,7 +261,6 @@ def test_upload_config_json(page, tmp_path):
             "method": "full",
             "batch": 1,
             "seq": 256,
-            "precision": "bf16",
             "gpu": "rtx-4090",
         }
     )

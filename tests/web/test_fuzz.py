@@ -26,6 +26,7 @@ def test_no_server_errors(case):
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from cabe import schema as schema_module  # noqa: E402
 from cabe.api import REQUEST_FIELDS  # noqa: E402
 
 _json_values = st.recursive(
@@ -57,7 +58,7 @@ def test_any_field_values_never_5xx(fuzz_client, body):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(body=st.dictionaries(st.sampled_from(("model", "config", "rank", "targets", "lang")), _json_values, max_size=4))
+@given(body=st.dictionaries(st.sampled_from(schema_module.accepted("api.lora")), _json_values, max_size=4))
 def test_lora_never_5xx(fuzz_client, body):
     if isinstance(body.get("model"), str) and "/" in body["model"]:
         body.pop("model")

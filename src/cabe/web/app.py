@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from cabe import api, i18n, models
+from cabe import api, i18n, models, schema
 from cabe import gpus as gpu_catalog
 from cabe.errors import CabeError, InvalidValueError
 from cabe.web import page
@@ -30,12 +30,13 @@ _BAD_INPUT = (TypeError, ValueError, KeyError, AttributeError, OverflowError, In
 
 
 def _starlette() -> Any:
-    try:
-        import starlette  # noqa: F401
-    except ImportError:  # pragma: no cover - depends on the environment
-        from cabe.errors import MissingDependencyError
+    import importlib.util
 
-        raise MissingDependencyError("missing_extra", None, extra="web", package="starlette") from None
+    for package in ("starlette", "jinja2"):
+        if importlib.util.find_spec(package) is None:  # pragma: no cover - depends on the environment
+            from cabe.errors import MissingDependencyError
+
+            raise MissingDependencyError("missing_extra", None, extra="web", package=package)
 
 
 class BodyTooLarge(Exception):
@@ -166,58 +167,103 @@ async def _guarded(request: Any, fn: Any) -> Any:
 # --------------------------------------------------------------------------------------- routes
 
 
+#: the endpoints and the schema command that declares their request (cabe.schema)
+ENDPOINTS = {"estimate": "api.estimate", "fit": "api.fit", "infer": "api.infer", "lora": "api.lora"}
+
+
+def check_fields(body: Any, command: str) -> None:
+    """Refuse a key the endpoint's schema does not declare (``unknown_field``, with the field names
+    listed as the core lists them: without ``lang`` / ``units``). Anything but an object is left to
+    the endpoint's own ``body_not_object``."""
+    if not isinstance(body, Mapping):
+        return
+    accepted = schema.accepted(command)
+    for key in body:
+        if key not in accepted:
+            raise InvalidValueError("unknown_field", key, allowed=", ".join(schema.names(command)))
+
+
+def _checked(command: str, fn: Any) -> Any:
+    def run(body: Any) -> Any:
+        check_fields(body, command)
+        return fn(body)
+
+    return run
+
+
 async def estimate(request: Any) -> Any:
-    return await _guarded(request, lambda body: api.estimate_json(body, allow_files=False))
+    return await _guarded(request, _checked("api.estimate", lambda body: api.estimate_json(body, allow_files=False)))
 
 
 async def fit(request: Any) -> Any:
     """Make it fit: largest batch, longest sequence, fewest GPUs, ranked changes (cabe.solver)."""
     from cabe.solver import plan_json
 
-    return await _guarded(request, lambda body: plan_json(body, allow_files=False))
+    return await _guarded(request, _checked("api.fit", lambda body: plan_json(body, allow_files=False)))
 
 
 async def infer(request: Any) -> Any:
     """Inference / serving memory: weights by format, KV cache, concurrent sequences (cabe.inference)."""
     from cabe.inference import infer_json
 
-    return await _guarded(request, infer_json)
+    return await _guarded(request, _checked("api.infer", infer_json))
 
 
-def _int(name: str, value: Any, lo: int, hi: int) -> int:
+def _unaliased(body: Mapping[str, Any], command: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The body with older names (``rank``) under the field's name (``lora_rank``), and the name each
+    field was sent as (errors name what the asker wrote). Both names at once: ``alias_conflict``."""
+    out = dict(body)
+    sent: dict[str, str] = {}
+    for alias, name in schema.aliases(command).items():
+        if alias not in out:
+            continue
+        if name in out:
+            raise InvalidValueError("alias_conflict", alias, name=name)
+        out[name] = out.pop(alias)
+        sent[name] = alias
+    return out, sent
+
+
+def _int(f: schema.Field, value: Any, name: str) -> int:
+    """An integer field in the schema's range, or ``not_integer`` / ``out_of_range`` about ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidValueError("not_integer", name, value=value)
+    lo, hi = int(f.minimum if f.minimum is not None else value), int(f.maximum if f.maximum is not None else value)
     if not lo <= value <= hi:
         raise InvalidValueError("out_of_range", name, value=value, minimum=lo, maximum=hi)
     return value
 
 
+def _lora_targets(value: Any, name: str) -> tuple[str, ...]:
+    """A list of module names, one comma string, or nothing given (PEFT's default for the model)."""
+    from cabe.training import parse_targets
+
+    if value is None or value == "":
+        return tuple(schema.field("lora_targets").default)
+    if isinstance(value, str):
+        return parse_targets(value)
+    if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
+        return tuple(value)
+    raise InvalidValueError("empty_list" if value == [] else "not_string", name, value=value)
+
+
 def lora_json(body: Any) -> dict[str, Any]:
+    """``POST /api/lora``: adapter parameters per target module (``lora_rank`` / ``lora_targets``, or
+    the older ``rank`` / ``targets``). The answer keeps its ``rank`` / ``targets`` keys."""
     from cabe.method import lora_parameters
-    from cabe.training import DEFAULT_LORA_TARGETS, MAX_RANK, parse_targets
 
     if not isinstance(body, Mapping):
         raise InvalidValueError("body_not_object", None)
-    allowed = ("model", "config", "rank", "targets", "lang")
-    for k in body:
-        if k not in allowed:
-            raise InvalidValueError("unknown_field", k, allowed=", ".join(allowed))
-    src = api.model_source(body, allow_files=False)
+    check_fields(body, "api.lora")
+    req, sent = _unaliased(body, "api.lora")
+    src = api.model_source(req, allow_files=False)
     if src is None:
         raise InvalidValueError("missing_model", "model")
-    rank = _int("rank", body.get("rank", 8), 1, MAX_RANK)
-    targets = body.get("targets", None)
-    if targets is None or targets == "":
-        tt: tuple[str, ...] = DEFAULT_LORA_TARGETS
-    elif isinstance(targets, str):
-        tt = parse_targets(targets)
-    elif isinstance(targets, list) and targets and all(isinstance(x, str) for x in targets):
-        tt = tuple(targets)
-    else:
-        raise InvalidValueError("empty_list" if targets == [] else "not_string", "targets", value=targets)
+    rank_field = schema.field("lora_rank", "api.lora")
+    rank = _int(rank_field, req.get("lora_rank", rank_field.default), sent.get("lora_rank", "lora_rank"))
+    targets = _lora_targets(req.get("lora_targets"), sent.get("lora_targets", "lora_targets"))
     spec = src.spec
-    rows = lora_parameters(spec, rank, tt)
-    total = sum(r.parameters for r in rows)
+    rows = lora_parameters(spec, rank, targets)
     return {
         "model": src.name,
         "rank": rank,
@@ -233,7 +279,7 @@ def lora_json(body: Any) -> dict[str, Any]:
             }
             for r in rows
         ],
-        "total_parameters": total,
+        "total_parameters": sum(r.parameters for r in rows),
         "model_parameters": src.meta.get("parameters"),
     }
 

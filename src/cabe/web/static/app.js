@@ -5,41 +5,27 @@
   "use strict";
   var form = document.getElementById("calc");
   if (!form || !window.fetch) return;
-  var lang = document.documentElement.lang || "en";
   var config = null;       // parsed uploaded config.json, sent as data
   var configName = "";
   var seq = 0;             // drops stale answers
   var timer = null;
   var file = document.getElementById("config-file");
 
-  // Same rules as cabe.i18n.fmt_number.
-  function fmt(x, digits) {
-    var s;
-    if (Number.isInteger(x) && digits === undefined) {
-      s = Math.abs(x).toString().replace(/\B(?=(\d{3})+(?!\d))/g, ",");
-      if (x < 0) s = "-" + s;
-    } else {
-      if (digits === undefined) digits = Math.abs(x) >= 100 ? 1 : Math.abs(x) >= 1 ? 2 : 4;
-      var fixed = Math.abs(x).toFixed(digits).split(".");
-      s = fixed[0].replace(/\B(?=(\d{3})+(?!\d))/g, ",") + (fixed.length > 1 ? "." + fixed[1] : "");
-      if (s.indexOf(".") >= 0) s = s.replace(/0+$/, "").replace(/\.$/, "");
-      if (x < 0) s = "-" + s;
-    }
-    if (lang === "es") s = s.replace(/,/g, "\u0000").replace(/\./g, ",").replace(/\u0000/g, ".");
-    return s;
-  }
-  function fill(template, params) {
-    return template.replace(/\{(\w+)\}/g, function (m, k) {
-      if (!(k in params)) return m;
-      var v = params[k];
-      return typeof v === "number" ? fmt(v) : String(v);
+  // Defaults that follow another field (the precision follows the method), as the server decides
+  // them (cabe.schema.resolve_defaults): data in the page, not a second copy here.
+  var dependent = {};
+  var data = document.getElementById("form-defaults");
+  if (data) { try { dependent = JSON.parse(data.textContent); } catch (err) { dependent = {}; } }
+  Object.keys(dependent).forEach(function (name) {
+    var rule = dependent[name], input = form.elements[name], on = form.elements[rule.depends_on];
+    if (!input || !on) return;
+    var before = on.value;
+    on.addEventListener("change", function () {
+      // Still the default of the old value: the user did not choose it, so it follows.
+      if (input.value === rule.values[before] && on.value in rule.values) input.value = rule.values[on.value];
+      before = on.value;
     });
-  }
-  function num(text) {
-    var s = String(text).trim().replace(/\s/g, "");
-    if ((s.match(/,/g) || []).length === 1 && s.indexOf(".") < 0) s = s.replace(",", ".");
-    return s;
-  }
+  });
 
   function queryString() {
     var data = new FormData(form);
@@ -58,57 +44,9 @@
     return e;
   }
 
-  // Seed calculator: straight to /api/estimate, rendered from the report's steps.
-  function updateSeed(mySeq) {
-    var box = document.getElementById("seed-results");
-    var n = num(form.n.value), a = num(form.a.value) || "0";
-    var b = form.b.value === "custom" ? num(form.bc.value) : form.b.value;
-    if (!n || !b) { box.replaceChildren(el("p", "empty", box.dataset.empty)); return; }
-    var body = { params: Number(n), bytes_per_param: Number(b), activations_gb: Number(a), lang: lang };
-    if (!isFinite(body.params)) body.params = n;
-    if (!isFinite(body.bytes_per_param)) body.bytes_per_param = b;
-    if (!isFinite(body.activations_gb)) body.activations_gb = a;
-    fetch("/api/estimate", { method: "POST", headers: { "Content-Type": "application/json" },
-                             body: JSON.stringify(body) })
-      .then(function (r) { return r.json(); })
-      .then(function (out) {
-        if (mySeq !== seq) return;
-        if (out.error) {
-          var p = el("p", "error", out.error.message);
-          p.setAttribute("role", "alert");
-          if (out.error.field) p.dataset.field = out.error.field;
-          box.replaceChildren(p);
-          return;
-        }
-        var steps = {};
-        out.steps.forEach(function (s) { steps[s.key] = s; });
-        var labels = box.dataset;
-        var big = el("p", "big");
-        var total = el("output", null, fmt(out.total_gb, 2) + " GB");
-        total.id = "seed-total";
-        total.dataset.gb = out.total_gb;
-        var gib = el("output", null, fmt(out.total_gib, 2) + " GiB");
-        gib.id = "seed-total-gib";
-        var muted = el("span", "muted");
-        muted.append("(", gib, ")");
-        big.append(total, " ", muted);
-        var nodes = [big];
-        [["simple.model_states", "seed-m", labels.labelM], ["simple.total", "seed-v", labels.labelV]].forEach(function (x) {
-          var s = steps[x[0]];
-          if (!s) return;
-          var kv = el("div", "kv");
-          var o = el("output", "formula", fill(s.formula, s.params));
-          o.id = x[1];
-          kv.append(el("span", null, x[2]), o);
-          nodes.push(kv);
-        });
-        box.replaceChildren.apply(box, nodes);
-      })
-      .catch(function () { /* keep the last result */ });
-  }
-
-  // Planner: the server renders the panel (same code as the no-JS page) from the query string.
-  function updatePlan(mySeq, qs) {
+  // Both panels come from the server (the templates of the no-JS page) for the query string.
+  function updatePanels(mySeq, qs) {
+    var seedBox = document.getElementById("seed-results");
     var box = document.getElementById("plan-results");
     box.classList.add("busy");
     box.setAttribute("aria-busy", "true");
@@ -122,11 +60,12 @@
           p.setAttribute("role", "alert");
           box.replaceChildren(p);
         } else {
-          // HTML produced by this server from escaped values (see cabe/web/page.py).
+          // HTML produced by this server from autoescaped templates (see cabe/web/templates/).
+          seedBox.innerHTML = out.seed;
           box.innerHTML = out.plan;
         }
       })
-      .catch(function () {})
+      .catch(function () { /* keep the last result */ })
       .finally(function () {
         if (mySeq === seq) { box.classList.remove("busy"); box.removeAttribute("aria-busy"); }
       });
@@ -141,8 +80,7 @@
       var other = sw.getAttribute("hreflang");
       sw.href = "?" + qs.replace(/(^|&)lang=[^&]*/, "$1lang=" + other);
     }
-    updateSeed(seq);
-    updatePlan(seq, qs);
+    updatePanels(seq, qs);
   }
 
   function schedule() {
