@@ -13,8 +13,12 @@ worker process instead (same results, one extra torch import). Nothing else is i
 eagerly, so ``import cabe.trace`` works without the ``[trace]`` extra (calls then raise
 ``MissingDependencyError``). Traces are not thread-safe: one at a time per process.
 
-Modules: :mod:`~cabe.trace.engine` (the step), :mod:`~cabe.trace.tracker` (allocations and
-components), :mod:`~cabe.trace.attention` (CUDA SDPA backend choice, FlashAttention scratch),
+Modules: :mod:`~cabe.trace.engine` (the entry points), :mod:`~cabe.trace.result` (the result and
+its JSON), :mod:`~cabe.trace.build` (model, training method, optimizer), :mod:`~cabe.trace.patches`
+(fake CUDA and the hooks a trace patches), :mod:`~cabe.trace.step` (the training steps),
+:mod:`~cabe.trace.analysis` (events to peak, components, timeline), :mod:`~cabe.trace.inventory`
+(the layer inventory), :mod:`~cabe.trace.worker` (the subprocess), :mod:`~cabe.trace.state` (the
+attention state of the running trace), :mod:`~cabe.trace.tracker` (allocations and components), :mod:`~cabe.trace.attention` (CUDA SDPA backend choice, FlashAttention scratch),
 :mod:`~cabe.trace.quant` (bitsandbytes 4-bit), :mod:`~cabe.trace.allocator` (caching-allocator
 replay, CUDA context table), :mod:`~cabe.trace.plot` (SVG), :mod:`~cabe.trace.measure` (real
 GPU), :mod:`~cabe.trace.cli`; ``python -m cabe.trace CONFIG.json ...`` and
@@ -36,7 +40,7 @@ from cabe.trace import _native
 
 _native.preload()
 
-from cabe.trace.engine import TraceResult  # noqa: E402  (no torch import at module level)
+from cabe.trace.result import TraceResult  # noqa: E402  (no torch import at module level)
 
 __all__ = ["TraceResult", "layer_inventory", "trace_step"]
 

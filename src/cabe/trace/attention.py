@@ -36,9 +36,12 @@ Three pieces:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
+
+from cabe.trace import state
 
 aten = torch.ops.aten
 
@@ -74,9 +77,19 @@ def cuda_sdp_choice(
         return SDP_MATH
     if q.size(-2) == 0 or k.size(-2) == 0:  # check_nonzero_sequence_lengths_dense
         return SDP_MATH
-    # can_use_flash_attention
+    if _can_use_flash(q, k, v, attn_mask, is_causal, enable_gqa):
+        return SDP_FLASH
+    if _can_use_mem_efficient(q, k, v, attn_mask, enable_gqa):
+        return SDP_EFFICIENT
+    return SDP_MATH
+
+
+def _can_use_flash(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any, is_causal: bool, enable_gqa: bool
+) -> bool:
+    """``can_use_flash_attention`` (sdp_utils.cpp)."""
     dq, dk, dv = q.size(-1), k.size(-1), v.size(-1)
-    flash = (
+    return bool(
         attn_mask is None
         and dq == dk == dv
         and dq <= 256
@@ -89,11 +102,13 @@ def cuda_sdp_choice(
         and (k.stride(-1) == 1 or dq == 1)
         and (v.stride(-1) == 1 or dq == 1)
     )
-    if flash:
-        return SDP_FLASH
-    # can_use_mem_efficient_attention; minimum_gemm_alignment on sm80+: 8 for 16-bit, 4 for fp32
+
+
+def _can_use_mem_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any, enable_gqa: bool) -> bool:
+    """``can_use_mem_efficient_attention``; minimum_gemm_alignment on sm80+: 8 for 16-bit, 4 for fp32."""
+    dq, dk, dv = q.size(-1), k.size(-1), v.size(-1)
     align = 8 if q.dtype in _HALF else 4
-    eff = (
+    return bool(
         dq == dk
         and dq % align == 0
         and dq > 0
@@ -106,9 +121,6 @@ def cuda_sdp_choice(
         and v.stride(-1) == 1
         and (attn_mask is None or attn_mask.stride(-1) == 1)
     )
-    if eff:
-        return SDP_EFFICIENT
-    return SDP_MATH
 
 
 def _round(x: int, m: int) -> int:
@@ -300,12 +312,8 @@ def flash_attention_forward(
         else:
             target = getattr(module, "_cabe_flash_dtype", torch.bfloat16)
         q, k, v = q.to(target), k.to(target), v.to(target)
-    try:
-        from cabe.trace.engine import _current_attention_state
-
-        _current_attention_state().note("flash_attention_2")
-    except IndexError:
-        pass
+    with contextlib.suppress(IndexError):
+        state.current().note("flash_attention_2")
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     causal = bool(causal and q.size(1) > 1)
     out = torch.ops.aten._flash_attention_forward(

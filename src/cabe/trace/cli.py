@@ -14,53 +14,62 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cabe import schema
 from cabe.errors import CabeError, ConfigError, InvalidValueError
 
 GIB = 2**30
+COMMAND = "trace"
 
 
-from cabe.trace_options import add_arguments  # noqa: E402  (torch-free, so `cabe --help` stays fast)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The trace-only flags (``--steps``, ``--mode``, ``--timeline``...), as :mod:`cabe.schema` declares them."""
+    schema.add_arguments(parser, COMMAND, groups=("trace",))
+
+
+def trace_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The trace-only options: what the flags give, the schema's defaults for the rest."""
+    out = {f.name: f.default for f in schema.fields_for(COMMAND) if f.group == "trace"}
+    out.update(schema.values_from_args(args, COMMAND, groups=("trace",)))
+    return out
 
 
 def run(args: argparse.Namespace, config: dict[str, Any], setup: Any) -> dict[str, Any]:
     """Trace, write the requested files, and return the JSON object (``TraceResult.to_json``)."""
     from cabe.trace import layer_inventory, trace_step
 
-    steps = getattr(args, "steps", 2)
-    mode = getattr(args, "mode", "auto") or "auto"
-    res = trace_step(config, setup, steps=steps, mode=mode)
+    opts = trace_options(args)
+    mode = opts["mode"] or "auto"
+    res = trace_step(config, setup, steps=opts["steps"], mode=mode)
     out = res.to_json()
-    if getattr(args, "expandable_segments", False):
+    if opts["expandable_segments"]:
         out["reserved_bytes_default"] = out["reserved_bytes"]
         out["reserved_bytes"] = out["reserved_bytes_expandable_segments"]
-    timeline = getattr(args, "timeline", None)
-    if timeline:
-        _write(
-            timeline,
-            json.dumps(
-                {
-                    k: out[k]
-                    for k in ("timeline", "step_starts", "peak_event", "peak_bytes", "peak_phase", "phase_peaks")
-                },
-                indent=1,
-            ),
-        )
-        out["timeline_file"] = timeline
-    plot = getattr(args, "plot", None)
-    if plot:
-        from cabe.trace.plot import write_svg
-
-        title = f"{config.get('model_type', 'model')} · {setup.method} · {setup.precision} · b{setup.batch}×{setup.seq}"
-        try:
-            write_svg(out, plot, title=title)
-        except OSError as exc:
-            raise InvalidValueError("cannot_write", "plot", path=plot, reason=str(exc)) from None
-        out["plot_file"] = plot
-    if getattr(args, "inventory", False):
+    if opts["timeline"]:
+        _write_timeline(opts["timeline"], out)
+    if opts["plot"]:
+        _write_plot(opts["plot"], out, config, setup)
+    if opts["inventory"]:
         rows = layer_inventory(config, setup, mode=mode)
         out["inventory"] = rows
         out["inventory_text"] = format_inventory(rows)
     return out
+
+
+def _write_timeline(path: str, out: dict[str, Any]) -> None:
+    keys = ("timeline", "step_starts", "peak_event", "peak_bytes", "peak_phase", "phase_peaks")
+    _write(path, json.dumps({k: out[k] for k in keys}, indent=1))
+    out["timeline_file"] = path
+
+
+def _write_plot(path: str, out: dict[str, Any], config: dict[str, Any], setup: Any) -> None:
+    from cabe.trace.plot import write_svg
+
+    title = f"{config.get('model_type', 'model')} · {setup.method} · {setup.precision} · b{setup.batch}×{setup.seq}"
+    try:
+        write_svg(out, path, title=title)
+    except OSError as exc:
+        raise InvalidValueError("cannot_write", "plot", path=path, reason=str(exc)) from None
+    out["plot_file"] = path
 
 
 def _write(path: str, text: str) -> None:
@@ -97,54 +106,15 @@ def format_inventory(rows: list[dict[str, Any]]) -> str:
 
 # ---- standalone -------------------------------------------------------------------------
 def add_setup_arguments(p: argparse.ArgumentParser) -> None:
-    """The TrainingSetup options, spelled as in the main CLI."""
-    s = p.add_argument_group("training setup")
-    for flag in (
-        "method",
-        "precision",
-        "optimizer",
-        "optimizer-impl",
-        "attention",
-        "lora-alpha",
-        "lora-targets",
-        "quant",
-        "compute-dtype",
-    ):
-        s.add_argument(f"--{flag}")
-    for flag in ("batch", "seq", "grad-accum", "lora-rank", "trainable-layers", "prompt-tokens"):
-        s.add_argument(f"--{flag}", type=int)
-    s.add_argument("--checkpointing", action="store_true", default=None)
-    s.add_argument("--no-double-quant", dest="double_quant", action="store_false", default=None)
+    """The TrainingSetup options, spelled as in the main CLI (the schema's ``setup`` group)."""
+    schema.add_arguments(p, COMMAND, groups=("setup",))
 
 
 def setup_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`~cabe.training.TrainingSetup` of the setup flags given (the rest defaulted)."""
     from cabe.training import TrainingSetup
 
-    kw: dict[str, Any] = {}
-    for name in (
-        "method",
-        "precision",
-        "optimizer",
-        "optimizer_impl",
-        "attention",
-        "quant",
-        "compute_dtype",
-        "batch",
-        "seq",
-        "grad_accum",
-        "lora_rank",
-        "trainable_layers",
-        "prompt_tokens",
-        "checkpointing",
-        "double_quant",
-        "lora_targets",
-    ):
-        v = getattr(args, name, None)
-        if v is not None:
-            kw[name] = v
-    if getattr(args, "lora_alpha", None) is not None:
-        kw["lora_alpha"] = float(args.lora_alpha)
-    return TrainingSetup(**kw)
+    return TrainingSetup(**schema.values_from_args(args, COMMAND, groups=("setup",)))
 
 
 def load_config(path: str) -> dict[str, Any]:

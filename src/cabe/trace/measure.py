@@ -104,7 +104,7 @@ def measure_step(config: dict[str, Any], setup: TrainingSetup, *, steps: int = 3
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "steps": steps,
         "seconds": round(time.perf_counter() - t0, 2),
-        "notes": res.notes,
+        "notes": res.note_texts(localize=False),
         "setup": setup.to_dict(),
     }
     return out

@@ -1,0 +1,338 @@
+"""Building what a trace runs: the transformers model on ``meta`` with the training method applied
+(full, freeze, LoRA, QLoRA, prompt tuning) and the optimizer. Torch is imported inside the functions."""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from typing import Any
+
+from cabe.errors import CabeError, ConfigError, MissingDependencyError
+from cabe.training import TrainingSetup
+
+LEARNING_RATE = 1e-5
+BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit", "lion")
+PEFT_METHODS = ("lora", "qlora", "prompt-tuning")
+
+_DROP_KEYS = (
+    "quantization_config",
+    "auto_map",
+    "_name_or_path",
+    "torch_dtype",
+    "dtype",
+    "transformers_version",
+    "_commit_hash",
+    "attn_implementation",
+    "_attn_implementation",
+)
+_GC_KWARGS = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+
+
+# ---- dependencies and config ------------------------------------------------------------
+def needs_bitsandbytes(setup: TrainingSetup) -> bool:
+    return setup.method == "qlora" or setup.optimizer in BNB_OPTIMIZERS
+
+
+def needs_peft(setup: TrainingSetup) -> bool:
+    return setup.method in PEFT_METHODS
+
+
+def import_deps(setup: TrainingSetup | None = None) -> None:
+    """Import what a trace needs, raising :class:`MissingDependencyError` for what is missing."""
+    needed = ["torch", "transformers"]
+    if setup is not None and needs_peft(setup):
+        needed.append("peft")
+    if setup is not None and needs_bitsandbytes(setup):
+        needed.append("bitsandbytes")
+    for name in needed:
+        try:
+            __import__(name)
+        except ImportError:
+            raise MissingDependencyError("missing_extra", None, extra="trace", package=name) from None
+
+
+def hf_config(config: dict[str, Any]) -> Any:
+    """A transformers config from a config.json dict; bad input raises :class:`ConfigError`."""
+    from transformers import AutoConfig
+
+    if not isinstance(config, dict):
+        raise ConfigError("config_not_object", "config")
+    model_type = config.get("model_type")
+    if not model_type or not isinstance(model_type, str):
+        raise ConfigError("missing_model_type", "model_type")
+    kwargs = {k: v for k, v in config.items() if k not in _DROP_KEYS and k != "model_type"}
+    kwargs["use_cache"] = False
+    try:
+        cfg = AutoConfig.for_model(model_type, **kwargs)
+    except ValueError as exc:
+        if "Unrecognized model identifier" in str(exc) or model_type in str(exc):
+            raise ConfigError("unknown_architecture", "model_type", model_type=model_type) from None
+        raise ConfigError("bad_config", None, model_type=model_type, reason=str(exc)[:300]) from None
+    except Exception as exc:
+        raise ConfigError("bad_config", None, model_type=model_type, reason=str(exc)[:300]) from None
+    return cfg
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {
+        "fp32": torch.float32,
+        "bf16": torch.bfloat16,
+        "fp16": torch.float16,
+        "bf16-amp": torch.float32,
+        "fp16-amp": torch.float32,
+    }[name]
+
+
+def autocast_dtype(setup: TrainingSetup) -> Any:
+    import torch
+
+    if setup.precision == "bf16-amp":
+        return torch.bfloat16
+    if setup.precision == "fp16-amp":
+        return torch.float16
+    return None
+
+
+def load_dtype(setup: TrainingSetup) -> Any:
+    """The dtype the model's parameters are created in (before any method-specific casts)."""
+    import torch
+
+    if setup.method == "qlora":
+        # QLoRA loads the non-quantised modules in the compute dtype (prepare_model_for_kbit_training
+        # then upcasts them to fp32); the 4-bit weights dequantise to it.
+        return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[setup.compute_dtype]
+    return _torch_dtype(setup.precision)
+
+
+def decoder_layers(model: Any, cfg: Any) -> Any:
+    """The ModuleList of decoder layers (the longest list of the configured length)."""
+    import torch
+
+    n = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", None)
+    best = None
+    for _, mod in model.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) > 0:
+            if n is not None and len(mod) != n:
+                continue
+            if best is None or len(mod) > len(best):
+                best = mod
+    if best is None:
+        raise ConfigError("no_decoder_layers", None)
+    return best
+
+
+# ---- the model ----------------------------------------------------------------------------
+def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) -> tuple[Any, Any]:
+    """The model on ``meta`` with the training method applied. Returns (model, hf config).
+
+    ``notes`` receives the codes of what was done differently from what was asked
+    (:func:`cabe.trace.result.note_text` says them)."""
+    from cabe.trace.attention import register_flash
+
+    cfg = hf_config(config)
+    attn = {"eager": "eager", "sdpa": "sdpa", "flash": register_flash()}[setup.attention]
+    if setup.attention == "flash":
+        head_dim = getattr(cfg, "head_dim", None) or (cfg.hidden_size // cfg.num_attention_heads)
+        if head_dim > 256:
+            raise ConfigError("flash_head_dim", "attention", head_dim=head_dim, maximum=256)
+    dtype = load_dtype(setup)
+    model = _from_config(cfg, setup, attn, dtype, notes)
+    model.train()
+    if setup.attention == "flash":
+        _set_flash_dtype(model, setup)
+    model = _METHODS[setup.method](model, cfg, setup, dtype, notes)
+    model.train()
+    return model, cfg
+
+
+def _from_config(cfg: Any, setup: TrainingSetup, attn: str, dtype: Any, notes: list[str]) -> Any:
+    """``AutoModelForCausalLM.from_config`` on meta; eager attention where ``attn`` is not supported."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            try:
+                return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
+            except (ValueError, ImportError) as exc:
+                if attn == "eager" or ("attn" not in str(exc).lower() and "attention" not in str(exc).lower()):
+                    raise
+                notes.append("trace_eager_fallback")
+                return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="eager")
+    except CabeError:
+        raise
+    except ValueError as exc:
+        msg = str(exc)
+        if "Unrecognized configuration class" in msg:
+            raise ConfigError("not_causal_lm", "model_type", model_type=cfg.model_type) from None
+        raise ConfigError("bad_config", None, model_type=cfg.model_type, reason=msg[:300]) from None
+    except (TypeError, AttributeError, RuntimeError, KeyError, ImportError) as exc:
+        raise ConfigError("bad_config", None, model_type=cfg.model_type, reason=str(exc)[:300]) from None
+
+
+def _set_flash_dtype(model: Any, setup: TrainingSetup) -> None:
+    """The dtype :func:`cabe.trace.attention.flash_attention_forward` casts fp32 inputs to."""
+    import torch
+
+    for m in model.modules():
+        m._cabe_flash_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.compute_dtype, torch.bfloat16)
+
+
+def _full(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[str]) -> Any:
+    if setup.checkpointing:
+        model.gradient_checkpointing_enable(**_GC_KWARGS)
+    return model
+
+
+def _freeze(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[str]) -> Any:
+    for p in model.parameters():
+        p.requires_grad_(False)
+    layers = decoder_layers(model, cfg)
+    k = min(setup.trainable_layers, len(layers))
+    for layer in list(layers)[len(layers) - k :]:
+        for p in layer.parameters():
+            p.requires_grad_(True)
+    if setup.checkpointing:
+        model.gradient_checkpointing_enable(**_GC_KWARGS)
+    return model
+
+
+def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[str]) -> Any:
+    """LoRA, or QLoRA (the linear layers quantised to 4 bits on meta first)."""
+    from peft import LoraConfig
+
+    if setup.method == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        from cabe.trace.quant import quantize_on_meta
+
+        quantize_on_meta(model, setup, dtype)
+        model = prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=setup.checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    elif setup.checkpointing:
+        model.gradient_checkpointing_enable(**_GC_KWARGS)
+        model.enable_input_require_grads()
+    targets: Any = list(setup.lora_targets) or None  # None: PEFT's default for the model type
+    if targets == ["all-linear"]:
+        targets = "all-linear"
+    lcfg = LoraConfig(
+        r=setup.lora_rank,
+        lora_alpha=setup.lora_alpha,  # type: ignore[arg-type]  # PEFT annotates int, uses it as a float scale
+        target_modules=targets,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return _peft_model(model, lcfg, targets, notes)
+    except ValueError as exc:
+        raise ConfigError(
+            "bad_lora_targets",
+            "lora_targets",
+            targets=",".join(setup.lora_targets) or "(peft default)",
+            reason=str(exc)[:300],
+        ) from None
+
+
+def _peft_model(model: Any, lcfg: Any, targets: Any, notes: list[str]) -> Any:
+    from peft import get_peft_model
+
+    try:
+        return get_peft_model(model, lcfg)
+    except ValueError as exc:
+        if targets is not None or "target_modules" not in str(exc):
+            raise
+        # PEFT knows no default targets for this architecture: adapt every linear layer
+        notes.append("trace_lora_all_linear")
+        lcfg.target_modules = "all-linear"
+        return get_peft_model(model, lcfg)
+
+
+def _prompt_tuning(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[str]) -> Any:
+    from peft import PromptTuningConfig, get_peft_model
+
+    if setup.checkpointing:
+        model.gradient_checkpointing_enable(**_GC_KWARGS)
+        model.enable_input_require_grads()
+    return get_peft_model(model, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=setup.prompt_tokens))
+
+
+_METHODS = {"full": _full, "freeze": _freeze, "lora": _lora, "qlora": _lora, "prompt-tuning": _prompt_tuning}
+
+
+# ---- the optimizer ----------------------------------------------------------------------------
+def make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any, kind: str = "fake") -> Any:
+    """The optimizer of ``setup`` over ``params``: torch.optim, or bitsandbytes (paged state tracked)."""
+    import torch
+
+    impl = setup.resolved_optimizer_impl
+    kw: dict[str, Any] = {}
+    if impl == "fused":
+        kw["fused"] = True
+    elif impl == "foreach":
+        kw["foreach"] = True
+    else:
+        kw["foreach"] = False
+    opt = setup.optimizer
+    if opt == "adamw":
+        return torch.optim.AdamW(params, lr=LEARNING_RATE, **kw)
+    if opt in ("sgd", "sgd-momentum"):
+        return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9 if opt == "sgd-momentum" else 0.0, **kw)
+    if opt == "adafactor":
+        kw.pop("fused", None)
+        if impl == "fused":
+            kw["foreach"] = True
+        return torch.optim.Adafactor(params, lr=1e-2, **kw)
+    return _bnb_optimizer(params, opt, tracker, kind)
+
+
+def _bnb_optimizer(params: list[Any], opt: str, tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+    import torch
+
+    cls = {
+        "adamw-8bit": bnb.optim.AdamW8bit,
+        "paged-adamw": bnb.optim.PagedAdamW,
+        "paged-adamw-8bit": bnb.optim.PagedAdamW8bit,
+        "lion": bnb.optim.Lion,
+    }[opt]
+    o = cls(params, lr=LEARNING_RATE)
+
+    def get_state_buffer(self: Any, p: Any, dtype: Any = torch.float32) -> Any:
+        # bitsandbytes Optimizer8bit.get_state_buffer: paged (cudaMallocManaged) when the
+        # optimizer is paged and the parameter has >= 1e5 elements; not in torch's allocator.
+        if not self.is_paged or p.numel() < 1e5:
+            return torch.zeros_like(p, dtype=dtype, device=p.device)
+        tracker.paged_mode = True
+        try:
+            return torch.zeros_like(p, dtype=dtype, device=p.device)
+        finally:
+            tracker.paged_mode = False
+
+    if kind != "cuda":  # on a real GPU, bitsandbytes pages for real
+        o.get_state_buffer = types.MethodType(get_state_buffer, o)
+    return o
+
+
+# ---- the batch ------------------------------------------------------------------------------
+def make_inputs(cfg: Any, setup: TrainingSetup, device: Any) -> tuple[Any, Any]:
+    """A batch of random token ids and its labels (the same tensor, cloned)."""
+    import torch
+
+    vocab = int(getattr(cfg, "vocab_size", 32000) or 32000)
+    ids = torch.randint(0, vocab, (setup.batch, setup.seq), device=device)
+    labels = ids.clone()
+    return ids, labels
+
+
+def autocast(setup: TrainingSetup) -> Any:
+    """``torch.autocast('cuda')`` in the AMP dtype of ``setup``, or a null context."""
+    import torch
+
+    amp = autocast_dtype(setup)
+    return torch.autocast("cuda", dtype=amp) if amp is not None else contextlib.nullcontext()

@@ -1,0 +1,215 @@
+"""What a trace patches for its duration: fake CUDA (device queries, placeholder kernels), SDPA routed
+through the CUDA backend choice, the transformers and bitsandbytes hooks that would block tracing.
+Everything is undone when :func:`trace_environment` exits."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+from cabe.trace import _native, state
+from cabe.trace.build import needs_bitsandbytes, needs_peft
+from cabe.training import TrainingSetup
+
+
+class _Patch:
+    def __init__(self) -> None:
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def set(self, obj: Any, name: str, value: Any) -> None:
+        self._undo.append((obj, name, getattr(obj, name, None)))
+        setattr(obj, name, value)
+
+    def restore(self) -> None:
+        for obj, name, old in reversed(self._undo):
+            setattr(obj, name, old)
+        self._undo.clear()
+
+
+_CUDA_LIB: Any = None
+
+
+def _register_cuda_placeholders() -> None:
+    """Give CUDA a kernel for the ops that would otherwise decompose on fake CUDA tensors.
+
+    A few aten ops (``silu_backward``, ``mish_backward``, ``native_channel_shuffle``) have
+    CPU/CUDA kernels *and* a CompositeImplicitAutograd fallback. On a CPU-only build the CUDA
+    slot is empty, so on a fake ``cuda`` tensor the fallback runs above the Python dispatch
+    key and the tracker would count its temporaries (``silu_backward`` -> sigmoid, 1 - s,
+    products), which the real CUDA kernel never allocates. A placeholder CUDA kernel restores
+    real dispatch: FakeTensorMode then sees the op itself. It is never called (no real CUDA
+    tensors exist in a CPU-only build).
+    """
+    global _CUDA_LIB
+    import torch
+
+    if _CUDA_LIB is not None:
+        return
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    lib = torch.library.Library("aten", "IMPL")
+
+    def _never(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("cabe.trace placeholder CUDA kernel called")
+
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        try:
+            if (
+                has(name, "CompositeImplicitAutograd")
+                and (has(name, "CPU") or has(name, "Meta"))
+                and not has(name, "CUDA")
+            ):
+                lib.impl(name[len("aten::") :], _never, "CUDA")
+        except RuntimeError:
+            continue
+    _CUDA_LIB = lib
+
+
+def _patch_falcon_split_heads(p: _Patch) -> None:
+    """Falcon's multi-query ``_split_heads`` indexes with Python lists (``fused_qkv[..., [-2], :]``).
+
+    PyTorch turns such a list into an index tensor in C++, below the Python dispatch key, so it
+    is created as a real CUDA tensor and fails on a CPU-only build. ``index_select`` with an
+    index made by ``torch.arange`` (a factory op the fake mode intercepts) makes the same copies.
+    """
+    try:
+        from transformers.models.falcon import modeling_falcon as mf
+    except ImportError:
+        return
+    original = mf.FalconAttention._split_heads
+
+    def split_heads(self: Any, fused_qkv: Any) -> Any:
+        if self.new_decoder_architecture or not self.multi_query:
+            return original(self, fused_qkv)
+        import torch
+
+        b, s, _ = fused_qkv.shape
+        fused_qkv = fused_qkv.view(b, s, self.num_heads + 2, self.head_dim)
+        n = self.num_heads + 2
+        k_idx = torch.arange(n - 2, n - 1, device=fused_qkv.device)
+        v_idx = torch.arange(n - 1, n, device=fused_qkv.device)
+        return (
+            fused_qkv[..., :-2, :],
+            torch.index_select(fused_qkv, 2, k_idx),
+            torch.index_select(fused_qkv, 2, v_idx),
+        )
+
+    p.set(mf.FalconAttention, "_split_heads", split_heads)
+
+
+def _find_packed_sequence_indices(position_ids: Any) -> None:
+    """``transformers.masking_utils.find_packed_sequence_indices`` for unpacked batches."""
+    import torch
+
+    first_dummy_value = position_ids[:, :1] - 1
+    position_diff = torch.diff(position_ids, prepend=first_dummy_value, dim=-1)
+    packed_sequence_mask = (position_diff != 1).cumsum(-1)
+    _ = (packed_sequence_mask[:, -1] == 0).all()  # True for a batch of whole sequences
+    return None
+
+
+def _route_sdpa(p: _Patch) -> None:
+    """``F.scaled_dot_product_attention`` through the CUDA backend choice of the current trace."""
+    import torch
+
+    from cabe.trace.attention import routed_sdpa
+
+    p.set(
+        torch.nn.functional,
+        "scaled_dot_product_attention",
+        functools.partial(routed_sdpa, state.current(), torch.nn.functional.scaled_dot_product_attention),
+    )
+
+
+def _cuda_dropout(p: _Patch) -> None:
+    """at::dropout uses the fused native_dropout (1-byte mask) only for CUDA tensors
+    (is_fused_kernel_acceptable); meta tensors would take the float-mask path."""
+    import torch
+
+    real_dropout = torch.nn.functional.dropout
+
+    def cuda_dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if training and 0.0 < p < 1.0 and not inplace and input.numel() > 0:
+            return torch.ops.aten.native_dropout(input, p, True)[0]
+        return real_dropout(input, p, training, inplace)
+
+    p.set(torch.nn.functional, "dropout", cuda_dropout)
+
+
+class _Props:
+    name = "cabe fake H100"
+    major, minor = 9, 0
+    total_memory = 80 * 2**30
+    multi_processor_count = 132
+
+
+def _fake_cuda(p: _Patch) -> None:
+    """The shim's fake device on, placeholder kernels, and ``torch.cuda`` answering as one H100."""
+    import torch
+
+    _native.enable(True)
+    _register_cuda_placeholders()
+    p.set(torch.cuda, "is_available", lambda: True)
+    p.set(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    p.set(torch.cuda, "device_count", lambda: 1)
+    p.set(torch.cuda, "current_device", lambda: 0)
+    p.set(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+    p.set(torch.cuda, "get_device_properties", lambda *a, **k: _Props())
+    p.set(torch.cuda, "synchronize", lambda *a, **k: None)
+    p.set(torch.cuda, "empty_cache", lambda *a, **k: None)
+
+
+def _bnb_host_side(p: _Patch, bnb_opt: Any) -> None:
+    """bitsandbytes' optimizer without device syncs, its quantisation map built on the host."""
+    import bitsandbytes.functional as bnb_f
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    p.set(bnb_opt, "sync_gpu", lambda t: None)
+    real_map = bnb_f.create_dynamic_map
+
+    def create_dynamic_map(*a: Any, **k: Any) -> Any:
+        # computed from values on the host, outside the fake mode (a 256-entry table)
+        with unset_fake_temporarily():
+            out = real_map(*a, **k)
+        fm = torch._guards.detect_fake_mode()
+        return fm.from_tensor(out) if fm is not None else out
+
+    p.set(bnb_f, "create_dynamic_map", create_dynamic_map)
+
+
+@contextlib.contextmanager
+def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
+    """Patches for the duration of one trace (``kind``: fake | meta | cpu | cuda)."""
+    import torch
+    import transformers.masking_utils as mu
+
+    bnb_opt: Any = None
+    if needs_bitsandbytes(setup):
+        import bitsandbytes  # noqa: F401  (import before torch.cuda is patched)
+        import bitsandbytes.optim.optimizer as bnb_opt
+    if needs_peft(setup):
+        import peft  # noqa: F401
+
+    p = _Patch()
+    try:
+        if kind in ("fake", "meta"):
+            _route_sdpa(p)
+        if kind == "meta":
+            _cuda_dropout(p)
+        # transformers reads position_ids to detect packed sequences (a data-dependent branch);
+        # a batch of whole sequences has none. Same tensor ops as the original, answer None.
+        p.set(mu, "find_packed_sequence_indices", _find_packed_sequence_indices)
+        _patch_falcon_split_heads(p)
+        if kind == "fake" and not torch.cuda.is_available() and _native.available():
+            _fake_cuda(p)
+        if bnb_opt is not None and kind != "cuda":
+            _bnb_host_side(p, bnb_opt)
+        yield
+    finally:
+        p.restore()
+        if kind == "fake":
+            _native.enable(False)

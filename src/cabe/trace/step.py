@@ -1,0 +1,190 @@
+"""The training steps of a trace: the model materialised on the device, the parameters tagged, then
+``steps`` x (micro-batches of forward and backward, the optimizer step, ``zero_grad``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from cabe.trace.analysis import analyse
+from cabe.trace.build import autocast, make_inputs, make_optimizer
+from cabe.trace.result import TraceResult
+from cabe.training import TrainingSetup
+
+
+def materialize(model: Any, device: Any) -> None:
+    """``Module.to_empty`` without tensor swapping: a new (uninitialised) storage for every
+    parameter and buffer, in module order, shared parameters (tied embeddings) once.
+
+    ``to_empty`` swaps tensors in place, which fails for parameters other objects hold
+    weak references to (PEFT's prompt encoder), so parameters are replaced instead; attributes
+    set on a parameter (bitsandbytes' ``quant_type``...) are carried over.
+    """
+    import torch
+
+    memo: dict[int, Any] = {}
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            new = memo.get(id(p))
+            if new is None:
+                with torch.no_grad():
+                    data = torch.empty_like(p, device=device)
+                new = torch.nn.Parameter(data, requires_grad=p.requires_grad)
+                for k, v in vars(p).items():
+                    setattr(new, k, v)
+                memo[id(p)] = new
+            mod._parameters[name] = new
+        for name, b in list(mod._buffers.items()):
+            if b is None:
+                continue
+            new = memo.get(id(b))
+            if new is None:
+                new = torch.empty_like(b, device=device)
+                memo[id(b)] = new
+            mod._buffers[name] = new
+
+
+def fill_random(model: Any) -> None:
+    """Real (CPU/CUDA) runs: plausible parameter and buffer values instead of uninitialised memory."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.normal_(0.0, 0.02)
+        for b in model.buffers():
+            if b.is_floating_point():
+                b.uniform_(0.0, 1.0)
+
+
+def numel_stored(p: Any) -> int:
+    """Parameters as counted by users: a 4-bit packed weight holds two parameters per byte."""
+    qs = getattr(p, "quant_state", None)
+    if qs is not None and getattr(qs, "shape", None) is not None:
+        n = 1
+        for s in qs.shape:
+            n *= int(s)
+        return n
+    return p.numel()
+
+
+def tag_params(model: Any, tracker: Any) -> None:
+    for p in model.parameters():
+        tracker.tag_tensor(p, "weights")
+    for b in model.buffers():
+        tracker.tag_tensor(b, "weights")
+    tracker.weight_keys = {p.untyped_storage()._cdata for p in model.parameters()}
+
+
+def _optimizer_tensors(opt: Any) -> Iterator[Any]:
+    import torch
+
+    for st in opt.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                yield v
+
+
+def _install_logits_hooks(model: Any, tracker: Any) -> list[Any]:
+    """Tag everything from the LM head's forward to its output gradient as ``logits``."""
+    head = model.get_output_embeddings()
+    handles: list[Any] = []
+    if head is None:
+        return handles
+
+    def on_grad(grad: Any) -> None:
+        tracker.region = None
+
+    def pre(mod: Any, args: Any) -> None:
+        tracker.region = "logits"
+
+    def post(mod: Any, args: Any, out: Any) -> None:
+        if hasattr(out, "requires_grad") and out.requires_grad:
+            out.register_hook(on_grad)
+
+    handles.append(head.register_forward_pre_hook(pre))
+    handles.append(head.register_forward_hook(post))
+    return handles
+
+
+def _micro_batch(
+    model: Any, cfg: Any, setup: TrainingSetup, device: Any, tracker: Any, micro: int, scaler: Any
+) -> None:
+    """One forward and backward (the loss scaled by ``grad_accum`` when there are micro-batches)."""
+    tracker.set_phase("setup")
+    tracker.region = None
+    ids, labels = make_inputs(cfg, setup, device)
+    tracker.set_phase("forward")
+    with autocast(setup):
+        loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+    if micro > 1:
+        loss = loss / setup.grad_accum
+    tracker.set_phase("backward")
+    if scaler is not None:
+        scaler.scale(loss).backward()
+    else:
+        loss.backward()
+    del loss, ids, labels
+    tracker.region = None
+
+
+def _optimizer_step(opt: Any, tracker: Any, scaler: Any) -> None:
+    tracker.set_phase("optimizer")
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    for t in _optimizer_tensors(opt):
+        tracker.tag_tensor(t, "optimizer")
+    opt.zero_grad(set_to_none=True)
+
+
+def train(
+    model: Any,
+    cfg: Any,
+    setup: TrainingSetup,
+    steps: int,
+    device: Any,
+    tracker: Any,
+    trainable: list[Any],
+    kind: str,
+    hooks: dict[str, Any] | None = None,
+) -> TraceResult:
+    """Run ``steps`` training steps under ``tracker`` and analyse what it recorded."""
+    import torch
+
+    notes: list[str] = []
+    micro = min(setup.grad_accum, 2)
+    if setup.grad_accum > 2:
+        notes.append("trace_grad_accum_simulated")  # memory is the same for every micro-batch after the first
+    scaler = None
+    if setup.precision == "fp16-amp":
+        scaler = torch.amp.GradScaler("cuda")
+    opt = make_optimizer(trainable, setup, tracker, kind)
+    for p in trainable:
+        p.register_post_accumulate_grad_hook(lambda p: tracker.tag_tensor(p.grad, "gradients"))
+    handles = _install_logits_hooks(model, tracker)
+    step_starts: list[int] = []
+    try:
+        for step in range(1, steps + 1):
+            if hooks and "on_step_start" in hooks:
+                hooks["on_step_start"](step)
+            tracker.step = step
+            step_starts.append(len(tracker.events))
+            for _mb in range(micro):
+                _micro_batch(model, cfg, setup, device, tracker, micro, scaler)
+            _optimizer_step(opt, tracker, scaler)
+    finally:
+        for h in handles:
+            h.remove()
+    tracker.set_phase("setup")
+    res = analyse(tracker, steps, step_starts)
+    res.micro_batches_per_step = micro
+    res.steps = steps
+    res.notes = notes
+    if scaler is not None:
+        res.notes.append("trace_grad_scaler")
+    return res

@@ -1,0 +1,144 @@
+"""The trace worker: a second interpreter where the fake-CUDA shim is loaded before torch.
+
+When torch was imported before :mod:`cabe.trace`, the shim cannot be installed in-process, so
+:func:`request` sends each trace to a long-lived ``python -m cabe.trace.worker --serve`` (torch
+is imported once): one JSON request per line on stdin, one JSON response per line on stdout
+(anything else the libraries print goes to stderr). ``python -m cabe.trace.worker`` without
+``--serve`` answers one request read from stdin.
+
+Requests: ``{"fn": "trace"|"inventory", "config": {...}, "setup": {...}, "steps": n,
+"include_events": bool}``; responses: the result (``TraceResult.to_json`` with the note codes), or
+``{"error": {...}}`` for a cabe error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from cabe.errors import CabeError, ConfigError
+from cabe.training import TrainingSetup
+
+
+# ---- the client (in the process that traces) ------------------------------------------------
+class _Worker:
+    """A long-lived ``python -m cabe.trace.worker --serve`` (torch is imported once)."""
+
+    def __init__(self) -> None:
+        self.proc: Any = None
+        self.lock = threading.Lock()
+
+    def _start(self) -> None:
+        env = dict(os.environ)
+        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cabe.trace.worker", "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+
+    def request(self, payload: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            for _attempt in (0, 1):
+                if self.proc is None or self.proc.poll() is not None:
+                    self._start()
+                try:
+                    self.proc.stdin.write(json.dumps(payload) + "\n")
+                    self.proc.stdin.flush()
+                    line = self.proc.stdout.readline()
+                except (BrokenPipeError, OSError):
+                    line = ""
+                if line:
+                    return json.loads(line)
+                self.proc = None  # died (e.g. killed for memory): one fresh try
+            raise ConfigError("trace_failed", None, reason="the trace worker process exited")
+
+
+_WORKER = _Worker()
+
+
+def request(
+    fn: str, config: dict[str, Any], setup: TrainingSetup, steps: int, include_events: bool = False
+) -> dict[str, Any]:
+    """Run one trace in the worker; its cabe errors are raised here, as the same types."""
+    out = _WORKER.request(
+        {"fn": fn, "config": config, "setup": setup.to_dict(), "steps": steps, "include_events": include_events}
+    )
+    if "error" in out:
+        err = out["error"]
+        import cabe.errors as errors
+
+        cls = getattr(errors, err.get("type", "ConfigError"), ConfigError)
+        if not (isinstance(cls, type) and issubclass(cls, CabeError)):
+            cls = ConfigError
+        raise cls(err["code"], err.get("field"), **err.get("params", {}))
+    return out
+
+
+# ---- the server (``python -m cabe.trace.worker``) ------------------------------------------------
+def _error(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, CabeError):
+        return {
+            "type": type(exc).__name__,
+            "code": exc.code,
+            "field": exc.field,
+            "params": {
+                k: (v if isinstance(v, (str, int, float, bool)) or v is None else str(v)) for k, v in exc.params.items()
+            },
+        }
+    return {
+        "type": "ConfigError",
+        "code": "trace_failed",
+        "field": None,
+        "params": {"reason": f"{type(exc).__name__}: {str(exc)[:400]}"},
+    }
+
+
+def handle(payload: dict[str, Any]) -> dict[str, Any]:
+    """The answer to one request."""
+    try:
+        sd = dict(payload["setup"])
+        if isinstance(sd.get("lora_targets"), list):
+            sd["lora_targets"] = tuple(sd["lora_targets"])
+        setup = TrainingSetup(**sd)
+        if payload["fn"] == "inventory":
+            from cabe.trace.engine import layer_inventory
+
+            return {"rows": layer_inventory(payload["config"], setup, mode="fake")}
+        from cabe.trace.engine import trace_step
+
+        res = trace_step(payload["config"], setup, steps=payload["steps"], mode="fake")
+        return res.to_json(include_events=bool(payload.get("include_events")), note_codes=True)
+    except Exception as exc:
+        return {"error": _error(exc)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cabe.trace import _native
+
+    _native.preload()
+    argv = sys.argv[1:] if argv is None else argv
+    out = sys.stdout
+    sys.stdout = sys.stderr  # keep library chatter off the protocol channel
+    if "--serve" in argv:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            out.write(json.dumps(handle(json.loads(line))) + "\n")
+            out.flush()
+        return 0
+    out.write("\n" + json.dumps(handle(json.loads(sys.stdin.read()))) + "\n")
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
