@@ -86,3 +86,13 @@ def test_every_note_code_has_a_sentence():
         for code in codes:
             assert "note." + code in catalog(lang), (lang, code)
     assert note_text("an older sentence", {}) == "an older sentence"
+
+
+def test_every_optimizer_names_a_trace_factory_that_exists():
+    import importlib
+
+    from cabe.optimizer import REGISTRY
+
+    for o in REGISTRY:
+        module, _, name = o.trace_factory.partition(":")
+        assert callable(getattr(importlib.import_module(module), name, None)), (o.name, o.trace_factory)

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import contextlib
-import types
+import importlib
 from typing import Any
 
 from cabe.errors import CabeError, ConfigError, MissingDependencyError
+from cabe.trace.optim import LEARNING_RATE  # noqa: F401  (re-exported)
 from cabe.training import TrainingSetup
 
-LEARNING_RATE = 1e-5
 BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit", "lion")
 PEFT_METHODS = ("lora", "qlora", "prompt-tuning")
 
@@ -267,56 +267,15 @@ _METHODS = {"full": _full, "freeze": _freeze, "lora": _lora, "qlora": _lora, "pr
 
 # ---- the optimizer ----------------------------------------------------------------------------
 def make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any, kind: str = "fake") -> Any:
-    """The optimizer of ``setup`` over ``params``: torch.optim, or bitsandbytes (paged state tracked)."""
-    import torch
+    """The optimizer of ``setup`` over ``params``: the registry entry's ``trace_factory``
+    (:mod:`cabe.trace.optim`), with the torch keywords of the setup's ``optimizer_impl``."""
+    from cabe import optimizer
 
     impl = setup.resolved_optimizer_impl
-    kw: dict[str, Any] = {}
-    if impl == "fused":
-        kw["fused"] = True
-    elif impl == "foreach":
-        kw["foreach"] = True
-    else:
-        kw["foreach"] = False
-    opt = setup.optimizer
-    if opt == "adamw":
-        return torch.optim.AdamW(params, lr=LEARNING_RATE, **kw)
-    if opt in ("sgd", "sgd-momentum"):
-        return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9 if opt == "sgd-momentum" else 0.0, **kw)
-    if opt == "adafactor":
-        kw.pop("fused", None)
-        if impl == "fused":
-            kw["foreach"] = True
-        return torch.optim.Adafactor(params, lr=1e-2, **kw)
-    return _bnb_optimizer(params, opt, tracker, kind)
-
-
-def _bnb_optimizer(params: list[Any], opt: str, tracker: Any, kind: str) -> Any:
-    import bitsandbytes as bnb
-    import torch
-
-    cls = {
-        "adamw-8bit": bnb.optim.AdamW8bit,
-        "paged-adamw": bnb.optim.PagedAdamW,
-        "paged-adamw-8bit": bnb.optim.PagedAdamW8bit,
-        "lion": bnb.optim.Lion,
-    }[opt]
-    o = cls(params, lr=LEARNING_RATE)
-
-    def get_state_buffer(self: Any, p: Any, dtype: Any = torch.float32) -> Any:
-        # bitsandbytes Optimizer8bit.get_state_buffer: paged (cudaMallocManaged) when the
-        # optimizer is paged and the parameter has >= 1e5 elements; not in torch's allocator.
-        if not self.is_paged or p.numel() < 1e5:
-            return torch.zeros_like(p, dtype=dtype, device=p.device)
-        tracker.paged_mode = True
-        try:
-            return torch.zeros_like(p, dtype=dtype, device=p.device)
-        finally:
-            tracker.paged_mode = False
-
-    if kind != "cuda":  # on a real GPU, bitsandbytes pages for real
-        o.get_state_buffer = types.MethodType(get_state_buffer, o)
-    return o
+    kw: dict[str, Any] = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
+    module, _, name = optimizer.get(setup.optimizer).trace_factory.partition(":")
+    factory = getattr(importlib.import_module(module), name)
+    return factory(params, kw, tracker, kind)
 
 
 # ---- the batch ------------------------------------------------------------------------------

@@ -1,0 +1,86 @@
+"""The optimizers the trace builds, one factory per :data:`cabe.optimizer.REGISTRY` entry (its
+``trace_factory`` names ``cabe.trace.optim:<function>``).
+
+Each factory takes the trainable parameters, the torch keyword arguments of the setup's
+``optimizer_impl`` (``foreach`` / ``fused``), the tracker and the run's kind (``fake`` / ``cuda``).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+LEARNING_RATE = 1e-5
+
+
+def adamw(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import torch
+
+    return torch.optim.AdamW(params, lr=LEARNING_RATE, **kw)
+
+
+def sgd(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import torch
+
+    return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.0, **kw)
+
+
+def sgd_momentum(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import torch
+
+    return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, **kw)
+
+
+def adafactor(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import torch
+
+    kw = dict(kw)
+    # torch.optim.Adafactor has no fused kernel: "fused" runs its foreach path
+    if kw.pop("fused", False):
+        kw["foreach"] = True
+    return torch.optim.Adafactor(params, lr=1e-2, **kw)
+
+
+def adamw_8bit(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    return _tracked_paging(bnb.optim.AdamW8bit(params, lr=LEARNING_RATE), tracker, kind)
+
+
+def paged_adamw(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    return _tracked_paging(bnb.optim.PagedAdamW(params, lr=LEARNING_RATE), tracker, kind)
+
+
+def paged_adamw_8bit(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    return _tracked_paging(bnb.optim.PagedAdamW8bit(params, lr=LEARNING_RATE), tracker, kind)
+
+
+def lion(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    return _tracked_paging(bnb.optim.Lion(params, lr=LEARNING_RATE), tracker, kind)
+
+
+def _tracked_paging(o: Any, tracker: Any, kind: str) -> Any:
+    """On fake tensors, mark bitsandbytes' paged state buffers so the tracker keeps them outside
+    the allocator (on a real GPU, bitsandbytes pages for real)."""
+    import torch
+
+    def get_state_buffer(self: Any, p: Any, dtype: Any = torch.float32) -> Any:
+        # bitsandbytes Optimizer8bit.get_state_buffer: paged (cudaMallocManaged) when the
+        # optimizer is paged and the parameter has >= 1e5 elements; not in torch's allocator.
+        if not self.is_paged or p.numel() < 1e5:
+            return torch.zeros_like(p, dtype=dtype, device=p.device)
+        tracker.paged_mode = True
+        try:
+            return torch.zeros_like(p, dtype=dtype, device=p.device)
+        finally:
+            tracker.paged_mode = False
+
+    if kind != "cuda":
+        o.get_state_buffer = types.MethodType(get_state_buffer, o)
+    return o
