@@ -17,10 +17,13 @@ to ``total_bytes``. CUDA context and allocator slack are reported beside it, nev
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from cabe.activations import (
+    HeadActivations,
+    LayerActivations,
     attention_kind,
     checkpointed_layer_bytes_per_token,
     head_activations,
@@ -28,10 +31,10 @@ from cabe.activations import (
 )
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
-from cabe.method import lora_targets, parameter_tensors, quantized_bytes, stored_bytes
+from cabe.method import Tensor, lora_targets, parameter_tensors, quantized_bytes, stored_bytes
 from cabe.optimizer import get as optimizer_entry
 from cabe.optimizer import optimizer_memory
-from cabe.precision import dtypes_for
+from cabe.precision import Dtypes, dtypes_for
 from cabe.report import GB, GiB, Report, Step
 from cabe.schema import state_fields
 from cabe.step import StepParts, timeline
@@ -91,6 +94,7 @@ def estimate_simple(params_billion: float, bytes_per_param: float, activations_g
 # =============================================================================================
 
 
+# NOTE: long but flat (radon C or better): one Step literal per explained figure, read top to bottom.
 def estimate_lesson(params_billion: float, setup: TrainingSetup, activations_gb: float = 0.0) -> Report:
     """Model states from a parameter count alone, component by component, as the lesson does.
 
@@ -268,101 +272,10 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         )
     dt = dtypes_for(setup)
     states = _model_states(spec, setup)
-    tensors, bytes_of_trainable, weights, quant, grads, opt = (
-        states.tensors,
-        states.bytes_of,
-        states.weights,
-        states.quant,
-        states.grads,
-        states.opt,
-    )
-    n_params = spec.parameter_count
-    n_train = states.n_train
-
-    # ---- which layers does the gradient flow through? ----------------------------------------
-    layers = spec.num_layers
-    if setup.method == "freeze":
-        grad_layers = min(setup.trainable_layers, layers)
-        trainable_layers = grad_layers
-    else:
-        grad_layers = layers
-        trainable_layers = layers if setup.method == "full" else 0
-    tokens = setup.batch * setup.tokens_per_sequence
-
-    # ---- activations per layer -------------------------------------------------------------
-    if trainable_layers:
-        per_layer = layer_activations(spec, setup, dt, base_trainable=True, adapters=False)
-    else:
-        per_layer = layer_activations(spec, setup, dt, base_trainable=False, adapters=setup.adapters)
-    full_layer_bytes = tokens * per_layer.bytes_per_token + per_layer.constant_bytes
-    if setup.checkpointing:
-        saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
-    else:
-        saved_layer_bytes = full_layer_bytes
-    # cos and sin tables, (1, s, rotary_dim) in the residual dtype, shared by every layer
-    seq_total = tokens // setup.batch
-    rotary = 2 * seq_total * spec.rotary_dim * dt.residual if spec.position == "rotary" else 0
-
-    # autocast keeps a 16-bit copy of every weight a matmul saves for backward
-    copies_layer = 0
-    copies_head = 0
-    if dt.weight_copies:
-        # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast
-        copies_layer = sum(
-            round_alloc(lin.weight_count * 2)
-            for lin in spec.layer_linears
-            if not (setup.method == "qlora" and lin.quantized_by_bnb)
-        )
-        if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
-            copies_layer += sum(
-                round_alloc(setup.lora_rank * lin.in_features * 2) + round_alloc(setup.lora_rank * lin.out_features * 2)
-                for lin in lora_targets(spec, setup.lora_targets)
-            )
-        copies_head = round_alloc(spec.vocab_size * spec.hidden_size * 2)
-
+    act = _layer_activations(spec, setup, dt)
+    copies_layer, copies_head = _weight_copies(spec, setup, dt)
     head = head_activations(spec, setup, dt)
-    grads_head = sum(
-        round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count
-        for t in tensors
-        if t.trainable and (t.kind == "lm_head" or t.name == "final_norm")
-    )
-    grads_layer = (
-        grads
-        - grads_head
-        - sum(
-            round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count
-            for t in tensors
-            if t.trainable and t.kind in ("embedding", "prompt")
-        )
-    )
-    parts = StepParts(
-        weights=weights + quant,
-        optimizer=opt.state_bytes,
-        grads=grads,
-        grads_head=grads_head,
-        grads_per_layer=grads_layer // grad_layers if grad_layers else 0,
-        grad_layers=grad_layers,
-        copies_layer=copies_layer,
-        copies_head=copies_head,
-        copies_fwd_layers=layers if setup.checkpointing else grad_layers,
-        saved_layer=saved_layer_bytes,
-        recompute_layer=full_layer_bytes if setup.checkpointing else 0,
-        workspace_layer=tokens * per_layer.backward_workspace_per_token,
-        rotary=rotary if grad_layers else 0,
-        head_saved=tokens * head.saved_logsoftmax,
-        final_norm_saved=tokens * head.final_norm,
-        head_forward_extra=tokens * (head.logits + head.forward_peak_extra),
-        head_backward_extra=tokens * head.backward_peak_extra,
-        optimizer_temporaries=opt.temp_bytes,
-        grads_in_forward=setup.grad_accum > 1,
-        # NOTE: with tied embeddings the embedding's gradient arrives second and AccumulateGrad adds it
-        # out of place: the new gradient and the sum coexist with the old one for a moment.
-        embedding_backward_workspace=(
-            2 * round_alloc(spec.embedding_count * bytes_of_trainable["embedding"])
-            if setup.method == "full" and spec.tie_word_embeddings
-            else 0
-        ),
-    )
+    parts = _step_parts(spec, setup, states, act, head, copies_layer, copies_head)
     shard_info: dict[str, Any] = {}
     if setup.distributed:
         # Multi-GPU plans: sharding transforms the per-GPU parts; the walk of the step is the same.
@@ -379,36 +292,146 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     for k in ("weights", "gradients", "optimizer", "activations"):
         components.setdefault(k, 0)
     total = sum(components.values())
-
-    # ---- explanation ----------------------------------------------------------------------
-    steps = _explain_model(
-        spec,
-        setup,
-        dt,
-        tensors,
-        weights,
-        quant,
-        grads,
-        opt,
-        n_params,
-        n_train,
-        tokens,
-        per_layer,
-        saved_layer_bytes,
-        grad_layers,
-        copies_fwd,
-        head,
-        peak,
-        total,
+    tokens = act.tokens
+    steps = _explain_model(spec, setup, dt, states, act, copies_fwd, head, peak, total)
+    return Report(
+        mode="architecture",
+        total_bytes=total,
+        components=components,
+        parameters=spec.parameter_count,
+        trainable_parameters=states.n_train,
+        peak_phase=peak.phase,
+        phase_peaks=phase_peaks,
+        steps=tuple(steps),
+        setup={**setup.to_dict(), "effective_batch": setup.effective_batch, "tokens": tokens},
+        model=_model_json(spec, model_meta),
+        paged_bytes=states.opt.paged_bytes,
+        cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,
+        allocator_slack_bytes=max(round_alloc(4 * tokens * spec.vocab_size), round(total * ALLOCATOR_SLACK_FRACTION)),
+        notes=_model_notes(spec, setup, states),
+        extra={
+            "peak_at": peak.where,
+            **({"distributed": shard_info} if shard_info else {}),
+            "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments],
+        },
     )
+
+
+@dataclass(frozen=True)
+class _Activations:
+    """What one step saves per layer, and through how many layers the gradient flows."""
+
+    tokens: int  # batch × tokens per sequence
+    per_layer: LayerActivations
+    full_layer_bytes: int  # what one layer saves without checkpointing
+    saved_layer_bytes: int  # what it keeps through the forward (its input, under checkpointing)
+    rotary: int  # cos and sin tables, shared by every layer
+    grad_layers: int
+
+
+def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Activations:
+    layers = spec.num_layers
+    if setup.method == "freeze":
+        grad_layers = min(setup.trainable_layers, layers)
+        trainable_layers = grad_layers
+    else:
+        grad_layers = layers
+        trainable_layers = layers if setup.method == "full" else 0
+    tokens = setup.batch * setup.tokens_per_sequence
+    if trainable_layers:
+        per_layer = layer_activations(spec, setup, dt, base_trainable=True, adapters=False)
+    else:
+        per_layer = layer_activations(spec, setup, dt, base_trainable=False, adapters=setup.adapters)
+    full_layer_bytes = tokens * per_layer.bytes_per_token + per_layer.constant_bytes
+    if setup.checkpointing:
+        saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
+    else:
+        saved_layer_bytes = full_layer_bytes
+    # cos and sin tables, (1, s, rotary_dim) in the residual dtype, shared by every layer
+    seq_total = tokens // setup.batch
+    rotary = 2 * seq_total * spec.rotary_dim * dt.residual if spec.position == "rotary" else 0
+    return _Activations(tokens, per_layer, full_layer_bytes, saved_layer_bytes, rotary, grad_layers)
+
+
+def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> tuple[int, int]:
+    """Autocast keeps a 16-bit copy of every weight a matmul saves for backward: (per layer, head)."""
+    if not dt.weight_copies:
+        return 0, 0
+    # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast
+    copies_layer = sum(
+        round_alloc(lin.weight_count * 2)
+        for lin in spec.layer_linears
+        if not (setup.method == "qlora" and lin.quantized_by_bnb)
+    )
+    if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
+        copies_layer += sum(
+            round_alloc(setup.lora_rank * lin.in_features * 2) + round_alloc(setup.lora_rank * lin.out_features * 2)
+            for lin in lora_targets(spec, setup.lora_targets)
+        )
+    return copies_layer, round_alloc(spec.vocab_size * spec.hidden_size * 2)
+
+
+def _grad_bytes(states: _States, keep: Callable[[Tensor], bool]) -> int:
+    """Gradient bytes (allocator-rounded) of the trainable tensors ``keep`` selects."""
+    b = states.bytes_of
+    return sum(round_alloc(t.numel * b[t.kind]) * t.count for t in states.tensors if t.trainable and keep(t))
+
+
+def _step_parts(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    states: _States,
+    act: _Activations,
+    head: HeadActivations,
+    copies_layer: int,
+    copies_head: int,
+) -> StepParts:
+    tokens, grad_layers, per_layer = act.tokens, act.grad_layers, act.per_layer
+    grads_head = _grad_bytes(states, lambda t: t.kind == "lm_head" or t.name == "final_norm")
+    grads_layer = states.grads - grads_head - _grad_bytes(states, lambda t: t.kind in ("embedding", "prompt"))
+    return StepParts(
+        weights=states.weights + states.quant,
+        optimizer=states.opt.state_bytes,
+        grads=states.grads,
+        grads_head=grads_head,
+        grads_per_layer=grads_layer // grad_layers if grad_layers else 0,
+        grad_layers=grad_layers,
+        copies_layer=copies_layer,
+        copies_head=copies_head,
+        copies_fwd_layers=spec.num_layers if setup.checkpointing else grad_layers,
+        saved_layer=act.saved_layer_bytes,
+        recompute_layer=act.full_layer_bytes if setup.checkpointing else 0,
+        workspace_layer=tokens * per_layer.backward_workspace_per_token,
+        rotary=act.rotary if grad_layers else 0,
+        head_saved=tokens * head.saved_logsoftmax,
+        final_norm_saved=tokens * head.final_norm,
+        head_forward_extra=tokens * (head.logits + head.forward_peak_extra),
+        head_backward_extra=tokens * head.backward_peak_extra,
+        optimizer_temporaries=states.opt.temp_bytes,
+        grads_in_forward=setup.grad_accum > 1,
+        # NOTE: with tied embeddings the embedding's gradient arrives second and AccumulateGrad adds it
+        # out of place: the new gradient and the sum coexist with the old one for a moment.
+        embedding_backward_workspace=(
+            2 * round_alloc(spec.embedding_count * states.bytes_of["embedding"])
+            if setup.method == "full" and spec.tie_word_embeddings
+            else 0
+        ),
+    )
+
+
+def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tuple[str, ...]:
     notes: list[str] = []
     if attention_kind(spec, setup) == "eager" and setup.attention != "eager":
         notes.append("gemma2_eager")
-    if opt.paged_bytes:
+    if states.opt.paged_bytes:
         notes.append("paged_outside_allocator")
     if setup.grad_accum > 1:
         notes.append("grad_accum_keeps_grads")
-    model = {
+    return tuple(notes)
+
+
+def _model_json(spec: ModelSpec, meta: dict[str, Any] | None) -> dict[str, Any]:
+    return {
         "name": spec.name,
         "model_type": spec.model_type,
         "hidden_size": spec.hidden_size,
@@ -420,51 +443,31 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         "vocab_size": spec.vocab_size,
         "tie_word_embeddings": spec.tie_word_embeddings,
         "parameter_breakdown": spec.parameter_breakdown(),
-        **(model_meta or {}),
+        **(meta or {}),
     }
-    return Report(
-        mode="architecture",
-        total_bytes=total,
-        components=components,
-        parameters=n_params,
-        trainable_parameters=n_train,
-        peak_phase=peak.phase,
-        phase_peaks=phase_peaks,
-        steps=tuple(steps),
-        setup={**setup.to_dict(), "effective_batch": setup.effective_batch, "tokens": tokens},
-        model=model,
-        paged_bytes=opt.paged_bytes,
-        cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,
-        allocator_slack_bytes=max(round_alloc(4 * tokens * spec.vocab_size), round(total * ALLOCATOR_SLACK_FRACTION)),
-        notes=tuple(notes),
-        extra={
-            "peak_at": peak.where,
-            **({"distributed": shard_info} if shard_info else {}),
-            "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments],
-        },
-    )
 
 
 def _explain_model(
-    spec,
-    setup,
-    dt,
-    tensors,
-    weights,
-    quant,
-    grads,
-    opt,
-    n_params,
-    n_train,
-    tokens,
-    per_layer,
-    saved_layer_bytes,
-    grad_layers,
-    copies,
-    head,
-    peak,
-    total,
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    dt: Dtypes,
+    states: _States,
+    act: _Activations,
+    copies: int,
+    head: HeadActivations,
+    peak: Any,
+    total: int,
 ) -> list[Step]:
+    """The report's explanation, figure by figure: model states, then activations and the peak."""
+    return _explain_states(spec, setup, dt, states, copies) + _explain_activations(
+        spec, setup, dt, act, head, peak, total
+    )
+
+
+# NOTE: long but flat (radon C or better): one Step literal per explained figure, read top to bottom.
+def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _States, copies: int) -> list[Step]:
+    tensors, weights, quant, grads, opt = states.tensors, states.weights, states.quant, states.grads, states.opt
+    n_params, n_train = spec.parameter_count, states.n_train
     steps: list[Step] = []
     pos = " + {p}·{h}" if spec.position_embedding_count else ""
     lm_head = "" if spec.tie_word_embeddings else " + {v}·{h}"
@@ -563,6 +566,20 @@ def _explain_model(
                 {"n": copies // 2, "bytes": copies, "gib": copies / GiB},
             )
         )
+    return steps
+
+
+# NOTE: long but flat (radon C or better): one Step literal per explained figure, read top to bottom.
+def _explain_activations(
+    spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, act: _Activations, head: HeadActivations, peak: Any, total: int
+) -> list[Step]:
+    steps: list[Step] = []
+    tokens, per_layer, saved_layer_bytes, grad_layers = (
+        act.tokens,
+        act.per_layer,
+        act.saved_layer_bytes,
+        act.grad_layers,
+    )
     per_token = per_layer.bytes_per_token
     formula = " + ".join(t.formula for t in per_layer.terms)
     steps.append(
