@@ -263,19 +263,3 @@ class ModelSpec:
     @property
     def q_dim(self) -> int:
         return self.num_heads * self.head_dim
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], name: str = "") -> ModelSpec:
-        """Build a spec from a Hugging Face ``config.json`` dict. Raises :class:`ConfigError`."""
-        return from_config(config, name=name)
-
-
-# =============================================================================================
-# config.json -> ModelSpec: one module per family in cabe.families
-# =============================================================================================
-
-
-def from_config(config: Mapping[str, Any], *, name: str = "") -> ModelSpec:
-    from cabe.families import from_config as read  # the families build ModelSpecs: imported on use
-
-    return read(config, name=name)

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from cabe import families
 from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError, HubError, MissingDependencyError, UnknownPresetError
 
@@ -34,7 +35,7 @@ class ModelSource:
 
     @property
     def spec(self) -> ModelSpec:
-        return ModelSpec.from_config(self.config, name=self.name)
+        return families.from_config(self.config, name=self.name)
 
 
 def _models_dir() -> Any:

@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+from cabe import families  # noqa: E402
 from cabe.activations import layer_activations  # noqa: E402
-from cabe.architecture import ModelSpec  # noqa: E402
 from cabe.precision import dtypes_for  # noqa: E402
 from cabe.training import TrainingSetup  # noqa: E402
 
@@ -63,7 +63,7 @@ def _measure(model_type: str, precision: str, method: str) -> tuple[int, int]:
     model.train()
     ids = torch.randint(2, 1000, (B, S))
     measured = layer_saved_bytes(model, ids, amp=precision == "bf16-amp")
-    spec = ModelSpec.from_config(cfg.to_dict())
+    spec = families.from_config(cfg.to_dict())
     setup = TrainingSetup(
         precision=precision, method=method, batch=B, seq=S, attention=attention, lora_rank=4, lora_targets=targets
     )

@@ -24,7 +24,7 @@ PRESETS = sorted((SRC / "data" / "models").glob("*.json"))
 def _preset_spec(path: Path) -> ModelSpec:
     cfg = json.loads(path.read_text())
     cfg.pop("_cabe", None)
-    return ModelSpec.from_config(cfg, name=path.stem)
+    return families.from_config(cfg, name=path.stem)
 
 
 def test_every_family_module_declares_model_types_and_a_reader():
@@ -79,7 +79,7 @@ def test_layers_of_different_shapes_are_a_typed_refusal_not_a_guess():
 
 def test_unknown_model_type_lists_what_is_supported():
     with pytest.raises(ConfigError) as e:
-        ModelSpec.from_config({"model_type": "nope"})
+        families.from_config({"model_type": "nope"})
     assert e.value.code == "unsupported_architecture"
     assert "llama" in str(e.value.params.get("allowed", ""))
 

@@ -39,10 +39,10 @@ def gather(args: argparse.Namespace) -> dict[str, Any]:
     config, setup = inputs(args, COMMAND)
     out = trace_cli.run(args, config, setup)
     # the analytic estimate of the same step, beside the trace: how far apart they are
+    from cabe import families
     from cabe.analytic import estimate_model
-    from cabe.architecture import ModelSpec
 
-    est = estimate_model(ModelSpec.from_config(config), setup)
+    est = estimate_model(families.from_config(config), setup)
     out["estimate_bytes"] = est.total_bytes
     out["estimate_relative_error"] = round((est.total_bytes - out["peak_bytes"]) / out["peak_bytes"], 5)
     return out

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from cabe.trace import state
+from cabe.trace.state import AttentionState
 
 aten = torch.ops.aten
 
@@ -125,17 +126,6 @@ def _can_use_mem_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at
 
 def _round(x: int, m: int) -> int:
     return (x + m - 1) // m * m
-
-
-class AttentionState:
-    """Per-trace bookkeeping: which kernels ran, and the device to put rng state on."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.choices: dict[str, int] = {}
-
-    def note(self, name: str) -> None:
-        self.choices[name] = self.choices.get(name, 0) + 1
 
 
 def _device_rng(state: AttentionState, tracker: Any, out: tuple, seed_i: int, off_i: int) -> tuple:

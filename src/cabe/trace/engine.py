@@ -114,7 +114,7 @@ def run_trace(
     """
     import torch
 
-    from cabe.trace.attention import AttentionState
+    from cabe.trace.state import AttentionState
 
     t0 = time.perf_counter()
     if steps < 2 and not inventory:

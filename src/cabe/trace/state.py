@@ -7,10 +7,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from cabe.trace.attention import AttentionState
+
+class AttentionState:
+    """Per-trace bookkeeping: which kernels ran, and the device to put rng state on."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device  # a torch.device
+        self.choices: dict[str, int] = {}
+
+    def note(self, name: str) -> None:
+        self.choices[name] = self.choices.get(name, 0) + 1
+
 
 _STACK: list[AttentionState] = []
 
