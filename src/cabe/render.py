@@ -16,16 +16,42 @@ if TYPE_CHECKING:  # the report imports this module lazily (Report.explain); no 
 
 
 def format_report(report: Report, *, lang: str = "en", units: str = "GB", explain: bool = False) -> str:
-    lines: list[str] = []
-    width = 44
-    lines.append(
+    lines = _header(report, lang, units)
+    lines.append("")
+    lines += _components(report, lang, units)
+    lines += _beside_peak(report, lang, units)
+    lines += _distributed(report, lang, units)
+    if report.paged_bytes:
+        lines.append(fill(t("ui.paged", lang), {"paged": fmt_bytes(report.paged_bytes, lang, units)}, lang))
+    lines += _lesson(report, lang)
+    lines += _fit(report, lang, units)
+    for note in report.notes:
+        if note in REPORT_NOTES:
+            lines.append("· " + t("note." + note, lang))
+    if explain:
+        lines.append("")
+        lines.append(format_explain(report, lang=lang))
+    return "\n".join(lines)
+
+
+#: Components listed even when zero (the others only when they hold memory).
+ALWAYS_SHOWN = ("weights", "gradients", "optimizer", "activations", "model_states")
+#: Report notes printed under the table (the distributed notes come with their section).
+REPORT_NOTES = ("simple_mode", "lesson_mode", "gemma2_eager", "paged_outside_allocator", "grad_accum_keeps_grads")
+#: Width of the component-label column.
+WIDTH = 44
+
+
+def _header(report: Report, lang: str, units: str) -> list[str]:
+    """The total (and the phase of the peak), the model, and the parameter and setup lines."""
+    lines = [
         f"{t('ui.total', lang)}: {fmt_bytes(report.total_bytes, lang, units)}"
         + (
             f" — {t('ui.peak_at', lang, phase=t('phase.' + report.peak_phase, lang))}"
             if report.mode == "architecture"
             else ""
         )
-    )
+    ]
     if report.model and report.model.get("name"):
         lines.append(f"model: {report.model.get('display') or report.model['name']} ({report.model['model_type']})")
     if report.mode == "architecture":
@@ -45,93 +71,111 @@ def format_report(report: Report, *, lang: str = "en", units: str = "GB", explai
                 lang,
             )
         )
-    lines.append("")
+    return lines
+
+
+def _components(report: Report, lang: str, units: str) -> list[str]:
+    """One row per component (label, bytes, share of the total), a rule, and the total."""
+    lines: list[str] = []
     for name, nbytes in report.components.items():
-        if not nbytes and name not in ("weights", "gradients", "optimizer", "activations", "model_states"):
+        if not nbytes and name not in ALWAYS_SHOWN:
             continue
         label = t("component." + name, lang)
         share = f"{fmt_number(round(100 * nbytes / report.total_bytes, 1), lang, 1)}%" if report.total_bytes else ""
-        lines.append(f"  {label:<{width}} {fmt_bytes(nbytes, lang, units):>28}  {share:>6}")
-    lines.append(f"  {'─' * (width + 36)}")
-    lines.append(f"  {t('ui.total', lang):<{width}} {fmt_bytes(report.total_bytes, lang, units):>28}")
-    if report.mode == "architecture":
-        lines.append("")
-        lines.append(
-            fill(
-                t("ui.beside_peak", lang),
-                {
-                    "slack": fmt_bytes(report.allocator_slack_bytes, lang, units, both=False),
-                    "ctx": fmt_bytes(report.cuda_context_bytes, lang, units, both=False),
-                    "device": fmt_bytes(report.device_bytes, lang, units, both=False),
-                },
-                lang,
-            )
-        )
+        lines.append(f"  {label:<{WIDTH}} {fmt_bytes(nbytes, lang, units):>28}  {share:>6}")
+    lines.append(f"  {'─' * (WIDTH + 36)}")
+    lines.append(f"  {t('ui.total', lang):<{WIDTH}} {fmt_bytes(report.total_bytes, lang, units):>28}")
+    return lines
+
+
+def _beside_peak(report: Report, lang: str, units: str) -> list[str]:
+    """Architecture mode: the allocator slack, CUDA context and device figure beside the peak."""
+    if report.mode != "architecture":
+        return []
+    return [
+        "",
+        fill(
+            t("ui.beside_peak", lang),
+            {
+                "slack": fmt_bytes(report.allocator_slack_bytes, lang, units, both=False),
+                "ctx": fmt_bytes(report.cuda_context_bytes, lang, units, both=False),
+                "device": fmt_bytes(report.device_bytes, lang, units, both=False),
+            },
+            lang,
+        ),
+    ]
+
+
+def _distributed(report: Report, lang: str, units: str) -> list[str]:
+    """Several GPUs: the layout, the host RAM per node, and the distributed notes."""
     dist = report.extra.get("distributed")
-    if dist:
+    if not dist:
+        return []
+    lines = [
+        fill(
+            t("ui.distributed", lang),
+            {
+                "gpus": dist["world_size"],
+                "dp": dist["dp"],
+                "tp": dist["tp"],
+                "pp": dist["pp"],
+                "strategy": dist["strategy"],
+                "offload": dist["offload"],
+            },
+            lang,
+        )
+    ]
+    if dist.get("host_ram_bytes_per_node"):
         lines.append(
             fill(
-                t("ui.distributed", lang),
+                t("ui.host_ram", lang),
                 {
-                    "gpus": dist["world_size"],
-                    "dp": dist["dp"],
-                    "tp": dist["tp"],
-                    "pp": dist["pp"],
-                    "strategy": dist["strategy"],
-                    "offload": dist["offload"],
+                    "host": fmt_bytes(dist["host_ram_bytes_per_node"], lang, units),
+                    "load": fmt_bytes(dist.get("host_ram_load_peak_bytes_per_node", 0), lang, units),
                 },
                 lang,
             )
         )
-        if dist.get("host_ram_bytes_per_node"):
-            lines.append(
-                fill(
-                    t("ui.host_ram", lang),
-                    {
-                        "host": fmt_bytes(dist["host_ram_bytes_per_node"], lang, units),
-                        "load": fmt_bytes(dist.get("host_ram_load_peak_bytes_per_node", 0), lang, units),
-                    },
-                    lang,
-                )
-            )
-        for note in dist.get("notes", []):
-            lines.append("· " + t("note." + note, lang))
-    if report.paged_bytes:
-        lines.append(fill(t("ui.paged", lang), {"paged": fmt_bytes(report.paged_bytes, lang, units)}, lang))
-    if report.lesson:
-        lines.append("")
-        lines.append(
-            t(
-                "ui.lesson_vs_correct",
-                lang,
-                lesson=report.lesson["lesson_gib"],
-                correct=report.lesson["correct_gib"],
-                bpp=report.lesson["bytes_per_param"],
-            )
-        )
-    if report.gpu:
-        g = report.gpu
-        lines.append("")
-        lines.append(
-            fill(
-                t("ui.fit_line", lang),
-                {
-                    "gpu": g["display"],
-                    "verdict": t("ui.fits" if g["fits"] else "ui.does_not_fit", lang),
-                    "need": fmt_bytes(g["needed_bytes"], lang, units, both=False),
-                    "have": fmt_bytes(g["memory_bytes"], lang, units, both=False),
-                    "margin": fmt_bytes(g["margin_bytes"], lang, units, both=False),
-                },
-                lang,
-            )
-        )
-    for note in report.notes:
-        if note in ("simple_mode", "lesson_mode", "gemma2_eager", "paged_outside_allocator", "grad_accum_keeps_grads"):
-            lines.append("· " + t("note." + note, lang))
-    if explain:
-        lines.append("")
-        lines.append(format_explain(report, lang=lang))
-    return "\n".join(lines)
+    for note in dist.get("notes", []):
+        lines.append("· " + t("note." + note, lang))
+    return lines
+
+
+def _lesson(report: Report, lang: str) -> list[str]:
+    """Lesson mode: the lesson's figure beside the correct one."""
+    if not report.lesson:
+        return []
+    return [
+        "",
+        t(
+            "ui.lesson_vs_correct",
+            lang,
+            lesson=report.lesson["lesson_gib"],
+            correct=report.lesson["correct_gib"],
+            bpp=report.lesson["bytes_per_param"],
+        ),
+    ]
+
+
+def _fit(report: Report, lang: str, units: str) -> list[str]:
+    """With a card: whether it fits, what is needed and the margin."""
+    if not report.gpu:
+        return []
+    g = report.gpu
+    return [
+        "",
+        fill(
+            t("ui.fit_line", lang),
+            {
+                "gpu": g["display"],
+                "verdict": t("ui.fits" if g["fits"] else "ui.does_not_fit", lang),
+                "need": fmt_bytes(g["needed_bytes"], lang, units, both=False),
+                "have": fmt_bytes(g["memory_bytes"], lang, units, both=False),
+                "margin": fmt_bytes(g["margin_bytes"], lang, units, both=False),
+            },
+            lang,
+        ),
+    ]
 
 
 def format_explain(report: Report, *, lang: str = "en") -> str:

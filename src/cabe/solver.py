@@ -172,7 +172,16 @@ def min_gpus(spec: ModelSpec, setup: TrainingSetup, card: Gpu, limit: int = MAX_
 
 
 def _candidates(spec: ModelSpec, s: TrainingSetup, card: Gpu) -> list[tuple[str, dict[str, Any]]]:
-    c: list[tuple[str, dict[str, Any]]] = []
+    """The single changes worth trying, in this order: training, sharding and offload, shape."""
+    return _training_changes(s) + _sharding_changes(s) + _offload_changes(s) + _shape_changes(s)
+
+
+Change = tuple[str, dict[str, Any]]
+
+
+def _training_changes(s: TrainingSetup) -> list[Change]:
+    """Checkpointing, an 8-bit optimizer, LoRA / QLoRA, a lower LoRA rank."""
+    c: list[Change] = []
     if not s.checkpointing:
         c.append(("checkpointing", {"checkpointing": True}))
     if s.optimizer in ("adamw", "paged-adamw"):
@@ -184,6 +193,12 @@ def _candidates(spec: ModelSpec, s: TrainingSetup, card: Gpu) -> list[tuple[str,
         c.append(("qlora", {"method": "qlora", "precision": "bf16"}))
     if s.adapters and s.lora_rank > 1:
         c.append(("lower_rank", {"lora_rank": max(1, s.lora_rank // 2)}))
+    return c
+
+
+def _sharding_changes(s: TrainingSetup) -> list[Change]:
+    """Several GPUs: each higher ZeRO stage, and FSDP from plain data parallelism."""
+    c: list[Change] = []
     order = ["none", "ddp", "zero1", "zero2", "zero3"]
     if s.gpus > 1 and s.shard in order:
         for z in order[order.index(s.shard) + 1 :]:
@@ -191,6 +206,12 @@ def _candidates(spec: ModelSpec, s: TrainingSetup, card: Gpu) -> list[tuple[str,
                 c.append((z, {"shard": z}))
         if s.shard in ("none", "ddp") and s.offload == "none":
             c.append(("fsdp", {"shard": "fsdp"}))
+    return c
+
+
+def _offload_changes(s: TrainingSetup) -> list[Change]:
+    """CPU offload of the optimizer state (ZeRO), then of the parameters too."""
+    c: list[Change] = []
     if s.offload in ("none", "parameters") and not s.shard.startswith("fsdp"):
         shard = s.shard if s.shard.startswith("zero") else "zero2"
         c.append(
@@ -200,6 +221,12 @@ def _candidates(spec: ModelSpec, s: TrainingSetup, card: Gpu) -> list[tuple[str,
         c.append(
             ("offload_parameters", {"shard": "fsdp" if s.shard.startswith("fsdp") else "zero3", "offload": "both"})
         )
+    return c
+
+
+def _shape_changes(s: TrainingSetup) -> list[Change]:
+    """Half the micro-batch or half the sequence, with twice the accumulation."""
+    c: list[Change] = []
     if s.batch > 1:
         c.append(("smaller_batch_accum", {"batch": s.batch // 2, "grad_accum": s.grad_accum * 2}))
     if s.seq > 64:

@@ -159,26 +159,36 @@ def validate(setup: TrainingSetup) -> None:
     tuples), in the order errors are reported: per group, the choices then the integers; then the real
     numbers, the lists and the on/off flags."""
     for group in ("setup", "gpus"):
-        for f in schema.SETUP_FIELDS:
-            if f.group == group and f.type is str:
-                _check_choice(f, getattr(setup, f.name))
-        for f in schema.SETUP_FIELDS:
-            if f.group == group and f.type is int:
-                _int_range(f.name, getattr(setup, f.name), int(f.minimum or 0), int(f.maximum or 0))
+        _check_group(setup, group)
     for f in schema.SETUP_FIELDS:
         if f.type is float:
             lo, hi = float(f.minimum or 0.0), float(f.maximum or 1e15)
             number(f.name, getattr(setup, f.name), minimum=lo, maximum=hi, strict=f.exclusive_minimum)
     for f in schema.SETUP_FIELDS:
         if f.type is tuple:
-            value = getattr(setup, f.name)
-            if isinstance(value, (str, list, tuple)):
-                object.__setattr__(setup, f.name, _targets(value))
-            elif not isinstance(value, tuple):
-                raise InvalidValueError("not_string", f.name, value=value)
+            _coerce_list(setup, f)
     for f in schema.SETUP_FIELDS:
         if f.type is bool and not isinstance(getattr(setup, f.name), bool):
             raise InvalidValueError("not_bool", f.name, value=getattr(setup, f.name))
+
+
+def _check_group(setup: TrainingSetup, group: str) -> None:
+    """One schema group: its choices, then its integers."""
+    for f in schema.SETUP_FIELDS:
+        if f.group == group and f.type is str:
+            _check_choice(f, getattr(setup, f.name))
+    for f in schema.SETUP_FIELDS:
+        if f.group == group and f.type is int:
+            _int_range(f.name, getattr(setup, f.name), int(f.minimum or 0), int(f.maximum or 0))
+
+
+def _coerce_list(setup: TrainingSetup, f: schema.Field) -> None:
+    """A list field given as a comma string or a list becomes a tuple (the setup is frozen)."""
+    value = getattr(setup, f.name)
+    if isinstance(value, (str, list, tuple)):
+        object.__setattr__(setup, f.name, _targets(value))
+    elif not isinstance(value, tuple):
+        raise InvalidValueError("not_string", f.name, value=value)
 
 
 def _check_choice(f: schema.Field, value: Any) -> None:

@@ -68,77 +68,83 @@ def format_plan(out: dict, lang: str, units: str) -> str:
         )
     ]
     for key in ("batch", "seq"):
-        a = out.get(key)
-        if not a:
-            continue
-        if a["value"] is None:
-            lines.append(t(f"plan.{key}_none", lang))
-            continue
-        line = t(f"plan.{key}", lang, value=a["value"], need=_b(a["at_value"]["needed_bytes"], lang, units))
-        if a.get("one_more"):
-            line += " " + t(
-                "plan.one_more", lang, value=a["value"] + 1, need=_b(a["one_more"]["needed_bytes"], lang, units)
-            )
-        elif a["capped"]:
-            line += " " + t("plan.capped", lang, limit=a["limit"])
-        lines.append(line)
-    a = out.get("gpus")
-    if a:
-        if a["value"] is None:
-            lines.append(t("plan.gpus_none", lang, limit=a["limit"]))
-        else:
-            lines.append(
-                t(
-                    "plan.gpus",
-                    lang,
-                    value=a["value"],
-                    shard=a["shard"],
-                    need=_b(a["at_value"]["needed_bytes"], lang, units),
-                )
-            )
-    c = out.get("changes")
-    if c:
-        lines.append("")
-        lines.append(t("plan.changes_header", lang))
-        for r in c["by_memory"]:
-            label = t("plan.change." + r["change"], lang, **{k: v for k, v in r["set"].items() if isinstance(v, int)})
-            verdict = t("ui.fits" if r["fits"] else "ui.does_not_fit", lang)
-            lines.append(
-                f"  {label:<52} {_b(r['needed_bytes'], lang, units):>11}  "
-                f"−{_b(r['saved_bytes'], lang, units):>10}  ×{fmt_number(r['slowdown'], lang, 2):<5} {verdict}"
-            )
-        p = c["plan"]
-        lines.append("")
-        if p["steps"] and p["fits"]:
-            lines.append(t("plan.plan_header", lang, slowdown=p["slowdown"]))
-            for s in p["steps"]:
-                label = t(
-                    "plan.change." + s["change"], lang, **{k: v for k, v in s["set"].items() if isinstance(v, int)}
-                )
-                lines.append(f"  + {label:<50} → {_b(s['needed_bytes'], lang, units)}")
-        elif not c["fits_now"]:
-            lines.append(t("plan.plan_none", lang))
-    tm = out.get("time")
-    if tm:
-        lines.append("")
-        lines.append(
-            t(
-                "plan.time_step",
-                lang,
-                seconds=round(tm["step_seconds"], 3),
-                tflops=round(tm["flops_per_step"] / 1e12, 1),
-                mfu=tm["mfu"],
-            )
-        )
-        if tm.get("run_hours") is not None:
-            lines.append(
-                t(
-                    "plan.time_run",
-                    lang,
-                    hours=round(tm["run_hours"], 2),
-                    gpu_hours=round(tm["gpu_hours"], 1),
-                    tokens=tm["tokens"],
-                )
-            )
+        if out.get(key):
+            lines.append(_largest_line(key, out[key], lang, units))
+    if out.get("gpus"):
+        lines.append(_gpus_line(out["gpus"], lang, units))
+    if out.get("changes"):
+        lines += _changes(out["changes"], lang, units)
+    if out.get("time"):
+        lines += _time(out["time"], lang)
     lines.append(t("plan.elapsed", lang, ms=out["elapsed_ms"]))
     return "\n".join(lines)
+
+
+def _largest_line(key: str, a: dict, lang: str, units: str) -> str:
+    """The largest micro-batch or longest sequence that fits, and what one more would need."""
+    if a["value"] is None:
+        return t(f"plan.{key}_none", lang)
+    line = t(f"plan.{key}", lang, value=a["value"], need=_b(a["at_value"]["needed_bytes"], lang, units))
+    if a.get("one_more"):
+        line += " " + t(
+            "plan.one_more", lang, value=a["value"] + 1, need=_b(a["one_more"]["needed_bytes"], lang, units)
+        )
+    elif a["capped"]:
+        line += " " + t("plan.capped", lang, limit=a["limit"])
+    return line
+
+
+def _gpus_line(a: dict, lang: str, units: str) -> str:
+    if a["value"] is None:
+        return t("plan.gpus_none", lang, limit=a["limit"])
+    return t("plan.gpus", lang, value=a["value"], shard=a["shard"], need=_b(a["at_value"]["needed_bytes"], lang, units))
+
+
+def _change_label(r: dict, lang: str) -> str:
+    return t("plan.change." + r["change"], lang, **{k: v for k, v in r["set"].items() if isinstance(v, int)})
+
+
+def _changes(c: dict, lang: str, units: str) -> list[str]:
+    """The single changes by memory saved, then the cheapest combination that fits (if any)."""
+    lines = ["", t("plan.changes_header", lang)]
+    for r in c["by_memory"]:
+        label = _change_label(r, lang)
+        verdict = t("ui.fits" if r["fits"] else "ui.does_not_fit", lang)
+        lines.append(
+            f"  {label:<52} {_b(r['needed_bytes'], lang, units):>11}  "
+            f"−{_b(r['saved_bytes'], lang, units):>10}  ×{fmt_number(r['slowdown'], lang, 2):<5} {verdict}"
+        )
+    p = c["plan"]
+    lines.append("")
+    if p["steps"] and p["fits"]:
+        lines.append(t("plan.plan_header", lang, slowdown=p["slowdown"]))
+        for s in p["steps"]:
+            lines.append(f"  + {_change_label(s, lang):<50} → {_b(s['needed_bytes'], lang, units)}")
+    elif not c["fits_now"]:
+        lines.append(t("plan.plan_none", lang))
+    return lines
+
+
+def _time(tm: dict, lang: str) -> list[str]:
+    """The time per step and, given the tokens to train on, the run's hours and GPU-hours."""
+    lines = [
+        "",
+        t(
+            "plan.time_step",
+            lang,
+            seconds=round(tm["step_seconds"], 3),
+            tflops=round(tm["flops_per_step"] / 1e12, 1),
+            mfu=tm["mfu"],
+        ),
+    ]
+    if tm.get("run_hours") is not None:
+        lines.append(
+            t(
+                "plan.time_run",
+                lang,
+                hours=round(tm["run_hours"], 2),
+                gpu_hours=round(tm["gpu_hours"], 1),
+                tokens=tm["tokens"],
+            )
+        )
+    return lines

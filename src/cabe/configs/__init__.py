@@ -150,14 +150,35 @@ def read_source(item: Any, fmt: str | None = None) -> Source:
 
 def combine(sources: Sequence[Source], overrides: Mapping[str, Any] | None = None) -> Combined:
     """Merge the sources' fields into one request; command-line ``overrides`` win."""
-    merged: dict[str, Any] = {}
-    origin: dict[str, str] = {}
+    _apply_precedence(sources)
+    merged = _merge(sources)
+    _settle_precision(merged)
+    overridden: list[str] = []
+    for k, v in (overrides or {}).items():
+        if v is None:
+            continue
+        if k in merged and merged[k] != v:
+            overridden.append(k)
+        merged[k] = v
+    return Combined(request=merged, sources=list(sources), overridden=overridden, defaults=_defaults(merged))
+
+
+def _apply_precedence(sources: Sequence[Source]) -> None:
+    """Where the format that decides a field (``PRECEDENCE``) sets it, the other files drop it."""
     for field_, fmt in PRECEDENCE.items():
         if any(s.format == fmt and field_ in s.fields for s in sources):
             for s in sources:
                 if s.format != fmt and field_ in s.fields:
                     for f in (field_,) + COMPANIONS.get(field_, ()):
                         s.drop(f)
+
+
+_CONFLICT = object()
+
+
+def _merge(sources: Sequence[Source]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
     for s in sources:
         for k, v in s.fields.items():
             if k not in merged:
@@ -166,18 +187,28 @@ def combine(sources: Sequence[Source], overrides: Mapping[str, Any] | None = Non
             old = merged[k]
             if old == v:
                 continue
-            if k == "method" and {old, v} == {"lora", "qlora"}:
-                merged[k] = "qlora"
-                continue
-            if k == "precision" and _family(old) == _family(v):
-                merged[k] = old if "amp" not in str(old) else v  # a pure form wins; the method may change it below
-                continue
-            if k == "shard" and "ddp" in (old, v):
-                merged[k] = v if old == "ddp" else old  # "several GPUs" + a sharding strategy: the strategy
-                continue
-            raise ConfigError(
-                "cfg_conflict", k, first=_show(old), first_file=origin[k], second=_show(v), second_file=s.path
-            )
+            new = _reconcile(k, old, v)
+            if new is _CONFLICT:
+                raise ConfigError(
+                    "cfg_conflict", k, first=_show(old), first_file=origin[k], second=_show(v), second_file=s.path
+                )
+            merged[k] = new
+    return merged
+
+
+def _reconcile(k: str, old: Any, v: Any) -> Any:
+    """The merged value when two files give ``k`` different values; ``_CONFLICT`` when they clash."""
+    if k == "method" and {old, v} == {"lora", "qlora"}:
+        return "qlora"
+    if k == "precision" and _family(old) == _family(v):
+        return old if "amp" not in str(old) else v  # a pure form wins; the method may change it below
+    if k == "shard" and "ddp" in (old, v):
+        return v if old == "ddp" else old  # "several GPUs" + a sharding strategy: the strategy
+    return _CONFLICT
+
+
+def _settle_precision(merged: dict[str, Any]) -> None:
+    """Fold the weights' ``_dtype`` and the method into ``precision`` (and QLoRA's compute dtype)."""
     dtype = merged.pop("_dtype", None)
     method = merged.get("method", "full")
     prec = merged.get("precision")
@@ -193,13 +224,10 @@ def combine(sources: Sequence[Source], overrides: Mapping[str, Any] | None = Non
         merged["precision"] = "fp32"
     if method == "qlora" and "compute_dtype" not in merged and merged.get("precision") in ("bf16", "fp16"):
         merged["compute_dtype"] = merged["precision"]
-    overridden: list[str] = []
-    for k, v in (overrides or {}).items():
-        if v is None:
-            continue
-        if k in merged and merged[k] != v:
-            overridden.append(k)
-        merged[k] = v
+
+
+def _defaults(merged: Mapping[str, Any]) -> list[str]:
+    """The request fields cabe will fill with its defaults."""
     defaults: list[str] = []
     if "seq" not in merged:
         defaults.append("seq")
@@ -207,7 +235,7 @@ def combine(sources: Sequence[Source], overrides: Mapping[str, Any] | None = Non
         defaults.append("model")
     if merged.get("shard", "none") != "none" and "gpus" not in merged:
         defaults.append("gpus")
-    return Combined(request=merged, sources=list(sources), overridden=overridden, defaults=defaults)
+    return defaults
 
 
 def from_files(items: Sequence[Any], *, fmt: str | None = None, overrides: Mapping[str, Any] | None = None) -> Combined:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +117,44 @@ class Collector:
         if n not in self.used and all(n != f for f, _ in self.ignored):
             self.ignored.append((n, reason))
 
+    def set_known(self, field: str, value: Any, source: str) -> None:
+        """Set ``field`` from a name-table look-up; ``None`` (a name the table lacks) is ignored."""
+        if value is None:
+            self.ignore(source, "unsupported_value")
+        else:
+            self.set(field, value, source)
+
+    def convert(self, table: Mapping[str, Field], key: str, value: Any, name: str | None = None) -> bool:
+        """``table`` maps ``key`` to ``(request field, converter)``: set the field and say True."""
+        entry = table.get(key)
+        if entry is None:
+            return False
+        source = key if name is None else name
+        self.set(entry[0], entry[1](value, source), source)
+        return True
+
+    def flag(self, table: Mapping[str, Flag], key: str, value: Any, name: str | None = None) -> bool:
+        """``table`` maps an on/off ``key`` to ``(request field, value when on)``; off is only used."""
+        entry = table.get(key)
+        if entry is None:
+            return False
+        source = key if name is None else name
+        if as_bool(value, source):
+            self.set(entry[0], entry[1], source)
+        else:
+            self.use(source)
+        return True
+
     def result(self) -> tuple[dict[str, Any], list[str], list[tuple[str, str]]]:
         return dict(self.fields), list(self.used), list(self.ignored)
+
+
+#: A converter: ``(value, source field) -> request value`` (raising ``cfg_bad_value``).
+Convert = Callable[[Any, str], Any]
+#: A :meth:`Collector.convert` table entry: ``(request field, converter)``.
+Field = tuple[str, Convert]
+#: A :meth:`Collector.flag` table entry: ``(request field, value when on)``.
+Flag = tuple[str, Any]
 
 
 def _show(v: Any) -> str:
@@ -167,6 +203,30 @@ def as_number(v: Any, field: str) -> float:
         except ValueError:
             pass
     raise ConfigError("cfg_bad_value", field, value=_show(v), expected="a number")
+
+
+def as_str(v: Any, field: str) -> str:
+    return str(v)
+
+
+def as_model(v: Any, field: str) -> str:
+    return model_name(v)
+
+
+def as_targets(v: Any, field: str) -> tuple[str, ...]:
+    """LoRA target modules: one name or a list of names."""
+    return tuple(str(t) for t in ([v] if isinstance(v, str) else v))
+
+
+def set_hf_optimizer(c: Collector, key: str, value: Any) -> None:
+    """A transformers ``optim`` name -> ``optimizer`` (and ``optimizer_impl`` when it names one)."""
+    opt = optimizer_from_hf(value)
+    if opt is None:
+        c.ignore(key, "unsupported_value")
+    else:
+        c.set("optimizer", opt[0], key)
+        if opt[1]:
+            c.set("optimizer_impl", opt[1], key)
 
 
 # ---- name tables ---------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cabe.configs import _base
@@ -45,60 +45,76 @@ def to_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], list
 
 def collect(data: Mapping[str, Any]) -> Collector:
     c = Collector()
-    kind = str(data.get("distributed_type", "NO")).upper()
-    procs = data.get("num_processes")
-    machines = data.get("num_machines")
     for key, value in data.items():
-        if key == "distributed_type":
-            if kind == "MULTI_GPU":
-                c.set("shard", "ddp", key)
-            else:
-                c.use(key)
-        elif key == "num_processes":
-            n = _base.as_int(value, key)
-            if n > 1:
-                c.set("gpus", n, key)
-            else:
-                c.use(key)
-        elif key == "num_machines":
-            m = _base.as_int(value, key)
-            if m > 1 and procs is not None:
-                per, rest = divmod(_base.as_int(procs, "num_processes"), m)
-                if rest or per < 1:
-                    raise ConfigError(
-                        "cfg_contradiction",
-                        "gpus_per_node",
-                        first=f"num_processes {procs}",
-                        second=f"num_machines {m}",
-                        source=key,
-                    )
-                c.set("gpus_per_node", per, key)
-            else:
-                c.use(key)
-        elif key == "mixed_precision":
-            p = PRECISION.get(str(value).lower())
-            if p is None:
-                c.ignore(key, "unsupported_value")
-            else:
-                c.set("precision", p, key)
-        elif key == "fsdp_config" and isinstance(value, Mapping):
-            if kind == "FSDP":
-                _fsdp(c, value)
-            else:
-                for k in value:
-                    c.ignore(f"{key}.{k}", "no_effect")
-        elif key == "deepspeed_config" and isinstance(value, Mapping):
-            if kind == "DEEPSPEED":
-                _deepspeed(c, value)
-            else:
-                for k in value:
-                    c.ignore(f"{key}.{k}", "no_effect")
+        handler = HANDLERS.get(key)
+        if handler is not None:
+            handler(c, key, value, data)
         elif key == "use_cpu" and value:
             c.ignore(key, "not_modeled")
         else:
-            c.ignore(key, "null" if value is None else "no_effect")
-    del machines
+            _unmapped(c, key, value)
     return c
+
+
+def _kind(data: Mapping[str, Any]) -> str:
+    return str(data.get("distributed_type", "NO")).upper()
+
+
+def _unmapped(c: Collector, key: str, value: Any) -> None:
+    c.ignore(key, "null" if value is None else "no_effect")
+
+
+def _distributed_type(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    if _kind(data) == "MULTI_GPU":
+        c.set("shard", "ddp", key)
+    else:
+        c.use(key)
+
+
+def _num_processes(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    n = _base.as_int(value, key)
+    if n > 1:
+        c.set("gpus", n, key)
+    else:
+        c.use(key)
+
+
+def _num_machines(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    m = _base.as_int(value, key)
+    procs = data.get("num_processes")
+    if m > 1 and procs is not None:
+        per, rest = divmod(_base.as_int(procs, "num_processes"), m)
+        if rest or per < 1:
+            raise ConfigError(
+                "cfg_contradiction",
+                "gpus_per_node",
+                first=f"num_processes {procs}",
+                second=f"num_machines {m}",
+                source=key,
+            )
+        c.set("gpus_per_node", per, key)
+    else:
+        c.use(key)
+
+
+def _mixed_precision(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    c.set_known("precision", PRECISION.get(str(value).lower()), key)
+
+
+def _block(kind: str, read: Callable[[Collector, Mapping[str, Any]], None]) -> Handler:
+    """A handler for the ``fsdp_config`` / ``deepspeed_config`` block, read only when
+    ``distributed_type`` is ``kind`` (its keys have no effect otherwise)."""
+
+    def handle(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+        if not isinstance(value, Mapping):
+            _unmapped(c, key, value)
+        elif _kind(data) == kind:
+            read(c, value)
+        else:
+            for k in value:
+                c.ignore(f"{key}.{k}", "no_effect")
+
+    return handle
 
 
 def _fsdp(c: Collector, f: Mapping[str, Any]) -> None:
@@ -150,12 +166,9 @@ def _deepspeed(c: Collector, d: Mapping[str, Any]) -> None:
     for key, value in d.items():
         name = f"deepspeed_config.{key}"
         if key == "zero_stage":
-            from cabe.configs.deepspeed import STAGES
+            from cabe.configs.deepspeed import shard_for_stage
 
-            stage = _base.as_int(value, name)
-            if stage not in STAGES:
-                raise ConfigError("cfg_bad_value", name, value=str(value), expected="0, 1, 2 or 3")
-            c.set("shard", STAGES[stage], name)
+            c.set("shard", shard_for_stage(value, name), name)
         elif key in ("offload_optimizer_device", "offload_param_device"):
             c.use(name)
         elif key == "gradient_accumulation_steps":
@@ -171,3 +184,15 @@ def _deepspeed(c: Collector, d: Mapping[str, Any]) -> None:
     par = str(d.get("offload_param_device", "none")).lower() in ("cpu", "nvme")
     if opt or par:
         c.fields["offload"] = "both" if opt and par else "optimizer" if opt else "parameters"
+
+
+Handler = Callable[[Collector, str, Any, Mapping[str, Any]], None]
+#: Top-level keys and their readers.
+HANDLERS: dict[str, Handler] = {
+    "distributed_type": _distributed_type,
+    "num_processes": _num_processes,
+    "num_machines": _num_machines,
+    "mixed_precision": _mixed_precision,
+    "fsdp_config": _block("FSDP", _fsdp),
+    "deepspeed_config": _block("DEEPSPEED", _deepspeed),
+}

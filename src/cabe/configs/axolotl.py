@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cabe.configs import _base
 from cabe.configs._base import Collector
-from cabe.configs.training_args import fsdp_words
+from cabe.configs.training_args import set_fsdp
 from cabe.errors import ConfigError
 
 FORMAT = "axolotl"
@@ -59,13 +59,33 @@ def to_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], list
 
 
 def collect(data: Mapping[str, Any]) -> Collector:
+    _check(data)
     c = Collector()
+    for key, value in data.items():
+        if value is None or value == "":
+            continue  # axolotl examples list every option with an empty value: nothing to say
+        _field(c, key, value, data)
+    if (
+        data.get("fsdp_version") is not None
+        and isinstance(data.get("fsdp_config"), Mapping)
+        and "shard" not in c.fields
+    ):
+        c.fields["shard"] = "fsdp"
+    return c
+
+
+def _adapter(data: Mapping[str, Any]) -> Any:
+    """The ``adapter`` as cabe reads it: axolotl's adapter lora + load_in_4bit is QLoRA."""
     adapter = data.get("adapter")
+    if adapter == "lora" and bool(data.get("load_in_4bit")):
+        return "qlora"
+    return adapter
+
+
+def _check(data: Mapping[str, Any]) -> None:
+    adapter = _adapter(data)
     if adapter not in (None, "", "lora", "qlora"):
         raise ConfigError("cfg_unsupported", "adapter", value=str(adapter), allowed="lora, qlora")
-    four = bool(data.get("load_in_4bit"))
-    if adapter == "lora" and four:
-        adapter = "qlora"  # axolotl: adapter lora + load_in_4bit is QLoRA
     if adapter == "qlora" and data.get("load_in_4bit") is False:
         raise ConfigError(
             "cfg_contradiction",
@@ -76,108 +96,115 @@ def collect(data: Mapping[str, Any]) -> Collector:
         )
     if data.get("bf16") is True and data.get("fp16") is True:
         raise ConfigError("cfg_contradiction", "precision", first="bf16", second="fp16", source="bf16, fp16")
-    pure = adapter is not None
-    for key, value in data.items():
-        if value is None or value == "":
-            continue  # axolotl examples list every option with an empty value: nothing to say
-        if key == "base_model":
-            c.set("model", _base.model_name(value), key)
-        elif key == "adapter":
-            c.set("method", adapter, key)
-        elif key == "load_in_4bit":
-            if four:
-                c.set("method", "qlora", key)
-            else:
-                c.use(key)
-        elif key == "lora_r":
-            c.set("lora_rank", _base.as_int(value, key), key)
-        elif key == "lora_alpha":
-            c.set("lora_alpha", _base.as_number(value, key), key)
-        elif key == "lora_target_linear":
-            if _base.as_bool(value, key):
-                c.set("lora_targets", ("all-linear",), key)
-            else:
-                c.use(key)
-        elif key == "lora_target_modules":
-            if data.get("lora_target_linear") is True:
-                c.ignore(key, "overridden")
-            else:
-                c.set("lora_targets", tuple(str(t) for t in ([value] if isinstance(value, str) else value)), key)
-        elif key == "sequence_len":
-            c.set("seq", _base.as_int(value, key), key)
-        elif key == "micro_batch_size":
-            c.set("batch", _base.as_int(value, key), key)
-        elif key == "gradient_accumulation_steps":
-            c.set("grad_accum", _base.as_int(value, key), key)
-        elif key == "gradient_checkpointing":
-            on = value if isinstance(value, bool) else str(value).lower() not in ("false", "no", "0")
-            c.set("checkpointing", on, key)  # "unsloth" / "offload" also checkpoint
-        elif key in ("bf16", "fp16"):
-            if value is True or _base.is_auto(value):  # bf16: auto = bf16 where the GPU has it
-                c.set("precision", (key if pure else f"{key}-amp"), key)
-            else:
-                c.use(key)
-        elif key == "optimizer":
-            opt = _base.optimizer_from_hf(value)
-            if opt is None:
-                c.ignore(key, "unsupported_value")
-            else:
-                c.set("optimizer", opt[0], key)
-                if opt[1]:
-                    c.set("optimizer_impl", opt[1], key)
-        elif key == "flash_attention":
-            c.set("attention", "flash", key) if _base.as_bool(value, key) else c.use(key)
-        elif key == "sdp_attention":
-            c.set("attention", "sdpa", key) if _base.as_bool(value, key) else c.use(key)
-        elif key == "eager_attention":
-            c.set("attention", "eager", key) if _base.as_bool(value, key) else c.use(key)
-        elif key == "deepspeed":
-            c.ignore(key, "other_file")
-        elif key == "fsdp":
-            shard, offload = fsdp_words(value)
-            if shard:
-                c.set("shard", shard, key)
-            if offload:
-                c.set("offload", offload, key)
-            if not shard and not offload:
-                c.use(key)
-        elif key == "fsdp_version":
-            c.use(key)
-        elif key == "fsdp_config" and isinstance(value, Mapping):
-            for k, v in value.items():
-                name = f"fsdp_config.{k}"
-                kk = k.removeprefix("fsdp_")
-                if v is None:
-                    continue
-                if kk == "offload_params":
-                    c.set("offload", "both", name) if _base.as_bool(v, name) else c.use(name)
-                elif kk == "activation_checkpointing":
-                    c.set("checkpointing", _base.as_bool(v, name), name)
-                elif kk == "sharding_strategy":
-                    from cabe.configs.accelerate import STRATEGIES
 
-                    s = STRATEGIES.get(str(v).upper())
-                    c.set("shard", s, name) if s else c.ignore(name, "unsupported_value")
-                elif kk == "reshard_after_forward":
-                    if not _base.as_bool(v, name):
-                        c.fields.pop("shard", None)
-                        c.set("shard", "zero2", name)
-                    else:
-                        c.fields.setdefault("shard", "fsdp")
-                        c.use(name)
-                else:
-                    c.ignore(name, "no_effect")
-        elif key in NOT_MODELED:
-            if value is False or value == [] or value == {}:
-                c.ignore(key, "no_effect")
-            else:
-                c.ignore(key, "not_modeled")
+
+def _field(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    if c.convert(FIELDS, key, value) or c.flag(FLAGS, key, value):
+        return
+    handler = HANDLERS.get(key)
+    if handler is not None:
+        handler(c, key, value, data)
+    else:
+        _unmapped(c, key, value)
+
+
+def _unmapped(c: Collector, key: str, value: Any) -> None:
+    if key in NOT_MODELED and not (value is False or value == [] or value == {}):
+        c.ignore(key, "not_modeled")
+    else:
+        c.ignore(key, "no_effect")
+
+
+def _checkpointing(value: Any, key: str) -> bool:
+    return value if isinstance(value, bool) else str(value).lower() not in ("false", "no", "0")
+
+
+def _method(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    c.set("method", _adapter(data), key)
+
+
+def _load_in_4bit(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    if value:
+        c.set("method", "qlora", key)
+    else:
+        c.use(key)
+
+
+def _target_modules(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    if data.get("lora_target_linear") is True:
+        c.ignore(key, "overridden")
+    else:
+        c.set("lora_targets", _base.as_targets(value, key), key)
+
+
+def _precision(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    if value is True or _base.is_auto(value):  # bf16: auto = bf16 where the GPU has it
+        pure = _adapter(data) is not None
+        c.set("precision", (key if pure else f"{key}-amp"), key)
+    else:
+        c.use(key)
+
+
+def _fsdp_config(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    if not isinstance(value, Mapping):
+        _unmapped(c, key, value)
+        return
+    for k, v in value.items():
+        name = f"fsdp_config.{k}"
+        kk = k.removeprefix("fsdp_")
+        if v is None:
+            continue
+        if c.flag(FSDP_FLAGS, kk, v, name) or c.convert(FSDP_FIELDS, kk, v, name):
+            continue
+        if kk == "sharding_strategy":
+            from cabe.configs.accelerate import STRATEGIES
+
+            c.set_known("shard", STRATEGIES.get(str(v).upper()), name)
+        elif kk == "reshard_after_forward":
+            _reshard(c, name, v)
         else:
-            c.ignore(key, "no_effect")
-    if (
-        data.get("fsdp_version") is not None
-        and isinstance(data.get("fsdp_config"), Mapping)
-        and "shard" not in c.fields
-    ):
-        c.fields["shard"] = "fsdp"
-    return c
+            c.ignore(name, "no_effect")
+
+
+def _reshard(c: Collector, name: str, v: Any) -> None:
+    if not _base.as_bool(v, name):
+        c.fields.pop("shard", None)
+        c.set("shard", "zero2", name)
+    else:
+        c.fields.setdefault("shard", "fsdp")
+        c.use(name)
+
+
+#: Keys that map to one request field through a converter.
+FIELDS: dict[str, _base.Field] = {
+    "base_model": ("model", _base.as_model),
+    "lora_r": ("lora_rank", _base.as_int),
+    "lora_alpha": ("lora_alpha", _base.as_number),
+    "sequence_len": ("seq", _base.as_int),
+    "micro_batch_size": ("batch", _base.as_int),
+    "gradient_accumulation_steps": ("grad_accum", _base.as_int),
+    "gradient_checkpointing": ("checkpointing", _checkpointing),  # "unsloth" / "offload" also checkpoint
+}
+#: On/off keys: the request field and its value when on.
+FLAGS: dict[str, _base.Flag] = {
+    "lora_target_linear": ("lora_targets", ("all-linear",)),
+    "flash_attention": ("attention", "flash"),
+    "sdp_attention": ("attention", "sdpa"),
+    "eager_attention": ("attention", "eager"),
+}
+#: ``fsdp_config`` keys (without their ``fsdp_`` prefix).
+FSDP_FLAGS: dict[str, _base.Flag] = {"offload_params": ("offload", "both")}
+FSDP_FIELDS: dict[str, _base.Field] = {"activation_checkpointing": ("checkpointing", _base.as_bool)}
+#: Keys that need more than a table entry.
+HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = {
+    "adapter": _method,
+    "load_in_4bit": _load_in_4bit,
+    "lora_target_modules": _target_modules,
+    "bf16": _precision,
+    "fp16": _precision,
+    "optimizer": lambda c, key, value, data: _base.set_hf_optimizer(c, key, value),
+    "deepspeed": lambda c, key, value, data: c.ignore(key, "other_file"),
+    "fsdp": lambda c, key, value, data: set_fsdp(c, key, value),
+    "fsdp_version": lambda c, key, value, data: c.use(key),
+    "fsdp_config": _fsdp_config,
+}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cabe import optimizer
@@ -73,63 +73,83 @@ def collect(data: Mapping[str, Any]) -> Collector:
         )
     numbers: dict[str, int] = {}
     for key, value in data.items():
-        if key in ("bf16", "bfloat16", "fp16"):
-            on = _enabled(value)
-            name = f"{key}.enabled"
-            if on == "auto":
-                c.ignore(name, "auto")
-            elif on:
-                c.set("precision", "fp16-amp" if key == "fp16" else "bf16-amp", name)
-            else:
-                c.use(name)
-            if isinstance(value, Mapping):
-                for k in value:
-                    if k != "enabled":
-                        c.ignore(f"{key}.{k}", "no_effect")
-        elif key == "zero_optimization":
-            _zero(c, value if isinstance(value, Mapping) else {})
-        elif key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"):
-            if _base.is_auto(value):
-                c.ignore(key, "auto")
-            elif value is None:
-                c.ignore(key, "null")
-            else:
-                numbers[key] = _base.as_int(value, key)
-                if key == "train_micro_batch_size_per_gpu":
-                    c.set("batch", numbers[key], key)
-                elif key == "gradient_accumulation_steps":
-                    c.set("grad_accum", numbers[key], key)
-                else:
-                    c.use(key)
-        elif key == "activation_checkpointing" and isinstance(value, Mapping):
-            for k in value:
-                c.ignore(f"{key}.{k}", "not_modeled" if value[k] else "no_effect")
-        elif key == "optimizer" and isinstance(value, Mapping):
-            kind = str(value.get("type", "")).lower()
-            opt = optimizer.from_deepspeed(kind)
-            if opt is None:
-                c.ignore("optimizer.type", "unsupported_value")
-            else:
-                c.set("optimizer", opt, "optimizer.type")
-            for k in value:
-                if k != "type":
-                    c.ignore(f"optimizer.{k}", "no_effect")
+        if key in COUNTS:
+            _count(c, key, value, numbers)
         else:
-            c.ignore(key, "auto" if _base.is_auto(value) else "no_effect")
-    # train_batch_size = micro-batch × accumulation × data-parallel world size
-    if {"train_batch_size", "train_micro_batch_size_per_gpu"} <= set(numbers):
-        per_step = numbers["train_micro_batch_size_per_gpu"] * numbers.get("gradient_accumulation_steps", 1)
-        world, rest = divmod(numbers["train_batch_size"], per_step)
-        if rest or world < 1:
-            raise ConfigError(
-                "cfg_contradiction",
-                "gpus",
-                first=f"train_batch_size {numbers['train_batch_size']}",
-                second=f"micro-batch × accumulation {per_step}",
-                source="train_batch_size",
-            )
-        c.set("gpus", world, "train_batch_size")
+            HANDLERS.get(key, _unmapped)(c, key, value)
+    _world(c, numbers)
     return c
+
+
+def _unmapped(c: Collector, key: str, value: Any) -> None:
+    c.ignore(key, "auto" if _base.is_auto(value) else "no_effect")
+
+
+def _precision(c: Collector, key: str, value: Any) -> None:
+    on = _enabled(value)
+    name = f"{key}.enabled"
+    if on == "auto":
+        c.ignore(name, "auto")
+    elif on:
+        c.set("precision", "fp16-amp" if key == "fp16" else "bf16-amp", name)
+    else:
+        c.use(name)
+    if isinstance(value, Mapping):
+        for k in value:
+            if k != "enabled":
+                c.ignore(f"{key}.{k}", "no_effect")
+
+
+def _count(c: Collector, key: str, value: Any, numbers: dict[str, int]) -> None:
+    """A batch count: kept in ``numbers`` for :func:`_world`, and mapped when ``COUNTS`` names a field."""
+    if _base.is_auto(value):
+        c.ignore(key, "auto")
+    elif value is None:
+        c.ignore(key, "null")
+    else:
+        numbers[key] = _base.as_int(value, key)
+        field = COUNTS[key]
+        if field:
+            c.set(field, numbers[key], key)
+        else:
+            c.use(key)
+
+
+def _world(c: Collector, numbers: Mapping[str, int]) -> None:
+    """train_batch_size = micro-batch × accumulation × data-parallel world size."""
+    if not {"train_batch_size", "train_micro_batch_size_per_gpu"} <= set(numbers):
+        return
+    per_step = numbers["train_micro_batch_size_per_gpu"] * numbers.get("gradient_accumulation_steps", 1)
+    world, rest = divmod(numbers["train_batch_size"], per_step)
+    if rest or world < 1:
+        raise ConfigError(
+            "cfg_contradiction",
+            "gpus",
+            first=f"train_batch_size {numbers['train_batch_size']}",
+            second=f"micro-batch × accumulation {per_step}",
+            source="train_batch_size",
+        )
+    c.set("gpus", world, "train_batch_size")
+
+
+def _activation_checkpointing(c: Collector, key: str, value: Any) -> None:
+    if not isinstance(value, Mapping):
+        _unmapped(c, key, value)
+        return
+    for k in value:
+        c.ignore(f"{key}.{k}", "not_modeled" if value[k] else "no_effect")
+
+
+def _optimizer(c: Collector, key: str, value: Any) -> None:
+    if not isinstance(value, Mapping):
+        _unmapped(c, key, value)
+        return
+    kind = str(value.get("type", "")).lower()
+    opt = optimizer.from_deepspeed(kind)
+    c.set_known("optimizer", opt, "optimizer.type")
+    for k in value:
+        if k != "type":
+            c.ignore(f"optimizer.{k}", "no_effect")
 
 
 def _enabled(block: Any) -> Any:
@@ -144,36 +164,26 @@ def _enabled(block: Any) -> Any:
     return _base.as_bool(v, "enabled") if v is not None else None
 
 
+def shard_for_stage(value: Any, name: str) -> str:
+    """A ZeRO stage (0..3) -> cabe's ``shard``; any other number is ``cfg_bad_value``."""
+    stage = _base.as_int(value, name)
+    if stage not in STAGES:
+        raise ConfigError("cfg_bad_value", name, value=str(value), expected="0, 1, 2 or 3")
+    return STAGES[stage]
+
+
 def _zero(c: Collector, z: Mapping[str, Any]) -> None:
-    opt_off = par_off = False
+    offloaded: set[str] = set()  # "optimizer", "parameters"
     for key, value in z.items():
         name = f"zero_optimization.{key}"
         if key == "stage":
-            stage = _base.as_int(value, name)
-            if stage not in STAGES:
-                raise ConfigError("cfg_bad_value", name, value=str(value), expected="0, 1, 2 or 3")
-            c.set("shard", STAGES[stage], name)
-        elif key in ("offload_optimizer", "offload_param"):
-            device = str(value.get("device", "none")).lower() if isinstance(value, Mapping) else str(value).lower()
-            if device in ("cpu", "nvme"):
-                if key == "offload_optimizer":
-                    opt_off = True
-                else:
-                    par_off = True
-                c.use(f"{name}.device")
-            else:
-                c.use(f"{name}.device")
-            if isinstance(value, Mapping):
-                for k in value:
-                    if k != "device":
-                        c.ignore(
-                            f"{name}.{k}",
-                            "not_modeled" if k in ("ratio", "buffer_count", "buffer_size") else "no_effect",
-                        )
-        elif key in ("cpu_offload", "cpu_offload_params"):  # deprecated spellings
+            c.set("shard", shard_for_stage(value, name), name)
+        elif key in OFFLOADS:
+            if _offload_block(c, name, value):
+                offloaded.add(OFFLOADS[key])
+        elif key in OLD_OFFLOADS:  # deprecated spellings
             if _base.as_bool(value, name):
-                opt_off = opt_off or key == "cpu_offload"
-                par_off = par_off or key == "cpu_offload_params"
+                offloaded.add(OLD_OFFLOADS[key])
             c.use(name)
         elif _base.is_auto(value):
             c.ignore(name, "auto")
@@ -181,5 +191,39 @@ def _zero(c: Collector, z: Mapping[str, Any]) -> None:
             c.ignore(name, "not_modeled")
         else:
             c.ignore(name, "no_effect")
-    if opt_off or par_off:
-        c.fields["offload"] = "both" if opt_off and par_off else "optimizer" if opt_off else "parameters"
+    if offloaded:
+        c.fields["offload"] = "both" if len(offloaded) == 2 else offloaded.pop()
+
+
+def _offload_block(c: Collector, name: str, value: Any) -> bool:
+    """``offload_optimizer`` / ``offload_param``: True when its device is the CPU or NVMe."""
+    device = str(value.get("device", "none")).lower() if isinstance(value, Mapping) else str(value).lower()
+    c.use(f"{name}.device")
+    if isinstance(value, Mapping):
+        for k in value:
+            if k != "device":
+                c.ignore(
+                    f"{name}.{k}",
+                    "not_modeled" if k in ("ratio", "buffer_count", "buffer_size") else "no_effect",
+                )
+    return device in ("cpu", "nvme")
+
+
+#: Batch counts -> the request field each sets (train_batch_size only yields the world size).
+COUNTS: dict[str, str | None] = {
+    "train_micro_batch_size_per_gpu": "batch",
+    "gradient_accumulation_steps": "grad_accum",
+    "train_batch_size": None,
+}
+#: zero_optimization offload blocks (and their deprecated on/off spellings) -> what they offload.
+OFFLOADS = {"offload_optimizer": "optimizer", "offload_param": "parameters"}
+OLD_OFFLOADS = {"cpu_offload": "optimizer", "cpu_offload_params": "parameters"}
+#: Top-level keys and their readers (any other key is ignored).
+HANDLERS: dict[str, Callable[[Collector, str, Any], None]] = {
+    "bf16": _precision,
+    "bfloat16": _precision,
+    "fp16": _precision,
+    "zero_optimization": lambda c, key, value: _zero(c, value if isinstance(value, Mapping) else {}),
+    "activation_checkpointing": _activation_checkpointing,
+    "optimizer": _optimizer,
+}

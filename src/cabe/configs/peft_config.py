@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cabe.configs import _base
@@ -42,7 +42,7 @@ def collect(data: Mapping[str, Any]) -> Collector:
     c = Collector()
     peft_type = str(data.get("peft_type") or "LORA").upper()
     peft_type = peft_type.split(".")[-1]  # "PeftType.LORA"
-    if peft_type not in ("LORA", "PROMPT_TUNING"):
+    if peft_type not in BY_TYPE:
         raise ConfigError("cfg_unsupported", "peft_type", value=peft_type, allowed="LORA, PROMPT_TUNING")
     for key, value in data.items():
         if key == "peft_type":
@@ -52,31 +52,49 @@ def collect(data: Mapping[str, Any]) -> Collector:
                 c.set("model", _base.model_name(value), key)
             else:
                 c.ignore(key, "null")
-        elif peft_type == "LORA" and key == "r":
-            c.set("lora_rank", _base.as_int(value, key), key)
-            c.set("method", "lora", key)
-        elif peft_type == "LORA" and key == "lora_alpha":
-            c.set("lora_alpha", _base.as_number(value, key), key)
-        elif peft_type == "LORA" and key == "target_modules":
-            if value is None:
-                c.ignore(key, "null")  # PEFT's default for the model type: what cabe uses too
-            elif isinstance(value, str):
-                if value == "all-linear" or value.isidentifier():
-                    c.set("lora_targets", (value,), key)
-                else:
-                    c.ignore(key, "unsupported_value")  # a regular expression
-            else:
-                items = sorted(value) if isinstance(value, (set, frozenset)) else value
-                c.set("lora_targets", tuple(str(t) for t in items), key)
-        elif peft_type == "PROMPT_TUNING" and key == "num_virtual_tokens":
-            c.set("prompt_tokens", _base.as_int(value, key), key)
-        elif key in NOT_MODELED:
-            if value in (None, False, {}, []):
-                c.ignore(key, "null" if value is None else "no_effect")
-            else:
-                c.ignore(key, "not_modeled")
-        elif key == "bias" and value not in (None, "none"):
-            c.ignore(key, "not_modeled")
         else:
-            c.ignore(key, "no_effect")
+            BY_TYPE[peft_type].get(key, _unmapped)(c, key, value)
     return c
+
+
+def _unmapped(c: Collector, key: str, value: Any) -> None:
+    if key in NOT_MODELED:
+        if value in (None, False, {}, []):
+            c.ignore(key, "null" if value is None else "no_effect")
+        else:
+            c.ignore(key, "not_modeled")
+    elif key == "bias" and value not in (None, "none"):
+        c.ignore(key, "not_modeled")
+    else:
+        c.ignore(key, "no_effect")
+
+
+def _rank(c: Collector, key: str, value: Any) -> None:
+    c.set("lora_rank", _base.as_int(value, key), key)
+    c.set("method", "lora", key)
+
+
+def _target_modules(c: Collector, key: str, value: Any) -> None:
+    if value is None:
+        c.ignore(key, "null")  # PEFT's default for the model type: what cabe uses too
+    elif isinstance(value, str):
+        if value == "all-linear" or value.isidentifier():
+            c.set("lora_targets", (value,), key)
+        else:
+            c.ignore(key, "unsupported_value")  # a regular expression
+    else:
+        items = sorted(value) if isinstance(value, (set, frozenset)) else value
+        c.set("lora_targets", tuple(str(t) for t in items), key)
+
+
+#: The keys each PEFT type reads (any other key goes to :func:`_unmapped`).
+BY_TYPE: dict[str, dict[str, Callable[[Collector, str, Any], None]]] = {
+    "LORA": {
+        "r": _rank,
+        "lora_alpha": lambda c, key, value: c.set("lora_alpha", _base.as_number(value, key), key),
+        "target_modules": _target_modules,
+    },
+    "PROMPT_TUNING": {
+        "num_virtual_tokens": lambda c, key, value: c.set("prompt_tokens", _base.as_int(value, key), key),
+    },
+}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cabe import optimizer
@@ -77,33 +77,37 @@ def to_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], list
 
 def collect(data: Mapping[str, Any]) -> Collector:
     c = Collector()
-    model = data.get("model") or {}
+    _model(c, data.get("model") or {})
+    for key, value in data.items():
+        if key == "model":
+            continue
+        if c.convert(FIELDS, key, value):
+            continue
+        handler = HANDLERS.get(key)
+        if handler is not None:
+            handler(c, key, value)
+        else:
+            _unmapped(c, key, value)
+    return c
+
+
+def _model(c: Collector, model: Mapping[str, Any]) -> None:
+    """The ``model`` block: the builder names the preset and the method; its keys the LoRA setup."""
     component = str(model.get("_component_", ""))
     builder = component.rsplit(".", 1)[-1]
     m = re.fullmatch(r"(q?lora_)?(.*)", builder)
     assert m is not None  # the pattern matches every string
     kind, base = (m.group(1) or ""), m.group(2)
     method = {"lora_": "lora", "qlora_": "qlora"}.get(kind, "full")
-    preset = MODELS.get(base)
-    if preset is None:
-        c.ignore("model._component_", "unsupported_value")
-    else:
-        c.set("model", preset, "model._component_")
+    c.set_known("model", MODELS.get(base), "model._component_")
     c.set("method", method, "model._component_")
     targets: list[str] = []
     for key, value in model.items():
         name = f"model.{key}"
-        if key == "_component_":
+        if key == "_component_" or c.convert(MODEL_FIELDS, key, value, name):
             continue
-        if key == "lora_rank":
-            c.set("lora_rank", _base.as_int(value, name), name)
-        elif key == "lora_alpha":
-            c.set("lora_alpha", _base.as_number(value, name), name)
-        elif key == "lora_attn_modules":
-            for t in value or []:
-                if str(t) not in ATTN:
-                    raise ConfigError("cfg_bad_value", name, value=str(t), expected=", ".join(ATTN))
-                targets.append(ATTN[str(t)])
+        if key == "lora_attn_modules":
+            targets.extend(_attn_targets(value, name))
             c.use(name)
         elif key == "apply_lora_to_mlp":
             if _base.as_bool(value, name):
@@ -115,44 +119,76 @@ def collect(data: Mapping[str, Any]) -> Collector:
             c.ignore(name, "no_effect")
     if method != "full" and targets:
         c.fields["lora_targets"] = tuple(targets)
-    pure = True  # torchtune trains in the recipe's dtype: bf16 weights, gradients and optimizer state
-    for key, value in data.items():
-        if key == "model":
-            continue
-        if key == "batch_size":
-            c.set("batch", _base.as_int(value, key), key)
-        elif key == "gradient_accumulation_steps":
-            c.set("grad_accum", _base.as_int(value, key), key)
-        elif key == "enable_activation_checkpointing":
-            c.set("checkpointing", _base.as_bool(value, key), key)
-        elif key == "dtype":
-            d = DTYPES.get(str(value).lower())
-            if d is None:
-                c.ignore(key, "unsupported_value")
-            else:
-                c.set("precision", d if pure else f"{d}-amp", key)
-        elif key == "tokenizer" and isinstance(value, Mapping):
-            for k, v in value.items():
-                name = f"tokenizer.{k}"
-                if k == "max_seq_len":
-                    c.set("seq", _base.as_int(v, name), name) if v is not None else c.ignore(name, "null")
-                else:
-                    c.ignore(name, "no_effect")
-        elif key == "optimizer" and isinstance(value, Mapping):
-            _optimizer(c, value)
-        elif key == "fsdp_cpu_offload":
-            c.fields.setdefault("shard", "fsdp")
-            if _base.as_bool(value, key):
-                c.set("offload", "both", key)
-            else:
-                c.use(key)
-        elif key in NOT_MODELED and value not in (None, False):
-            c.ignore(key, "not_modeled")
-        elif isinstance(value, Mapping) and "_component_" in value:
-            c.ignore(f"{key}._component_", "no_effect")
+
+
+def _attn_targets(value: Any, name: str) -> list[str]:
+    targets: list[str] = []
+    for t in value or []:
+        if str(t) not in ATTN:
+            raise ConfigError("cfg_bad_value", name, value=str(t), expected=", ".join(ATTN))
+        targets.append(ATTN[str(t)])
+    return targets
+
+
+def _unmapped(c: Collector, key: str, value: Any) -> None:
+    if key in NOT_MODELED and value not in (None, False):
+        c.ignore(key, "not_modeled")
+    elif isinstance(value, Mapping) and "_component_" in value:
+        c.ignore(f"{key}._component_", "no_effect")
+    else:
+        c.ignore(key, "null" if value is None else "no_effect")
+
+
+def _dtype(c: Collector, key: str, value: Any) -> None:
+    # torchtune trains in the recipe's dtype: bf16 weights, gradients and optimizer state (pure, not amp)
+    c.set_known("precision", DTYPES.get(str(value).lower()), key)
+
+
+def _tokenizer(c: Collector, key: str, value: Any) -> None:
+    if not isinstance(value, Mapping):
+        _unmapped(c, key, value)
+        return
+    for k, v in value.items():
+        name = f"tokenizer.{k}"
+        if k == "max_seq_len":
+            c.set("seq", _base.as_int(v, name), name) if v is not None else c.ignore(name, "null")
         else:
-            c.ignore(key, "null" if value is None else "no_effect")
-    return c
+            c.ignore(name, "no_effect")
+
+
+def _optimizer_block(c: Collector, key: str, value: Any) -> None:
+    if isinstance(value, Mapping):
+        _optimizer(c, value)
+    else:
+        _unmapped(c, key, value)
+
+
+def _cpu_offload(c: Collector, key: str, value: Any) -> None:
+    c.fields.setdefault("shard", "fsdp")
+    if _base.as_bool(value, key):
+        c.set("offload", "both", key)
+    else:
+        c.use(key)
+
+
+#: ``model`` keys that map to one request field through a converter.
+MODEL_FIELDS: dict[str, _base.Field] = {
+    "lora_rank": ("lora_rank", _base.as_int),
+    "lora_alpha": ("lora_alpha", _base.as_number),
+}
+#: Top-level keys that map to one request field through a converter.
+FIELDS: dict[str, _base.Field] = {
+    "batch_size": ("batch", _base.as_int),
+    "gradient_accumulation_steps": ("grad_accum", _base.as_int),
+    "enable_activation_checkpointing": ("checkpointing", _base.as_bool),
+}
+#: Top-level keys that need more than a table entry.
+HANDLERS: dict[str, Callable[[Collector, str, Any], None]] = {
+    "dtype": _dtype,
+    "tokenizer": _tokenizer,
+    "optimizer": _optimizer_block,
+    "fsdp_cpu_offload": _cpu_offload,
+}
 
 
 def _optimizer(c: Collector, opt: Mapping[str, Any]) -> None:

@@ -3,7 +3,7 @@ the YAML ``trl sft --config`` reads, which may also carry TRL's ``ModelConfig`` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cabe.configs import _base
@@ -83,135 +83,146 @@ def collect(data: Mapping[str, Any]) -> Collector:
             continue
         handled = _field(c, key, value, fields_)
         if not handled:
-            c.ignore(key, "not_modeled" if key in NOT_MODELED else "no_effect")
+            _unmapped(c, key)
     return c
 
 
 def _field(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> bool:
-    if key == "per_device_train_batch_size" or (
-        key == "train_batch_size" and "per_device_train_batch_size" not in all_
-    ):
-        c.set("batch", _base.as_int(value, key), key)
-    elif key == "gradient_accumulation_steps":
-        c.set("grad_accum", _base.as_int(value, key), key)
-    elif key in ("bf16", "fp16"):
-        if _base.as_bool(value, key):
-            c.set("precision", f"{key}-amp", key)
-        else:
-            c.use(key)
-    elif key in ("gradient_checkpointing", "activation_checkpointing"):  # transformers 5 renamed it
-        c.set("checkpointing", _base.as_bool(value, key), key)
-    elif key == "optim":
-        opt = _base.optimizer_from_hf(value)
-        if opt is None:
-            c.ignore(key, "unsupported_value")
-        else:
-            c.set("optimizer", opt[0], key)
-            if opt[1]:
-                c.set("optimizer_impl", opt[1], key)
-    elif key in ("max_length", "max_seq_length"):
-        c.set("seq", _base.as_int(value, key), key)
-    elif key == "model_name_or_path":
-        c.set("model", _base.model_name(value), key)
-    elif key in ("dtype", "torch_dtype"):
-        d = _base.dtype(value)
-        if d is None:
-            c.ignore(key, "unsupported_value")
-        else:
-            c.set("_dtype", d, key)  # the loaded weights' dtype; combined with bf16/fp16 later
-    elif key == "attn_implementation":
-        att = {
-            "eager": "eager",
-            "sdpa": "sdpa",
-            "flash_attention_2": "flash",
-            "flash_attention_3": "flash",
-            "kernels-community/flash-attn": "flash",
-            "kernels-community/vllm-flash-attn3": "flash",
-        }.get(str(value))
-        if att is None:
-            c.ignore(key, "unsupported_value")
-        else:
-            c.set("attention", att, key)
-    elif key == "use_peft":
-        if _base.as_bool(value, key):
-            c.set("method", "lora", key)
-        else:
-            c.use(key)
-    elif key == "lora_r":
-        c.set("lora_rank", _base.as_int(value, key), key)
-    elif key == "lora_alpha":
-        c.set("lora_alpha", _base.as_number(value, key), key)
-    elif key == "lora_target_modules":
-        targets = [value] if isinstance(value, str) else list(value)
-        c.set("lora_targets", tuple(str(t) for t in targets), key)
-    elif key == "load_in_4bit":
-        if _base.as_bool(value, key):
-            c.set("method", "qlora", key)
-        else:
-            c.use(key)
-    elif key == "load_in_8bit":
-        if _base.as_bool(value, key):
-            c.ignore(key, "not_modeled")
-        else:
-            c.use(key)
-    elif key == "bnb_4bit_quant_type":
-        c.set("quant", str(value), key)
-    elif key == "use_bnb_nested_quant":
-        c.set("double_quant", _base.as_bool(value, key), key)
-    elif key == "deepspeed":
-        if isinstance(value, Mapping):
-            from cabe.configs import deepspeed
+    """Map one field through the tables; False when none of them knows ``key``."""
+    handler = HANDLERS.get(key)
+    if handler is not None:
+        handler(c, key, value, all_)
+        return True
+    return c.convert(FIELDS, key, value) or c.flag(FLAGS, key, value)
 
-            sub, used, ignored = deepspeed.to_request(value)
-            for f, v in sub.items():
-                c.set(f, v, key)
-            c.used = [u for u in c.used if u != key] + [f"{key}.{u}" for u in used]
-            c.ignored += [(f"{key}.{f}", r) for f, r in ignored]
+
+def _unmapped(c: Collector, key: str) -> None:
+    c.ignore(key, "not_modeled" if key in NOT_MODELED else "no_effect")
+
+
+def _train_batch_size(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> None:
+    if "per_device_train_batch_size" in all_:
+        _unmapped(c, key)
+    else:
+        c.set("batch", _base.as_int(value, key), key)
+
+
+def _dtype(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> None:
+    c.set_known("_dtype", _base.dtype(value), key)  # the loaded weights' dtype; combined with bf16/fp16 later
+
+
+def _load_in_8bit(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> None:
+    if _base.as_bool(value, key):
+        c.ignore(key, "not_modeled")
+    else:
+        c.use(key)
+
+
+def _deepspeed(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> None:
+    if not isinstance(value, Mapping):
+        c.ignore(key, "other_file")
+        return
+    from cabe.configs import deepspeed
+
+    sub, used, ignored = deepspeed.to_request(value)
+    for f, v in sub.items():
+        c.set(f, v, key)
+    c.used = [u for u in c.used if u != key] + [f"{key}.{u}" for u in used]
+    c.ignored += [(f"{key}.{f}", r) for f, r in ignored]
+
+
+def _fsdp_config(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> None:
+    if not isinstance(value, Mapping):
+        _unmapped(c, key)
+        return
+    for k, v in value.items():
+        name = f"fsdp_config.{k}"
+        kk = k.removeprefix("fsdp_")
+        if c.flag(FSDP_FLAGS, kk, v, name) or v is None:
+            continue
+        if kk == "activation_checkpointing":
+            c.set("checkpointing", _base.as_bool(v, name), name)
+        elif kk == "reshard_after_forward" and all_.get("fsdp"):
+            if not _base.as_bool(v, name):
+                c.set("shard", "zero2", name)
+            else:
+                c.use(name)
         else:
-            c.ignore(key, "other_file")
-    elif key == "fsdp":
-        shard, offload = fsdp_words(value)
-        if shard is None and offload is None:
-            c.use(key)
-        if shard:
-            c.set("shard", shard, key)
-        if offload:
-            c.set("offload", offload, key)
-    elif key == "fsdp_config" and isinstance(value, Mapping):
-        for k, v in value.items():
-            name = f"fsdp_config.{k}"
-            kk = k.removeprefix("fsdp_")
-            if kk == "offload_params":
-                if _base.as_bool(v, name):
-                    c.set("offload", "both", name)
-                else:
-                    c.use(name)
-            elif kk == "activation_checkpointing" and v is not None:
-                c.set("checkpointing", _base.as_bool(v, name), name)
-            elif kk == "reshard_after_forward" and v is not None and all_.get("fsdp"):
-                if not _base.as_bool(v, name):
-                    c.set("shard", "zero2", name)
-                else:
-                    c.use(name)
-            elif v is not None:
-                c.ignore(
-                    name,
-                    "not_modeled"
-                    if kk
-                    in (
-                        "min_num_params",
-                        "transformer_layer_cls_to_wrap",
-                        "forward_prefetch",
-                        "backward_prefetch",
-                        "limit_all_gathers",
-                    )
-                    else "no_effect",
-                )
-    elif key in ("world_size", "n_gpu") and _base.as_int(value, key) > 1:
+            c.ignore(name, "not_modeled" if kk in FSDP_NOT_MODELED else "no_effect")
+
+
+def _gpus(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> None:
+    if _base.as_int(value, key) > 1:
         c.set("gpus", _base.as_int(value, key), key)
     else:
-        return False
-    return True
+        _unmapped(c, key)
+
+
+#: ``attn_implementation`` values -> cabe's attention kernels.
+ATTENTION = {
+    "eager": "eager",
+    "sdpa": "sdpa",
+    "flash_attention_2": "flash",
+    "flash_attention_3": "flash",
+    "kernels-community/flash-attn": "flash",
+    "kernels-community/vllm-flash-attn3": "flash",
+}
+#: Keys that map to one request field through a converter.
+FIELDS: dict[str, _base.Field] = {
+    "per_device_train_batch_size": ("batch", _base.as_int),
+    "gradient_accumulation_steps": ("grad_accum", _base.as_int),
+    "gradient_checkpointing": ("checkpointing", _base.as_bool),
+    "activation_checkpointing": ("checkpointing", _base.as_bool),  # transformers 5 renamed it
+    "max_length": ("seq", _base.as_int),
+    "max_seq_length": ("seq", _base.as_int),
+    "model_name_or_path": ("model", _base.as_model),
+    "lora_r": ("lora_rank", _base.as_int),
+    "lora_alpha": ("lora_alpha", _base.as_number),
+    "lora_target_modules": ("lora_targets", _base.as_targets),
+    "bnb_4bit_quant_type": ("quant", _base.as_str),
+    "use_bnb_nested_quant": ("double_quant", _base.as_bool),
+}
+#: On/off keys: the request field and its value when on.
+FLAGS: dict[str, _base.Flag] = {
+    "bf16": ("precision", "bf16-amp"),
+    "fp16": ("precision", "fp16-amp"),
+    "use_peft": ("method", "lora"),
+    "load_in_4bit": ("method", "qlora"),
+}
+#: ``fsdp_config`` keys (without their ``fsdp_`` prefix).
+FSDP_FLAGS: dict[str, _base.Flag] = {"offload_params": ("offload", "both")}
+FSDP_NOT_MODELED = (
+    "min_num_params",
+    "transformer_layer_cls_to_wrap",
+    "forward_prefetch",
+    "backward_prefetch",
+    "limit_all_gathers",
+)
+#: Keys that need more than a table entry.
+HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = {
+    "train_batch_size": _train_batch_size,
+    "optim": lambda c, key, value, all_: _base.set_hf_optimizer(c, key, value),
+    "dtype": _dtype,
+    "torch_dtype": _dtype,
+    "attn_implementation": lambda c, key, value, all_: c.set_known("attention", ATTENTION.get(str(value)), key),
+    "load_in_8bit": _load_in_8bit,
+    "deepspeed": _deepspeed,
+    "fsdp": lambda c, key, value, all_: set_fsdp(c, key, value),
+    "fsdp_config": _fsdp_config,
+    "world_size": _gpus,
+    "n_gpu": _gpus,
+}
+
+
+def set_fsdp(c: Collector, key: str, value: Any) -> None:
+    """TrainingArguments-style ``fsdp`` words -> ``shard`` and ``offload`` (only used when neither)."""
+    shard, offload = fsdp_words(value)
+    if shard:
+        c.set("shard", shard, key)
+    if offload:
+        c.set("offload", offload, key)
+    if not shard and not offload:
+        c.use(key)
 
 
 def fsdp_words(value: Any) -> tuple[str | None, str | None]:
