@@ -93,20 +93,21 @@ def test_field_lookup_by_command() -> None:
 @pytest.mark.parametrize(
     ("given", "precision"),
     [
-        ({}, "bf16-amp"),
-        ({"method": "full"}, "bf16-amp"),
-        ({"method": "freeze"}, "bf16-amp"),
-        ({"method": "lora"}, "bf16"),
-        ({"method": "qlora"}, "bf16"),
-        ({"method": "prompt-tuning"}, "bf16"),
-        ({"method": "lora", "precision": "fp32"}, "fp32"),
-        ({"method": "lora", "precision": ""}, "bf16"),
-        ({"method": "full", "precision": None}, "bf16-amp"),
+        # nothing given: what Trainer(bf16=True) does with a model loaded by transformers 5's defaults
+        ({}, ("auto", "bf16", None)),
+        ({"method": "lora"}, ("auto", "bf16", None)),
+        ({"method": "lora", "precision": "fp32"}, ("fp32", "none", "fp32")),
+        ({"method": "lora", "precision": ""}, ("auto", "bf16", None)),
+        ({"method": "full", "precision": None}, ("auto", "bf16", None)),
+        ({"precision": "bf16-amp"}, ("fp32", "bf16", "bf16-amp")),
+        ({"precision": "bf16"}, ("bf16", "none", "bf16")),
+        ({"precision": "bf16-mixed", "dtype": "bf16"}, ("bf16", "bf16", "bf16-mixed")),
+        ({"dtype": "bf16", "autocast": "none"}, ("bf16", "none", None)),
     ],
 )
-def test_resolve_defaults_precision(given: dict, precision: str) -> None:
+def test_resolve_defaults_precision(given: dict, precision: tuple) -> None:
     out = schema.resolve_defaults(given)
-    assert out["precision"] == precision
+    assert (out["dtype"], out["autocast"], out["precision"]) == precision
     assert set(out) == {f.name for f in schema.SETUP_FIELDS}
     assert out["seq"] == 512 and out["lora_targets"] == ()
 
@@ -146,3 +147,14 @@ def test_docs_options_is_generated_from_the_schema() -> None:
 
     doc = Path(__file__).resolve().parents[1] / "docs" / "options.md"
     assert doc.read_text(encoding="utf-8") == schema.markdown()
+
+
+def test_precision_shorthand_contradicting_dtype_is_a_typed_error() -> None:
+    from cabe.errors import InvalidValueError
+
+    with pytest.raises(InvalidValueError) as e:
+        schema.resolve_defaults({"precision": "bf16-amp", "dtype": "bf16"})
+    assert e.value.code == "precision_conflict" and e.value.field == "dtype"
+    with pytest.raises(InvalidValueError) as e:
+        training.TrainingSetup(precision="bf16", autocast="fp16")
+    assert e.value.code == "precision_conflict"

@@ -106,10 +106,14 @@ class _Layer:
         self.h, self.q, self.kv = spec.hidden_size, spec.q_dim, spec.kv_dim
         self.f, self.nh = spec.intermediate_size, spec.num_heads
         self.s = setup.tokens_per_sequence
-        self.a, self.rho, self.amp = dt.compute, dt.residual, dt.amp
+        self.a, self.rho, self.autocast = dt.compute, dt.residual, dt.autocast
+        # a linear layer's input is cast per op: an fp32 residual under autocast, or LayerNorm's output
+        # (layer_norm is on autocast's fp32 list) whatever the residual's dtype
+        self.amp = dt.amp or (dt.autocast and spec.norm == "layernorm")
         self.targets = {lin.name for lin in lora_targets(spec, setup.lora_targets)} if adapters else set()
         self.r = setup.lora_rank
-        self.adapter_cast = dt.adapter != dt.compute and not self.amp  # PEFT casts the input to the fp32 adapter
+        # without autocast PEFT's _cast_input_dtype gives lora_A an fp32 copy of its input, which it saves
+        self.adapter_cast = dt.adapter != dt.compute and not dt.autocast
         # QLoRA (bitsandbytes Linear4bit under autocast): the 4-bit layers save no input (their weight is
         # frozen), cast their output back to the fp32 residual dtype, and LoRA adapters run under autocast.
         self.quantized = setup.method == "qlora" and any(lin.quantized_by_bnb for lin in spec.layer_linears)
@@ -133,19 +137,25 @@ class _Layer:
                 if self.base_trainable or n in targets:
                     self.add(f"{group}.{n}.input_cast", 2 * inf, f"2·{_sym(inf, spec)}")
             return
-        shared_needed = bool(trained) or (any(n in targets for n, _ in names) and not adapter_cast)
+        reads_input = not adapter_cast and not self.autocast  # lora_A saves the input itself (no cast)
+        shared_needed = bool(trained) or (any(n in targets for n, _ in names) and reads_input)
         if shared_needed:
             self.add(f"{group}.input", shared_bytes, shared_formula)
-        if adapter_cast:
-            for n, inf in names:
-                if n in targets:
-                    self.add(f"{group}.{n}.lora_input_fp32", 4 * inf, f"4·{_sym(inf, spec)}")
+        for n, inf in names:
+            if n not in targets:
+                continue
+            if adapter_cast:
+                self.add(f"{group}.{n}.lora_input_fp32", 4 * inf, f"4·{_sym(inf, spec)}")
+            elif self.autocast:
+                # a 16-bit residual under autocast: PEFT casts it to the fp32 adapter's dtype, autocast
+                # casts that back for lora_A, which saves the cast
+                self.add(f"{group}.{n}.input_cast", 2 * inf, f"2·{_sym(inf, spec)}")
 
     def lora_mid(self, names: list[str]) -> None:
         r = self.r
         for n in names:
             if n in self.targets:
-                per = 2 * r if (self.amp or self.quantized) else 4 * r
+                per = 2 * r if (self.autocast or self.quantized) else 4 * r
                 self.add(f"lora.{n}.A_output", per, f"{per // r}·r")
 
     def rms_norm(
@@ -285,7 +295,7 @@ class _Layer:
             self.add("attn.resid_dropout_mask", h, "1·h")
 
     def _ln_mlp(self) -> None:
-        spec, h, f, a, rho, amp, quantized = self.spec, self.h, self.f, self.a, self.rho, self.amp, self.quantized
+        spec, h, f, a, rho, quantized = self.spec, self.h, self.f, self.a, self.rho, self.quantized
         base_trainable, targets, adapter_cast = self.base_trainable, self.targets, self.adapter_cast
         up_names, down_name = self.up_names, self.down_name
         parallel, n_ln = spec.parallel_block, spec.norms_per_layer
@@ -297,7 +307,7 @@ class _Layer:
         self.lora_mid([fc_name])
         chain = 4 if spec.activation in ("gelu_new", "gelu_fast") else 1
         down = down_name
-        if chain > 1 and amp:
+        if chain > 1 and self.autocast:
             # NOTE: under autocast gelu_new's pow runs in fp32: x, tanh and the sum are fp32 copies; the
             # product is 16-bit, or fp32 when x itself is fp32 (QLoRA's Linear4bit output)
             self.add("mlp.gelu_tanh_chain_fp32", 3 * 4 * f, "3·4·f")

@@ -34,7 +34,7 @@ from cabe.errors import InvalidValueError
 from cabe.method import Tensor, lora_targets, parameter_tensors, quantized_bytes, stored_bytes
 from cabe.optimizer import get as optimizer_entry
 from cabe.optimizer import optimizer_memory
-from cabe.precision import Dtypes, dtypes_for
+from cabe.precision import Dtypes, dtype_source, dtypes_for, resolve
 from cabe.report import GB, GiB, Report, Step
 from cabe.schema import state_fields
 from cabe.step import StepParts, timeline
@@ -105,12 +105,12 @@ def estimate_lesson(params_billion: float, setup: TrainingSetup, activations_gb:
     n_b = number("params", params_billion, minimum=0.0, maximum=1e6, strict=True)
     a_gb = number("activations_gb", activations_gb, minimum=0.0, maximum=1e7)
     n = round(n_b * 1e9)
-    p = setup.precision
     opt = optimizer_entry(setup.optimizer)
     state_per = opt.lesson_bytes_per_param  # optimizer state bytes per parameter, for fp32 moments
-    if p == "fp32":
+    # the lesson's three regimes: fp32; mixed precision (any autocast); pure 16-bit weights
+    if setup.autocast == "none" and setup.dtype in ("fp32", "auto"):
         w, g, master = 4, 4, 0
-    elif p in ("bf16-amp", "fp16-amp"):
+    elif setup.autocast != "none":
         w, g, master = 2, 2, 4
     else:
         w, g, master = 2, 2, 0
@@ -270,12 +270,14 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         raise InvalidValueError(
             "out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0, maximum=spec.num_layers
         )
+    source = dtype_source(setup, spec)
+    setup = resolve(setup, spec)  # dtype="auto": the checkpoint's, as transformers 5 loads it
     dt = dtypes_for(setup)
     states = _model_states(spec, setup)
     act = _layer_activations(spec, setup, dt)
-    copies_layer, copies_head = _weight_copies(spec, setup, dt)
+    copies = _weight_copies(spec, setup, dt)
     head = head_activations(spec, setup, dt)
-    parts = _step_parts(spec, setup, states, act, head, copies_layer, copies_head)
+    parts = _step_parts(spec, setup, states, act, head, copies)
     shard_info: dict[str, Any] = {}
     if setup.distributed:
         # Multi-GPU plans: sharding transforms the per-GPU parts; the walk of the step is the same.
@@ -283,7 +285,9 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
 
         parts, shard_info = shard_parts(parts, spec, setup)
     moments = timeline(parts)
-    copies_fwd = copies_layer * parts.copies_fwd_layers + copies_head
+    copies_fwd = (
+        parts.copies_layer * parts.grad_layers + parts.copies_cached_layer * parts.cached_layers + parts.copies_head
+    )
     peak = max(moments, key=lambda m: m.total)
     phase_peaks: dict[str, int] = {}
     for m in moments:
@@ -293,7 +297,8 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         components.setdefault(k, 0)
     total = sum(components.values())
     tokens = act.tokens
-    steps = _explain_model(spec, setup, dt, states, act, copies_fwd, head, peak, total)
+    steps = [_precision_step(setup, source)]
+    steps += _explain_model(spec, setup, dt, states, act, copies_fwd, head, peak, total)
     return Report(
         mode="architecture",
         total_bytes=total,
@@ -314,6 +319,16 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
             **({"distributed": shard_info} if shard_info else {}),
             "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments],
         },
+    )
+
+
+def _precision_step(setup: TrainingSetup, source: str) -> Step:
+    """Which dtype and autocast the estimate assumed, and where the dtype came from."""
+    return Step(
+        "setup.precision",
+        "dtype {dtype} ({source}), autocast {autocast}",
+        None,
+        {"dtype": setup.dtype, "source": source, "autocast": setup.autocast, "precision": setup.precision},
     )
 
 
@@ -353,22 +368,42 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
     return _Activations(tokens, per_layer, full_layer_bytes, saved_layer_bytes, rotary, grad_layers)
 
 
-def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> tuple[int, int]:
-    """Autocast keeps a 16-bit copy of every weight a matmul saves for backward: (per layer, head)."""
+@dataclass(frozen=True)
+class _Copies:
+    """Autocast's 16-bit copies of matmul weights (aten/src/ATen/autocast_mode.cpp, ``cached_cast``).
+
+    ``layer``: every copy one layer makes (each saved by autograd for backward when the layer is in the
+    gradient's path); ``cached``: the part autocast's cache keeps until forward ends — only casts of fp32
+    leaves that require grad (``arg.requires_grad() && arg.is_leaf()`` with ``scalar_type == kFloat``);
+    ``trained_layers``: layers with such leaves; ``head``: the lm_head's copy."""
+
+    layer: int = 0
+    cached: int = 0
+    trained_layers: int = 0
+    head: int = 0
+
+
+def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Copies:
     if not dt.weight_copies:
-        return 0, 0
+        return _Copies()
     # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast
-    copies_layer = sum(
+    base = sum(
         round_alloc(lin.weight_count * 2)
         for lin in spec.layer_linears
         if not (setup.method == "qlora" and lin.quantized_by_bnb)
     )
+    adapters = 0
     if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
-        copies_layer += sum(
+        adapters = sum(
             round_alloc(setup.lora_rank * lin.in_features * 2) + round_alloc(setup.lora_rank * lin.out_features * 2)
             for lin in lora_targets(spec, setup.lora_targets)
         )
-    return copies_layer, round_alloc(spec.vocab_size * spec.hidden_size * 2)
+    if setup.method in ("full", "freeze"):  # the trained layers' weights are fp32 leaves that require grad
+        cached = base
+        trained = spec.num_layers if setup.method == "full" else min(setup.trainable_layers, spec.num_layers)
+    else:  # LoRA / QLoRA: only the adapters train; prompt tuning: nothing in the layers
+        cached, trained = adapters, (spec.num_layers if setup.adapters else 0)
+    return _Copies(base + adapters, cached, trained, round_alloc(spec.vocab_size * spec.hidden_size * 2))
 
 
 def _grad_bytes(states: _States, keep: Callable[[Tensor], bool]) -> int:
@@ -383,8 +418,7 @@ def _step_parts(
     states: _States,
     act: _Activations,
     head: HeadActivations,
-    copies_layer: int,
-    copies_head: int,
+    copies: _Copies,
 ) -> StepParts:
     tokens, grad_layers, per_layer = act.tokens, act.grad_layers, act.per_layer
     grads_head = _grad_bytes(states, lambda t: t.kind == "lm_head" or t.name == "final_norm")
@@ -396,9 +430,13 @@ def _step_parts(
         grads_head=grads_head,
         grads_per_layer=grads_layer // grad_layers if grad_layers else 0,
         grad_layers=grad_layers,
-        copies_layer=copies_layer,
-        copies_head=copies_head,
-        copies_fwd_layers=spec.num_layers if setup.checkpointing else grad_layers,
+        # with checkpointing nothing is saved in the forward: the cache holds the trained leaves' copies,
+        # and the layer being recomputed makes its own again
+        copies_layer=0 if setup.checkpointing else copies.layer,
+        copies_head=copies.head,
+        copies_cached_layer=copies.cached if setup.checkpointing else 0,
+        cached_layers=copies.trained_layers if setup.checkpointing else 0,
+        copies_recompute=copies.layer if setup.checkpointing and grad_layers else 0,
         saved_layer=act.saved_layer_bytes,
         recompute_layer=act.full_layer_bytes if setup.checkpointing else 0,
         workspace_layer=tokens * per_layer.backward_workspace_per_token,

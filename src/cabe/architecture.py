@@ -132,6 +132,9 @@ class ModelSpec:
     #: PEFT's default LoRA targets for this model type (peft/utils/constants.py), or all-linear
     #: where PEFT has none and asks for target_modules
     peft_default_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    #: the checkpoint's dtype as its config says (``dtype``, or ``torch_dtype`` before transformers 5):
+    #: what ``from_pretrained(dtype="auto")`` loads; None when the config does not say
+    dtype: str | None = None
     name: str = ""
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

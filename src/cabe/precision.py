@@ -1,30 +1,52 @@
-"""Precision: which dtype each kind of tensor has, for a method and a precision mode.
+"""Precision: which dtype each kind of tensor has, from the two axes transformers has.
+
+* ``dtype``: what the weights are loaded in — ``from_pretrained(dtype=...)``; transformers 5 defaults to
+  ``"auto"``, the checkpoint's dtype (``config.dtype`` / ``torch_dtype``: bf16 for nearly every modern
+  model), which :func:`resolve` reads from the model.
+* ``autocast``: the Trainer's ``bf16=True`` / ``fp16=True`` — ``torch.autocast`` around the forward.
 
 Bytes per element, never bits-as-float: 4-bit storage is handled in :mod:`cabe.method`.
 
-=============  ==============  ============  =================  ====================
-precision      weights          gradients     compute (saved)    autocast weight copy
-=============  ==============  ============  =================  ====================
-fp32           4 (fp32)         4             4                  no
-bf16-amp       4 (fp32 master)  4             2 (bf16)           yes, 2 B/param
-fp16-amp       4 (fp32 master)  4             2 (fp16)           yes, 2 B/param
-bf16 / fp16    2 (pure 16-bit)  2             2                  no
-=============  ==============  ============  =================  ====================
+=================  ========  =====  ===========  ========  ======================================
+dtype + autocast   weights   grads  opt. state   residual  autocast weight copies
+=================  ========  =====  ===========  ========  ======================================
+fp32 + none        4         4      fp32         4         none
+fp32 + bf16/fp16   4         4      fp32         4         2 B of every matmul weight; fp32 leaves
+                                                            that train are cached until forward ends
+bf16 + none        2         2      param dtype  2         none (LoRA adapters stay fp32)
+bf16 + bf16        2         2      param dtype  2         none for the weights; fp32 adapters cast
+fp16 + bf16        2         2      param dtype  2         2 B of every weight, never cached
+=================  ========  =====  ===========  ========  ======================================
 
-The lesson's "mixed precision" (16-bit weights + 16-bit gradients + fp32 master copy + fp32
-Adam = 2 + 2 + 4 + 8 = 16 B/param) and PyTorch autocast (fp32 weights + fp32 gradients + fp32
-Adam = 16 B/param, plus a 16-bit copy of each weight cached during forward and kept for
-backward) cost the same 16 B/param of model states; cabe models what PyTorch does.
+What follows from the source (each checked by :mod:`cabe.trace` on fake CUDA tensors):
+
+* torch optimizers keep their state in the parameter's dtype (``torch.zeros_like(p)``).
+* autocast (``aten/src/ATen/autocast_mode.cpp``, ``cached_cast``) casts a weight to the autocast dtype
+  when it is another floating dtype, and caches the cast only when the weight is an fp32 leaf that
+  requires grad; every other cast lives as long as autograd saves it for backward.
+* PEFT keeps LoRA adapters in fp32 (``autocast_adapter_dtype=True``) and casts a layer's input to the
+  adapter's dtype (``_cast_input_dtype``) before ``lora_A``.
+* The residual stream is in the weights' dtype (the embedding's output); under autocast, matmuls write
+  the autocast dtype and fp32-listed ops (``layer_norm``, ``softmax``, ``log_softmax``, ``pow``) fp32.
+
+The lesson's "mixed precision" (16-bit weights + 16-bit gradients + fp32 master copy + fp32 Adam =
+2 + 2 + 4 + 8 = 16 B/param) and PyTorch autocast on fp32 weights (fp32 weights + fp32 gradients + fp32
+Adam = 16 B/param, plus a 16-bit copy of each weight) cost the same 16 B/param of model states; cabe
+models what PyTorch does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from cabe.training import TrainingSetup
+if TYPE_CHECKING:
+    from cabe.architecture import ModelSpec
+    from cabe.training import TrainingSetup
 
 FP32 = 4
 HALF = 2
+BYTES = {"fp32": FP32, "bf16": HALF, "fp16": HALF}
 
 
 @dataclass(frozen=True)
@@ -37,21 +59,43 @@ class Dtypes:
     compute: int  # activations saved for backward (matmul inputs/outputs)
     residual: int  # the residual stream between layers
     adapter: int  # LoRA adapter weights (PEFT keeps them fp32 by default)
-    weight_copies: bool  # autocast caches a 16-bit copy of each fp32 weight
+    weight_copies: bool  # autocast casts the (base) weights to another dtype: 16-bit copies exist
+    autocast: bool = False  # torch.autocast is on
+    #: the weights are fp32: autocast caches the casts of those that train (cached_cast's kFloat test)
+    cached_copies: bool = False
 
     @property
     def amp(self) -> bool:
-        return self.weight_copies
+        """A linear layer's input is cast per op under autocast (an fp32 residual stream)."""
+        return self.autocast and self.residual != self.compute
+
+
+def resolve(setup: TrainingSetup, spec: ModelSpec) -> TrainingSetup:
+    """``dtype="auto"`` read as transformers 5 reads it: the checkpoint's dtype (fp32 when the config
+    does not say; transformers would then look at the weights' files)."""
+    if setup.dtype != "auto":
+        return setup
+    return setup.with_dtype(spec.dtype or "fp32")
+
+
+def dtype_source(setup: TrainingSetup, spec: ModelSpec) -> str:
+    """Where the weights' dtype came from: ``given``, ``config`` or ``default`` (a config without one)."""
+    if setup.dtype != "auto":
+        return "given"
+    return "config" if spec.dtype else "default"
 
 
 def dtypes_for(setup: TrainingSetup) -> Dtypes:
-    p = setup.precision
+    """Bytes per element for a setup whose ``dtype`` is resolved (:func:`resolve`)."""
     if setup.method == "qlora":
         # NOTE: QLoRA as transformers + PEFT run it: 4-bit linear weights, the rest of the model
         # cast to fp32 by prepare_model_for_kbit_training, compute in compute_dtype.
         # The Trainer runs QLoRA under autocast (bf16=True): fp32 residual stream (fp32 embeddings),
         # 16-bit casts of the fp32 lm_head and adapters saved for backward.
-        compute = FP32 if setup.compute_dtype == "fp32" else HALF
+        # without autocast the adapters and the rest run in fp32 (bitsandbytes casts to compute_dtype inside
+        # its matmul and back to the input's dtype)
+        on = setup.autocast != "none"
+        compute = FP32 if setup.compute_dtype == "fp32" or not on else HALF
         return Dtypes(
             weight=FP32,
             frozen=FP32,
@@ -60,10 +104,21 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
             residual=FP32,
             adapter=FP32,
             weight_copies=compute != FP32,
+            autocast=compute != FP32,
+            cached_copies=compute != FP32,
         )
-    if p == "fp32":
-        return Dtypes(FP32, FP32, FP32, FP32, FP32, FP32, False)
-    if p in ("bf16-amp", "fp16-amp"):
-        return Dtypes(FP32, FP32, FP32, HALF, FP32, FP32, True)
-    # pure 16-bit: model.to(bfloat16); PEFT still upcasts adapters to fp32 (autocast_adapter_dtype)
-    return Dtypes(HALF, HALF, HALF, HALF, HALF, FP32, False)
+    if setup.dtype not in BYTES:
+        raise ValueError(f"dtype {setup.dtype!r} not resolved: call cabe.precision.resolve first")
+    w = BYTES[setup.dtype]
+    on = setup.autocast != "none"
+    return Dtypes(
+        weight=w,
+        frozen=w,
+        grad=w,
+        compute=HALF if on else w,
+        residual=w,
+        adapter=FP32,  # PEFT's autocast_adapter_dtype: fp32 adapters on a 16-bit base too
+        weight_copies=on and setup.dtype != setup.autocast,
+        autocast=on,
+        cached_copies=on and setup.dtype == "fp32",
+    )

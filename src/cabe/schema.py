@@ -11,8 +11,8 @@ states (the analytic cache key). Everything else is derived from :data:`FIELDS`:
 * the HTTP request models and the OpenAPI document (:func:`json_schema`, in :mod:`cabe.web`);
 * the cache key of model states (:func:`state_fields`) and ``docs/options.md`` (:func:`markdown`).
 
-Defaults live here; the one default that depends on another field (the precision, by method) is
-decided by :func:`resolve_defaults`. This module imports nothing heavy (the CLI builds its parser from
+Defaults live here; :func:`resolve_defaults` is the one place that combines fields (the ``precision``
+shorthand sets ``dtype`` and ``autocast``). This module imports nothing heavy (the CLI builds its parser from
 it on every start).
 
 Commands (the ``commands`` of a field): the CLI commands ``estimate``, ``fit``, ``trace``, ``measure``,
@@ -244,15 +244,35 @@ _SETUP: tuple[Field, ...] = (
         states=True,
         flags=_flag("method"),
     ),
+    # Precision has two axes, as in transformers: the dtype the weights are loaded in
+    # (``from_pretrained(dtype=...)``; transformers 5 defaults to "auto", the checkpoint's dtype) and
+    # the Trainer's autocast (``bf16=True`` / ``fp16=True``). ``precision`` names common pairs.
+    _choice(
+        "dtype",
+        "setup",
+        _TRAINING,
+        "auto",
+        ("auto", "fp32", "bf16", "fp16"),
+        states=True,
+        flags=_flag("dtype"),
+    ),
+    _choice(
+        "autocast",
+        "setup",
+        _TRAINING,
+        "bf16",
+        ("none", "bf16", "fp16"),
+        states=True,
+        flags=_flag("autocast"),
+    ),
     _choice(
         "precision",
         "setup",
         _TRAINING,
-        "bf16-amp",
-        ("fp32", "fp16-amp", "bf16-amp", "bf16", "fp16"),
+        None,
+        ("fp32", "fp16-amp", "bf16-amp", "bf16", "fp16", "bf16-mixed", "fp16-mixed"),
         states=True,
         flags=_flag("precision"),
-        depends_on=("method",),
     ),
     _choice("optimizer", "setup", _TRAINING, "adamw", OPTIMIZERS, states=True, flags=_flag("optimizer")),
     _choice(
@@ -543,11 +563,37 @@ def _given(v: Any) -> bool:
     return v is not None and v != ""
 
 
-def default_precision(method: str) -> str:
-    """The precision when none is given: LoRA, QLoRA and prompt tuning load the base in bf16."""
-    # NOTE: LoRA users load the base in bf16 (torch_dtype=torch.bfloat16); an fp32 base is opt-in.
-    # QLoRA: 4-bit base, bf16 compute (the precision is shown, compute_dtype decides).
-    return "bf16" if method in ("lora", "qlora", "prompt-tuning") else str(field("precision").default)
+#: ``precision`` shorthands: (dtype, autocast). ``bf16-amp`` / ``fp16-amp``: fp32 weights under
+#: autocast; ``bf16`` / ``fp16``: 16-bit weights, no autocast; ``bf16-mixed`` / ``fp16-mixed``: 16-bit
+#: weights under autocast (``from_pretrained(dtype=torch.bfloat16)`` + ``Trainer(bf16=True)``).
+PRECISIONS: dict[str, tuple[str, str]] = {
+    "fp32": ("fp32", "none"),
+    "bf16-amp": ("fp32", "bf16"),
+    "fp16-amp": ("fp32", "fp16"),
+    "bf16": ("bf16", "none"),
+    "fp16": ("fp16", "none"),
+    "bf16-mixed": ("bf16", "bf16"),
+    "fp16-mixed": ("fp16", "fp16"),
+}
+
+
+def precision_name(dtype: str, autocast: str) -> str | None:
+    """The shorthand of a (dtype, autocast) pair, or None."""
+    return next((k for k, v in PRECISIONS.items() if v == (dtype, autocast)), None)
+
+
+def _resolve_precision(values: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """``precision``, when given, sets ``dtype`` and ``autocast``; given as well, they must agree."""
+    prec = values.get("precision")
+    if not _given(prec) or not isinstance(prec, str) or prec not in PRECISIONS:
+        return  # not given, or a bad value TrainingSetup refuses with a typed error
+    for name, implied in zip(("dtype", "autocast"), PRECISIONS[prec], strict=True):
+        given = values.get(name)
+        if _given(given) and given != implied:
+            from cabe.errors import InvalidValueError
+
+            raise InvalidValueError("precision_conflict", name, value=given, precision=prec, implied=implied)
+        out[name] = implied
 
 
 def resolve_defaults(values: Mapping[str, Any], command: str = "estimate") -> dict[str, Any]:
@@ -559,8 +605,8 @@ def resolve_defaults(values: Mapping[str, Any], command: str = "estimate") -> di
     """
     pool = SETUP_FIELDS if command in _TRAINING or command == "from-config" else fields_for(command, output=False)
     out = {f.name: values[f.name] if _given(values.get(f.name)) else f.default for f in pool}
-    if "precision" in out and not _given(values.get("precision")):
-        out["precision"] = default_precision(str(out.get("method") or "full"))
+    if "precision" in out:
+        _resolve_precision(values, out)
     return out
 
 

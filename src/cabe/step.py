@@ -33,9 +33,11 @@ class StepParts:
     grads_head: int  # gradients made at the head (lm_head, final norm)
     grads_per_layer: int
     grad_layers: int  # layers the gradient flows through (all but frozen-bottom ones)
-    copies_layer: int  # autocast 16-bit weight copies of one layer
-    copies_head: int
-    copies_fwd_layers: int  # layers whose copies are alive at the end of forward
+    # Autocast's 16-bit weight copies (aten/src/ATen/autocast_mode.cpp, cached_cast): it caches the cast
+    # of a weight only when the weight is an fp32 leaf that requires grad, until the autocast context
+    # exits (the end of forward); any other cast lives only as long as autograd saves it for backward.
+    copies_layer: int  # copies one layer in the gradient's path saves for backward (0 with checkpointing)
+    copies_head: int  # the lm_head's copy (saved for backward; outside the checkpointed layers)
     saved_layer: int  # what one layer keeps for backward (its input only, with checkpointing)
     recompute_layer: int  # checkpointing: the activations of the layer being recomputed
     workspace_layer: int  # transient extra while one layer runs backward
@@ -47,6 +49,9 @@ class StepParts:
     optimizer_temporaries: int
     grads_in_forward: bool  # gradient accumulation: last micro-batch's gradients still live
     embedding_backward_workspace: int = 0  # 16-bit embeddings: CUDA accumulates their gradient in fp32
+    copies_cached_layer: int = 0  # checkpointing: what autocast's cache alone holds of one trained layer
+    cached_layers: int = 0  # checkpointing: trained layers whose copies sit in the cache at forward's end
+    copies_recompute: int = 0  # checkpointing: the copies of the one layer being recomputed
     # extra per-phase components from sharding (communication buffers, gathered layers ...)
     extra_forward: dict[str, int] = field(default_factory=dict)
     extra_backward: dict[str, int] = field(default_factory=dict)
@@ -69,7 +74,9 @@ def timeline(p: StepParts) -> list[Moment]:
             {
                 **base,
                 "gradients": g_acc,
-                "weight_copies": p.copies_layer * p.copies_fwd_layers + p.copies_head,
+                "weight_copies": p.copies_layer * p.grad_layers
+                + p.copies_cached_layer * p.cached_layers
+                + p.copies_head,
                 "activations": acts_all,
                 "logits": p.head_saved + p.head_forward_extra,
                 **p.extra_forward,
@@ -99,7 +106,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     {
                         **base,
                         "gradients": grads,
-                        "weight_copies": p.copies_layer * remaining,
+                        "weight_copies": p.copies_layer * remaining + p.copies_recompute,
                         "activations": remaining * p.saved_layer + p.recompute_layer + p.rotary + p.workspace_layer,
                         **p.extra_backward,
                     },

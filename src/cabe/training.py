@@ -19,7 +19,9 @@ __all__ = ["MAX_BATCH", "MAX_RANK", "MAX_SEQ", "TrainingSetup", "number", "parse
 # NOTE: the Literal types are for type checkers; the allowed values are cabe.schema's (a test pins them
 # equal, tests/test_schema.py).
 Method = Literal["full", "lora", "qlora", "freeze", "prompt-tuning"]
-Precision = Literal["fp32", "fp16-amp", "bf16-amp", "bf16", "fp16"]
+Precision = Literal["fp32", "fp16-amp", "bf16-amp", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
+Dtype = Literal["auto", "fp32", "bf16", "fp16"]
+Autocast = Literal["none", "bf16", "fp16"]
 Optimizer = Literal[
     "adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion"
 ]
@@ -59,8 +61,13 @@ class TrainingSetup:
     Args:
         method: ``full`` fine-tuning, ``lora``, ``qlora`` (4-bit frozen base + LoRA),
             ``freeze`` (train only the last ``trainable_layers`` blocks), or ``prompt-tuning``.
-        precision: ``fp32``; ``fp16-amp`` / ``bf16-amp`` (autocast, fp32 weights, gradients and
-            optimizer state); ``bf16`` / ``fp16`` (pure 16-bit weights, gradients and state).
+        dtype: the dtype the weights are loaded in (``from_pretrained(dtype=...)``); ``auto`` is the
+            checkpoint's (the config's ``dtype`` / ``torch_dtype``), as transformers 5 does by default.
+        autocast: the Trainer's autocast (``bf16=True`` / ``fp16=True``), or ``none``.
+        precision: a shorthand for a (dtype, autocast) pair (:data:`cabe.schema.PRECISIONS`): ``fp32``;
+            ``bf16-amp`` / ``fp16-amp`` (fp32 weights under autocast); ``bf16`` / ``fp16`` (16-bit weights,
+            no autocast); ``bf16-mixed`` / ``fp16-mixed`` (16-bit weights under autocast). When given it
+            sets both; ``None`` means "as dtype and autocast say".
         optimizer: optimizer family.
         optimizer_impl: AdamW implementation; ``None`` means what PyTorch picks on CUDA
             (``foreach``).
@@ -83,7 +90,9 @@ class TrainingSetup:
     """
 
     method: Method = _D["method"]
-    precision: Precision = _D["precision"]
+    dtype: Dtype = _D["dtype"]
+    autocast: Autocast = _D["autocast"]
+    precision: Precision | None = _D["precision"]
     optimizer: Optimizer = _D["optimizer"]
     optimizer_impl: OptimizerImpl | None = _D["optimizer_impl"]
     batch: int = _D["batch"]
@@ -109,6 +118,17 @@ class TrainingSetup:
 
     def __post_init__(self) -> None:
         validate(self)
+        if self.precision is not None:
+            dtype, autocast = schema.PRECISIONS[self.precision]
+            for name, implied in (("dtype", dtype), ("autocast", autocast)):
+                given = getattr(self, name)
+                if given != implied and given != _D[name]:
+                    raise InvalidValueError(
+                        "precision_conflict", name, value=given, precision=self.precision, implied=implied
+                    )
+                object.__setattr__(self, name, implied)
+        elif (short := schema.precision_name(self.dtype, self.autocast)) is not None:
+            object.__setattr__(self, "precision", short)
 
     # ---- derived quantities -------------------------------------------------------------
     @property
@@ -133,6 +153,10 @@ class TrainingSetup:
         """True when memory is split or replicated over several GPUs (or offloaded)."""
         return self.gpus > 1 or self.shard != "none" or self.offload != "none" or self.tp > 1 or self.pp > 1
 
+    def with_dtype(self, dtype: str) -> TrainingSetup:
+        """The same setup with the weights in ``dtype`` (the precision shorthand follows)."""
+        return self.with_(dtype=dtype)
+
     @property
     def tokens_per_sequence(self) -> int:
         """Tokens one sequence carries through the layers: ``seq``, plus the virtual prompt that
@@ -144,6 +168,14 @@ class TrainingSetup:
         return self.method in ("lora", "qlora")
 
     def with_(self, **changes: Any) -> TrainingSetup:
+        """A copy with ``changes``; a new ``precision`` sets dtype and autocast, a new dtype or autocast
+        names the precision again."""
+        prec = changes.get("precision")
+        if prec is not None and prec in schema.PRECISIONS:
+            implied = dict(zip(("dtype", "autocast"), schema.PRECISIONS[prec], strict=True))
+            changes = {**implied, **changes}
+        elif "dtype" in changes or "autocast" in changes:
+            changes = {"precision": None, **changes}
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, object]:

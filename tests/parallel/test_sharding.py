@@ -30,7 +30,7 @@ def test_zero_paper_figure_1(stage, expected_gb):
 
 
 def _model_states(shard: str, gpus: int = 8, **kw) -> int:
-    r = estimate_model(LLAMA2_7B, TrainingSetup(gpus=gpus, shard=shard, batch=1, seq=128, **kw))
+    r = estimate_model(LLAMA2_7B, TrainingSetup(precision="bf16-amp", gpus=gpus, shard=shard, batch=1, seq=128, **kw))
     return r.extra["distributed"]["per_gpu"]["model_states_bytes"]
 
 
@@ -123,7 +123,7 @@ def _states_at(report, phase: str) -> int:
 
 def _model_only(shard: str, gpus: int, offload: str = "none") -> tuple[dict, object]:
     # batch 1 × 16 tokens: activations and logits are a few MB, so the peak is model states + buffers
-    r = estimate_model(LLAMA2_7B, TrainingSetup(gpus=gpus, shard=shard, offload=offload, batch=1, seq=16))
+    r = estimate_model(LLAMA2_7B, TrainingSetup(precision="bf16-amp", gpus=gpus, shard=shard, offload=offload, batch=1, seq=16))
     return r.extra["distributed"], r
 
 
@@ -205,7 +205,9 @@ SEVEN_B = [preset(n).spec for n in ("llama-2-7b", "mistral-7b-v0.1", "qwen2.5-7b
     st.booleans(),
 )
 def test_per_gpu_memory_never_rises_with_more_gpus(spec, shard, n, batch, seq, method, ckpt):
-    s = TrainingSetup(method=method, shard=shard, gpus=n, batch=batch, seq=seq, checkpointing=ckpt)
+    # the precision cabe defaulted to when these rows were mapped: bf16-amp for full, pure bf16 for adapters
+    precision = "bf16-amp" if method == "full" else "bf16"
+    s = TrainingSetup(method=method, precision=precision, shard=shard, gpus=n, batch=batch, seq=seq, checkpointing=ckpt)
     a = estimate_model(spec, s).total_bytes
     b = estimate_model(spec, s.with_(gpus=n + 1)).total_bytes
     assert b <= a

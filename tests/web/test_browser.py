@@ -104,7 +104,8 @@ def test_planner_lora_24gb_matches_core(page):
             "gpu": "rtx-4090",
             "checkpointing": False,
             "double_quant": True,
-            "precision": "bf16",
+            "dtype": "auto",
+            "autocast": "bf16",
             "optimizer": "adamw",
             "attention": "sdpa",
             "grad_accum": 1,
@@ -126,25 +127,21 @@ def test_planner_lora_24gb_matches_core(page):
     assert page.locator("#verdict").get_attribute("data-fits") == str(core["gpu"]["fits"]).lower()
 
 
-def test_precision_follows_the_method_unless_chosen(page):
+def test_precision_is_the_two_axes_of_the_schema(page):
     from cabe.schema import resolve_defaults
 
     page.goto(page.base + "/?lang=en")
-    assert page.input_value("#precision") == resolve_defaults({"method": "lora"})["precision"] == "bf16"
+    defaults = resolve_defaults({})
+    assert page.input_value("#dtype") == defaults["dtype"] == "auto"
+    assert page.input_value("#autocast") == defaults["autocast"] == "bf16"
     page.select_option("#method", "full")
     settle(page)
-    assert page.input_value("#precision") == resolve_defaults({"method": "full"})["precision"] == "bf16-amp"
-    assert "precision=bf16-amp" in page.url
-    core = estimate_json({"model": "llama-3.1-8b", "method": "full", "seq": 2048, "gpu": "rtx-4090"})
+    assert page.input_value("#dtype") == "auto"  # the method does not move the precision
+    page.select_option("#dtype", "fp32")
+    settle(page)
+    assert "dtype=fp32" in page.url
+    core = estimate_json({"model": "llama-3.1-8b", "method": "full", "seq": 2048, "gpu": "rtx-4090", "dtype": "fp32"})
     assert page.locator("#plan-total").get_attribute("data-bytes") == str(core["total_bytes"])
-    page.select_option("#method", "qlora")
-    settle(page)
-    assert page.input_value("#precision") == "bf16"
-    # a precision the user chose stays when the method changes
-    page.select_option("#precision", "fp32")
-    page.select_option("#method", "full")
-    settle(page)
-    assert page.input_value("#precision") == "fp32"
 
 
 def test_switch_language_and_shared_url(page):

@@ -196,11 +196,17 @@ def test_page_form_is_the_schema(client) -> None:
         elif f.allowed() is not None and name != "gpu":
             assert controls[name] == list(f.allowed()), name
     assert controls["units"] == list(schema.field("units", "api.estimate").choices or ())
-    # the first visit: the page's example over the schema's defaults (precision by method)
+    # the first visit: the page's example over the schema's defaults
     s = page.state({})
-    assert s["precision"] == schema.resolve_defaults({"method": s["method"]})["precision"]
-    assert page.state({"method": "full"})["precision"] == schema.resolve_defaults({"method": "full"})["precision"]
-    assert page.state({"method": "full", "precision": "fp32"})["precision"] == "fp32"
+    defaults = schema.resolve_defaults({})
+    assert (s["dtype"], s["autocast"]) == (defaults["dtype"], defaults["autocast"])
+    assert page.state({"method": "full", "dtype": "fp32"})["dtype"] == "fp32"
+
+
+def page_fields() -> tuple[str, ...]:
+    from cabe.web import page
+
+    return page.PLAN_FIELDS
 
 
 def test_page_scripts_are_external_or_data(client) -> None:
@@ -215,17 +221,15 @@ def test_page_scripts_are_external_or_data(client) -> None:
     for attrs, body in tags:
         assert ('src="/static/' in attrs and not body.strip()) or 'type="application/json"' in attrs, attrs
     data = json.loads(next(body for attrs, body in tags if 'id="form-defaults"' in attrs))
-    methods = schema.field("method").choices or ()
-    assert data["precision"] == {
-        "depends_on": "method",
-        "values": {m: schema.resolve_defaults({"method": m})["precision"] for m in methods},
-    }
+    # the defaults that depend on another field, as the server decides them (none at present)
+    dependent = [f.name for f in schema.fields_for("api.estimate") if f.depends_on]
+    assert sorted(data) == sorted(n for n in dependent if n in page_fields())
 
 
 def test_script_keeps_no_copy_of_the_defaults() -> None:
     from importlib import resources
 
     js = (resources.files("cabe") / "web" / "static" / "app.js").read_text("utf-8")
-    for name in ("precision", "method"):
+    for name in ("dtype", "autocast", "method"):
         for value in schema.field(name).choices or ():
             assert f'"{value}"' not in js, value

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -20,7 +21,7 @@ from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
 from cabe.families._common import Reader
 
-__all__ = ["from_config", "modules", "supported_model_types"]
+__all__ = ["config_dtype", "from_config", "modules", "supported_model_types"]
 
 
 @cache
@@ -68,8 +69,23 @@ def from_config(config: Mapping[str, Any], *, name: str = "") -> ModelSpec:
             allowed=", ".join(supported_model_types()),
         )
     try:
-        return readers[model_type](Reader(config, model_type), name or str(config.get("_name_or_path", "")))
+        spec = readers[model_type](Reader(config, model_type), name or str(config.get("_name_or_path", "")))
     except (TypeError, ValueError, ZeroDivisionError) as exc:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError("config_bad_value", "model", detail=str(exc)) from None
+    return replace(spec, dtype=config_dtype(config))
+
+
+#: config dtype names -> cabe's
+_DTYPES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+
+
+def config_dtype(config: Mapping[str, Any]) -> str | None:
+    """The checkpoint's dtype from a config: ``dtype`` (transformers 5) or ``torch_dtype`` (before),
+    as ``fp32`` / ``bf16`` / ``fp16``; None when absent or not one of these."""
+    for key in ("dtype", "torch_dtype"):
+        v = config.get(key)
+        if isinstance(v, str):
+            return _DTYPES.get(v.removeprefix("torch."))
+    return None

@@ -149,8 +149,11 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         st.buffers["forward"][name] = nbytes
         st.buffers["backward"][name] = nbytes
     keep = st.keep_copies
-    layer_copies = parts.copies_layer * (1 / lay.tp if lay.tp > 1 else 1) if keep else 0
+    per_tp = 1 / lay.tp if lay.tp > 1 else 1
+    layer_copies = parts.copies_layer * per_tp if keep else 0
     head_copies = parts.copies_head * f.head * (1 if head_on else 0) if keep else 0
+    # the trained layers on this stage (freeze trains the last ones, as the gradient layers)
+    cached_layers = min(parts.cached_layers, grad_layers) if lay.pp > 1 else parts.cached_layers
     extra = {ph: {k: round(v) for k, v in st.buffers[ph].items() if v} for ph in st.buffers}
     return replace(
         parts,
@@ -162,7 +165,9 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         grad_layers=grad_layers,
         copies_layer=round(layer_copies),
         copies_head=round(head_copies),
-        copies_fwd_layers=lay.stage_layers if setup.checkpointing else grad_layers,
+        copies_cached_layer=round(parts.copies_cached_layer * per_tp) if keep else 0,
+        cached_layers=cached_layers,
+        copies_recompute=round(parts.copies_recompute * per_tp) if keep and grad_layers else 0,
         saved_layer=round(saved * inflight),
         recompute_layer=round(parts.recompute_layer * f.saved),
         workspace_layer=round(parts.workspace_layer * f.saved),

@@ -76,23 +76,16 @@ def hf_config(config: dict[str, Any]) -> Any:
 def _torch_dtype(name: str) -> Any:
     import torch
 
-    return {
-        "fp32": torch.float32,
-        "bf16": torch.bfloat16,
-        "fp16": torch.float16,
-        "bf16-amp": torch.float32,
-        "fp16-amp": torch.float32,
-    }[name]
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
 def autocast_dtype(setup: TrainingSetup) -> Any:
+    """The dtype ``torch.autocast`` runs the forward in (the Trainer's ``bf16`` / ``fp16``), or None."""
     import torch
 
-    if setup.precision == "bf16-amp":
-        return torch.bfloat16
-    if setup.precision == "fp16-amp":
-        return torch.float16
-    return None
+    if setup.autocast == "none":
+        return None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[setup.autocast]
 
 
 def load_dtype(setup: TrainingSetup) -> Any:
@@ -103,7 +96,7 @@ def load_dtype(setup: TrainingSetup) -> Any:
         # QLoRA loads the non-quantised modules in the compute dtype (prepare_model_for_kbit_training
         # then upcasts them to fp32); the 4-bit weights dequantise to it.
         return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[setup.compute_dtype]
-    return _torch_dtype(setup.precision)
+    return _torch_dtype(setup.dtype)
 
 
 def decoder_layers(model: Any, cfg: Any) -> Any:

@@ -64,7 +64,7 @@ def _write_timeline(path: str, out: dict[str, Any]) -> None:
 def _write_plot(path: str, out: dict[str, Any], config: dict[str, Any], setup: Any) -> None:
     from cabe.trace.plot import write_svg
 
-    title = f"{config.get('model_type', 'model')} · {setup.method} · {setup.precision} · b{setup.batch}×{setup.seq}"
+    title = f"{config.get('model_type', 'model')} · {setup.method} · {setup.dtype}+autocast {setup.autocast} · b{setup.batch}×{setup.seq}"
     try:
         write_svg(out, path, title=title)
     except OSError as exc:

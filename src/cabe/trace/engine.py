@@ -75,13 +75,13 @@ def resolve_mode(mode: str, setup: TrainingSetup) -> str:
 
     if mode not in ("auto", "fake", "meta", "cpu"):
         raise ConfigError("bad_choice", "mode", value=mode, allowed="auto, fake, meta")
-    needs_fake = setup.precision in ("bf16-amp", "fp16-amp") or setup.resolved_optimizer_impl == "fused"
+    needs_fake = autocast_dtype(setup) is not None or setup.resolved_optimizer_impl == "fused"
     if mode in ("meta", "cpu"):
         if needs_fake and mode == "meta":
             raise ConfigError(
                 "mode_unsupported", "mode", mode=mode, reason="AMP and fused optimizers need the fake CUDA device"
             )
-        if mode == "cpu" and setup.precision in ("bf16-amp", "fp16-amp"):
+        if mode == "cpu" and autocast_dtype(setup) is not None:
             raise ConfigError("mode_unsupported", "mode", mode=mode, reason="CUDA autocast on a CPU run")
         return mode
     if torch.cuda.is_available() or _native.available():
@@ -221,9 +221,14 @@ def _traced(
 
 
 # ---- public entry points ---------------------------------------------------------------------
-def _check_setup(setup: Any) -> TrainingSetup:
+def _check_setup(setup: Any, config: Any) -> TrainingSetup:
+    """The setup, with ``dtype="auto"`` read from the config as transformers 5 does."""
     if not isinstance(setup, TrainingSetup):
         raise ConfigError("bad_setup", "setup")
+    if setup.dtype == "auto":
+        from cabe.families import config_dtype
+
+        setup = setup.with_dtype((config_dtype(config) if isinstance(config, dict) else None) or "fp32")
     return setup
 
 
@@ -233,7 +238,7 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *, steps: int = 2, 
     Raises :class:`~cabe.errors.ConfigError` for configs transformers cannot build and
     :class:`~cabe.errors.MissingDependencyError` when the ``[trace]`` extra is missing.
     """
-    setup = _check_setup(setup)
+    setup = _check_setup(setup, config)
     import_deps(setup)
     if not isinstance(steps, int) or isinstance(steps, bool) or not 2 <= steps <= 100:
         raise ConfigError("out_of_range", "steps", value=steps, minimum=2, maximum=100)
@@ -259,7 +264,7 @@ def layer_inventory(config: dict[str, Any], setup: TrainingSetup, *, mode: str =
     ``bytes`` (the storage, rounded to 512 B; 0 when the storage was already listed -- see
     ``shared_with``), ``kind`` (activation | parameter | weight_copy), ``name`` (parameter name).
     """
-    setup = _check_setup(setup)
+    setup = _check_setup(setup, config)
     import_deps(setup)
     if setup.checkpointing:
         setup = setup.with_(checkpointing=False)

@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(rows, indent=1))
     else:
         print(
-            f"# layer 0 of {cfg.get('model_type')}: {setup.method}, {setup.precision}, attention {setup.attention}, "
+            f"# layer 0 of {cfg.get('model_type')}: {setup.method}, dtype {setup.dtype}, autocast {setup.autocast}, attention {setup.attention}, "
             f"batch {setup.batch} x seq {setup.seq}"
         )
         print(format_inventory(rows))

@@ -161,7 +161,7 @@ def train(
     if setup.grad_accum > 2:
         notes.append("trace_grad_accum_simulated")  # memory is the same for every micro-batch after the first
     scaler = None
-    if setup.precision == "fp16-amp":
+    if setup.autocast == "fp16":  # the Trainer's fp16=True: a GradScaler
         scaler = torch.amp.GradScaler("cuda")
     opt = make_optimizer(trainable, setup, tracker, kind)
     for p in trainable:

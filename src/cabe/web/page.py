@@ -34,7 +34,7 @@ EXAMPLE = {"model": "llama-3.1-8b", "method": "lora", "seq": 2048, "gpu": "rtx-4
 FIELDSETS = (
     (
         "web.plan.group_training",
-        ("method", "precision", "optimizer", "batch", "seq", "grad_accum", "checkpointing", "attention"),
+        ("method", "dtype", "autocast", "optimizer", "batch", "seq", "grad_accum", "checkpointing", "attention"),
     ),
     ("web.plan.group_lora", ("lora_rank", "lora_alpha", "lora_targets", "quant", "double_quant")),
 )
