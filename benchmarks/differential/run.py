@@ -25,7 +25,6 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 

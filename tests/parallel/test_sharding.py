@@ -123,7 +123,9 @@ def _states_at(report, phase: str) -> int:
 
 def _model_only(shard: str, gpus: int, offload: str = "none") -> tuple[dict, object]:
     # batch 1 × 16 tokens: activations and logits are a few MB, so the peak is model states + buffers
-    r = estimate_model(LLAMA2_7B, TrainingSetup(precision="bf16-amp", gpus=gpus, shard=shard, offload=offload, batch=1, seq=16))
+    r = estimate_model(
+        LLAMA2_7B, TrainingSetup(precision="bf16-amp", gpus=gpus, shard=shard, offload=offload, batch=1, seq=16)
+    )
     return r.extra["distributed"], r
 
 
