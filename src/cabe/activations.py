@@ -223,6 +223,10 @@ class _Layer:
             self.add(f"attn.{o_name}.lora_input_fp32", 4 * q, "4·q")
         if quantized and o_name in targets and not copies_output:
             pass  # the 16-bit attention output is what lora_A saves: already counted as attn.output
+        if self.autocast and not quantized and o_name in targets and not copies_output:
+            # PEFT's Linear casts lora_A's input to fp32 even under autocast (_cast_input_dtype; only its
+            # bitsandbytes layers skip it), and autocast casts that back: lora_A saves a new 16-bit copy
+            self.add(f"attn.{o_name}.lora_input_cast", 2 * q, "2·q")
         self.lora_mid([o_name])
         if sandwich:
             self.rms_norm("post_attention_norm", h, "h", base_trainable, True)
@@ -277,9 +281,12 @@ class _Layer:
         ln_stats = 8  # mean and rstd, fp32 per token
         parallel = spec.parallel_block
         n_ln = spec.norms_per_layer
-        self.add(
-            "ln.input", rho * h * (1 if parallel else n_ln), f"{rho}·h" if parallel or n_ln == 1 else f"{n_ln}·{rho}·h"
-        )
+        if self.autocast and rho != 4:
+            # layer_norm is on autocast's fp32 list: each norm saves its own fp32 cast of a 16-bit input
+            self.add("ln.input_fp32", 4 * h * n_ln, f"{n_ln}·4·h" if n_ln > 1 else "4·h")
+        else:
+            formula = f"{rho}·h" if parallel or n_ln == 1 else f"{n_ln}·{rho}·h"
+            self.add("ln.input", rho * h * (1 if parallel else n_ln), formula)
         self.add("ln.mean_rstd", ln_stats * n_ln, f"{n_ln}·8")
         attn_name = qkv_names[0]  # one fused projection
         self.linear_inputs("attn", [(attn_name, h)], rho * h, f"{rho}·h")
@@ -287,8 +294,11 @@ class _Layer:
         _attention_core(self.add, attn, a, q, kv, nh, s, gqa, spec, quantized)
         out_name = o_name
         # eager, and flash after GPT-NeoX's partial rotary (torch.cat): the output is copied before dense
-        if (attn in ("eager", "math") or spec.rotary_by_cat) and (base_trainable or out_name in targets):
+        copies_output = attn in ("eager", "math") or spec.rotary_by_cat
+        if copies_output and (base_trainable or out_name in targets):
             self.add("attn.output_for_dense", a * q, f"{a}·q")
+        if self.autocast and not quantized and out_name in targets and not copies_output:
+            self.add(f"attn.{out_name}.lora_input_cast", 2 * q, "2·q")  # PEFT's fp32 cast, cast back
         if adapter_cast and out_name in targets:
             self.add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
         if spec.hidden_dropout > 0:
@@ -419,7 +429,8 @@ def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
     if spec.norm == "rmsnorm":
         final_norm = 4 * h + 4 + (rho * h if full else 0) + (rho * h if full else 0)
     else:
-        final_norm = rho * h + 8 + (rho * h if full else 0)
+        ln_in = 4 if dt.autocast else rho  # autocast runs layer_norm on an fp32 cast of its input
+        final_norm = ln_in * h + 8 + (rho * h if full else 0)
     logits = a * v
     upcast = 0 if a == 4 else 4 * v
     # Gemma 2's final soft-capping (logits / cap, tanh, × cap) saves tanh's 16-bit output

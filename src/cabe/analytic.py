@@ -272,6 +272,10 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         )
     source = dtype_source(setup, spec)
     setup = resolve(setup, spec)  # dtype="auto": the checkpoint's, as transformers 5 loads it
+    if setup.dtype == "fp16" and setup.autocast == "fp16" and setup.method in ("full", "freeze"):
+        # torch.amp.GradScaler.unscale_ refuses fp16 gradients ("Attempting to unscale FP16 gradients"):
+        # the Trainer's fp16=True cannot train weights loaded in fp16
+        raise InvalidValueError("fp16_weights_fp16_autocast", "autocast", value="fp16", dtype=setup.dtype)
     dt = dtypes_for(setup)
     states = _model_states(spec, setup)
     act = _layer_activations(spec, setup, dt)
@@ -384,13 +388,14 @@ class _Copies:
 
 
 def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Copies:
-    if not dt.weight_copies:
+    if not dt.autocast:
         return _Copies()
-    # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast
+    # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast when
+    # it is not in the autocast dtype already
     base = sum(
         round_alloc(lin.weight_count * 2)
         for lin in spec.layer_linears
-        if not (setup.method == "qlora" and lin.quantized_by_bnb)
+        if dt.weight_copies and not (setup.method == "qlora" and lin.quantized_by_bnb)
     )
     adapters = 0
     if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
@@ -398,12 +403,13 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Copies
             round_alloc(setup.lora_rank * lin.in_features * 2) + round_alloc(setup.lora_rank * lin.out_features * 2)
             for lin in lora_targets(spec, setup.lora_targets)
         )
-    if setup.method in ("full", "freeze"):  # the trained layers' weights are fp32 leaves that require grad
-        cached = base
+    if setup.method in ("full", "freeze"):  # the trained layers' weights, when they are fp32 leaves
+        cached = base if dt.cached_copies else 0
         trained = spec.num_layers if setup.method == "full" else min(setup.trainable_layers, spec.num_layers)
     else:  # LoRA / QLoRA: only the adapters train; prompt tuning: nothing in the layers
         cached, trained = adapters, (spec.num_layers if setup.adapters else 0)
-    return _Copies(base + adapters, cached, trained, round_alloc(spec.vocab_size * spec.hidden_size * 2))
+    head = round_alloc(spec.vocab_size * spec.hidden_size * 2) if dt.weight_copies else 0
+    return _Copies(base + adapters, cached, trained, head)
 
 
 def _grad_bytes(states: _States, keep: Callable[[Tensor], bool]) -> int:

@@ -63,11 +63,13 @@ class Dtypes:
     autocast: bool = False  # torch.autocast is on
     #: the weights are fp32: autocast caches the casts of those that train (cached_cast's kFloat test)
     cached_copies: bool = False
+    #: autocast casts a linear layer's input per op: the residual stream (the weights' dtype) is not
+    #: the autocast dtype (fp32 weights, or bf16 weights under fp16 autocast)
+    input_casts: bool = False
 
     @property
     def amp(self) -> bool:
-        """A linear layer's input is cast per op under autocast (an fp32 residual stream)."""
-        return self.autocast and self.residual != self.compute
+        return self.input_casts
 
 
 def resolve(setup: TrainingSetup, spec: ModelSpec) -> TrainingSetup:
@@ -106,19 +108,24 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
             weight_copies=compute != FP32,
             autocast=compute != FP32,
             cached_copies=compute != FP32,
+            input_casts=compute != FP32,
         )
     if setup.dtype not in BYTES:
         raise ValueError(f"dtype {setup.dtype!r} not resolved: call cabe.precision.resolve first")
     w = BYTES[setup.dtype]
     on = setup.autocast != "none"
+    # fp16 + bf16 promotes to fp32: with 16-bit weights of the other half type, the residual stream
+    # (embedding output + the layers' autocast outputs) is fp32 from the first layer's output on
+    mixed_halves = on and w == HALF and setup.dtype != setup.autocast
     return Dtypes(
         weight=w,
         frozen=w,
         grad=w,
         compute=HALF if on else w,
-        residual=w,
+        residual=FP32 if mixed_halves else w,
         adapter=FP32,  # PEFT's autocast_adapter_dtype: fp32 adapters on a 16-bit base too
         weight_copies=on and setup.dtype != setup.autocast,
         autocast=on,
         cached_copies=on and setup.dtype == "fp32",
+        input_casts=on and setup.dtype != setup.autocast,
     )
