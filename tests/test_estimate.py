@@ -4,6 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cabe.analytic import estimate_model
+from cabe.errors import InvalidValueError
 from cabe.models import preset
 from cabe.report import GiB
 from cabe.training import TrainingSetup
@@ -86,7 +87,11 @@ MODELS = st.sampled_from(["llama-3.2-1b", "gpt2", "qwen2.5-0.5b", "gemma-2-2b", 
 @given(SETUPS, MODELS, st.integers(1, 8), st.integers(16, 4096))
 def test_memory_never_falls_as_batch_or_sequence_grows(kw, model, batch, seq):
     spec = preset(model).spec
-    a = estimate_model(spec, TrainingSetup(batch=batch, seq=seq, **kw))
+    try:
+        a = estimate_model(spec, TrainingSetup(batch=batch, seq=seq, **kw))
+    except InvalidValueError as e:  # a combination cabe refuses (flash on fp32 without autocast)
+        assert e.code == "flash_needs_16bit"
+        return
     b = estimate_model(spec, TrainingSetup(batch=batch + 1, seq=seq, **kw))
     c = estimate_model(spec, TrainingSetup(batch=batch, seq=seq * 2, **kw))
     assert b.total_bytes >= a.total_bytes

@@ -5,7 +5,7 @@ configurations nobody chose.
     .venv/bin/python benchmarks/differential/run.py -n 50 --seed 7  # reproduce a run
     .venv/bin/python benchmarks/differential/run.py --small         # models up to 1.6B only (fast)
 
-A sampler draws every knob of a training request (method, precision, optimizer and its implementation,
+A sampler draws every knob of a training request (method, dtype and autocast — or the precision shorthand —, optimizer and its implementation,
 checkpointing, attention, batch, sequence, LoRA rank and targets, freeze depth, prompt tokens,
 accumulation, QLoRA's quantization) and a model of every family — up to 8B, and a share at 70B. Each
 configuration cabe refuses (a typed error) is drawn again; each the trace cannot run is recorded as such,
@@ -54,7 +54,7 @@ MID_MODELS = [
 ]
 BIG_MODELS = ["llama-2-70b", "llama-3.1-70b", "qwen2.5-72b"]
 METHODS = [("full", 3), ("lora", 3), ("qlora", 2), ("freeze", 1), ("prompt-tuning", 1)]
-PRECISIONS = ["fp32", "bf16-amp", "fp16-amp", "bf16", "fp16"]
+PRECISIONS = ["fp32", "bf16-amp", "fp16-amp", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
 SEQS = [128, 256, 512, 1024, 2048, 4096]
 
 
@@ -74,9 +74,12 @@ def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, A
     spec = preset(model).spec
     method = _weighted(rng, METHODS)
     kw: dict[str, Any] = {"method": method}
-    if method != "qlora":
+    if rng.random() < 0.25:  # a shorthand, as users type it
         kw["precision"] = rng.choice(PRECISIONS)
-    else:
+    else:  # the two axes
+        kw["dtype"] = rng.choice(["auto", "auto", "fp32", "bf16", "fp16"])
+        kw["autocast"] = rng.choice(["bf16", "bf16", "fp16", "none"])
+    if method == "qlora":
         kw["compute_dtype"] = rng.choice(["bf16", "bf16", "fp16"])
         kw["quant"] = rng.choice(["nf4", "fp4"])
         kw["double_quant"] = rng.random() < 0.7

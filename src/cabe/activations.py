@@ -132,7 +132,7 @@ class _Layer:
         """Inputs saved by the linear layers ``names`` (name, in_features) that read one tensor."""
         spec, targets, adapter_cast = self.spec, self.targets, self.adapter_cast
         trained = [n for n, _ in names if self.base_trainable]
-        if self.amp or self.quantized:
+        if self.amp or (self.quantized and self.autocast):
             for n, inf in names:
                 if self.base_trainable or n in targets:
                     self.add(f"{group}.{n}.input_cast", 2 * inf, f"2·{_sym(inf, spec)}")
@@ -155,7 +155,7 @@ class _Layer:
         r = self.r
         for n in names:
             if n in self.targets:
-                per = 2 * r if (self.autocast or self.quantized) else 4 * r
+                per = 2 * r if self.autocast else 4 * r
                 self.add(f"lora.{n}.A_output", per, f"{per // r}·r")
 
     def rms_norm(
@@ -255,7 +255,7 @@ class _Layer:
             self.add("mlp.gate_output", m * f, f"{m}·f")
             self.add("mlp.act_output", m * f, f"{m}·f")
             self.add("mlp.up_output", m * f, f"{m}·f")
-            if quantized:
+            if quantized and self.autocast:
                 if down_name in targets:
                     self.add(f"mlp.{down_name}.input_cast", 2 * f, "2·f")
             elif base_trainable or (down_name in targets and not adapter_cast):

@@ -276,6 +276,11 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         # torch.amp.GradScaler.unscale_ refuses fp16 gradients ("Attempting to unscale FP16 gradients"):
         # the Trainer's fp16=True cannot train weights loaded in fp16
         raise InvalidValueError("fp16_weights_fp16_autocast", "autocast", value="fp16", dtype=setup.dtype)
+    if setup.attention == "flash" and setup.method != "qlora" and setup.dtype == "fp32" and setup.autocast == "none":
+        # flash-attn runs fp16 / bf16 only; transformers casts fp32 queries to the autocast dtype, or to a
+        # quantized model's dtype, else to the linear layers' dtype (integrations/flash_attention.py,
+        # get_target_dtype): fp32 here, which the kernel refuses
+        raise InvalidValueError("flash_needs_16bit", "attention", value="flash", dtype=setup.dtype)
     dt = dtypes_for(setup)
     states = _model_states(spec, setup)
     act = _layer_activations(spec, setup, dt)
@@ -454,9 +459,11 @@ def _step_parts(
         optimizer_temporaries=states.opt.temp_bytes,
         grads_in_forward=setup.grad_accum > 1,
         # NOTE: with tied embeddings the embedding's gradient arrives second and AccumulateGrad adds it
-        # out of place: the new gradient and the sum coexist with the old one for a moment.
+        # out of place: the new gradient and the sum coexist with the old one for a moment. Accumulating
+        # into the previous micro-batch's .grad keeps one more gradient-sized tensor alive at that moment
+        # (three, as the trace shows, not two).
         embedding_backward_workspace=(
-            2 * round_alloc(spec.embedding_count * states.bytes_of["embedding"])
+            (3 if setup.grad_accum > 1 else 2) * round_alloc(spec.embedding_count * states.bytes_of["embedding"])
             if setup.method == "full" and spec.tie_word_embeddings
             else 0
         ),
