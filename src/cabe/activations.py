@@ -210,7 +210,7 @@ class _Layer:
         elif spec.qk_norm == "full":
             self.rms_norm("q_norm", q, "q", base_trainable, True)
             self.rms_norm("k_norm", kv, "kv", base_trainable, True)
-        _attention_core(self.add, attn, a, q, kv, nh, s, gqa, spec, quantized)
+        _attention_core(self.add, attn, a, q, kv, nh, s, gqa, spec, quantized, self.autocast)
         o_trains = base_trainable or o_name in targets
         # eager, and flash after a rotary written with torch.cat (Phi-3): the kernel's output is laid out
         # (b, heads, s, d), so transpose(1, 2).contiguous() copies it before o_proj.
@@ -291,12 +291,12 @@ class _Layer:
         attn_name = qkv_names[0]  # one fused projection
         self.linear_inputs("attn", [(attn_name, h)], rho * h, f"{rho}·h")
         self.lora_mid([attn_name])
-        _attention_core(self.add, attn, a, q, kv, nh, s, gqa, spec, quantized)
+        _attention_core(self.add, attn, a, q, kv, nh, s, gqa, spec, quantized, self.autocast)
         out_name = o_name
         # eager, and flash after GPT-NeoX's partial rotary (torch.cat): the output is copied before dense
         copies_output = attn in ("eager", "math") or spec.rotary_by_cat
-        if copies_output and (base_trainable or out_name in targets):
-            self.add("attn.output_for_dense", a * q, f"{a}·q")
+        if copies_output and (base_trainable or (out_name in targets and not adapter_cast)):
+            self.add("attn.output_for_dense", a * q, f"{a}·q")  # (an fp32 LoRA saves its own cast instead)
         if self.autocast and not quantized and out_name in targets and not copies_output:
             self.add(f"attn.{out_name}.lora_input_cast", 2 * q, "2·q")  # PEFT's fp32 cast, cast back
         if adapter_cast and out_name in targets:
@@ -349,7 +349,17 @@ def _sym(n: int, spec: ModelSpec) -> str:
 
 
 def _attention_core(
-    add, attn: str, a: int, q: int, kv: int, nh: int, s: int, gqa: bool, spec: ModelSpec, quantized: bool = False
+    add,
+    attn: str,
+    a: int,
+    q: int,
+    kv: int,
+    nh: int,
+    s: int,
+    gqa: bool,
+    spec: ModelSpec,
+    quantized: bool = False,
+    autocast: bool = False,
 ) -> None:
     if attn == "math":
         add("attn.query_fp32_scaled", 4 * q, "4·q")
@@ -375,7 +385,8 @@ def _attention_core(
     add("attn.key", a * kv_saved, f"{a}·{'q' if gqa else 'kv'}")
     add("attn.value", a * kv_saved, f"{a}·{'q' if gqa else 'kv'}")
     if not spec.eager_softmax_fp32:  # NOTE: GPT-2's eager attention takes the softmax in the compute dtype
-        add("attn.softmax", a * nh * s, f"{a}·nh·s")
+        sm = 4 if autocast else a  # ... but softmax is on autocast's fp32 list
+        add("attn.softmax", sm * nh * s, f"{sm}·nh·s")
     else:
         add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
         if a != 4:

@@ -90,7 +90,8 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False) -> Report:
         card = gpu_catalog.gpu(str(card_name))
         if report.mode == "architecture":
             report = _with(report, cuda_context_bytes=card.cuda_context_bytes)
-        fit = gpu_catalog.fit(report, card, precision=setup.precision if src is not None else None)
+        bf16 = src is not None and gpu_catalog.needs_bf16(report)
+        fit = gpu_catalog.fit(report, card, precision="bf16" if bf16 else None)
         report = _with(report, gpu=fit)
     return report
 

@@ -129,7 +129,7 @@ def needs_bf16(report: Report) -> bool:
         return False
     if setup.get("method") == "qlora":
         return setup.get("compute_dtype") == "bf16"
-    return "bf16" in str(setup.get("precision", ""))
+    return "bf16" in (setup.get("dtype"), setup.get("autocast"))
 
 
 def fits_on(report: Report) -> list[str]:

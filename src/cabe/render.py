@@ -62,7 +62,8 @@ def _header(report: Report, lang: str, units: str) -> list[str]:
                 t("ui.setup", lang),
                 {
                     "method": s["method"],
-                    "precision": s["precision"],
+                    "dtype": s["dtype"],
+                    "autocast": s["autocast"],
                     "optimizer": s["optimizer"],
                     "batch": s["batch"],
                     "seq": s["seq"],
