@@ -448,6 +448,7 @@ def _step_parts(
         copies_cached_layer=copies.cached if setup.checkpointing else 0,
         cached_layers=copies.trained_layers if setup.checkpointing else 0,
         copies_recompute=copies.layer if setup.checkpointing and grad_layers else 0,
+        frozen_inputs=(spec.num_layers - grad_layers) * act.saved_layer_bytes if setup.checkpointing else 0,
         saved_layer=act.saved_layer_bytes,
         recompute_layer=act.full_layer_bytes if setup.checkpointing else 0,
         workspace_layer=tokens * per_layer.backward_workspace_per_token,

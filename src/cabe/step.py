@@ -52,6 +52,9 @@ class StepParts:
     copies_cached_layer: int = 0  # checkpointing: what autocast's cache alone holds of one trained layer
     cached_layers: int = 0  # checkpointing: trained layers whose copies sit in the cache at forward's end
     copies_recompute: int = 0  # checkpointing: the copies of the one layer being recomputed
+    # checkpointing: layers outside the gradient's path (freeze's frozen bottom) still keep their input
+    # alive through the step (the checkpoint's saved inputs; seen in the trace)
+    frozen_inputs: int = 0
     # extra per-phase components from sharding (communication buffers, gathered layers ...)
     extra_forward: dict[str, int] = field(default_factory=dict)
     extra_backward: dict[str, int] = field(default_factory=dict)
@@ -66,7 +69,7 @@ def timeline(p: StepParts) -> list[Moment]:
     """
     base = {"weights": p.weights, "optimizer": p.optimizer}
     g_acc = p.grads if p.grads_in_forward else 0
-    acts_all = p.grad_layers * p.saved_layer + p.rotary + p.final_norm_saved
+    acts_all = p.grad_layers * p.saved_layer + p.rotary + p.final_norm_saved + p.frozen_inputs
     moments = [
         Moment(
             "forward",
@@ -107,7 +110,11 @@ def timeline(p: StepParts) -> list[Moment]:
                         **base,
                         "gradients": grads,
                         "weight_copies": p.copies_layer * remaining + p.copies_recompute,
-                        "activations": remaining * p.saved_layer + p.recompute_layer + p.rotary + p.workspace_layer,
+                        "activations": remaining * p.saved_layer
+                        + p.recompute_layer
+                        + p.rotary
+                        + p.workspace_layer
+                        + p.frozen_inputs,
                         **p.extra_backward,
                     },
                 )

@@ -123,6 +123,14 @@ def _grad_layers(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, lay: L
     return min(parts.grad_layers, n) if parts.grad_layers else 0
 
 
+def _frozen_inputs(parts: StepParts, spec: ModelSpec, stage_layers: int, grad_layers: int) -> float:
+    """The checkpointed inputs this stage's layers outside the gradient's path keep."""
+    frozen_all = spec.num_layers - parts.grad_layers
+    if not parts.frozen_inputs or not frozen_all:
+        return 0.0
+    return parts.frozen_inputs / frozen_all * max(0, stage_layers - grad_layers)
+
+
 def _grads_split(
     parts: StepParts, grads_total: float, lay: Layout, layer_frac: float, grad_layers: int
 ) -> tuple[float, float]:
@@ -169,6 +177,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         cached_layers=cached_layers,
         copies_recompute=round(parts.copies_recompute * per_tp) if keep and grad_layers else 0,
         saved_layer=round(saved * inflight),
+        frozen_inputs=round(_frozen_inputs(parts, spec, lay.stage_layers, grad_layers) * f.checkpointed * inflight),
         recompute_layer=round(parts.recompute_layer * f.saved),
         workspace_layer=round(parts.workspace_layer * f.saved),
         rotary=round(parts.rotary * inflight) if grad_layers else 0,
