@@ -189,9 +189,8 @@ class _Layer:
 
     def _rms_attention(self) -> None:
         spec, h, q, kv, nh, s = self.spec, self.h, self.q, self.kv, self.nh, self.s
-        a, rho, amp, quantized, attn, gqa = self.a, self.rho, self.amp, self.quantized, self.attn, self.gqa
-        base_trainable, targets, adapter_cast = self.base_trainable, self.targets, self.adapter_cast
-        qkv_names, o_name = self.qkv_names, self.o_name
+        a, rho, quantized, attn, gqa = self.a, self.rho, self.quantized, self.attn, self.gqa
+        base_trainable, qkv_names, o_name = self.base_trainable, self.qkv_names, self.o_name
         wf = spec.norm_weight_fp32
         post_norm_only = spec.norm_placement == "post"
         sandwich = spec.norm_placement == "sandwich"
@@ -211,27 +210,30 @@ class _Layer:
             self.rms_norm("q_norm", q, "q", base_trainable, True)
             self.rms_norm("k_norm", kv, "kv", base_trainable, True)
         _attention_core(self.add, attn, a, q, kv, nh, s, gqa, spec, quantized, self.autocast)
-        o_trains = base_trainable or o_name in targets
-        # eager, and flash after a rotary written with torch.cat (Phi-3): the kernel's output is laid out
-        # (b, heads, s, d), so transpose(1, 2).contiguous() copies it before o_proj.
-        copies_output = attn == "eager" or spec.rotary_by_cat
-        if copies_output and (base_trainable or (o_name in targets and not adapter_cast)):
-            self.add("attn.output_for_o_proj", a * q, f"{a}·q")
-        if amp and o_trains:
-            pass  # the attention output is already 16-bit: o_proj saves it without a cast
-        if adapter_cast and o_name in targets:
-            self.add(f"attn.{o_name}.lora_input_fp32", 4 * q, "4·q")
-        if quantized and o_name in targets and not copies_output:
-            pass  # the 16-bit attention output is what lora_A saves: already counted as attn.output
-        if self.autocast and not quantized and o_name in targets and not copies_output:
-            # PEFT's Linear casts lora_A's input to fp32 even under autocast (_cast_input_dtype; only its
-            # bitsandbytes layers skip it), and autocast casts that back: lora_A saves a new 16-bit copy
-            self.add(f"attn.{o_name}.lora_input_cast", 2 * q, "2·q")
+        self._o_proj_input()
         self.lora_mid([o_name])
         if sandwich:
             self.rms_norm("post_attention_norm", h, "h", base_trainable, True)
         if post_norm_only:
             self.rms_norm("post_attention_norm", h, "h", base_trainable, True)
+
+    def _o_proj_input(self) -> None:
+        """What the output projection's input leaves saved (its LoRA, a contiguous copy, casts)."""
+        a, q, attn, quantized, targets = self.a, self.q, self.attn, self.quantized, self.targets
+        o_name, adapter_cast, base_trainable = self.o_name, self.adapter_cast, self.base_trainable
+        # eager, and flash after a rotary written with torch.cat (Phi-3): the kernel's output is laid out
+        # (b, heads, s, d), so transpose(1, 2).contiguous() copies it before o_proj. (Under autocast with
+        # an fp32 residual the attention output is already 16-bit: o_proj saves it without a cast; QLoRA's
+        # bitsandbytes lora_A saves the 16-bit attention output itself, counted as attn.output.)
+        copies_output = attn == "eager" or self.spec.rotary_by_cat
+        if copies_output and (base_trainable or (o_name in targets and not adapter_cast)):
+            self.add("attn.output_for_o_proj", a * q, f"{a}·q")
+        if adapter_cast and o_name in targets:
+            self.add(f"attn.{o_name}.lora_input_fp32", 4 * q, "4·q")
+        if self.autocast and not quantized and o_name in targets and not copies_output:
+            # PEFT's Linear casts lora_A's input to fp32 even under autocast (_cast_input_dtype; only its
+            # bitsandbytes layers skip it), and autocast casts that back: lora_A saves a new 16-bit copy
+            self.add(f"attn.{o_name}.lora_input_cast", 2 * q, "2·q")
 
     def _rms_mlp(self) -> None:
         spec, h, f, a, rho, quantized = self.spec, self.h, self.f, self.a, self.rho, self.quantized
