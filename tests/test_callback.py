@@ -73,7 +73,7 @@ def test_trainer_run_logs_the_estimate_and_records_no_cuda(tmp_path):
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # and the model trained
     assert cb.report is not None and cb.report.total_bytes > 0
     assert cb.request["batch"] == 2 and cb.request["grad_accum"] == 2 and cb.request["seq"] == 16
-    assert cb.request["precision"] == "fp32"  # fp32 weights, no bf16/fp16 flag
+    assert (cb.request["dtype"], cb.request["autocast"]) == ("fp32", "none")  # fp32 weights, bf16=fp16=False
     assert cb.report.parameters == sum(p.numel() for p in model.parameters())
     assert any(line.startswith("Peak memory:") for line in lines)
     assert any("estimated peak" in line for line in lines)
@@ -112,7 +112,7 @@ def test_bf16_flags_and_bnb_config_are_read(tmp_path):
     }
     args = training_args(tmp_path, bf16=True)
     request, _ = request_for_run(model, args, seq=16)
-    assert request["method"] == "qlora" and request["precision"] == "bf16" and request["quant"] == "nf4"
+    assert request["method"] == "qlora" and request["autocast"] == "bf16" and request["quant"] == "nf4"
     assert "quantization_config" not in request["config"]
 
 

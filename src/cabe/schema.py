@@ -250,7 +250,7 @@ _SETUP: tuple[Field, ...] = (
     _choice(
         "dtype",
         "setup",
-        _TRAINING,
+        _TRAINING + ("from-config",),
         "auto",
         ("auto", "fp32", "bf16", "fp16"),
         states=True,
@@ -259,7 +259,7 @@ _SETUP: tuple[Field, ...] = (
     _choice(
         "autocast",
         "setup",
-        _TRAINING,
+        _TRAINING + ("from-config",),
         "bf16",
         ("none", "bf16", "fp16"),
         states=True,

@@ -120,7 +120,8 @@ def test_trl_yaml_with_model_config_fields():
     assert s.fields["method"] == "qlora" and s.fields["lora_targets"] == ("all-linear",)
     assert s.fields["attention"] == "flash" and s.fields["seq"] == 4096 and s.fields["double_quant"] is True
     c = configs.combine([s])
-    assert c.request["precision"] == "bf16" and c.request["compute_dtype"] == "bf16"
+    # bf16=True is the Trainer's autocast; torch_dtype: bfloat16 the weights
+    assert (c.request["dtype"], c.request["autocast"], c.request["compute_dtype"]) == ("bf16", "bf16", "bf16")
 
 
 def test_peft_adapter_config():
@@ -337,7 +338,7 @@ def test_model_names_map_to_presets_or_pass_through():
 def test_trainer_peft_and_bnb_together():
     c = configs.from_files([FILES / "sft_config.json", FILES / "adapter_config.json", FILES / "bnb_config.json"])
     r = c.request
-    assert r["method"] == "qlora" and r["precision"] == "bf16"  # adapters: the frozen base in bf16
+    assert r["method"] == "qlora" and r["autocast"] == "bf16" and r["dtype"] == "auto"
     assert r["model"] == "llama-3.1-8b" and r["batch"] == 4 and r["lora_rank"] == 16 and r["quant"] == "nf4"
 
 

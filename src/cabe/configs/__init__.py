@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from cabe import schema
 from cabe.errors import ConfigError
 
 #: Formats in detection order (the most specific content markers first).
@@ -208,22 +209,32 @@ def _reconcile(k: str, old: Any, v: Any) -> Any:
 
 
 def _settle_precision(merged: dict[str, Any]) -> None:
-    """Fold the weights' ``_dtype`` and the method into ``precision`` (and QLoRA's compute dtype)."""
+    """Turn what the files say into the two axes transformers has (``dtype``, ``autocast``).
+
+    The readers give ``precision`` the way each tool speaks: the Trainer's ``bf16=True`` / ``fp16=True``
+    (and DeepSpeed's, accelerate's ``mixed_precision``) is autocast — ``bf16-amp`` / ``fp16-amp`` here —
+    and the weights' dtype (``torch_dtype`` / ``dtype``, or the model itself for the callback) is
+    ``_dtype``; torchtune's and axolotl's pure forms are 16-bit weights without autocast. Unsaid, the
+    weights are ``auto`` (the checkpoint's, as transformers 5 loads them).
+    """
     dtype = merged.pop("_dtype", None)
-    method = merged.get("method", "full")
-    prec = merged.get("precision")
-    if method in ("lora", "qlora", "prompt-tuning"):
-        if prec in ("bf16-amp", "fp16-amp"):
-            merged["precision"] = prec[:-4]  # adapters: the frozen base is loaded in 16 bits
-        elif prec is None and dtype in ("bf16", "fp16"):
-            merged["precision"] = dtype
-    elif dtype in ("bf16", "fp16"):
-        if prec is None or prec == f"{dtype}-amp":
-            merged["precision"] = dtype  # weights loaded in 16 bits are trained in 16 bits
-    elif dtype == "fp32" and prec is None:
-        merged["precision"] = "fp32"
-    if method == "qlora" and "compute_dtype" not in merged and merged.get("precision") in ("bf16", "fp16"):
-        merged["compute_dtype"] = merged["precision"]
+    prec = merged.pop("precision", None)
+    if prec in schema.PRECISIONS:
+        implied_dtype, autocast = schema.PRECISIONS[prec]
+        merged["autocast"] = autocast
+        if prec.endswith("-amp") and str(merged.get("shard", "none")).startswith(("zero", "fsdp")):
+            # DeepSpeed's bf16 / fp16 mode keeps fp32 master partitions, and accelerate upcasts the
+            # trainable parameters to fp32 under FSDP mixed precision: fp32 masters, 16-bit compute
+            merged["dtype"] = "fp32"
+        else:
+            # "X-amp" says only that autocast is on: the weights are what was loaded (auto when unsaid)
+            merged["dtype"] = dtype or (implied_dtype if not prec.endswith("-amp") else "auto")
+    elif dtype is not None:
+        merged["dtype"] = dtype
+    if merged.get("method") == "qlora" and "compute_dtype" not in merged:
+        half = next((v for v in (merged.get("autocast"), merged.get("dtype")) if v in ("bf16", "fp16")), None)
+        if half:
+            merged["compute_dtype"] = half
 
 
 def _defaults(merged: Mapping[str, Any]) -> list[str]:

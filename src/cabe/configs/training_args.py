@@ -84,6 +84,10 @@ def collect(data: Mapping[str, Any]) -> Collector:
         handled = _field(c, key, value, fields_)
         if not handled:
             _unmapped(c, key)
+    if "precision" not in c.fields and any(k in fields_ for k in ("bf16", "fp16")):
+        # bf16=False and fp16=False said outright: the Trainer runs no autocast
+        c.fields["autocast"] = "none"
+        c.origin.setdefault("autocast", c.name("bf16" if "bf16" in fields_ else "fp16"))
     return c
 
 
