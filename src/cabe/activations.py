@@ -118,6 +118,10 @@ class _Layer:
         # frozen), cast their output back to the fp32 residual dtype, and LoRA adapters run under autocast.
         self.quantized = setup.method == "qlora" and any(lin.quantized_by_bnb for lin in spec.layer_linears)
         self.attn = attention_kind(spec, setup)
+        # transformers' flash_attention_2 casts fp32 queries, keys and values to 16 bits first (to the
+        # quantized model's dtype under QLoRA without autocast: integrations/flash_attention.py,
+        # get_target_dtype): the kernel saves those casts and writes a 16-bit output
+        self.a_attn = 2 if (setup.attention == "flash" and dt.compute == 4) else dt.compute
         self.gqa = spec.num_kv_heads != spec.num_heads
         self.qkv_names, self.o_name = spec.slot_names("qkv"), spec.slot_names("o")[0]
         self.up_names, self.down_name = spec.slot_names("up"), (spec.slot_names("down") or [""])[0]
@@ -209,7 +213,7 @@ class _Layer:
         elif spec.qk_norm == "full":
             self.rms_norm("q_norm", q, "q", base_trainable, True)
             self.rms_norm("k_norm", kv, "kv", base_trainable, True)
-        _attention_core(self.add, attn, a, q, kv, nh, s, gqa, spec, quantized, self.autocast)
+        _attention_core(self.add, attn, self.a_attn, q, kv, nh, s, gqa, spec, quantized, self.autocast)
         self._o_proj_input()
         self.lora_mid([o_name])
         if sandwich:
@@ -228,6 +232,8 @@ class _Layer:
         copies_output = attn == "eager" or self.spec.rotary_by_cat
         if copies_output and (base_trainable or (o_name in targets and not adapter_cast)):
             self.add("attn.output_for_o_proj", a * q, f"{a}·q")
+        if self.a_attn != a and not copies_output and (base_trainable or o_name in targets):
+            self.add("attn.output_cast_back", a * q, f"{a}·q")  # flash_attention_2's output, back to fp32
         if adapter_cast and o_name in targets:
             self.add(f"attn.{o_name}.lora_input_fp32", 4 * q, "4·q")
         if self.autocast and not quantized and o_name in targets and not copies_output:
@@ -277,9 +283,7 @@ class _Layer:
 
     def _ln_attention(self) -> None:
         spec, h, q, kv, nh, s = self.spec, self.h, self.q, self.kv, self.nh, self.s
-        a, rho, quantized, attn, gqa = self.a, self.rho, self.quantized, self.attn, self.gqa
-        base_trainable, targets, adapter_cast = self.base_trainable, self.targets, self.adapter_cast
-        qkv_names, o_name = self.qkv_names, self.o_name
+        rho, quantized, attn, gqa, qkv_names = self.rho, self.quantized, self.attn, self.gqa, self.qkv_names
         ln_stats = 8  # mean and rstd, fp32 per token
         parallel = spec.parallel_block
         n_ln = spec.norms_per_layer
@@ -293,18 +297,26 @@ class _Layer:
         attn_name = qkv_names[0]  # one fused projection
         self.linear_inputs("attn", [(attn_name, h)], rho * h, f"{rho}·h")
         self.lora_mid([attn_name])
-        _attention_core(self.add, attn, a, q, kv, nh, s, gqa, spec, quantized, self.autocast)
-        out_name = o_name
+        _attention_core(self.add, attn, self.a_attn, q, kv, nh, s, gqa, spec, quantized, self.autocast)
+        self._dense_input()
+        if spec.hidden_dropout > 0:
+            self.add("attn.resid_dropout_mask", h, "1·h")
+
+    def _dense_input(self) -> None:
+        """What the LayerNorm blocks' output projection (dense / c_proj) leaves saved."""
+        a, q, attn, quantized, targets = self.a, self.q, self.attn, self.quantized, self.targets
+        base_trainable, adapter_cast, spec = self.base_trainable, self.adapter_cast, self.spec
+        out_name = self.o_name
         # eager, and flash after GPT-NeoX's partial rotary (torch.cat): the output is copied before dense
         copies_output = attn in ("eager", "math") or spec.rotary_by_cat
         if copies_output and (base_trainable or (out_name in targets and not adapter_cast)):
             self.add("attn.output_for_dense", a * q, f"{a}·q")  # (an fp32 LoRA saves its own cast instead)
+        if self.a_attn != a and not copies_output and (base_trainable or out_name in targets):
+            self.add("attn.output_cast_back", a * q, f"{a}·q")  # flash_attention_2's output, back to fp32
         if self.autocast and not quantized and out_name in targets and not copies_output:
             self.add(f"attn.{out_name}.lora_input_cast", 2 * q, "2·q")  # PEFT's fp32 cast, cast back
         if adapter_cast and out_name in targets:
             self.add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
-        if spec.hidden_dropout > 0:
-            self.add("attn.resid_dropout_mask", h, "1·h")
 
     def _ln_mlp(self) -> None:
         spec, h, f, a, rho, quantized = self.spec, self.h, self.f, self.a, self.rho, self.quantized
