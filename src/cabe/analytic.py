@@ -479,6 +479,11 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("paged_outside_allocator")
     if setup.grad_accum > 1:
         notes.append("grad_accum_keeps_grads")
+    if setup.method == "qlora" and any(lin.role == "expert" and not lin.quantized_by_bnb for lin in spec.layer_linears):
+        # transformers 5 stores MoE experts as fused 3-D parameters; its bitsandbytes integration replaces
+        # only `type(module) is nn.Linear` and Conv1D (integrations/bitsandbytes.py, replace_with_bnb_linear),
+        # and prepare_model_for_kbit_training casts what is left in 16 bits to fp32
+        notes.append("qlora_moe_experts_unquantized")
     return tuple(notes)
 
 

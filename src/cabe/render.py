@@ -37,7 +37,14 @@ def format_report(report: Report, *, lang: str = "en", units: str = "GB", explai
 #: Components listed even when zero (the others only when they hold memory).
 ALWAYS_SHOWN = ("weights", "gradients", "optimizer", "activations", "model_states")
 #: Report notes printed under the table (the distributed notes come with their section).
-REPORT_NOTES = ("simple_mode", "lesson_mode", "gemma2_eager", "paged_outside_allocator", "grad_accum_keeps_grads")
+REPORT_NOTES = (
+    "simple_mode",
+    "lesson_mode",
+    "gemma2_eager",
+    "paged_outside_allocator",
+    "grad_accum_keeps_grads",
+    "qlora_moe_experts_unquantized",
+)
 #: Width of the component-label column.
 WIDTH = 44
 

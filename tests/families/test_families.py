@@ -108,3 +108,15 @@ def test_estimators_never_compare_family_or_model_type(name):
                 if isinstance(side, ast.Name) and side.id in ("fam", "family", "model_type"):
                     bad.append(node.lineno)
     assert not bad, f"{name} compares a family or model type on lines {bad}"
+
+
+def test_qlora_on_fused_moe_experts_says_they_stay_unquantized():
+    # transformers 5 fuses the experts into 3-D parameters; bitsandbytes replaces nn.Linear only
+    from cabe.analytic import estimate_model
+    from cabe.models import preset
+    from cabe.training import TrainingSetup
+
+    moe = estimate_model(preset("mixtral-8x7b").spec, TrainingSetup(method="qlora"))
+    dense = estimate_model(preset("llama-3.1-8b").spec, TrainingSetup(method="qlora"))
+    assert "qlora_moe_experts_unquantized" in moe.notes
+    assert "qlora_moe_experts_unquantized" not in dense.notes
