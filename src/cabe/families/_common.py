@@ -6,7 +6,7 @@ import builtins
 from collections.abc import Mapping
 from typing import Any
 
-from cabe.architecture import LayerGroup, Linear
+from cabe.architecture import LayerGroup, Linear, ModelSpec
 from cabe.errors import ConfigError
 
 
@@ -114,3 +114,33 @@ def groups(layers: int, linears: tuple[Linear, ...], mlp: str, win: int | None, 
         out.append(LayerGroup(layers - sliding, linears, mlp))
     out.append(LayerGroup(sliding, linears, mlp, attention="sliding", window=win))
     return tuple(out)
+
+
+def decoder(
+    r: Reader,
+    name: str,
+    family: str,
+    shape: tuple[int, int, int, int],
+    f: int,
+    *,
+    tied: bool,
+    **kinds: Any,
+) -> ModelSpec:
+    """The :class:`ModelSpec` every family builds: ``shape`` is (hidden, heads, kv heads, head_dim), ``f`` the
+    MLP width, ``tied`` the default of ``tie_word_embeddings``; ``kinds`` are what the family sets beyond
+    that (its layer groups, positions, norms and the rest of :class:`ModelSpec`)."""
+    h, nh, nkv, d = shape
+    return ModelSpec(
+        model_type=r.model_type,
+        family=family,
+        hidden_size=h,
+        num_heads=nh,
+        num_kv_heads=nkv,
+        head_dim=d,
+        intermediate_size=f,
+        vocab_size=r.int("vocab_size"),
+        tie_word_embeddings=r.bool("tie_word_embeddings", tied),
+        name=name,
+        config=dict(r.c),
+        **kinds,
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cabe.architecture import Linear, ModelSpec
 from cabe.errors import ConfigError
-from cabe.families._common import Reader, groups
+from cabe.families._common import Reader, decoder, groups
 
 MODEL_TYPES = ("falcon",)
 
@@ -34,16 +34,13 @@ def read(r: Reader, name: str) -> ModelSpec:
         Linear("dense_h_to_4h", h, f, bias, role="mlp", quantizable=False, slot="up"),
         Linear("dense_4h_to_h", f, h, bias, role="mlp", quantizable=False, slot="down"),
     )
-    return ModelSpec(
-        model_type="falcon",
-        family="falcon",
-        hidden_size=h,
-        num_heads=nh,
-        num_kv_heads=nkv,
-        head_dim=d,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", True),
+    return decoder(
+        r,
+        name,
+        "falcon",
+        (h, nh, nkv, d),
+        f,
+        tied=True,
         norm="layernorm",
         norm_bias=True,
         norms_per_layer=norms,
@@ -59,6 +56,4 @@ def read(r: Reader, name: str) -> ModelSpec:
         attention_dropout=r.dropout("attention_dropout"),
         hidden_dropout=r.dropout("hidden_dropout"),
         peft_default_targets=("query_key_value",),
-        name=name,
-        config=dict(r.c),
     )

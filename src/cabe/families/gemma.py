@@ -8,7 +8,16 @@ sliding and global (starting with sliding), Gemma 3 has 5 local layers for every
 from __future__ import annotations
 
 from cabe.architecture import ModelSpec
-from cabe.families._common import Reader, attention_shape, gated_mlp, groups, listed_sliding_layers, qkvo, window
+from cabe.families._common import (
+    Reader,
+    attention_shape,
+    decoder,
+    gated_mlp,
+    groups,
+    listed_sliding_layers,
+    qkvo,
+    window,
+)
 
 # gemma3: the multimodal config, whose text_config cabe.families.from_config reads as gemma3_text
 MODEL_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3")
@@ -33,16 +42,13 @@ def read(r: Reader, name: str) -> ModelSpec:
     bias = r.bool("attention_bias", False)
     win = window(r)
     sandwich = mt != "gemma"  # NOTE: Gemma 2 and 3 wrap attention and MLP in pre- and post-norms
-    return ModelSpec(
-        model_type=mt,
-        family="gemma",
-        hidden_size=h,
-        num_heads=nh,
-        num_kv_heads=nkv,
-        head_dim=d,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", True),
+    return decoder(
+        r,
+        name,
+        "gemma",
+        (h, nh, nkv, d),
+        f,
+        tied=True,
         norms_per_layer=4 if sandwich else 2,
         norm_placement="sandwich" if sandwich else "pre",
         norm_weight_fp32=True,
@@ -63,6 +69,4 @@ def read(r: Reader, name: str) -> ModelSpec:
         attn_logit_softcapping=r.float("attn_logit_softcapping", None),
         final_logit_softcapping=r.float("final_logit_softcapping", None),
         attention_dropout=r.dropout("attention_dropout"),
-        name=name,
-        config=dict(r.c),
     )

@@ -7,7 +7,7 @@ and MLP) and c_fc, c_attn by default. Its eager attention takes the softmax in t
 from __future__ import annotations
 
 from cabe.architecture import Linear, ModelSpec
-from cabe.families._common import Reader, groups
+from cabe.families._common import Reader, decoder, groups
 
 MODEL_TYPES = ("gpt2",)
 
@@ -22,16 +22,13 @@ def read(r: Reader, name: str) -> ModelSpec:
         Linear("c_fc", h, f, True, role="mlp", slot="up"),
         Linear("c_proj", f, h, True, role="mlp", slot="down"),
     )
-    return ModelSpec(
-        model_type="gpt2",
-        family="gpt2",
-        hidden_size=h,
-        num_heads=nh,
-        num_kv_heads=nh,
-        head_dim=h // nh,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", True),
+    return decoder(
+        r,
+        name,
+        "gpt2",
+        (h, nh, nh, h // nh),
+        f,
+        tied=True,
         norm="layernorm",
         norm_bias=True,
         activation=r.str("activation_function", default="gelu_new"),
@@ -44,6 +41,4 @@ def read(r: Reader, name: str) -> ModelSpec:
         hidden_dropout=r.dropout("resid_pdrop", 0.1),
         embedding_dropout=r.dropout("embd_pdrop", 0.1),
         peft_default_targets=("c_attn",),
-        name=name,
-        config=dict(r.c),
     )

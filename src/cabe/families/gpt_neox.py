@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cabe.architecture import Linear, ModelSpec
-from cabe.families._common import Reader, attention_shape, groups
+from cabe.families._common import Reader, attention_shape, decoder, groups
 
 MODEL_TYPES = ("gpt_neox",)
 
@@ -27,16 +27,13 @@ def read(r: Reader, name: str) -> ModelSpec:
         Linear("dense_h_to_4h", h, f, True, role="mlp", slot="up"),
         Linear("dense_4h_to_h", f, h, True, role="mlp", slot="down"),
     )
-    return ModelSpec(
-        model_type="gpt_neox",
-        family="gpt_neox",
-        hidden_size=h,
-        num_heads=nh,
-        num_kv_heads=nh,
-        head_dim=d,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", False),
+    return decoder(
+        r,
+        name,
+        "gpt_neox",
+        (h, nh, nh, d),
+        f,
+        tied=False,
         norm="layernorm",
         norm_bias=True,
         activation=r.str("hidden_act", default="gelu"),
@@ -49,6 +46,4 @@ def read(r: Reader, name: str) -> ModelSpec:
         attention_dropout=r.dropout("attention_dropout"),
         hidden_dropout=r.dropout("hidden_dropout"),
         peft_default_targets=("query_key_value",),
-        name=name,
-        config=dict(r.c),
     )

@@ -8,7 +8,16 @@ k per head. PEFT targets q_proj and v_proj by default.
 from __future__ import annotations
 
 from cabe.architecture import ModelSpec
-from cabe.families._common import Reader, attention_shape, gated_mlp, groups, listed_sliding_layers, qkvo, window
+from cabe.families._common import (
+    Reader,
+    attention_shape,
+    decoder,
+    gated_mlp,
+    groups,
+    listed_sliding_layers,
+    qkvo,
+    window,
+)
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -35,22 +44,17 @@ def read(r: Reader, name: str) -> ModelSpec:
         qkv_bias = o_bias = r.bool("attention_bias", False)
     linears = qkvo(h, nh, nkv, d, qkv_bias, o_bias) + gated_mlp(h, f, r.bool("mlp_bias", False))
     win = window(r)
-    return ModelSpec(
-        model_type=mt,
-        family="llama",
-        hidden_size=h,
-        num_heads=nh,
-        num_kv_heads=nkv,
-        head_dim=d,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", False),
+    return decoder(
+        r,
+        name,
+        "llama",
+        (h, nh, nkv, d),
+        f,
+        tied=False,
         qk_norm="head" if mt == "qwen3" else "none",
         activation=r.str("hidden_act", default="silu"),
         rotary_dim=d,
         max_positions=r.int("max_position_embeddings", default=2048),
         layer_groups=groups(layers, linears, "gated", win, sliding_layers(r, layers) if win else 0),
         attention_dropout=r.dropout("attention_dropout"),
-        name=name,
-        config=dict(r.c),
     )

@@ -7,7 +7,7 @@ nn.Linear that LoRA or bitsandbytes would replace.
 from __future__ import annotations
 
 from cabe.architecture import Linear, ModelSpec
-from cabe.families._common import Reader, attention_shape, groups, listed_sliding_layers, qkvo, window
+from cabe.families._common import Reader, attention_shape, decoder, groups, listed_sliding_layers, qkvo, window
 
 MODEL_TYPES = ("mixtral",)
 
@@ -25,16 +25,13 @@ def read(r: Reader, name: str) -> ModelSpec:
     win = window(r)
     listed = listed_sliding_layers(r)
     sliding = (layers if listed is None else listed) if win else 0
-    return ModelSpec(
-        model_type="mixtral",
-        family="mixtral",
-        hidden_size=h,
-        num_heads=nh,
-        num_kv_heads=nkv,
-        head_dim=d,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", False),
+    return decoder(
+        r,
+        name,
+        "mixtral",
+        (h, nh, nkv, d),
+        f,
+        tied=False,
         activation=r.str("hidden_act", default="silu"),
         rotary_dim=d,
         max_positions=r.int("max_position_embeddings", default=32768),
@@ -42,6 +39,4 @@ def read(r: Reader, name: str) -> ModelSpec:
         num_experts=experts,
         experts_per_token=r.int("num_experts_per_tok", default=2),
         attention_dropout=r.dropout("attention_dropout"),
-        name=name,
-        config=dict(r.c),
     )

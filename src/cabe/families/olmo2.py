@@ -6,7 +6,7 @@ whole projection. Its RMSNorm multiplies by the weight in fp32. PEFT has no defa
 from __future__ import annotations
 
 from cabe.architecture import ModelSpec
-from cabe.families._common import Reader, attention_shape, gated_mlp, groups, qkvo
+from cabe.families._common import Reader, attention_shape, decoder, gated_mlp, groups, qkvo
 
 MODEL_TYPES = ("olmo2",)
 
@@ -15,16 +15,13 @@ def read(r: Reader, name: str) -> ModelSpec:
     h, nh, nkv, d = attention_shape(r)
     f = r.int("intermediate_size")
     bias = r.bool("attention_bias", False)
-    return ModelSpec(
-        model_type="olmo2",
-        family="olmo2",
-        hidden_size=h,
-        num_heads=nh,
-        num_kv_heads=nkv,
-        head_dim=d,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", False),
+    return decoder(
+        r,
+        name,
+        "olmo2",
+        (h, nh, nkv, d),
+        f,
+        tied=False,
         norm_placement="post",
         norm_weight_fp32=True,
         qk_norm="full",
@@ -36,6 +33,4 @@ def read(r: Reader, name: str) -> ModelSpec:
         ),
         attention_dropout=r.dropout("attention_dropout"),
         peft_default_targets=("all-linear",),
-        name=name,
-        config=dict(r.c),
     )

@@ -8,7 +8,7 @@ adapts every linear layer, and says so.
 from __future__ import annotations
 
 from cabe.architecture import Linear, ModelSpec
-from cabe.families._common import Reader, attention_shape, groups, listed_sliding_layers, window
+from cabe.families._common import Reader, attention_shape, decoder, groups, listed_sliding_layers, window
 
 MODEL_TYPES = ("phi3",)
 
@@ -28,16 +28,13 @@ def read(r: Reader, name: str) -> ModelSpec:
     # not a per-layer cache cap in transformers)
     listed = listed_sliding_layers(r)
     win = window(r) if listed else None
-    return ModelSpec(
-        model_type="phi3",
-        family="phi3",
-        hidden_size=h,
-        num_heads=nh,
-        num_kv_heads=nkv,
-        head_dim=d,
-        intermediate_size=f,
-        vocab_size=r.int("vocab_size"),
-        tie_word_embeddings=r.bool("tie_word_embeddings", False),
+    return decoder(
+        r,
+        name,
+        "phi3",
+        (h, nh, nkv, d),
+        f,
+        tied=False,
         activation=r.str("hidden_act", default="silu"),
         rotary_dim=int(d * (r.float("partial_rotary_factor", 1.0) or 1.0)),
         max_positions=r.int("max_position_embeddings", default=4096),
@@ -48,6 +45,4 @@ def read(r: Reader, name: str) -> ModelSpec:
         hidden_dropout=r.dropout("resid_pdrop"),
         embedding_dropout=r.dropout("embd_pdrop"),
         peft_default_targets=("all-linear",),
-        name=name,
-        config=dict(r.c),
     )
