@@ -270,8 +270,8 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         raise InvalidValueError(
             "out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0, maximum=spec.num_layers
         )
-    source = dtype_source(setup, spec)
-    setup = resolve(setup, spec)  # dtype="auto": the checkpoint's, as transformers 5 loads it
+    source = dtype_source(setup, spec.dtype)
+    setup = resolve(setup, spec.dtype)  # dtype="auto": the checkpoint's, as transformers 5 loads it
     if setup.dtype == "fp16" and setup.autocast == "fp16" and setup.method in ("full", "freeze"):
         # torch.amp.GradScaler.unscale_ refuses fp16 gradients ("Attempting to unscale FP16 gradients"):
         # the Trainer's fp16=True cannot train weights loaded in fp16

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cabe.architecture import ModelSpec
     from cabe.training import TrainingSetup
 
 FP32 = 4
@@ -72,19 +71,20 @@ class Dtypes:
         return self.input_casts
 
 
-def resolve(setup: TrainingSetup, spec: ModelSpec) -> TrainingSetup:
-    """``dtype="auto"`` read as transformers 5 reads it: the checkpoint's dtype (fp32 when the config
-    does not say; transformers would then look at the weights' files)."""
+def resolve(setup: TrainingSetup, checkpoint_dtype: str | None) -> TrainingSetup:
+    """``dtype="auto"`` read as transformers 5 reads it: the checkpoint's dtype (``ModelSpec.dtype``, or
+    :func:`cabe.families.config_dtype` of a config); fp32 when the config does not say (transformers would
+    then look at the weights' files)."""
     if setup.dtype != "auto":
         return setup
-    return setup.with_dtype(spec.dtype or "fp32")
+    return setup.with_dtype(checkpoint_dtype or "fp32")
 
 
-def dtype_source(setup: TrainingSetup, spec: ModelSpec) -> str:
+def dtype_source(setup: TrainingSetup, checkpoint_dtype: str | None) -> str:
     """Where the weights' dtype came from: ``given``, ``config`` or ``default`` (a config without one)."""
     if setup.dtype != "auto":
         return "given"
-    return "config" if spec.dtype else "default"
+    return "config" if checkpoint_dtype else "default"
 
 
 def dtypes_for(setup: TrainingSetup) -> Dtypes:

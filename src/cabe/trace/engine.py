@@ -225,11 +225,10 @@ def _check_setup(setup: Any, config: Any) -> TrainingSetup:
     """The setup, with ``dtype="auto"`` read from the config as transformers 5 does."""
     if not isinstance(setup, TrainingSetup):
         raise ConfigError("bad_setup", "setup")
-    if setup.dtype == "auto":
-        from cabe.families import config_dtype
+    from cabe.families import config_dtype
+    from cabe.precision import resolve
 
-        setup = setup.with_dtype((config_dtype(config) if isinstance(config, dict) else None) or "fp32")
-    return setup
+    return resolve(setup, config_dtype(config) if isinstance(config, dict) else None)
 
 
 def trace_step(config: dict[str, Any], setup: TrainingSetup, *, steps: int = 2, mode: str = "auto") -> TraceResult:
