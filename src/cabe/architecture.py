@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from cabe.errors import ConfigError
@@ -76,7 +77,7 @@ class LayerGroup:
     attention: str = "full"
     window: int | None = None
 
-    @property
+    @cached_property
     def linear_count(self) -> int:
         return sum(lin.parameter_count for lin in self.linears)
 
@@ -139,14 +140,20 @@ class ModelSpec:
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # ---- the layers ---------------------------------------------------------------------------
-    @property
+    # NOTE: cached_property on a frozen dataclass: the values live in the instance's __dict__, outside the
+    # fields that equality and hashing read; an estimate asks for them dozens of times
+    @cached_property
     def num_layers(self) -> int:
         return sum(g.count for g in self.layer_groups)
 
-    def uniform(self) -> bool:
-        """True when every layer group has the same tensors (only its attention span differs)."""
+    @cached_property
+    def _uniform(self) -> bool:
         first = self.layer_groups[0]
         return all(g.linears == first.linears and g.mlp == first.mlp for g in self.layer_groups)
+
+    def uniform(self) -> bool:
+        """True when every layer group has the same tensors (only its attention span differs)."""
+        return self._uniform
 
     def _one_layer(self) -> LayerGroup:
         if not self.uniform():
@@ -219,7 +226,7 @@ class ModelSpec:
         """Parameters in one decoder layer."""
         return self.layer_linear_count + self.layer_norm_count
 
-    @property
+    @cached_property
     def parameter_count(self) -> int:
         """All parameters, tied embeddings counted once (as ``model.parameters()`` does)."""
         return (

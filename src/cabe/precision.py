@@ -38,6 +38,7 @@ models what PyTorch does.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class Dtypes:
         return self.input_casts
 
 
+@lru_cache(maxsize=1024)  # a new TrainingSetup is validated on creation: solvers resolve the same ones often
 def resolve(setup: TrainingSetup, checkpoint_dtype: str | None) -> TrainingSetup:
     """``dtype="auto"`` read as transformers 5 reads it: the checkpoint's dtype (``ModelSpec.dtype``, or
     :func:`cabe.families.config_dtype` of a config); fp32 when the config does not say (transformers would
