@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cabe.architecture import ModelSpec
+from cabe.architecture import LayerGroup, ModelSpec
 from cabe.method import lora_targets
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
@@ -82,10 +82,17 @@ def attention_kind(spec: ModelSpec, setup: TrainingSetup) -> str:
 
 
 def layer_activations(
-    spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, *, base_trainable: bool, adapters: bool
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    dt: Dtypes,
+    *,
+    base_trainable: bool,
+    adapters: bool,
+    group: LayerGroup | None = None,
 ) -> LayerActivations:
-    """Saved bytes per token of ONE decoder layer through which gradients flow."""
-    layer = _Layer(spec, setup, dt, base_trainable, adapters)
+    """Saved bytes per token of ONE decoder layer of ``group`` (the first run's when None) through which
+    gradients flow. A model whose layers differ asks once per run (:attr:`ModelSpec.runs`)."""
+    layer = _Layer(spec, group or spec.runs[0], setup, dt, base_trainable, adapters)
     bwd = layer.rms_norm_block() if spec.norm == "rmsnorm" else layer.layer_norm_block()
     attn, a, nh, s, quantized = layer.attn, layer.a, layer.nh, layer.s, layer.quantized
     fwd = _attention_forward_workspace(attn, a, nh, s)
@@ -101,16 +108,19 @@ class _Layer:
     """The saved tensors of one decoder layer, term by term: the setup's dtypes and flags, and one
     method per kind of block (RMSNorm blocks of the Llama lineage, LayerNorm blocks of GPT-2's)."""
 
-    def __init__(self, spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, base_trainable: bool, adapters: bool) -> None:
-        self.spec, self.base_trainable = spec, base_trainable
+    def __init__(
+        self, spec: ModelSpec, group: LayerGroup, setup: TrainingSetup, dt: Dtypes, base_trainable: bool, adapters: bool
+    ) -> None:
+        # the layer groups: what this layer is made of (its linears, MLP kind and width) is its group's
+        self.spec, self.group, self.base_trainable = spec, group, base_trainable
         self.h, self.q, self.kv = spec.hidden_size, spec.q_dim, spec.kv_dim
-        self.f, self.nh = spec.intermediate_size, spec.num_heads
+        self.f, self.nh = spec.ffn_size(group), spec.num_heads
         self.s = setup.tokens_per_sequence
         self.a, self.rho, self.autocast = dt.compute, dt.residual, dt.autocast
         # a linear layer's input is cast per op: an fp32 residual under autocast, or LayerNorm's output
         # (layer_norm is on autocast's fp32 list) whatever the residual's dtype
         self.amp = dt.amp or (dt.autocast and spec.norm == "layernorm")
-        self.targets = {lin.name for lin in lora_targets(spec, setup.lora_targets)} if adapters else set()
+        self.targets = {lin.name for lin in lora_targets(spec, setup.lora_targets, group)} if adapters else set()
         self.r = setup.lora_rank
         # without autocast PEFT's _cast_input_dtype gives lora_A an fp32 copy of its input, which it saves
         self.adapter_cast = dt.adapter != dt.compute and not dt.autocast
@@ -123,8 +133,8 @@ class _Layer:
         # get_target_dtype): the kernel saves those casts and writes a 16-bit output
         self.a_attn = 2 if (setup.attention == "flash" and dt.compute == 4) else dt.compute
         self.gqa = spec.num_kv_heads != spec.num_heads
-        self.qkv_names, self.o_name = spec.slot_names("qkv"), spec.slot_names("o")[0]
-        self.up_names, self.down_name = spec.slot_names("up"), (spec.slot_names("down") or [""])[0]
+        self.qkv_names, self.o_name = group.slot_names("qkv"), group.slot_names("o")[0]
+        self.up_names, self.down_name = group.slot_names("up"), (group.slot_names("down") or [""])[0]
         self.terms: list[Term] = []
         self.constant = 0  # saved bytes per layer that do not grow with tokens
 
@@ -254,8 +264,8 @@ class _Layer:
         else:
             self.rms_norm("mlp_norm", h, "h", base_trainable, wf)
             mlp_in_bytes = rho * h
-        if spec.mlp == "moe":
-            _moe(self.add, spec, a, rho, base_trainable)
+        if self.group.mlp == "moe":
+            _moe(self.add, spec, f, a, rho, base_trainable)
         else:
             self.linear_inputs("mlp", [(n, h) for n in up_names], mlp_in_bytes, f"{rho}·h")
             self.lora_mid(up_names)
@@ -357,7 +367,7 @@ def _sym(n: int, spec: ModelSpec) -> str:
         return "h"
     if n == spec.q_dim:
         return "q"
-    if n == spec.intermediate_size:
+    if n == spec.intermediate_size:  # NOTE: a narrower MLP (an MoE model's dense layers) shows its width
         return "f"
     return str(n)
 
@@ -417,8 +427,8 @@ def _attention_forward_workspace(attn: str, a: int, nh: int, s: int) -> int:
     return 0
 
 
-def _moe(add, spec: ModelSpec, a: int, rho: int, base_trainable: bool) -> None:
-    h, f, e, k = spec.hidden_size, spec.intermediate_size, spec.num_experts, spec.experts_per_token
+def _moe(add, spec: ModelSpec, f: int, a: int, rho: int, base_trainable: bool) -> None:
+    h, e, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
     if base_trainable:
         add("moe.router_input", rho * h, f"{rho}·h")
     add("moe.router_softmax", 4 * e, "4·E")

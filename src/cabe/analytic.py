@@ -18,7 +18,7 @@ to ``total_bytes``. CUDA context and allocator slack are reported beside it, nev
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cabe.activations import (
@@ -29,15 +29,15 @@ from cabe.activations import (
     head_activations,
     layer_activations,
 )
-from cabe.architecture import ModelSpec
+from cabe.architecture import LayerGroup, ModelSpec
 from cabe.errors import InvalidValueError
-from cabe.method import Tensor, lora_targets, parameter_tensors, quantized_bytes, stored_bytes
+from cabe.method import Tensor, layer_tensors, lora_targets, parameter_tensors, quantized_bytes, stored_bytes
 from cabe.optimizer import get as optimizer_entry
 from cabe.optimizer import optimizer_memory
 from cabe.precision import Dtypes, dtype_source, dtypes_for, resolve
 from cabe.report import GB, GiB, Report, Step
 from cabe.schema import state_fields
-from cabe.step import StepParts, timeline
+from cabe.step import LayerRun, StepParts, timeline
 from cabe.training import TrainingSetup, number
 from cabe.units import round_alloc
 
@@ -292,10 +292,12 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         # Multi-GPU plans: sharding transforms the per-GPU parts; the walk of the step is the same.
         from cabe.parallel import shard_parts
 
-        parts, shard_info = shard_parts(parts, spec, setup)
+        # NOTE: the plans share out the per-layer figures; where the layers differ they take the mean layer
+        # of the gradient's path (StepParts' scalar fields), not each run
+        parts, shard_info = shard_parts(replace(parts, runs=()), spec, setup)
     moments = timeline(parts)
     copies_fwd = (
-        parts.copies_layer * parts.grad_layers + parts.copies_cached_layer * parts.cached_layers + parts.copies_head
+        sum(r.copies * r.count + r.copies_cached * r.cached_count for r in parts.layer_runs()) + parts.copies_head
     )
     peak = max(moments, key=lambda m: m.total)
     phase_peaks: dict[str, int] = {}
@@ -342,15 +344,45 @@ def _precision_step(setup: TrainingSetup, source: str) -> Step:
 
 
 @dataclass(frozen=True)
-class _Activations:
-    """What one step saves per layer, and through how many layers the gradient flows."""
+class _RunActivations:
+    """What one layer of a run of like layers in the gradient's path saves."""
 
-    tokens: int  # batch × tokens per sequence
+    group: LayerGroup
+    count: int  # layers of the run in the gradient's path
     per_layer: LayerActivations
     full_layer_bytes: int  # what one layer saves without checkpointing
     saved_layer_bytes: int  # what it keeps through the forward (its input, under checkpointing)
+
+
+@dataclass(frozen=True)
+class _Activations:
+    """What one step saves, run by run of like layers, and through how many layers the gradient flows."""
+
+    tokens: int  # batch × tokens per sequence
+    runs: tuple[_RunActivations, ...]  # the gradient's path, bottom first (the top run alone when empty)
     rotary: int  # cos and sin tables, shared by every layer
     grad_layers: int
+
+    @property
+    def per_layer(self) -> LayerActivations:
+        """The top run's layer: the one figure of a model whose layers are alike."""
+        return self.runs[-1].per_layer
+
+    @property
+    def saved_bytes(self) -> int:
+        """What every layer of the gradient's path keeps through the forward."""
+        return sum(r.count * r.saved_layer_bytes for r in self.runs)
+
+    @property
+    def saved_layer_bytes(self) -> int:
+        """What one layer keeps (the mean over the gradient's path when the layers differ)."""
+        return self.saved_bytes // self.grad_layers if self.grad_layers else self.runs[-1].saved_layer_bytes
+
+    def mean(self, of: Callable[[_RunActivations], int]) -> int:
+        """A per-layer figure over the gradient's path (exact when the layers are alike)."""
+        if not self.grad_layers:
+            return of(self.runs[-1])
+        return sum(r.count * of(r) for r in self.runs) // self.grad_layers
 
 
 def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Activations:
@@ -362,29 +394,40 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
         grad_layers = layers
         trainable_layers = layers if setup.method == "full" else 0
     tokens = setup.batch * setup.tokens_per_sequence
-    if trainable_layers:
-        per_layer = layer_activations(spec, setup, dt, base_trainable=True, adapters=False)
+    path = [(run, n) for run, n, trained in spec.top_split(grad_layers) if trained]
+    runs = tuple(_run_activations(spec, setup, dt, run, n, tokens, trainable_layers > 0) for run, n in path)
+    if not runs:  # no layer in the gradient's path: the top layer, for the figures that explain it
+        runs = (_run_activations(spec, setup, dt, spec.runs[-1], 0, tokens, False),)
+    # cos and sin tables, (1, s, rotary_dim) in the residual dtype, shared by every layer
+    seq_total = tokens // setup.batch
+    rotary = 2 * seq_total * spec.rotary_dim * dt.residual if spec.position == "rotary" else 0
+    return _Activations(tokens, runs, rotary, grad_layers)
+
+
+def _run_activations(
+    spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: LayerGroup, count: int, tokens: int, trained: bool
+) -> _RunActivations:
+    if trained:
+        per_layer = layer_activations(spec, setup, dt, base_trainable=True, adapters=False, group=run)
     else:
-        per_layer = layer_activations(spec, setup, dt, base_trainable=False, adapters=setup.adapters)
+        per_layer = layer_activations(spec, setup, dt, base_trainable=False, adapters=setup.adapters, group=run)
     full_layer_bytes = tokens * per_layer.bytes_per_token + per_layer.constant_bytes
     if setup.checkpointing:
         saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
     else:
         saved_layer_bytes = full_layer_bytes
-    # cos and sin tables, (1, s, rotary_dim) in the residual dtype, shared by every layer
-    seq_total = tokens // setup.batch
-    rotary = 2 * seq_total * spec.rotary_dim * dt.residual if spec.position == "rotary" else 0
-    return _Activations(tokens, per_layer, full_layer_bytes, saved_layer_bytes, rotary, grad_layers)
+    return _RunActivations(run, count, per_layer, full_layer_bytes, saved_layer_bytes)
 
 
 @dataclass(frozen=True)
 class _Copies:
-    """Autocast's 16-bit copies of matmul weights (aten/src/ATen/autocast_mode.cpp, ``cached_cast``).
+    """Autocast's 16-bit copies of matmul weights (aten/src/ATen/autocast_mode.cpp, ``cached_cast``), per
+    layer of one run.
 
     ``layer``: every copy one layer makes (each saved by autograd for backward when the layer is in the
     gradient's path); ``cached``: the part autocast's cache keeps until forward ends — only casts of fp32
     leaves that require grad (``arg.requires_grad() && arg.is_leaf()`` with ``scalar_type == kFloat``);
-    ``trained_layers``: layers with such leaves; ``head``: the lm_head's copy."""
+    ``trained_layers``: layers with such leaves (in the whole model); ``head``: the lm_head's copy."""
 
     layer: int = 0
     cached: int = 0
@@ -392,21 +435,23 @@ class _Copies:
     head: int = 0
 
 
-def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Copies:
+def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: LayerGroup | None = None) -> _Copies:
+    """The copies of one layer of ``run`` (the top run's when None)."""
     if not dt.autocast:
         return _Copies()
+    layer = run or spec.runs[-1]
     # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast when
     # it is not in the autocast dtype already
     base = sum(
         round_alloc(lin.weight_count * 2)
-        for lin in spec.layer_linears
+        for lin in layer.linears
         if dt.weight_copies and not (setup.method == "qlora" and lin.quantized_by_bnb)
     )
     adapters = 0
     if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
         adapters = sum(
             round_alloc(setup.lora_rank * lin.in_features * 2) + round_alloc(setup.lora_rank * lin.out_features * 2)
-            for lin in lora_targets(spec, setup.lora_targets)
+            for lin in lora_targets(spec, setup.lora_targets, layer)
         )
     if setup.method in ("full", "freeze"):  # the trained layers' weights, when they are fp32 leaves
         cached = base if dt.cached_copies else 0
@@ -431,9 +476,15 @@ def _step_parts(
     head: HeadActivations,
     copies: _Copies,
 ) -> StepParts:
-    tokens, grad_layers, per_layer = act.tokens, act.grad_layers, act.per_layer
+    tokens, grad_layers = act.tokens, act.grad_layers
     grads_head = _grad_bytes(states, lambda t: t.kind == "lm_head" or t.name == "final_norm")
     grads_layer = states.grads - grads_head - _grad_bytes(states, lambda t: t.kind in ("embedding", "prompt"))
+    runs = tuple(_layer_run(spec, setup, states, act, r) for r in act.runs if r.count)
+
+    def mean(of: Callable[[LayerRun], int]) -> int:  # a per-layer figure (exact when the layers are alike)
+        return sum(r.count * of(r) for r in runs) // grad_layers if runs else 0
+
+    ckpt = setup.checkpointing
     return StepParts(
         weights=states.weights + states.quant,
         optimizer=states.opt.state_bytes,
@@ -443,15 +494,15 @@ def _step_parts(
         grad_layers=grad_layers,
         # with checkpointing nothing is saved in the forward: the cache holds the trained leaves' copies,
         # and the layer being recomputed makes its own again
-        copies_layer=0 if setup.checkpointing else copies.layer,
+        copies_layer=mean(lambda r: r.copies) if runs else (0 if ckpt else copies.layer),
         copies_head=copies.head,
-        copies_cached_layer=copies.cached if setup.checkpointing else 0,
-        cached_layers=copies.trained_layers if setup.checkpointing else 0,
-        copies_recompute=copies.layer if setup.checkpointing and grad_layers else 0,
-        frozen_inputs=(spec.num_layers - grad_layers) * act.saved_layer_bytes if setup.checkpointing else 0,
+        copies_cached_layer=mean(lambda r: r.copies_cached) if runs else (copies.cached if ckpt else 0),
+        cached_layers=copies.trained_layers if ckpt else 0,
+        copies_recompute=mean(lambda r: r.copies_recompute),
+        frozen_inputs=(spec.num_layers - grad_layers) * act.saved_layer_bytes if ckpt else 0,
         saved_layer=act.saved_layer_bytes,
-        recompute_layer=act.full_layer_bytes if setup.checkpointing else 0,
-        workspace_layer=tokens * per_layer.backward_workspace_per_token,
+        recompute_layer=act.mean(lambda r: r.full_layer_bytes) if ckpt else 0,
+        workspace_layer=act.mean(lambda r: tokens * r.per_layer.backward_workspace_per_token),
         rotary=act.rotary if grad_layers else 0,
         head_saved=tokens * head.saved_logsoftmax,
         final_norm_saved=tokens * head.final_norm,
@@ -468,6 +519,32 @@ def _step_parts(
             if setup.method == "full" and spec.tie_word_embeddings
             else 0
         ),
+        runs=runs,
+    )
+
+
+def _layer_run(
+    spec: ModelSpec, setup: TrainingSetup, states: _States, act: _Activations, r: _RunActivations
+) -> LayerRun:
+    """One run of like layers in the gradient's path: its per-layer gradients, copies and saved tensors."""
+    ckpt = setup.checkpointing
+    c = _weight_copies(spec, setup, dtypes_for(setup), r.group)
+    trained = setup.method in ("full", "freeze")
+    grads = sum(
+        round_alloc(t.numel * states.bytes_of[t.kind]) * t.count
+        for t in layer_tensors(spec, setup, r.group, trained)
+        if t.trainable
+    )
+    return LayerRun(
+        count=r.count,
+        grads=grads,
+        copies=0 if ckpt else c.layer,
+        saved=r.saved_layer_bytes,
+        recompute=r.full_layer_bytes if ckpt else 0,
+        workspace=act.tokens * r.per_layer.backward_workspace_per_token,
+        copies_recompute=c.layer if ckpt else 0,
+        copies_cached=c.cached if ckpt else 0,
+        cached_count=r.count if ckpt and c.trained_layers else 0,
     )
 
 
@@ -528,17 +605,22 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
     steps: list[Step] = []
     pos = " + {p}·{h}" if spec.position_embedding_count else ""
     lm_head = "" if spec.tie_word_embeddings else " + {v}·{h}"
+    # one "count × per layer" term per run of like layers (one term when the layers are alike)
+    runs = spec.runs
+    sfx = [""] if len(runs) == 1 else [f"_{i}" for i in range(len(runs))]
+    layer_terms = " + ".join(f"{{layers{x}}} × {{per_layer{x}}}" for x in sfx)
+    per_run = {f"layers{x}": run.count for x, run in zip(sfx, runs)}
+    per_run.update({f"per_layer{x}": spec.layer_count(run) for x, run in zip(sfx, runs)})
     steps.append(
         Step(
             "model.parameters",
-            "{v}·{h}" + pos + " + {layers} × {per_layer} + {norm}" + lm_head + " = {n}",
+            "{v}·{h}" + pos + " + " + layer_terms + " + {norm}" + lm_head + " = {n}",
             None,
             {
                 "v": spec.vocab_size,
                 "h": spec.hidden_size,
                 "p": spec.max_positions,
-                "layers": spec.num_layers,
-                "per_layer": spec.layer_count,
+                **per_run,
                 "norm": spec.norm_param_count,
                 "n": n_params,
             },
@@ -626,62 +708,65 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
     return steps
 
 
+def _per_layer_step(per_layer: LayerActivations, layers: int | None) -> Step:
+    """The saved tensors of one layer, term by term (``layers``: how many such layers, when they differ)."""
+    return Step(
+        "activations.per_layer",
+        "{terms} = {per_token} B/token",
+        None,
+        {
+            "terms": " + ".join(t.formula for t in per_layer.terms),
+            "per_token": per_layer.bytes_per_token,
+            **({"layers": layers} if layers is not None else {}),
+            "detail": [
+                {"name": t.name, "formula": t.formula, "bytes_per_token": t.bytes_per_token} for t in per_layer.terms
+            ],
+        },
+    )
+
+
 # NOTE: long but flat (radon C or better): one Step literal per explained figure, read top to bottom.
 def _explain_activations(
     spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, act: _Activations, head: HeadActivations, peak: Any, total: int
 ) -> list[Step]:
-    steps: list[Step] = []
-    tokens, per_layer, saved_layer_bytes, grad_layers = (
-        act.tokens,
-        act.per_layer,
-        act.saved_layer_bytes,
-        act.grad_layers,
-    )
-    per_token = per_layer.bytes_per_token
-    formula = " + ".join(t.formula for t in per_layer.terms)
-    steps.append(
-        Step(
-            "activations.per_layer",
-            "{terms} = {per_token} B/token",
-            None,
-            {
-                "terms": formula,
-                "per_token": per_token,
-                "detail": [
-                    {"name": t.name, "formula": t.formula, "bytes_per_token": t.bytes_per_token}
-                    for t in per_layer.terms
-                ],
-            },
-        )
-    )
+    tokens, grad_layers, saved = act.tokens, act.grad_layers, act.saved_bytes
+    # one step per kind of layer in the gradient's path (one when the layers are alike)
+    kinds: dict[LayerActivations, int] = {}
+    for r in act.runs:
+        kinds[r.per_layer] = kinds.get(r.per_layer, 0) + r.count
+    sfx = [""] if len(kinds) == 1 else [f"_{i}" for i in range(len(kinds))]
+    steps = [_per_layer_step(per_layer, count if len(kinds) > 1 else None) for per_layer, count in kinds.items()]
     if setup.checkpointing:
         steps.append(
             Step(
                 "activations.checkpointed",
                 "{layers} × {tokens} tokens × {rho}·{h} = {bytes} B = {gib} GiB",
-                grad_layers * saved_layer_bytes,
+                saved,
                 {
                     "layers": grad_layers,
                     "tokens": tokens,
                     "rho": dt.residual,
                     "h": spec.hidden_size,
-                    "bytes": grad_layers * saved_layer_bytes,
-                    "gib": grad_layers * saved_layer_bytes / GiB,
+                    "bytes": saved,
+                    "gib": saved / GiB,
                 },
             )
         )
     else:
+        terms = " + ".join(f"{{layers{x}}} × {{tokens}} tokens × {{per_token{x}}} B" for x in sfx)
+        per_kind = {f"layers{x}": n for x, n in zip(sfx, kinds.values())}
+        per_kind.update({f"per_token{x}": k.bytes_per_token for x, k in zip(sfx, kinds)})
         steps.append(
             Step(
                 "activations.layers",
-                "{layers} × {tokens} tokens × {per_token} B = {bytes} B = {gib} GiB",
-                grad_layers * saved_layer_bytes,
+                terms + " = {bytes} B = {gib} GiB",
+                saved,
                 {
                     "layers": grad_layers,
                     "tokens": tokens,
-                    "per_token": per_token,
-                    "bytes": grad_layers * saved_layer_bytes,
-                    "gib": grad_layers * saved_layer_bytes / GiB,
+                    **per_kind,
+                    "bytes": saved,
+                    "gib": saved / GiB,
                 },
             )
         )

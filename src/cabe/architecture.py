@@ -14,11 +14,9 @@ No torch here: this is plain arithmetic over the config's integers.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
-
-from cabe.errors import ConfigError
 
 #: Slots of a linear layer in a decoder block: what the estimators need to know about it.
 #: ``qkv`` reads the attention input (q, k, v or one fused projection), ``o`` is the attention
@@ -67,8 +65,11 @@ class LayerGroup:
 
     ``attention``: ``"full"`` (every earlier token) or ``"sliding"`` (the last ``window`` tokens).
     ``mlp``: ``"gated"`` (SwiGLU / GeGLU), ``"plain"`` (one activation between two matrices) or
-    ``"moe"`` (routed experts). A model whose layers differ (sliding and global layers, dense layers
-    then MoE layers) is several groups.
+    ``"moe"`` (routed experts). ``intermediate_size``: the MLP's (or one expert's) width, 0 for the
+    model's ``intermediate_size``. A model whose layers differ (sliding and global layers, dense layers
+    then MoE layers) is several groups, listed from the bottom layer up: where the groups differ in their
+    tensors, each group is a run of consecutive layers (freeze trains the top ones, pipeline stages
+    hold consecutive ones).
     """
 
     count: int
@@ -76,10 +77,23 @@ class LayerGroup:
     mlp: str = "gated"
     attention: str = "full"
     window: int | None = None
+    intermediate_size: int = 0
 
     @cached_property
     def linear_count(self) -> int:
         return sum(lin.parameter_count for lin in self.linears)
+
+    def same_tensors(self, other: LayerGroup) -> bool:
+        """True when ``other``'s layers are made of the same tensors (only the attention span may differ)."""
+        return (self.linears, self.mlp, self.intermediate_size) == (
+            other.linears,
+            other.mlp,
+            other.intermediate_size,
+        )
+
+    def slot_names(self, slot: str) -> list[str]:
+        """PEFT names of this group's linears in ``slot`` (see :data:`SLOTS`), in order."""
+        return [lin.name for lin in self.linears if lin.slot == slot]
 
 
 @dataclass(frozen=True)
@@ -87,8 +101,8 @@ class ModelSpec:
     """An exact, torch-free description of a decoder-only transformer.
 
     Sizes are counts of elements (not bytes). ``layer_groups`` are the decoder layers, grouped by
-    what they are made of; the per-layer figures (``layer_linears``, ``mlp``) are those of every
-    group, and :meth:`uniform` says whether the groups share them.
+    what they are made of (bottom layer first); :attr:`runs` merges neighbouring groups made of the same
+    tensors, and every estimator sums over them. :meth:`uniform` says whether all layers share their tensors.
     """
 
     model_type: str
@@ -147,29 +161,51 @@ class ModelSpec:
         return sum(g.count for g in self.layer_groups)
 
     @cached_property
+    def runs(self) -> tuple[LayerGroup, ...]:
+        """The layers as runs of consecutive layers made of the same tensors, bottom first: neighbouring
+        groups that differ only in their attention span (Gemma's sliding and global layers) are one run,
+        whose ``attention`` and ``window`` are its first group's. One run when the layers are uniform."""
+        out: list[LayerGroup] = []
+        for g in self.layer_groups:
+            if out and out[-1].same_tensors(g):
+                out[-1] = replace(out[-1], count=out[-1].count + g.count)
+            else:
+                out.append(g)
+        return tuple(out)
+
+    @cached_property
     def _uniform(self) -> bool:
         first = self.layer_groups[0]
-        return all(g.linears == first.linears and g.mlp == first.mlp for g in self.layer_groups)
+        return all(g.same_tensors(first) for g in self.layer_groups)
 
     def uniform(self) -> bool:
         """True when every layer group has the same tensors (only its attention span differs)."""
         return self._uniform
 
-    def _one_layer(self) -> LayerGroup:
-        if not self.uniform():
-            # NOTE: no family cabe reads yet has layers made of different tensors; the estimators
-            # that take one layer times num_layers refuse such a model rather than guess
-            raise ConfigError("unsupported_feature", "model", feature="layers of different shapes")
-        return self.layer_groups[0]
+    def top_split(self, trained: int) -> tuple[tuple[LayerGroup, int, bool], ...]:
+        """``(run, layers, trained)`` bottom first, the top ``trained`` layers trained (as freeze trains
+        them) and the rest frozen; parts with no layers are left out."""
+        out: list[tuple[LayerGroup, int, bool]] = []
+        below = self.num_layers - trained  # layers under the trained ones
+        for run in self.runs:
+            frozen = max(0, min(run.count, below))
+            below -= frozen
+            out += [(run, n, t) for n, t in ((frozen, False), (run.count - frozen, True)) if n]
+        return tuple(out)
 
-    @property
+    def ffn_size(self, group: LayerGroup) -> int:
+        """The MLP width of ``group`` (one expert's, for a mixture of experts)."""
+        return group.intermediate_size or self.intermediate_size
+
+    @cached_property
     def layer_linears(self) -> tuple[Linear, ...]:
-        """The weight matrices of one decoder layer (every group has the same)."""
-        return self._one_layer().linears
-
-    @property
-    def mlp(self) -> str:
-        return self._one_layer().mlp
+        """Every distinct weight matrix of the decoder layers, over all groups (one layer's when uniform):
+        what a name means (its role, its copies), never a count of one layer's tensors."""
+        seen: dict[Linear, None] = {}
+        for g in self.runs:
+            for lin in g.linears:
+                seen.setdefault(lin, None)
+        return tuple(seen)
 
     @property
     def sliding_layers(self) -> int:
@@ -179,10 +215,6 @@ class ModelSpec:
     @property
     def sliding_window(self) -> int | None:
         return next((g.window for g in self.layer_groups if g.attention == "sliding"), None)
-
-    def slot_names(self, slot: str) -> list[str]:
-        """PEFT names of one layer's linears in ``slot`` (see :data:`SLOTS`), in order."""
-        return [lin.name for lin in self.layer_linears if lin.slot == slot]
 
     # ---- parameter counts -----------------------------------------------------------------
     @property
@@ -214,17 +246,12 @@ class ModelSpec:
         return 0
 
     @property
-    def layer_linear_count(self) -> int:
-        return self._one_layer().linear_count
-
-    @property
     def layer_norm_count(self) -> int:
         return self.norms_per_layer * self.norm_param_count + self.qk_norm_count
 
-    @property
-    def layer_count(self) -> int:
-        """Parameters in one decoder layer."""
-        return self.layer_linear_count + self.layer_norm_count
+    def layer_count(self, group: LayerGroup) -> int:
+        """Parameters in one decoder layer of ``group``."""
+        return group.linear_count + self.layer_norm_count
 
     @cached_property
     def parameter_count(self) -> int:

@@ -25,38 +25,32 @@ from typing import Any
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
+from cabe.kv_cache import attended
 from cabe.training import TrainingSetup, number
 
 DEFAULT_MFU = 0.4
 
 
 def matmul_params(spec: ModelSpec) -> tuple[int, int]:
-    """(all weights that multiply activations, the active ones per token for MoE)."""
-    L = spec.num_layers
-    dense = 0
-    experts = 0
-    for lin in spec.layer_linears:
-        if lin.role == "expert":
-            experts += lin.weight_count
-        else:
-            dense += lin.weight_count
+    """(all weights that multiply activations, the active ones per token for MoE), summed over the
+    layer groups."""
+    total = active = 0
+    for run in spec.runs:
+        dense = sum(lin.weight_count for lin in run.linears if lin.role != "expert")
+        experts = sum(lin.weight_count for lin in run.linears if lin.role == "expert")
+        total += run.count * (dense + experts)
+        active += run.count * (
+            dense + (experts * spec.experts_per_token // spec.num_experts if spec.num_experts else experts)
+        )
     head = spec.vocab_size * spec.hidden_size  # lm_head (or the tied embedding used as one)
-    total = L * (dense + experts) + head
-    active = (
-        L * (dense + (experts * spec.experts_per_token // spec.num_experts if spec.num_experts else experts)) + head
-    )
-    return total, active
+    return total + head, active + head
 
 
 def attention_flops_forward_per_token(spec: ModelSpec, seq: int) -> float:
     """2·2·s_eff·d_attn per layer and token (QKᵀ and A·V over the attended length, average s/2 under
     a causal mask is NOT assumed: kernels like FlashAttention skip masked blocks, but MFU
-    conventions (PaLM) count the full s; cabe follows the convention)."""
-    d = spec.q_dim
-    sliding = spec.sliding_layers if spec.sliding_window else 0
-    full = spec.num_layers - sliding
-    s_win = min(seq, spec.sliding_window or seq)
-    return 4 * d * (full * seq + sliding * s_win)
+    conventions (PaLM) count the full s; cabe follows the convention), summed over the layer groups."""
+    return 4 * spec.q_dim * sum(g.count * attended(g, seq) for g in spec.layer_groups)
 
 
 def step_flops(spec: ModelSpec, setup: TrainingSetup) -> dict[str, Any]:

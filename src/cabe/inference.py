@@ -23,10 +23,10 @@ from typing import Any
 
 from cabe import gpus as gpu_catalog
 from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers)
-from cabe.architecture import ModelSpec
+from cabe.architecture import Linear, ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
-from cabe.kv_cache import breakdown, kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes
+from cabe.kv_cache import attended, breakdown, kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes
 from cabe.method import quantized_bytes
 
 GGUF_BPW: dict[str, float] = {
@@ -87,32 +87,12 @@ def weights_bytes(spec: ModelSpec, fmt: str = "fp16", group_size: int = 128) -> 
             "bytes_per_weight": PLAIN[f],
             "format": f,
         }
-    L = spec.num_layers
-    q: float
-    if f in ("nf4", "fp4"):
-        q4 = [lin.in_features * lin.out_features * lin.copies for lin in spec.layer_linears if lin.is_module]
-        q = sum(quantized_bytes(numel, True) for numel in q4) * L
-        qn = sum(q4) * L
-    else:
-        mats = [
-            (lin.in_features * lin.out_features * lin.copies, lin.out_features * lin.copies, lin.in_features)
-            for lin in spec.layer_linears
-            if lin.role != "router"
-        ]
-        if f == "fp8":
-            q = sum(numel + 4 for numel, *_ in mats) * L
-        elif f == "int8":
-            q = sum(numel + 4 * rows for numel, rows, _ in mats) * L
-        else:  # gptq / awq
-            bits = int(f.split("-")[1].removesuffix("bit"))
-            q = 0.0
-            for numel, _rows, inf in mats:
-                groups = numel / group_size
-                q += numel * bits / 8 + groups * (2 + bits / 8)
-                if f.startswith("gptq"):
-                    q += 4 * inf  # g_idx: one int32 per input feature
-            q *= L
-        qn = sum(m[0] for m in mats) * L
+    q: float = 0
+    qn = 0
+    for run in spec.runs:  # summed over the runs of like layers
+        run_q, run_qn = _quantized_layer(run.linears, f, group_size)
+        q += run_q * run.count
+        qn += run_qn * run.count
     other = n - qn
     total = round(q + 2 * other)
     return {
@@ -124,14 +104,43 @@ def weights_bytes(spec: ModelSpec, fmt: str = "fp16", group_size: int = 128) -> 
     }
 
 
+def _quantized_layer(linears: tuple[Linear, ...], f: str, group_size: int) -> tuple[float, int]:
+    """(bytes, elements) of one layer's weight matrices stored in the quantized format ``f``."""
+    if f in ("nf4", "fp4"):
+        q4 = [lin.in_features * lin.out_features * lin.copies for lin in linears if lin.is_module]
+        return sum(quantized_bytes(numel, True) for numel in q4), sum(q4)
+    mats = [
+        (lin.in_features * lin.out_features * lin.copies, lin.out_features * lin.copies, lin.in_features)
+        for lin in linears
+        if lin.role != "router"
+    ]
+    q: float
+    if f == "fp8":
+        q = sum(numel + 4 for numel, *_ in mats)
+    elif f == "int8":
+        q = sum(numel + 4 * rows for numel, rows, _ in mats)
+    else:  # gptq / awq
+        bits = int(f.split("-")[1].removesuffix("bit"))
+        q = 0.0
+        for numel, _rows, inf in mats:
+            groups = numel / group_size
+            q += numel * bits / 8 + groups * (2 + bits / 8)
+            if f.startswith("gptq"):
+                q += 4 * inf  # g_idx: one int32 per input feature
+    return q, sum(m[0] for m in mats)
+
+
 def forward_bytes(spec: ModelSpec, tokens: int, act_bytes: int = 2) -> int:
-    """Working memory of one decoder layer over ``tokens`` tokens at once (flash/SDPA attention, no
-    s×s scores): residual + normed input + the larger of attention (q, k, v, output) and MLP
+    """Working memory of the largest decoder layer over ``tokens`` tokens at once (flash/SDPA attention,
+    no s×s scores): residual + normed input + the larger of attention (q, k, v, output) and MLP
     (gate, up, activation; ×k routed copies for MoE)."""
-    h, q, kv, f = spec.hidden_size, spec.q_dim, spec.kv_dim, spec.intermediate_size
-    k = spec.experts_per_token or 1
+    h, q, kv = spec.hidden_size, spec.q_dim, spec.kv_dim
     attn = q + 2 * kv + q
-    mlp = 3 * f * k + (h * k if spec.num_experts else 0)
+    mlp = 0
+    for run in spec.runs:  # one layer runs at a time: the widest MLP
+        f = spec.ffn_size(run)
+        k = (spec.experts_per_token or 1) if run.mlp == "moe" else 1
+        mlp = max(mlp, 3 * f * k + (h * k if run.mlp == "moe" and spec.num_experts else 0))
     return tokens * act_bytes * (2 * h + max(attn, mlp))
 
 
@@ -258,13 +267,11 @@ def serving(
     budget = util * card.memory_bytes
     pool = int(budget - w - act - card.cuda_context_bytes)
     per_layer = per_layer_token_bytes(spec, kv_dtype)
-    sliding = spec.sliding_layers if spec.sliding_window else 0
-    full = spec.num_layers - sliding
 
     def seq_bytes(length: int) -> float:
-        blocks = math.ceil(length / block_size)
-        sblocks = math.ceil(min(length, spec.sliding_window or length) / block_size)
-        return block_size * per_layer * (full * blocks + sliding * sblocks)
+        # the blocks of every layer group: a sliding group's layers hold at most its window
+        blocks = sum(g.count * math.ceil(attended(g, length) / block_size) for g in spec.layer_groups)
+        return block_size * per_layer * blocks
 
     out: dict[str, Any] = {
         "gpu": card.name,

@@ -8,7 +8,7 @@ serving engine with a sliding-window-aware cache (vLLM's hybrid allocator, HF's
 
 from __future__ import annotations
 
-from cabe.architecture import ModelSpec
+from cabe.architecture import LayerGroup, ModelSpec
 from cabe.errors import InvalidValueError
 
 #: bytes per cached element
@@ -55,10 +55,15 @@ def kv_cache_bytes(
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise InvalidValueError("out_of_range", "batch", value=batch, minimum=1, maximum=1 << 20)
     per = per_layer_token_bytes(spec, kv_dtype)
-    sliding = spec.sliding_layers if (cap_sliding and spec.sliding_window) else 0
-    full = spec.num_layers - sliding
-    window_tokens = min(context, spec.sliding_window or context)
-    return round(batch * per * (full * context + sliding * window_tokens))
+    tokens = sum(g.count * (attended(g, context) if cap_sliding else context) for g in spec.layer_groups)
+    return round(batch * per * tokens)
+
+
+def attended(group: LayerGroup, context: int) -> int:
+    """Tokens one layer of ``group`` keeps of a ``context``-token sequence: all of them, or the window."""
+    if group.attention == "sliding" and group.window:
+        return min(context, group.window)
+    return context
 
 
 def breakdown(spec: ModelSpec, context: int, batch: int, kv_dtype: str) -> dict[str, object]:

@@ -6,10 +6,10 @@ parameter count per target module, r × (in_features + out_features) for each ad
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from cabe.architecture import Linear, ModelSpec
+from cabe.architecture import LayerGroup, Linear, ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.training import TrainingSetup
 
@@ -47,11 +47,12 @@ class LoraTarget:
     parameters: int  # r*(in+out)*per_layer*num_layers
 
 
-def lora_targets(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[Linear, ...]:
-    """The adapted weight matrices of one layer, as PEFT matches ``target_modules``.
+def lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | None = None) -> tuple[Linear, ...]:
+    """The adapted weight matrices of one layer of ``group`` (of the model's first run when None), as
+    PEFT matches ``target_modules``.
 
     ``all-linear`` matches every ``nn.Linear`` / ``Conv1D`` in the layers (PEFT excludes the output
-    layer). Raises :class:`InvalidValueError` for a name the model does not have.
+    layer). Raises :class:`InvalidValueError` for a name no layer of the model has.
     """
     names = spec.linear_names
     if not targets:
@@ -68,21 +69,26 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[Linear, ...
                 allowed=", ".join(names) + ", all-linear",
             )
         wanted = set(targets)
-    return tuple(lin for lin in spec.layer_linears if lin.is_module and lin.name in wanted)
+    layer = spec.runs[0] if group is None else group
+    return tuple(lin for lin in layer.linears if lin.is_module and lin.name in wanted)
 
 
 def lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> list[LoraTarget]:
-    """Adapter parameters per target module name: rank × (in + out) per adapted matrix."""
+    """Adapter parameters per target module name: rank × (in + out) per adapted matrix, summed over the
+    layers that have it (``per_layer``: how many one layer of the first run that has it holds)."""
     out: dict[str, LoraTarget] = {}
-    for lin in lora_targets(spec, targets):
-        prev = out.get(lin.name)
-        per = rank * (lin.in_features + lin.out_features) * spec.num_layers
-        if prev is None:
-            out[lin.name] = LoraTarget(lin.name, lin.in_features, lin.out_features, 1, per)
-        else:  # e.g. GPT-2's c_proj exists in attention and MLP
-            out[lin.name] = LoraTarget(
-                lin.name, prev.in_features, prev.out_features, prev.per_layer + 1, prev.parameters + per
-            )
+    for run in spec.runs:
+        in_run: dict[str, LoraTarget] = {}
+        for lin in lora_targets(spec, targets, run):
+            prev = in_run.get(lin.name)
+            per = rank * (lin.in_features + lin.out_features) * run.count
+            if prev is None:
+                in_run[lin.name] = LoraTarget(lin.name, lin.in_features, lin.out_features, 1, per)
+            else:  # e.g. GPT-2's c_proj exists in attention and MLP
+                in_run[lin.name] = replace(prev, per_layer=prev.per_layer + 1, parameters=prev.parameters + per)
+        for name, tgt in in_run.items():
+            prev = out.get(name)
+            out[name] = tgt if prev is None else replace(prev, parameters=prev.parameters + tgt.parameters)
     return list(out.values())
 
 
@@ -105,11 +111,14 @@ def quantized_bytes(numel: int, double_quant: bool) -> int:
 
 
 def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
-    """Every parameter tensor (grouped), marked trainable or frozen for the setup's method."""
+    """Every parameter tensor (grouped), marked trainable or frozen for the setup's method.
+
+    The decoder layers' tensors come run by run (:attr:`ModelSpec.runs`, bottom first), each run split
+    into its frozen and trained layers (freeze trains the top ``trainable_layers``).
+    """
     method = setup.method
     layers = spec.num_layers
     frozen_base = method in ("lora", "qlora", "prompt-tuning")
-    quantize = method == "qlora"
     tensors: list[Tensor] = []
 
     def add(name: str, numel: int, count: int, trainable: bool, kind: str, rows: int = 0, cols: int = 0) -> None:
@@ -117,10 +126,9 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
             tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols))
 
     if method == "freeze":
-        k = min(setup.trainable_layers, layers)
-        groups = [(layers - k, False), (k, True)]
+        parts = spec.top_split(min(setup.trainable_layers, layers))
     else:
-        groups = [(layers, not frozen_base)]
+        parts = tuple((run, run.count, not frozen_base) for run in spec.runs)
     emb_trainable = method == "full"
     add("embed_tokens", spec.embedding_count, 1, emb_trainable, "embedding", spec.vocab_size, spec.hidden_size)
     add(
@@ -132,34 +140,16 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
         spec.max_positions,
         spec.hidden_size,
     )
-    for count, trainable in groups:
-        for lin in spec.layer_linears:
-            if quantize and lin.quantized_by_bnb:
-                add(lin.name, lin.in_features * lin.out_features * lin.copies, count, False, "quantized")
-            else:
-                rows, cols = lin.out_features, lin.in_features
-                add(lin.name, lin.in_features * lin.out_features, count * lin.copies, trainable, "base", rows, cols)
-            if lin.bias:
-                add(lin.name + ".bias", lin.out_features, count * lin.copies, trainable, "base")
-        add(
-            "norm",
-            spec.norm_param_count // (2 if spec.norm_bias else 1),
-            count * spec.norms_per_layer * (2 if spec.norm_bias else 1),
-            trainable,
-            "norm",
-        )
-        if spec.qk_norm == "head":
-            add("qk_norm", spec.head_dim, 2 * count, trainable, "norm")
-        elif spec.qk_norm == "full":
-            add("q_norm", spec.q_dim, count, trainable, "norm")
-            add("k_norm", spec.kv_dim, count, trainable, "norm")
+    for run, count, trainable in parts:
+        _layer_tensors(add, spec, run, count, trainable, method == "qlora")
     add("final_norm", spec.hidden_size, 2 if spec.norm_bias else 1, method == "full", "norm")
     add("lm_head", spec.lm_head_count, 1, method == "full", "lm_head", spec.vocab_size, spec.hidden_size)
     if setup.adapters:
         r = setup.lora_rank
-        for lin in lora_targets(spec, setup.lora_targets):
-            add(lin.name + ".lora_A", r * lin.in_features, layers, True, "adapter", r, lin.in_features)
-            add(lin.name + ".lora_B", lin.out_features * r, layers, True, "adapter", lin.out_features, r)
+        for run in spec.runs:
+            for lin in lora_targets(spec, setup.lora_targets, run):
+                add(lin.name + ".lora_A", r * lin.in_features, run.count, True, "adapter", r, lin.in_features)
+                add(lin.name + ".lora_B", lin.out_features * r, run.count, True, "adapter", lin.out_features, r)
     if method == "prompt-tuning":
         add(
             "prompt_embeddings",
@@ -171,6 +161,48 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
             spec.hidden_size,
         )
     return tensors
+
+
+def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, trainable: bool) -> list[Tensor]:
+    """The tensors of ONE layer of ``run`` as :func:`parameter_tensors` lists them (its base weights
+    trainable or not, and its LoRA adapters)."""
+    tensors: list[Tensor] = []
+
+    def add(name: str, numel: int, count: int, trainable: bool, kind: str, rows: int = 0, cols: int = 0) -> None:
+        if numel and count:
+            tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols))
+
+    _layer_tensors(add, spec, run, 1, trainable and setup.method in ("full", "freeze"), setup.method == "qlora")
+    if setup.adapters:
+        r = setup.lora_rank
+        for lin in lora_targets(spec, setup.lora_targets, run):
+            add(lin.name + ".lora_A", r * lin.in_features, 1, True, "adapter", r, lin.in_features)
+            add(lin.name + ".lora_B", lin.out_features * r, 1, True, "adapter", lin.out_features, r)
+    return tensors
+
+
+def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, trainable: bool, quantize: bool) -> None:
+    """The tensors of ``count`` layers of ``run``: its linears (4-bit under QLoRA), biases and norms."""
+    for lin in run.linears:
+        if quantize and lin.quantized_by_bnb:
+            add(lin.name, lin.in_features * lin.out_features * lin.copies, count, False, "quantized")
+        else:
+            rows, cols = lin.out_features, lin.in_features
+            add(lin.name, lin.in_features * lin.out_features, count * lin.copies, trainable, "base", rows, cols)
+        if lin.bias:
+            add(lin.name + ".bias", lin.out_features, count * lin.copies, trainable, "base")
+    add(
+        "norm",
+        spec.norm_param_count // (2 if spec.norm_bias else 1),
+        count * spec.norms_per_layer * (2 if spec.norm_bias else 1),
+        trainable,
+        "norm",
+    )
+    if spec.qk_norm == "head":
+        add("qk_norm", spec.head_dim, 2 * count, trainable, "norm")
+    elif spec.qk_norm == "full":
+        add("q_norm", spec.q_dim, count, trainable, "norm")
+        add("k_norm", spec.kv_dim, count, trainable, "norm")
 
 
 def stored_bytes(t: Tensor, setup: TrainingSetup, dt: Any) -> int:

@@ -24,6 +24,22 @@ class Moment:
 
 
 @dataclass(frozen=True)
+class LayerRun:
+    """Per-GPU figures of ``count`` consecutive layers in the gradient's path that are made alike (bytes per
+    layer): the layer-shaped fields of :class:`StepParts`, for one run of a model whose layers differ."""
+
+    count: int
+    grads: int  # gradients one layer makes
+    copies: int  # autocast copies one layer saves for backward (0 with checkpointing)
+    saved: int  # what one layer keeps for backward
+    recompute: int = 0  # checkpointing: a recomputed layer's activations
+    workspace: int = 0  # transient extra while one layer runs backward
+    copies_recompute: int = 0  # checkpointing: the copies of the layer being recomputed
+    copies_cached: int = 0  # checkpointing: what autocast's cache alone holds of one layer
+    cached_count: int = 0  # checkpointing: layers of the run whose copies sit in the cache
+
+
+@dataclass(frozen=True)
 class StepParts:
     """Per-GPU sizes, in bytes, that a training step is made of."""
 
@@ -59,17 +75,44 @@ class StepParts:
     extra_forward: dict[str, int] = field(default_factory=dict)
     extra_backward: dict[str, int] = field(default_factory=dict)
     extra_optimizer: dict[str, int] = field(default_factory=dict)
+    # the layers in the gradient's path, run by run from the bottom, when their figures are known run by
+    # run (a model whose layers differ); empty: ``grad_layers`` layers of the per-layer fields above
+    runs: tuple[LayerRun, ...] = ()
+
+    def layer_runs(self) -> tuple[LayerRun, ...]:
+        """The gradient's path as runs of like layers, bottom first."""
+        if self.runs:
+            return self.runs
+        if not self.grad_layers:
+            return ()
+        return (
+            LayerRun(
+                self.grad_layers,
+                self.grads_per_layer,
+                self.copies_layer,
+                self.saved_layer,
+                self.recompute_layer,
+                self.workspace_layer,
+                self.copies_recompute,
+                self.copies_cached_layer,
+                self.cached_layers,
+            ),
+        )
 
 
 def timeline(p: StepParts) -> list[Moment]:
     """The moments of a steady-state step that can hold the peak.
 
-    Between the top and the bottom layer of the backward pass, live memory is linear in the
-    layer index (activations freed, gradients added at constant rates), so the two ends bound it.
+    Between the top and the bottom layer of a run of like layers, live memory during backward is linear
+    in the layer index (activations freed, gradients added at constant rates), so the run's two ends
+    bound it: each run of :meth:`StepParts.layer_runs` adds its two ends.
     """
     base = {"weights": p.weights, "optimizer": p.optimizer}
     g_acc = p.grads if p.grads_in_forward else 0
-    acts_all = p.grad_layers * p.saved_layer + p.rotary + p.final_norm_saved + p.frozen_inputs
+    runs = p.layer_runs()
+    saved_all = sum(r.count * r.saved for r in runs)
+    copies_all = sum(r.count * r.copies for r in runs)
+    acts_all = saved_all + p.rotary + p.final_norm_saved + p.frozen_inputs
     moments = [
         Moment(
             "forward",
@@ -77,9 +120,7 @@ def timeline(p: StepParts) -> list[Moment]:
             {
                 **base,
                 "gradients": g_acc,
-                "weight_copies": p.copies_layer * p.grad_layers
-                + p.copies_cached_layer * p.cached_layers
-                + p.copies_head,
+                "weight_copies": copies_all + sum(r.copies_cached * r.cached_count for r in runs) + p.copies_head,
                 "activations": acts_all,
                 "logits": p.head_saved + p.head_forward_extra,
                 **p.extra_forward,
@@ -91,34 +132,14 @@ def timeline(p: StepParts) -> list[Moment]:
             {
                 **base,
                 "gradients": g_acc,
-                "weight_copies": p.copies_layer * p.grad_layers + p.copies_head,
+                "weight_copies": copies_all + p.copies_head,
                 "activations": acts_all,
                 "logits": p.head_saved + p.head_backward_extra,
                 **p.extra_backward,
             },
         ),
     ]
-    if p.grad_layers:
-        for from_top, where in ((0, "top_layer"), (p.grad_layers - 1, "bottom_layer")):
-            remaining = p.grad_layers - from_top
-            grads = g_acc or (p.grads_head + p.grads_per_layer * (from_top + 1))
-            moments.append(
-                Moment(
-                    "backward",
-                    where,
-                    {
-                        **base,
-                        "gradients": grads,
-                        "weight_copies": p.copies_layer * remaining + p.copies_recompute,
-                        "activations": remaining * p.saved_layer
-                        + p.recompute_layer
-                        + p.rotary
-                        + p.workspace_layer
-                        + p.frozen_inputs,
-                        **p.extra_backward,
-                    },
-                )
-            )
+    moments += _layer_moments(p, runs, base, g_acc, saved_all, copies_all)
     if p.embedding_backward_workspace:
         moments.append(
             Moment(
@@ -135,3 +156,49 @@ def timeline(p: StepParts) -> list[Moment]:
         )
     )
     return moments
+
+
+def _layer_moments(
+    p: StepParts, runs: tuple[LayerRun, ...], base: dict[str, int], g_acc: int, saved: int, copies: int
+) -> list[Moment]:
+    """Backward through the layers, from the top run down: the top and the bottom layer of each run.
+    ``saved`` and ``copies``: what every layer of the gradient's path saves and copies."""
+    out: list[Moment] = []
+    grads_above = p.grads_head  # gradients made above the run being walked
+    layers_above = 0
+    for i, r in enumerate(reversed(runs)):
+        saved -= r.count * r.saved  # now what the runs below this one save
+        copies -= r.count * r.copies
+        for end, from_top in enumerate((0, r.count - 1)):
+            remaining = r.count - from_top
+            out.append(
+                Moment(
+                    "backward",
+                    _where(i == 0 and end == 0, i == len(runs) - 1 and end == 1, layers_above + from_top),
+                    {
+                        **base,
+                        "gradients": g_acc or (grads_above + r.grads * (from_top + 1)),
+                        "weight_copies": copies + r.copies * remaining + r.copies_recompute,
+                        "activations": saved
+                        + remaining * r.saved
+                        + r.recompute
+                        + p.rotary
+                        + r.workspace
+                        + p.frozen_inputs,
+                        **p.extra_backward,
+                    },
+                )
+            )
+        grads_above += r.grads * r.count
+        layers_above += r.count
+    return out
+
+
+def _where(top: bool, bottom: bool, from_top: int) -> str:
+    """``top_layer`` and ``bottom_layer`` at the ends of the gradient's path; ``layer_<n>_from_top`` at the
+    ends of the runs between them."""
+    if top:
+        return "top_layer"
+    if bottom:
+        return "bottom_layer"
+    return f"layer_{from_top}_from_top"
