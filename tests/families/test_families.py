@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from cabe import families
-from cabe.architecture import SLOTS, LayerGroup, ModelSpec
+from cabe.architecture import SLOTS, ModelSpec
 from cabe.errors import ConfigError
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "cabe"
@@ -46,35 +45,83 @@ def test_every_family_module_has_a_preset():
 def test_preset_spec_is_consistent(path):
     spec = _preset_spec(path)
     assert spec.layer_groups and all(g.count > 0 for g in spec.layer_groups)
-    assert spec.num_layers == sum(g.count for g in spec.layer_groups)
-    for lin in spec.layer_linears:
-        assert lin.slot in SLOTS, (lin.name, lin.slot)
-    assert spec.slot_names("qkv"), "a layer has an attention input projection"
-    assert len(spec.slot_names("o")) == 1
-    if spec.mlp == "moe":
-        assert spec.slot_names("router") and spec.slot_names("experts") and spec.num_experts > 0
-    else:
-        assert spec.slot_names("up") and len(spec.slot_names("down")) == 1
+    assert spec.num_layers == sum(g.count for g in spec.layer_groups) == sum(r.count for r in spec.runs)
+    for g in spec.runs:
+        for lin in g.linears:
+            assert lin.slot in SLOTS, (lin.name, lin.slot)
+        assert g.slot_names("qkv"), "a layer has an attention input projection"
+        assert len(g.slot_names("o")) == 1
+        if g.mlp == "moe":
+            assert g.slot_names("router") and g.slot_names("experts") and spec.num_experts > 0
+        else:
+            assert g.slot_names("up") and len(g.slot_names("down")) == 1
     targets = set(spec.peft_default_targets)
     assert targets == {"all-linear"} or targets <= set(spec.linear_names), spec.peft_default_targets
     for g in spec.layer_groups:
         assert (g.attention == "sliding") == (g.window is not None)
 
 
-def test_layers_of_different_shapes_are_a_typed_refusal_not_a_guess():
-    spec = _preset_spec(SRC / "data" / "models" / "llama-3.2-1b.json")
-    g = spec.layer_groups[0]
-    dense = LayerGroup(2, g.linears[:4] + g.linears[4:], g.mlp)
-    narrow = LayerGroup(g.count - 2, g.linears[:4], g.mlp)  # no MLP: a different layer
-    mixed = replace(spec, layer_groups=(dense, narrow))
-    assert mixed.num_layers == spec.num_layers
-    # the parameter count is exact over groups ...
-    mlp = sum(lin.parameter_count for lin in g.linears[4:])
-    assert mixed.parameter_count == spec.parameter_count - (g.count - 2) * mlp
-    # ... and the one-layer-times-L estimators refuse it with a code
-    with pytest.raises(ConfigError) as e:
-        _ = mixed.layer_linears
-    assert e.value.code == "unsupported_feature"
+# Qwen3-MoE layers 0 and 2 dense (decoder_sparse_step=2), or layer 0 alone (mlp_only_layers)
+MIXED = dict(
+    model_type="qwen3_moe",
+    hidden_size=64,
+    intermediate_size=192,
+    moe_intermediate_size=48,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=512,
+    num_experts=8,
+    num_experts_per_tok=2,
+)
+
+
+@pytest.mark.parametrize(
+    ("extra", "kinds"),
+    [
+        (dict(decoder_sparse_step=2), [(1, "gated"), (1, "moe"), (1, "gated"), (1, "moe")]),
+        (dict(mlp_only_layers=[0]), [(1, "gated"), (3, "moe")]),
+        (dict(mlp_only_layers=[1, 2]), [(1, "moe"), (2, "gated"), (1, "moe")]),
+        ({}, [(4, "moe")]),
+    ],
+)
+def test_layers_that_differ_are_runs_bottom_first_and_every_count_sums_over_them(extra, kinds):
+    spec = families.from_config(dict(MIXED, **extra))
+    assert [(r.count, r.mlp) for r in spec.runs] == kinds
+    dense = 64 * 192 * 3  # gate, up (h -> f) and down (f -> h)
+    moe = 64 * 8 + 8 * 64 * 2 * 48 + 8 * 48 * 64  # router (E × h), experts' gate_up (E·2f'·h) and down (E·h·f')
+    attn = 64 * 64 + 2 * 64 * 32 + 64 * 64  # q, k, v (2 kv heads × 16), o
+    norms = 2 * 64 + 2 * 16  # two RMSNorms over h, q_norm and k_norm over head_dim
+    layers = sum(n * (attn + norms + (moe if k == "moe" else dense)) for n, k in kinds)
+    assert spec.parameter_count == 512 * 64 + layers + 64 + 64 * 512  # + embedding, final norm, untied lm_head
+    assert spec.uniform() == (len(kinds) == 1)
+
+
+def test_freeze_trains_the_top_layers_of_the_runs():
+    spec = families.from_config(dict(MIXED, mlp_only_layers=[0]))  # dense, then 3 MoE layers
+    split = [(run.mlp, n, trained) for run, n, trained in spec.top_split(3)]
+    assert split == [("gated", 1, False), ("moe", 3, True)]
+    split = [(run.mlp, n, trained) for run, n, trained in spec.top_split(2)]
+    assert split == [("gated", 1, False), ("moe", 1, False), ("moe", 2, True)]
+
+
+def test_an_estimate_sums_its_layer_runs():
+    """A mixed model's activations are its dense layers' plus its MoE layers': 2 dense + 2 MoE layers save
+    what half of the 4 dense and half of the 4 MoE layers save."""
+    from cabe.analytic import estimate_model
+    from cabe.training import TrainingSetup
+
+    setup = TrainingSetup(batch=2, seq=128, precision="bf16")
+
+    def layer_acts(cfg):
+        r = estimate_model(families.from_config(cfg), setup)
+        return r.components["activations"]
+
+    mixed = layer_acts(dict(MIXED, decoder_sparse_step=2))
+    dense = layer_acts(dict(MIXED, mlp_only_layers=[0, 1, 2, 3]))
+    moe = layer_acts(dict(MIXED))
+    assert 2 * mixed == dense + moe
 
 
 def test_unknown_model_type_lists_what_is_supported():
