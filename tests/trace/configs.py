@@ -77,4 +77,21 @@ TINY = {
         num_local_experts=4,
         num_experts_per_tok=2,
     ),
+    # layer 0 dense, layer 1 MoE (decoder_sparse_step=2): layers that differ
+    "qwen3_moe": dict(
+        model_type="qwen3_moe",
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=512,
+        max_position_embeddings=256,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=2,
+    ),
 }

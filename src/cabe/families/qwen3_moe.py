@@ -26,9 +26,10 @@ def is_moe(r: Reader, index: int, experts: int) -> bool:
 def read(r: Reader, name: str) -> ModelSpec:
     h, nh, nkv, d = attention_shape(r)
     f = r.int("intermediate_size")
-    fe = r.int("moe_intermediate_size")
+    # defaults: transformers 5's Qwen3MoeConfig, which writes num_experts back as num_local_experts
+    fe = r.int("moe_intermediate_size", default=768)
     layers = r.int("num_hidden_layers")
-    experts = r.int("num_experts", minimum=0)
+    experts = r.int("num_experts", "num_local_experts", default=128, minimum=0)
     bias = r.bool("attention_bias", False)
     attn = qkvo(h, nh, nkv, d, bias, bias)
     moe = LayerGroup(
