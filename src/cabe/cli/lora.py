@@ -58,8 +58,9 @@ def render(a: Adapter, args: argparse.Namespace, lang: str, units: str) -> str:
         return json.dumps(out, indent=2)
     lines = [t("ui.lora_header", lang, r=a.rank) + ":"]
     for r in a.rows:
+        layers = sum(g.count for g in a.spec.runs if any(lin.name == r.name for lin in g.linears))  # that have it
         lines.append(
-            f"  {r.name:<16} {r.per_layer} × {a.spec.num_layers} × {a.rank}·({r.in_features} + {r.out_features})"
+            f"  {r.name:<16} {r.per_layer} × {layers} × {a.rank}·({r.in_features} + {r.out_features})"
             f" = {fmt_number(r.parameters, lang)}"
         )
     base = a.spec.parameter_count
