@@ -266,6 +266,8 @@ class _Layer:
             mlp_in_bytes = rho * h
         if self.group.mlp == "moe":
             _moe(self.add, spec, f, a, rho, base_trainable)
+            if self.group.slot_names("shared_up"):
+                self._shared_expert()
         else:
             self.linear_inputs("mlp", [(n, h) for n in up_names], mlp_in_bytes, f"{rho}·h")
             self.lora_mid(up_names)
@@ -283,6 +285,29 @@ class _Layer:
             self.lora_mid([down_name])
         if sandwich or post_norm_only:
             self.rms_norm("post_mlp_norm", h, "h", base_trainable, True)
+
+    def _shared_expert(self) -> None:
+        """A shared expert beside the routed ones (Qwen2-MoE, transformers 5 Qwen2MoeSparseMoeBlock.forward):
+        a SwiGLU MLP over every token, times sigmoid(shared_expert_gate(x)); the product saves the MLP's
+        output and the sigmoid's (one value per token)."""
+        g, h, a, quantized = self.group, self.h, self.a, self.quantized
+        up, down = g.slot_names("shared_up"), g.slot_names("shared_down")[0]
+        gate = g.slot_names("shared_gate")
+        fs = next(lin.out_features for lin in g.linears if lin.slot == "shared_up")
+        if not self.base_trainable:  # (a trained base saves x once, as the router's input)
+            self.linear_inputs("shared", [(n, h) for n in up + gate], self.rho * h, f"{self.rho}·h")
+        self.lora_mid(up + gate)
+        m = 4 if quantized else a  # Linear4bit returns its output in the input's dtype (fp32 here)
+        self.add("shared.gate_output", m * fs, f"{m}·{fs}")
+        self.add("shared.act_output", m * fs, f"{m}·{fs}")
+        self.add("shared.up_output", m * fs, f"{m}·{fs}")
+        if self.base_trainable or (down in self.targets and not self.adapter_cast):
+            self.add("shared.product", a * fs, f"{a}·{fs}")
+        if self.adapter_cast and down in self.targets:
+            self.add(f"shared.{down}.lora_input_fp32", 4 * fs, f"4·{fs}")
+        self.lora_mid([down])
+        self.add("shared.output", m * h, f"{m}·h")  # saved by the multiply with the sigmoid gate
+        self.add("shared.gate_sigmoid", m, f"{m}")  # sigmoid's output, saved by sigmoid and the multiply
 
     def layer_norm_block(self) -> int:
         """LayerNorm blocks with a plain GELU MLP (GPT-2, GPT-NeoX, Falcon). Returns the backward

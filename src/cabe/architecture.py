@@ -21,8 +21,10 @@ from typing import Any
 #: Slots of a linear layer in a decoder block: what the estimators need to know about it.
 #: ``qkv`` reads the attention input (q, k, v or one fused projection), ``o`` is the attention
 #: output, ``up`` reads the MLP input (gate and up, or one fused gate_up / fc), ``down`` is the MLP
-#: output; ``router`` and ``experts`` are a mixture-of-experts' bare parameters.
-SLOTS = ("qkv", "o", "up", "down", "router", "experts")
+#: output; ``router`` and ``experts`` are a mixture-of-experts' bare parameters; ``shared_up``,
+#: ``shared_down`` and ``shared_gate`` are a shared expert beside the routed ones (Qwen2-MoE: a SwiGLU MLP
+#: every token goes through, scaled by a sigmoid of one linear output).
+SLOTS = ("qkv", "o", "up", "down", "router", "experts", "shared_up", "shared_down", "shared_gate")
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,15 @@ FAMILIES = {
         "moe_intermediate_size": 48,
         "mlp_only_layers": [1],
     },
+    # Qwen2-MoE: routed experts and a shared expert behind a sigmoid gate
+    "qwen2_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 48,
+        "shared_expert_intermediate_size": 80,
+    },
 }
-MOE = ("mixtral", "qwen3_moe")
+MOE = ("mixtral", "qwen3_moe", "qwen2_moe")
 B, S = 2, 24
 
 

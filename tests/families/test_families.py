@@ -167,3 +167,32 @@ def test_qlora_on_fused_moe_experts_says_they_stay_unquantized():
     dense = estimate_model(preset("llama-3.1-8b").spec, TrainingSetup(method="qlora"))
     assert "qlora_moe_experts_unquantized" in moe.notes
     assert "qlora_moe_experts_unquantized" not in dense.notes
+
+
+def test_qwen2_moe_slides_in_the_layers_its_config_lists_and_sums_a_shared_expert():
+    # Qwen2MoeConfig.__post_init__: layer i slides when (i + 1) % 2 and i < max_window_layers
+    cfg = dict(
+        MIXED,
+        model_type="qwen2_moe",
+        shared_expert_intermediate_size=80,
+        use_sliding_window=True,
+        sliding_window=32,
+        max_window_layers=3,
+        mlp_only_layers=[3],
+    )
+    spec = families.from_config(cfg)
+    assert [(g.count, g.mlp, g.window) for g in spec.layer_groups] == [
+        (1, "moe", 32),
+        (1, "moe", None),
+        (1, "moe", 32),
+        (1, "gated", None),
+    ]
+    assert [(r.count, r.mlp) for r in spec.runs] == [(3, "moe"), (1, "gated")]
+    from cabe.kv_cache import kv_cache_bytes
+
+    # 2 layers keep the 32-token window, 2 every token: 2 × 2 kv heads × 16 × 2 B per token and layer
+    assert kv_cache_bytes(spec, 100, 1, "fp16") == 2 * 2 * 16 * 2 * (2 * 32 + 2 * 100)
+    shared = 64 * 80 * 3 + 64  # the shared expert's gate, up and down, and its sigmoid gate (h -> 1)
+    qwen3 = families.from_config(dict(MIXED, mlp_only_layers=[3]))
+    qkv_bias = 64 + 32 + 32  # Qwen2-MoE's q, k, v biases; Qwen 3 MoE's q_norm and k_norm instead
+    assert spec.parameter_count - qwen3.parameter_count == 3 * shared + 4 * (qkv_bias - 2 * 16)

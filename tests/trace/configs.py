@@ -94,4 +94,20 @@ TINY = {
         norm_topk_prob=True,
         decoder_sparse_step=2,
     ),
+    # layer 0 dense, layer 1 MoE with a shared expert
+    "qwen2_moe": dict(
+        model_type="qwen2_moe",
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=256,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=2,
+    ),
 }

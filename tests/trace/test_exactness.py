@@ -59,7 +59,7 @@ NO_DROPOUT = {"gpt2": dict(attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0)}
 
 
 @pytest.mark.parametrize(
-    "family", ["llama", "qwen2", "mistral", "gemma2", "phi3", "gpt2", "gpt_neox", "mixtral", "qwen3_moe"]
+    "family", ["llama", "qwen2", "mistral", "gemma2", "phi3", "gpt2", "gpt_neox", "mixtral", "qwen3_moe", "qwen2_moe"]
 )
 def test_cpu_run_equals_fake_trace_per_family(family):
     cfg = dict(TINY[family], **NO_DROPOUT.get(family, {}))
