@@ -395,13 +395,25 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
         trainable_layers = layers if setup.method == "full" else 0
     tokens = setup.batch * setup.tokens_per_sequence
     path = [(run, n) for run, n, trained in spec.top_split(grad_layers) if trained]
-    runs = tuple(_run_activations(spec, setup, dt, run, n, tokens, trainable_layers > 0) for run, n in path)
+    # runs of one kind of layer (dense, MoE, dense, MoE ...) share their figures: worked out once per kind
+    kinds: dict[tuple[Any, ...], _RunActivations] = {}
+    for run, _ in path:
+        if _kind(run) not in kinds:
+            kinds[_kind(run)] = _run_activations(spec, setup, dt, run, 0, tokens, trainable_layers > 0)
+    runs = tuple(replace(kinds[_kind(run)], group=run, count=n) for run, n in path)
     if not runs:  # no layer in the gradient's path: the top layer, for the figures that explain it
         runs = (_run_activations(spec, setup, dt, spec.runs[-1], 0, tokens, False),)
     # cos and sin tables, (1, s, rotary_dim) in the residual dtype, shared by every layer
     seq_total = tokens // setup.batch
     rotary = 2 * seq_total * spec.rotary_dim * dt.residual if spec.position == "rotary" else 0
     return _Activations(tokens, runs, rotary, grad_layers)
+
+
+def _kind(run: LayerGroup) -> tuple[Any, ...]:
+    """What a run's per-layer figures depend on: its tensors, not its length or attention span."""
+    # NOTE: by identity, so as not to hash every Linear of every run: a family builds the runs of one kind
+    # from one tuple of linears (two equal tuples only cost a second, equal computation)
+    return (id(run.linears), run.mlp, run.intermediate_size)
 
 
 def _run_activations(
@@ -479,7 +491,16 @@ def _step_parts(
     tokens, grad_layers = act.tokens, act.grad_layers
     grads_head = _grad_bytes(states, lambda t: t.kind == "lm_head" or t.name == "final_norm")
     grads_layer = states.grads - grads_head - _grad_bytes(states, lambda t: t.kind in ("embedding", "prompt"))
-    runs = tuple(_layer_run(spec, setup, states, act, r) for r in act.runs if r.count)
+    kinds: dict[tuple[Any, ...], LayerRun] = {}  # per kind of layer, as in _layer_activations
+    for r in act.runs:
+        if r.count and _kind(r.group) not in kinds:
+            kinds[_kind(r.group)] = _layer_run(spec, setup, states, act, r)
+    ckpt_cached = setup.checkpointing and copies.trained_layers
+    runs = tuple(
+        replace(kinds[_kind(r.group)], count=r.count, cached_count=r.count if ckpt_cached else 0)
+        for r in act.runs
+        if r.count
+    )
 
     def mean(of: Callable[[LayerRun], int]) -> int:  # a per-layer figure (exact when the layers are alike)
         return sum(r.count * of(r) for r in runs) // grad_layers if runs else 0
@@ -731,9 +752,10 @@ def _explain_activations(
 ) -> list[Step]:
     tokens, grad_layers, saved = act.tokens, act.grad_layers, act.saved_bytes
     # one step per kind of layer in the gradient's path (one when the layers are alike)
-    kinds: dict[LayerActivations, int] = {}
+    by_id: dict[int, tuple[LayerActivations, int]] = {}  # (runs of one kind share one LayerActivations)
     for r in act.runs:
-        kinds[r.per_layer] = kinds.get(r.per_layer, 0) + r.count
+        by_id[id(r.per_layer)] = (r.per_layer, by_id.get(id(r.per_layer), (r.per_layer, 0))[1] + r.count)
+    kinds = dict(by_id.values())
     sfx = [""] if len(kinds) == 1 else [f"_{i}" for i in range(len(kinds))]
     steps = [_per_layer_step(per_layer, count if len(kinds) > 1 else None) for per_layer, count in kinds.items()]
     if setup.checkpointing:

@@ -120,10 +120,18 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
     layers = spec.num_layers
     frozen_base = method in ("lora", "qlora", "prompt-tuning")
     tensors: list[Tensor] = []
+    index: dict[tuple[Any, ...], int] = {}
 
     def add(name: str, numel: int, count: int, trainable: bool, kind: str, rows: int = 0, cols: int = 0) -> None:
-        if numel and count:
-            tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols))
+        if not (numel and count):
+            return
+        key = (name, numel, trainable, kind, rows, cols)
+        if key in index:  # the same tensor in another run of the same kind of layer (dense, MoE, dense ...)
+            t = tensors[index[key]]
+            tensors[index[key]] = replace(t, count=t.count + count)
+            return
+        index[key] = len(tensors)
+        tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols))
 
     if method == "freeze":
         parts = spec.top_split(min(setup.trainable_layers, layers))
