@@ -40,6 +40,8 @@ def test_recipe_sets_defaults_and_flags_win():
     s = setup_from({"recipe": "torchtune", "loss": "hf", "precision": "bf16-mixed", "loss_chunks": 4})
     assert (s.loss, s.dtype, s.autocast, s.loss_chunks) == ("hf", "bf16", "bf16", 4)
     assert setup_from({}).loss is None and setup_from({}).resolved_loss == "hf"
+    # an optimizer given in place of the recipe's keeps its own implementation (PyTorch's pick)
+    assert setup_from({"recipe": "torchtune", "optimizer": "sgd"}).optimizer_impl is None
 
 
 def test_report_names_assumed_recipe_and_loss():

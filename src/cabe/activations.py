@@ -534,14 +534,16 @@ def _fused_linear_loss(
     if loss == "liger":
         inc = -(-v // h)
         chunk = min(1 << max(0, (-(-tokens // inc) - 1).bit_length()), tokens)
+        # a trained lm_head: grad_weight = zeros_like(weight), made in forward and saved until backward
+        grad_weight = round_alloc(v * h * dt.grad) if setup.method == "full" else 0
         return HeadActivations(
             final_norm=final_norm - head_input,
             logits=0,
             saved_logsoftmax=rho * h,
             forward_peak_extra=4,
             backward_peak_extra=0,
-            forward_fixed=round_alloc(a * v * chunk) + round_alloc(a * h * chunk),
-            backward_fixed=0,
+            forward_fixed=round_alloc(a * v * chunk) + round_alloc(a * h * chunk) + grad_weight,
+            backward_fixed=grad_weight,
         )
     return HeadActivations(
         final_norm=final_norm - head_input,

@@ -630,7 +630,8 @@ def resolve_defaults(values: Mapping[str, Any], command: str = "estimate") -> di
 
 def _resolve_recipe(values: Mapping[str, Any], out: dict[str, Any]) -> None:
     """A recipe's defaults (``cabe/data/recipes/<name>.json``, ``sets``) for the fields not given; a
-    given ``precision`` keeps the dtype and autocast it implies."""
+    given ``precision`` keeps the dtype and autocast it implies, a given ``optimizer`` its own
+    implementation."""
     from cabe import recipes
 
     name = values["recipe"]
@@ -640,6 +641,8 @@ def _resolve_recipe(values: Mapping[str, Any], out: dict[str, Any]) -> None:
     for key, value in recipes.load(name)["sets"].items():
         if _given(values.get(key)) or (prec_given and key in ("dtype", "autocast")):
             continue
+        if key == "optimizer_impl" and _given(values.get("optimizer")):
+            continue  # the recipe's implementation is its optimizer's, not one given in its place
         out[key] = tuple(value) if isinstance(value, list) else value
 
 
