@@ -6,7 +6,7 @@ configurations nobody chose.
     .venv/bin/python benchmarks/differential/run.py --small         # models up to 1.6B only (fast)
 
 A sampler draws every knob of a training request (method, dtype and autocast — or the precision shorthand —, optimizer and its implementation,
-checkpointing, attention, batch, sequence, LoRA rank and targets, freeze depth, prompt tokens,
+checkpointing, attention, batch, sequence, LoRA rank and targets, freeze depth, prompt tokens, loss kernel,
 accumulation, QLoRA's quantization) and a model of every family — up to 8B, and a share at 70B. Each
 configuration cabe refuses (a typed error) is drawn again; each the trace cannot run is recorded as such,
 never hidden. The seed is printed first and is new on every run unless given.
@@ -109,6 +109,10 @@ def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, A
         kw["trainable_layers"] = rng.randint(1, spec.num_layers)
     if method == "prompt-tuning":
         kw["prompt_tokens"] = rng.choice([8, 16, 20, 32, 64])
+    if rng.random() < 0.4:  # the loss kernels the trace runs: transformers' own, torchtune's chunked
+        kw["loss"] = rng.choice(["hf", "chunked"])
+        if kw["loss"] == "chunked":
+            kw["loss_chunks"] = rng.choice([2, 4, 8, 16])
     return model, kw
 
 

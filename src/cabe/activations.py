@@ -23,7 +23,9 @@ Where the terms come from (each checked against saved-tensor hooks on transforme
 * LoRA: ``lora_A`` saves its input — a fresh fp32 cast (4·in) per adapted module when the base
   is 16-bit and PEFT keeps the adapters fp32 — and ``lora_B`` saves the rank-r output (4r).
 * Logits: the lm_head output (a·V), its fp32 upcast in the loss (4V, transient), and
-  log-softmax's fp32 output (4V, saved).
+  log-softmax's fp32 output (4V, saved), as transformers' loss makes them; torchtune's chunked loss upcasts
+  one chunk at a time; Liger's and Apple's fused kernels never make the whole logits (modelled:
+  :func:`head_activations`).
 
 The textbook formula s·b·h·(34 + 5·nh·s/h) (Korthikanti et al. 2022, GPT-3 style MHA, GELU MLP
 of 4h, dropout everywhere) misses SwiGLU's three f-sized tensors, RMSNorm's fp32 upcasts and
@@ -479,9 +481,13 @@ class HeadActivations:
     saved_logsoftmax: int  # log-softmax output saved for backward (per token)
     forward_peak_extra: int  # transient fp32 upcast at the loss (per token)
     backward_peak_extra: int  # grads of log-softmax and of the logits at the head's backward
+    # bytes that do not scale with all the tokens: one chunk's transients (chunked / fused losses)
+    forward_fixed: int = 0
+    backward_fixed: int = 0
 
 
 def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadActivations:
+    """The final norm and the loss, by loss kernel (``setup.resolved_loss``)."""
     h, v = spec.hidden_size, spec.vocab_size
     rho = dt.residual
     a = dt.compute
@@ -491,17 +497,97 @@ def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
     else:
         ln_in = 4 if dt.autocast else rho  # autocast runs layer_norm on an fp32 cast of its input
         final_norm = ln_in * h + 8 + (rho * h if full else 0)
-    logits = a * v
-    upcast = 0 if a == 4 else 4 * v
     # Gemma 2's final soft-capping (logits / cap, tanh, × cap) saves tanh's 16-bit output
     softcap = a * v if spec.final_logit_softcapping else 0
+    loss = setup.resolved_loss
+    if loss == "chunked":
+        return _chunked_loss(final_norm, softcap, v, a, setup)
+    if loss in ("liger", "cce"):
+        return _fused_linear_loss(loss, final_norm, rho * h if full else 0, spec, setup, dt)
+    return _hf_loss(final_norm, softcap, v, a)
+
+
+def _hf_loss(final_norm: int, softcap: int, v: int, a: int) -> HeadActivations:
+    """transformers' ForCausalLMLoss (loss/loss_utils.py, l. 51-73): ``logits.float()`` of the whole
+    b·s×V logits, then ``cross_entropy`` (log-softmax saved in fp32, nll_loss)."""
     return HeadActivations(
         final_norm=final_norm,
-        logits=logits,
+        logits=a * v,
         saved_logsoftmax=4 * v + softcap,
-        forward_peak_extra=upcast,
+        forward_peak_extra=0 if a == 4 else 4 * v,
         # nll_loss's gradient (a zeroed fp32 b·s×V, scattered) + log-softmax's input gradient (fp32)
         backward_peak_extra=4 * v + 4 * v,
+    )
+
+
+def loss_chunk_tokens(setup: TrainingSetup) -> tuple[int, int]:
+    """torchtune's chunks (``tensor_split(n, dim=1)``; its ``chunk`` of the hidden states agrees when n
+    divides s): s mod n chunks of ceil(s/n) positions, then floor(s/n) ones. Returns (tokens of the
+    largest chunk, tokens of the last chunk), batch included."""
+    s, n = setup.tokens_per_sequence, setup.loss_chunks
+    return setup.batch * -(-s // n), setup.batch * (s // n)
+
+
+def _chunked_loss(final_norm: int, softcap: int, v: int, a: int, setup: TrainingSetup) -> HeadActivations:
+    """torchtune's CEWithChunkedOutputLoss (modules/loss/ce_chunked_output_loss.py, l. 65-100) over
+    ``TransformerDecoder.chunked_output``: every logits chunk stays (together a·V per token), each is
+    upcast and log-softmaxed in turn, so only one chunk's fp32 copy is transient; the log-softmax of every
+    chunk is saved. Backward runs chunk by chunk from the last: its nll and log-softmax gradients (fp32)."""
+    full_chunk, last = loss_chunk_tokens(setup)
+    upcast = 0 if a == 4 else round_alloc(4 * v * last)
+    # backward of the last chunk (every log-softmax still saved), or of the one before it (one fewer saved)
+    before_last = max(8 * v * last, 8 * v * full_chunk - 4 * v * last)
+    return HeadActivations(
+        final_norm=final_norm,
+        logits=a * v,
+        saved_logsoftmax=4 * v + softcap,
+        forward_peak_extra=0,
+        backward_peak_extra=0,
+        forward_fixed=upcast,
+        backward_fixed=before_last,
+    )
+
+
+def _fused_linear_loss(
+    loss: str, final_norm: int, head_input: int, spec: ModelSpec, setup: TrainingSetup, dt: Dtypes
+) -> HeadActivations:
+    """Fused linear cross-entropy: the logits are never whole (modelled from the kernels' source; Triton,
+    not traceable on a CPU).
+
+    * ``liger``: LigerFusedLinearCrossEntropyFunction (liger_kernel/ops/fused_linear_cross_entropy.py,
+      ``fused_linear_cross_entropy_forward``): ``grad_input = zeros_like(_input)`` (b·s×h in the input's
+      dtype) and fp32 ``loss_1d`` (b·s); chunks of ``next_power_of_2(ceil(b·s / ceil(V/h)))`` rows, each
+      ``_input_chunk @ weight.t()`` (chunk×V in the compute dtype, its gradient written in place by the
+      Triton kernel) and its ``grad_logits_chunk @ weight`` (chunk×h); the gradients are made in forward and
+      saved, so the lm_head's input is not.
+    * ``cce``: cut_cross_entropy/cce.py, ``LinearCrossEntropyFunction``: saves ``e`` (the final norm's output,
+      kept even when the lm_head is frozen), the fp32 log-sum-exp (b·s) and the valid indices; backward's
+      kernel writes ``de`` (b·s×h) blockwise, with no b·s×V tensor.
+    """
+    h, v, a, rho = spec.hidden_size, spec.vocab_size, dt.compute, dt.residual
+    tokens = setup.batch * setup.tokens_per_sequence
+    if loss == "liger":
+        inc = -(-v // h)
+        chunk = min(1 << max(0, (-(-tokens // inc) - 1).bit_length()), tokens)
+        # a trained lm_head: grad_weight = zeros_like(weight), made in forward and saved until backward
+        grad_weight = round_alloc(v * h * dt.grad) if setup.method == "full" else 0
+        return HeadActivations(
+            final_norm=final_norm - head_input,
+            logits=0,
+            saved_logsoftmax=rho * h,
+            forward_peak_extra=4,
+            backward_peak_extra=0,
+            forward_fixed=round_alloc(a * v * chunk) + round_alloc(a * h * chunk) + grad_weight,
+            backward_fixed=grad_weight,
+        )
+    return HeadActivations(
+        final_norm=final_norm - head_input,
+        logits=0,
+        saved_logsoftmax=rho * h + 4 + 8,  # e, lse (fp32), valids (int64)
+        forward_peak_extra=4,  # the negated dot products, then the nll, per token (fp32)
+        backward_peak_extra=rho * h,  # de
+        forward_fixed=round_alloc(4 * v),  # logit_avg (fp32, V) for the gradient filter
+        backward_fixed=0,
     )
 
 

@@ -327,6 +327,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         notes=_model_notes(spec, setup, states),
         extra={
             "peak_at": peak.where,
+            "loss": _recipe_json(setup),
             **({"distributed": shard_info} if shard_info else {}),
             "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments],
         },
@@ -471,6 +472,10 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
     else:  # LoRA / QLoRA: only the adapters train; prompt tuning: nothing in the layers
         cached, trained = adapters, (spec.num_layers if setup.adapters else 0)
     head = round_alloc(spec.vocab_size * spec.hidden_size * 2) if dt.weight_copies else 0
+    if setup.resolved_loss == "chunked" and not (setup.method == "full" and dt.cached_copies):
+        # torchtune's chunked output calls the lm_head once per chunk: autocast casts a weight that is not
+        # a trained fp32 leaf anew on each call (cached_cast), and each chunk's mm saves its own copy
+        head *= setup.loss_chunks
     return _Copies(base + adapters, cached, trained, head)
 
 
@@ -527,8 +532,8 @@ def _step_parts(
         rotary=act.rotary if grad_layers else 0,
         head_saved=tokens * head.saved_logsoftmax,
         final_norm_saved=tokens * head.final_norm,
-        head_forward_extra=tokens * (head.logits + head.forward_peak_extra),
-        head_backward_extra=tokens * head.backward_peak_extra,
+        head_forward_extra=tokens * (head.logits + head.forward_peak_extra) + head.forward_fixed,
+        head_backward_extra=tokens * head.backward_peak_extra + head.backward_fixed,
         optimizer_temporaries=states.opt.temp_bytes,
         grads_in_forward=setup.grad_accum > 1,
         # NOTE: with tied embeddings the embedding's gradient arrives second and AccumulateGrad adds it
@@ -577,12 +582,41 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("paged_outside_allocator")
     if setup.grad_accum > 1:
         notes.append("grad_accum_keeps_grads")
+    notes += _loss_notes(setup)
     if setup.method == "qlora" and any(lin.role == "expert" and not lin.quantized_by_bnb for lin in spec.layer_linears):
         # transformers 5 stores MoE experts as fused 3-D parameters; its bitsandbytes integration replaces
         # only `type(module) is nn.Linear` and Conv1D (integrations/bitsandbytes.py, replace_with_bnb_linear),
         # and prepare_model_for_kbit_training casts what is left in 16 bits to fp32
         notes.append("qlora_moe_experts_unquantized")
     return tuple(notes)
+
+
+def _loss_notes(setup: TrainingSetup) -> list[str]:
+    """The loss and recipe the report assumed, and what of them is modelled rather than traced."""
+    notes = []
+    if setup.loss is None:
+        notes.append("loss_assumed_hf")  # no --loss and no recipe that sets one: transformers' own loss
+    if setup.resolved_loss in ("liger", "cce"):
+        notes.append("loss_modelled")  # Triton kernels: modelled from their source, not traced
+    if setup.recipe is not None:
+        from cabe import recipes
+
+        if recipes.unmodelled(setup.recipe):
+            notes.append("recipe_unmodelled")
+    return notes
+
+
+def _recipe_json(setup: TrainingSetup) -> dict[str, Any]:
+    """What the report says of the recipe and loss: the recipe (or none), the loss, what was assumed."""
+    from cabe import recipes
+
+    return {
+        "recipe": setup.recipe,
+        "loss": setup.resolved_loss,
+        "loss_chunks": setup.loss_chunks if setup.resolved_loss == "chunked" else None,
+        "assumed": [k for k, v in (("recipe", setup.recipe), ("loss", setup.loss)) if v is None],
+        "unmodelled": list(recipes.unmodelled(setup.recipe)) if setup.recipe else [],
+    }
 
 
 def _model_json(spec: ModelSpec, meta: dict[str, Any] | None) -> dict[str, Any]:

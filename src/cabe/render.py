@@ -44,6 +44,8 @@ REPORT_NOTES = (
     "paged_outside_allocator",
     "grad_accum_keeps_grads",
     "qlora_moe_experts_unquantized",
+    "loss_assumed_hf",
+    "loss_modelled",
 )
 #: Width of the component-label column.
 WIDTH = 44
@@ -79,7 +81,25 @@ def _header(report: Report, lang: str, units: str) -> list[str]:
                 lang,
             )
         )
+        lines += _loss_line(report, lang)
     return lines
+
+
+def _loss_line(report: Report, lang: str) -> list[str]:
+    """The loss kernel and the recipe: what was given, what was assumed, what is not modelled."""
+    info = report.extra.get("loss")
+    if not info:
+        return []
+    loss = info["loss"] + (f" ×{info['loss_chunks']}" if info.get("loss_chunks") else "")
+    recipe = info["recipe"] or t("ui.recipe_none", lang)
+    line = t("ui.loss", lang, loss=loss, recipe=recipe)
+    if info["assumed"]:
+        line += " " + t("ui.assumed", lang, fields=", ".join(info["assumed"]))
+    out = [line]
+    if info["unmodelled"]:
+        topics = ", ".join(t("recipe.topic." + x, lang) for x in info["unmodelled"])
+        out.append(t("ui.recipe_unmodelled", lang, topics=topics))
+    return out
 
 
 def _components(report: Report, lang: str, units: str) -> list[str]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cabe.optimizer import OPTIMIZERS
+from cabe.recipes import NAMES as RECIPES
 
 # Upper bounds that catch typos (a batch of 10^9) without limiting real use.
 MAX_BATCH = 1 << 20
@@ -365,6 +366,21 @@ _SETUP: tuple[Field, ...] = (
         states=True,
         flags=_flag("prompt_tokens"),
     ),
+    # ---- trainers' recipes and loss kernels (issue 11) ----
+    # NOTE: a recipe only sets defaults (cabe/data/recipes/<name>.json, applied by resolve_defaults);
+    # every field it sets can be given explicitly. ``loss`` None: the recipe's, else transformers' own (hf).
+    _choice("recipe", "setup", _TRAINING + ("from-config",), None, RECIPES, flags=_flag("recipe")),
+    _choice(
+        "loss",
+        "setup",
+        _TRAINING + ("from-config",),
+        None,
+        ("hf", "chunked", "liger", "cce"),
+        flags=_flag("loss"),
+        depends_on=("recipe",),
+    ),
+    # torchtune's CEWithChunkedOutputLoss(num_output_chunks=8) (modules/loss/ce_chunked_output_loss.py)
+    _int("loss_chunks", "setup", _TRAINING + ("from-config",), 8, 1, MAX_SEQ, flags=_flag("loss_chunks")),
 )
 
 _GPUS: tuple[Field, ...] = (
@@ -605,9 +621,29 @@ def resolve_defaults(values: Mapping[str, Any], command: str = "estimate") -> di
     """
     pool = SETUP_FIELDS if command in _TRAINING or command == "from-config" else fields_for(command, output=False)
     out = {f.name: values[f.name] if _given(values.get(f.name)) else f.default for f in pool}
+    if _given(values.get("recipe")) and "recipe" in out:
+        _resolve_recipe(values, out)
     if "precision" in out:
         _resolve_precision(values, out)
     return out
+
+
+def _resolve_recipe(values: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """A recipe's defaults (``cabe/data/recipes/<name>.json``, ``sets``) for the fields not given; a
+    given ``precision`` keeps the dtype and autocast it implies, a given ``optimizer`` its own
+    implementation."""
+    from cabe import recipes
+
+    name = values["recipe"]
+    if not isinstance(name, str) or name not in recipes.NAMES:
+        return  # a bad value TrainingSetup refuses with a typed error
+    prec_given = _given(values.get("precision"))
+    for key, value in recipes.load(name)["sets"].items():
+        if _given(values.get(key)) or (prec_given and key in ("dtype", "autocast")):
+            continue
+        if key == "optimizer_impl" and _given(values.get("optimizer")):
+            continue  # the recipe's implementation is its optimizer's, not one given in its place
+        out[key] = tuple(value) if isinstance(value, list) else value
 
 
 # ---- the command line ----------------------------------------------------------------------------

@@ -31,6 +31,8 @@ Quant = Literal["nf4", "fp4"]
 ComputeDtype = Literal["bf16", "fp16", "fp32"]
 Shard = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid"]
 Offload = Literal["none", "optimizer", "parameters", "both"]
+Recipe = Literal["hf-trainer", "trl-sft", "axolotl", "llama-factory", "torchtune", "unsloth", "litgpt"]
+Loss = Literal["hf", "chunked", "liger", "cce"]
 
 
 def _choices(name: str) -> tuple[str, ...]:
@@ -81,6 +83,11 @@ class TrainingSetup:
         quant, double_quant, compute_dtype: QLoRA (bitsandbytes) settings.
         trainable_layers: for ``freeze``, how many of the last decoder layers train.
         prompt_tokens: for ``prompt-tuning``, the number of virtual tokens.
+        recipe: the trainer whose defaults the request takes (:mod:`cabe.recipes`), or ``None``.
+        loss: the loss kernel: ``hf`` (transformers' ForCausalLMLoss: whole logits upcast to fp32),
+            ``chunked`` (torchtune's CEWithChunkedOutputLoss), ``liger`` (Liger's fused linear
+            cross-entropy), ``cce`` (Apple's cut cross-entropy); ``None``: the recipe's, else ``hf``.
+        loss_chunks: ``chunked``: how many pieces the logits are upcast in (torchtune's default 8).
         gpus: data-parallel world size × tp × pp (total GPUs); memory is reported per GPU.
         shard: ``none`` (one GPU), ``ddp``, DeepSpeed ``zero1``/``zero2``/``zero3``, ``fsdp``
             (full sharding), ``fsdp-hybrid`` (shard within a node, replicate across nodes).
@@ -108,6 +115,9 @@ class TrainingSetup:
     compute_dtype: ComputeDtype = _D["compute_dtype"]
     trainable_layers: int = _D["trainable_layers"]
     prompt_tokens: int = _D["prompt_tokens"]
+    recipe: Recipe | None = _D["recipe"]
+    loss: Loss | None = _D["loss"]
+    loss_chunks: int = _D["loss_chunks"]
     gpus: int = _D["gpus"]
     shard: Shard = _D["shard"]
     offload: Offload = _D["offload"]
@@ -147,6 +157,11 @@ class TrainingSetup:
         if self.optimizer_impl is not None:
             return self.optimizer_impl
         return "foreach"
+
+    @property
+    def resolved_loss(self) -> str:
+        """The loss kernel: the one given (or the recipe's), else transformers' own (``hf``)."""
+        return self.loss or "hf"
 
     @property
     def distributed(self) -> bool:

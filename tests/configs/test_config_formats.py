@@ -264,6 +264,7 @@ def test_axolotl_qlora():
         "precision": "bf16",
         "checkpointing": True,
         "attention": "flash",
+        "recipe": "axolotl",  # an axolotl file is an axolotl run
     }
     assert reasons(s)["sample_packing"] == "not_modeled"
     assert "wandb_project" not in reasons(s)  # empty options are not noise
@@ -301,8 +302,21 @@ def test_torchtune_qlora_single_device():
         "grad_accum": 8,
         "precision": "bf16",
         "checkpointing": True,
+        # loss: torchtune.modules.loss.CEWithChunkedOutputLoss (num_output_chunks: its default 8)
+        "loss": "chunked",
+        "loss_chunks": 8,
+        "recipe": "torchtune",
     }
-    assert reasons(s)["loss"] == "not_modeled"
+    assert "loss" not in reasons(s)
+
+
+def test_axolotl_loss_plugins():
+    """axolotl's loss plugins: cut_cross_entropy (integrations/cut_cross_entropy/args.py:33) and Liger's fused
+    linear cross-entropy (integrations/liger/args.py:59)."""
+    read = configs.module("axolotl").to_request
+    assert read({"base_model": "x/y", "cut_cross_entropy": True})[0]["loss"] == "cce"
+    assert read({"base_model": "x/y", "liger_fused_linear_cross_entropy": True})[0]["loss"] == "liger"
+    assert "loss" not in read({"base_model": "x/y"})[0]
 
 
 def test_torchtune_distributed_lora_70b():

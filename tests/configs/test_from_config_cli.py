@@ -55,12 +55,16 @@ def test_single_gpu_end_to_end_equals_cabe_estimate(capsys):
         "--checkpointing",
         "--compute-dtype",
         "bf16",
+        "--recipe",
+        "torchtune",
+        "--loss",
+        "chunked",
     )
     assert got == want
     assert fc["files"] == [{"path": str(FILES / "torchtune_8B_qlora_single_device.yaml"), "format": "torchtune"}]
     assert {"file": str(FILES / "torchtune_8B_qlora_single_device.yaml"), "field": "batch_size"} in fc["used"]
-    loss = next(i for i in fc["ignored"] if i["field"] == "loss")
-    assert loss["reason"] == "not_modeled" and loss["message"]
+    assert {"file": str(FILES / "torchtune_8B_qlora_single_device.yaml"), "field": "loss._component_"} in fc["used"]
+    assert got["loss"]["recipe"] == "torchtune" and got["loss"]["loss"] == "chunked"
 
 
 def test_text_report_has_the_read_from_section(capsys):

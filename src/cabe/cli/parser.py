@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from types import ModuleType
 
-from cabe.cli import estimate, fit, from_config, gpus, infer, lora, measure, models, serve, trace
+from cabe.cli import estimate, fit, from_config, gpus, infer, lora, measure, models, recipes, serve, trace
 from cabe.i18n import t
 
 #: the subcommands, in the order of ``cabe --help``; the help text is ``command.<name>`` in the catalog
@@ -18,6 +18,7 @@ COMMANDS: tuple[tuple[str, ModuleType], ...] = (
     ("estimate", estimate),
     ("models", models),
     ("gpus", gpus),
+    ("recipes", recipes),
     ("lora", lora),
     ("trace", trace),
     ("measure", measure),

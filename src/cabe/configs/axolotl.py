@@ -20,14 +20,12 @@ NOT_MODELED = {
     "unsloth_lora_o",
     "liger_rms_norm",
     "liger_glu_activation",
-    "liger_fused_linear_cross_entropy",
     "liger_cross_entropy",
     "torch_compile",
     "lora_modules_to_save",
     "peft_use_dora",
     "gradient_checkpointing_kwargs",
     "activation_offloading",
-    "cut_cross_entropy",
     "lora_mlp_kernel",
     "lora_qkv_kernel",
     "lora_o_kernel",
@@ -71,6 +69,7 @@ def collect(data: Mapping[str, Any]) -> Collector:
         and "shard" not in c.fields
     ):
         c.fields["shard"] = "fsdp"
+    c.fields.setdefault("recipe", "axolotl")  # an axolotl file is an axolotl run (cabe/data/recipes/axolotl.json)
     return c
 
 
@@ -191,6 +190,9 @@ FLAGS: dict[str, _base.Flag] = {
     "flash_attention": ("attention", "flash"),
     "sdp_attention": ("attention", "sdpa"),
     "eager_attention": ("attention", "eager"),
+    # the loss plugins (axolotl/integrations/cut_cross_entropy/args.py:33, liger/args.py:59)
+    "cut_cross_entropy": ("loss", "cce"),
+    "liger_fused_linear_cross_entropy": ("loss", "liger"),
 }
 #: ``fsdp_config`` keys (without their ``fsdp_`` prefix).
 FSDP_FLAGS: dict[str, _base.Flag] = {"offload_params": ("offload", "both")}

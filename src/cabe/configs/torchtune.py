@@ -53,7 +53,6 @@ NOT_MODELED = {
     "enable_activation_offloading",
     "compile",
     "optimizer_in_bwd",
-    "loss",
     "fsdp_reshard_after_forward",
     "custom_sharded_layers",
     "activation_offloading_use_streams",
@@ -88,6 +87,7 @@ def collect(data: Mapping[str, Any]) -> Collector:
             handler(c, key, value)
         else:
             _unmapped(c, key, value)
+    c.fields.setdefault("recipe", "torchtune")  # a torchtune config is a torchtune run (data/recipes/torchtune.json)
     return c
 
 
@@ -182,8 +182,22 @@ FIELDS: dict[str, _base.Field] = {
     "gradient_accumulation_steps": ("grad_accum", _base.as_int),
     "enable_activation_checkpointing": ("checkpointing", _base.as_bool),
 }
+
+
 #: Top-level keys that need more than a table entry.
+def _loss(c: Collector, key: str, value: Any) -> None:
+    """``loss._component_``: CEWithChunkedOutputLoss (modules/loss/ce_chunked_output_loss.py) is cabe's
+    ``chunked`` loss with its ``num_output_chunks`` (default 8); other losses are not modelled."""
+    comp = str(value.get("_component_", "")) if isinstance(value, Mapping) else ""
+    if comp.endswith("CEWithChunkedOutputLoss"):
+        c.set("loss", "chunked", f"{key}._component_")
+        c.set("loss_chunks", _base.as_int(value.get("num_output_chunks", 8), f"{key}.num_output_chunks"), key)
+    else:
+        c.ignore(key, "not_modeled")
+
+
 HANDLERS: dict[str, Callable[[Collector, str, Any], None]] = {
+    "loss": _loss,
     "dtype": _dtype,
     "tokenizer": _tokenizer,
     "optimizer": _optimizer_block,

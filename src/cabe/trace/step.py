@@ -8,6 +8,7 @@ from typing import Any
 
 from cabe.trace.analysis import analyse
 from cabe.trace.build import autocast, make_inputs, make_optimizer
+from cabe.trace.loss import loss_kernel
 from cabe.trace.result import TraceResult
 from cabe.training import TrainingSetup
 
@@ -101,8 +102,9 @@ def _install_logits_hooks(model: Any, tracker: Any) -> list[Any]:
         tracker.region = "logits"
 
     def post(mod: Any, args: Any, out: Any) -> None:
-        if hasattr(out, "requires_grad") and out.requires_grad:
-            out.register_hook(on_grad)
+        for t in out if isinstance(out, list) else [out]:  # a list: torchtune's chunked output
+            if hasattr(t, "requires_grad") and t.requires_grad:
+                t.register_hook(on_grad)
 
     handles.append(head.register_forward_pre_hook(pre))
     handles.append(head.register_forward_hook(post))
@@ -117,7 +119,7 @@ def _micro_batch(
     tracker.region = None
     ids, labels = make_inputs(cfg, setup, device)
     tracker.set_phase("forward")
-    with autocast(setup):
+    with autocast(setup), loss_kernel(model, setup):
         loss = model(input_ids=ids, labels=labels, use_cache=False).loss
     if micro > 1:
         loss = loss / setup.grad_accum

@@ -1,0 +1,85 @@
+"""Loss kernels a trace runs: transformers' own (``hf``) or torchtune's chunked cross-entropy.
+
+``chunked`` reproduces torchtune's two halves on a transformers model:
+
+* ``TransformerDecoder.chunked_output`` (torchtune/modules/transformer.py, ~l. 497 in 0.6): the output
+  projection applied to ``last_hidden_state.chunk(num_output_chunks, dim=1)``, one logits tensor per chunk
+  (all of them alive until the loss is done: together as large as the whole logits);
+* ``CEWithChunkedOutputLoss.forward`` (torchtune/modules/loss/ce_chunked_output_loss.py, l. 65-100): the
+  labels ``tensor_split`` the same way, each logits chunk ``reshape(-1, V)``, upcast ``.float()`` and
+  ``F.cross_entropy(..., reduction="sum")`` one at a time, the sum divided by the count of real labels.
+
+The recipes shift the labels themselves (``torch.hstack((labels[..., 1:], ignore))``, e.g.
+recipes/full_finetune_single_device.py). Liger's and Apple's kernels are Triton: not traceable here
+(:data:`TRACEABLE`), so the trace refuses them with a typed error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from cabe.errors import ConfigError
+from cabe.training import TrainingSetup
+
+#: the loss kernels the trace can run (pure PyTorch)
+TRACEABLE = ("hf", "chunked")
+IGNORE_INDEX = -100
+
+
+def check(setup: TrainingSetup) -> None:
+    """Refuse a loss kernel the trace cannot run (Triton kernels)."""
+    if setup.resolved_loss not in TRACEABLE:
+        raise ConfigError("loss_not_traceable", "loss", value=setup.resolved_loss, traceable=", ".join(TRACEABLE))
+
+
+def _causal_lm(model: Any) -> Any:
+    """The transformers ``*ForCausalLM`` inside a PEFT wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def chunked_cross_entropy(chunks: list[Any], labels: Any, n: int) -> Any:
+    """torchtune's ``CEWithChunkedOutputLoss.forward`` on the logits chunks and unshifted labels."""
+    import torch
+    import torch.nn.functional as F
+
+    ignore = torch.full((labels.shape[0], 1), IGNORE_INDEX, dtype=labels.dtype, device=labels.device)
+    labels = torch.hstack((labels[..., 1:], ignore))
+    total_elements = (labels != IGNORE_INDEX).sum()
+    label_chunks = [c.reshape(-1) for c in labels.tensor_split(n, dim=1)]
+    logit_chunks = [c.reshape(-1, c.size(-1)) for c in chunks]
+    total_loss: Any = 0.0
+    for logits_chunk, labels_chunk in zip(logit_chunks, label_chunks, strict=False):
+        total_loss += F.cross_entropy(logits_chunk.float(), labels_chunk, ignore_index=IGNORE_INDEX, reduction="sum")
+    return total_loss / total_elements
+
+
+@contextlib.contextmanager
+def loss_kernel(model: Any, setup: TrainingSetup) -> Iterator[None]:
+    """Run the model's forward with ``setup``'s loss kernel (``hf``: as transformers does)."""
+    check(setup)
+    if setup.resolved_loss == "hf":
+        yield
+        return
+    n = setup.loss_chunks
+    lm = _causal_lm(model)
+    head = lm.get_output_embeddings()
+    project = head.forward
+
+    def chunked_output(hidden: Any) -> list[Any]:
+        # NOTE: torchtune splits the hidden states with ``chunk`` and the labels with ``tensor_split``;
+        # they agree when n divides the sequence (else torchtune's loss fails on mismatched chunks), so
+        # both are ``tensor_split`` here
+        return [project(chunk) for chunk in hidden.tensor_split(n, dim=1)]
+
+    def loss_function(logits: Any, labels: Any, vocab_size: int, **kwargs: Any) -> Any:
+        return chunked_cross_entropy(logits, labels, n)
+
+    head.forward = chunked_output
+    lm.loss_function = loss_function
+    try:
+        yield
+    finally:
+        del head.forward
+        del lm._loss_function

@@ -1,0 +1,29 @@
+"""``cabe recipes``: every recipe with what it sets (en / es), one recipe's facts with their sources, JSON."""
+
+import json
+
+from cabe.cli import main
+
+
+def test_lists_every_recipe(capsys):
+    assert main(["recipes", "--lang", "es"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Recetas")
+    for name in ("hf-trainer", "trl-sft", "axolotl", "llama-factory", "torchtune", "unsloth", "litgpt"):
+        assert name in out
+    assert "loss=chunked, loss_chunks=8" in out  # torchtune's CEWithChunkedOutputLoss(num_output_chunks=8)
+
+
+def test_one_recipe_shows_sources(capsys):
+    assert main(["recipes", "torchtune"]) == 0
+    out = capsys.readouterr().out
+    assert "torchtune/modules/loss/ce_chunked_output_loss.py" in out
+    assert "not modelled: cabe's QLoRA always applies prepare_model_for_kbit_training" in out
+
+
+def test_json_and_unknown_name(capsys):
+    assert main(["recipes", "unsloth", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == ["unsloth"] and rows[0]["sets"]["loss"] == "liger"
+    assert main(["recipes", "nope"]) == 2
+    assert "recipe" in capsys.readouterr().err

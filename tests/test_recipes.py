@@ -1,0 +1,73 @@
+"""Recipes as data: every file loads, states every topic with a source, and sets only fields cabe has,
+with values the schema accepts; a recipe sets defaults and any explicit value wins."""
+
+import pytest
+
+from cabe import recipes, schema
+from cabe.api import estimate_json, setup_from
+from cabe.training import TrainingSetup
+
+
+@pytest.mark.parametrize("name", recipes.NAMES)
+def test_recipe_file(name):
+    r = recipes.load(name)
+    assert r["name"] == name and r["project"] and r["version"]
+    assert tuple(f["topic"] for f in r["facts"]) == recipes.TOPICS
+    for f in r["facts"]:
+        assert f["source"] and f["value"]
+        assert f["modelled"] or f["unmodelled"]
+    for key, value in r["sets"].items():
+        field = schema.field(key)
+        assert field.name in {f.name for f in schema.SETUP_FIELDS}
+        if field.choices:
+            assert value in field.choices
+    TrainingSetup(**schema.resolve_defaults({"recipe": name}))  # every set value validates
+
+
+def test_recipe_names_match_files():
+    from importlib import resources
+
+    files = {
+        p.name[:-5] for p in resources.files("cabe.data").joinpath("recipes").iterdir() if p.name.endswith(".json")
+    }
+    assert files == set(recipes.NAMES)
+    assert schema.field("recipe").choices == recipes.NAMES
+
+
+def test_recipe_sets_defaults_and_flags_win():
+    s = setup_from({"recipe": "torchtune"})
+    assert (s.dtype, s.autocast, s.loss, s.loss_chunks, s.optimizer_impl) == ("bf16", "none", "chunked", 8, "fused")
+    s = setup_from({"recipe": "torchtune", "loss": "hf", "precision": "bf16-mixed", "loss_chunks": 4})
+    assert (s.loss, s.dtype, s.autocast, s.loss_chunks) == ("hf", "bf16", "bf16", 4)
+    assert setup_from({}).loss is None and setup_from({}).resolved_loss == "hf"
+    # an optimizer given in place of the recipe's keeps its own implementation (PyTorch's pick)
+    assert setup_from({"recipe": "torchtune", "optimizer": "sgd"}).optimizer_impl is None
+
+
+def test_report_names_assumed_recipe_and_loss():
+    out = estimate_json({"model": "qwen2.5-0.5b"})
+    assert out["loss"] == {
+        "recipe": None,
+        "loss": "hf",
+        "loss_chunks": None,
+        "assumed": ["recipe", "loss"],
+        "unmodelled": [],
+    }
+    assert "loss_assumed_hf" in out["notes"]
+    out = estimate_json({"model": "qwen2.5-0.5b", "recipe": "unsloth", "method": "qlora"})
+    assert out["loss"]["loss"] == "liger" and out["loss"]["assumed"] == []
+    assert "loss_modelled" in out["notes"] and "kbit_preparation" in out["loss"]["unmodelled"]
+
+
+def test_loss_kernels_order():
+    """qwen2.5-0.5b LoRA, b=4 × s=1024 (V = 151,936): transformers' whole fp32 logits > torchtune's chunks
+    > the fused kernels that never make the logits (logits component: 12·V per token for hf at the head)."""
+    logits = {
+        loss: estimate_json({"model": "qwen2.5-0.5b", "method": "lora", "batch": 4, "seq": 1024, "loss": loss})[
+            "components"
+        ].get("logits", 0)
+        for loss in ("hf", "chunked", "liger", "cce")
+    }
+    assert logits["hf"] == 12 * 151936 * 4096
+    assert logits["hf"] > logits["chunked"] > logits["liger"]
+    assert logits["chunked"] > logits["cce"]
