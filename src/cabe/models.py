@@ -16,9 +16,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cabe import families
+from cabe import families, jsonio
 from cabe.architecture import ModelSpec
-from cabe.errors import ConfigError, HubError, MissingDependencyError, UnknownPresetError
+from cabe.errors import ConfigError, HubError, InvalidValueError, MissingDependencyError, UnknownPresetError
 
 #: Largest config.json cabe reads (a real one is a few kB).
 MAX_CONFIG_BYTES = 1 << 20
@@ -74,34 +74,61 @@ def _suggest(key: str, limit: int = 5) -> list[str]:
     return close
 
 
+#: Most parameters a config may describe (10^15: a thousand times the largest model published);
+#: beyond it the figures stop meaning anything and real numbers would overflow.
+MAX_PARAMETERS = 10**15
+
+
 def from_mapping(config: Any, name: str = "config.json") -> ModelSource:
     """A config given inline (an uploaded ``config.json`` parsed as JSON)."""
     if not isinstance(config, Mapping):
         raise ConfigError("config_not_object", "model")
+    if jsonio.depth(config) > jsonio.MAX_DEPTH:
+        raise ConfigError("config_too_deep", "model", limit=jsonio.MAX_DEPTH)
     cfg = dict(config)
     cfg.pop("_cabe", None)
     src = ModelSource(name=name, kind="inline", config=cfg, meta={})
-    _ = src.spec  # validate now: a bad config fails here, not later
+    _check_spec(src)  # validate now: a bad config fails here, not later
     return src
+
+
+def _check_spec(src: ModelSource) -> None:
+    """Build the spec once and bound its size: a number no float can hold, or a model beyond
+    :data:`MAX_PARAMETERS`, is a bad config, not a crash three modules later."""
+    try:
+        count = src.spec.parameter_count
+    except (OverflowError, RecursionError, MemoryError):
+        raise ConfigError("config_too_big", "model", limit=MAX_PARAMETERS) from None
+    if count > MAX_PARAMETERS:
+        raise ConfigError("config_too_big", "model", limit=MAX_PARAMETERS)
 
 
 def from_file(path: str | os.PathLike[str]) -> ModelSource:
     """Read a local ``config.json``. Raises :class:`ConfigError` for unreadable or malformed files."""
     p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
     try:
+        if p.is_dir():
+            p = p / "config.json"
         size = p.stat().st_size
     except OSError:
-        raise ConfigError("config_not_found", "model", path=str(p)) from None
+        raise ConfigError("config_not_found", "model", path=_short_path(p)) from None
     if size > MAX_CONFIG_BYTES:
-        raise ConfigError("config_too_large", "model", path=str(p), limit=MAX_CONFIG_BYTES)
+        raise ConfigError("config_too_large", "model", path=_short_path(p), limit=MAX_CONFIG_BYTES)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = jsonio.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError("config_malformed", "model", path=str(p), detail=str(exc)) from None
+        raise ConfigError("config_malformed", "model", path=_short_path(p), detail=str(exc)[:200]) from None
+    except InvalidValueError as err:  # NaN, 1e999, a 400-digit integer, nesting 64 deep
+        code = {"number_too_long": "config_number_too_long", "too_deep": "config_too_deep"}.get(err.code)
+        raise ConfigError(code or "config_not_finite", "model", key=err.field or "", **err.params) from None
     src = from_mapping(data, name=str(p))
     return ModelSource(name=str(p), kind="file", config=src.config, meta={})
+
+
+def _short_path(p: Path | str, limit: int = 120) -> str:
+    """A path as an error shows it: a 4,000-character name is cut, not echoed whole."""
+    text = str(p)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def from_hub(repo_id: str, *, revision: str | None = None) -> ModelSource:
@@ -157,6 +184,15 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         socket.setdefaulttimeout(old)
 
 
+def _is_path(text: str) -> bool:
+    """An existing file, or a folder given with a separator. A name the OS refuses (too long, a NUL
+    byte) is not a path."""
+    try:
+        return (os.sep in text and Path(text).exists()) or Path(text).is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def resolve(model: str) -> ModelSource:
     """Resolve what the user typed: a preset name, a path to a config.json, or a Hub id."""
     if not isinstance(model, str) or not model.strip():
@@ -164,7 +200,7 @@ def resolve(model: str) -> ModelSource:
     text = model.strip()
     if text.lower() in preset_names():
         return preset(text)
-    if text.endswith(".json") or (os.sep in text and Path(text).exists()) or Path(text).is_file():
+    if text.endswith(".json") or _is_path(text):
         return from_file(text)
     if "/" in text and not text.startswith((".", "/")):
         return from_hub(text)

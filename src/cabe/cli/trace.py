@@ -4,10 +4,9 @@ with the analytic estimate of the same step beside it; ``cabe measure`` runs it 
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from cabe import schema
+from cabe import jsonio, schema
 from cabe.cli import options
 from cabe.errors import InvalidValueError, MissingDependencyError
 
@@ -54,9 +53,7 @@ def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str)
     from cabe.render import fmt_bytes
 
     if args.json:
-        return json.dumps(
-            {k: v for k, v in out.items() if k != "inventory_text"}, ensure_ascii=False, indent=2, default=str
-        )
+        return jsonio.dumps({k: v for k, v in out.items() if k != "inventory_text"}, indent=2, default=str)
     lines = []
     for key, value in out.items():
         if key == "inventory_text":

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from cabe import api, i18n, models, schema
+from cabe import api, i18n, jsonio, models, schema
 from cabe import gpus as gpu_catalog
 from cabe.errors import CabeError, InvalidValueError
 from cabe.web import page
@@ -95,10 +95,12 @@ async def read_body(request: Any, limit: int = MAX_BODY_BYTES) -> bytes:
 
 
 async def read_json(request: Any) -> Any:
+    """The body as strict JSON (:func:`cabe.jsonio.loads`): ``NaN``, ``1e999``, a 400-digit integer or
+    nesting 64 deep raise the typed error naming the key; anything else unreadable is ``BadJson``."""
     raw = await read_body(request)
     try:
-        return json.loads(raw.decode("utf-8")) if raw.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return jsonio.loads(raw, "body") if raw.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
         raise BadJson() from None
 
 
@@ -106,7 +108,7 @@ def _json(data: Any, status: int = 200) -> Any:
     from starlette.responses import Response
 
     return Response(
-        json.dumps(data, ensure_ascii=False, allow_nan=False, default=str),
+        jsonio.dumps(data, default=str),
         status_code=status,
         media_type="application/json",
     )
@@ -141,13 +143,15 @@ async def _call(fn: Any, body: Any) -> Any:
 
 
 async def _read_body(request: Any, lang: str) -> tuple[Any, Any]:
-    """(body, None), or (None, the 413 / 422 answer) for a body too large or not JSON."""
+    """(body, None), or (None, the 413 / 422 answer) for a body too large, not JSON, or not strict JSON."""
     try:
         return await read_json(request), None
     except BodyTooLarge:
         return None, _web_error("body_too_large", lang, 413, limit=MAX_BODY_BYTES)
     except BadJson:
         return None, _web_error("invalid_json", lang, 422)
+    except CabeError as err:
+        return None, _json(api.error_json(err, lang), 422)
 
 
 async def _guarded(request: Any, fn: Any) -> Any:
@@ -368,6 +372,45 @@ async def http_error(request: Any, exc: Any) -> Any:
     return resp
 
 
+class InternalErrors:
+    """The edge: an exception no route turned into a 4xx (a bug, never bad input) answers one JSON 500
+    in the asker's language and is logged once, on one line, without the request body or a traceback
+    (the route, the exception and where it was raised: enough to find it, too little to flood a log)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as exc:
+            log.error("internal error: %s %s: %s", scope.get("method"), scope.get("path"), _where(exc))
+            if not started:
+                from starlette.requests import Request
+
+                resp = _web_error("internal", lang_from(Request(scope)), 500)
+                await resp(scope, receive, send)
+
+
+def _where(exc: BaseException) -> str:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}: {str(exc)[:200]}{at}"
+
+
 _PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
@@ -400,7 +443,11 @@ def create_app() -> Any:
         Route("/openapi.json", openapi, methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=static_dir), name="static"),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    from starlette.middleware import Middleware
+
+    return Starlette(
+        routes=routes, exception_handlers={HTTPException: http_error}, middleware=[Middleware(InternalErrors)]
+    )
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
