@@ -110,3 +110,8 @@ def test_python_api_refuses_unknown_units():
     assert (e.value.code, e.value.field) == ("bad_choice", "units")
     with pytest.raises(InvalidValueError):
         report.explain(lang="xx")
+
+
+def test_format_that_contradicts_the_content(capsys):
+    rc, _, err = _run(["from-config", "--format", "torchtune", "tests/configs/files/ds_zero2.json"], capsys)
+    assert rc == 2 and "looks like a deepspeed config, not torchtune" in err

@@ -450,8 +450,44 @@ def create_app() -> Any:
     )
 
 
+def listen_socket(host: str, port: Any) -> Any:
+    """A listening socket on ``host:port``, or one sentence on what is wrong (before anything starts):
+    a port outside 1-65535 (``out_of_range``), a host that is no address of this machine
+    (``serve_bad_host``), a port another program holds (``serve_port_in_use``) or that needs privileges
+    (``serve_port_denied``)."""
+    import errno
+    import socket
+
+    if isinstance(port, bool) or not isinstance(port, int):
+        port = schema.to_int("port", port)
+    if not 1 <= port <= 65535:
+        raise InvalidValueError("out_of_range", "port", value=str(port), minimum="1", maximum="65535")
+    if not isinstance(host, str) or not host.strip() or len(host) > 253:
+        raise InvalidValueError("serve_bad_host", "host", value=host)
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError, ValueError):
+        raise InvalidValueError("serve_bad_host", "host", value=host) from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        code = {errno.EADDRINUSE: "serve_port_in_use", errno.EACCES: "serve_port_denied"}.get(
+            exc.errno or 0, "serve_bad_host"
+        )
+        raise InvalidValueError(
+            code, "port" if code != "serve_bad_host" else "host", value=host, port=str(port)
+        ) from None
+    return sock
+
+
 def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run the server (blocks). Binds 127.0.0.1 unless another host is asked for."""
+    """Run the server (blocks). Binds 127.0.0.1 unless another host is asked for; the host and port
+    are checked, and the socket bound, before the URL is printed (:func:`listen_socket`)."""
+    sock = listen_socket(host, port)
     app = create_app()
     import uvicorn
 
@@ -461,4 +497,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     server = uvicorn.Server(config)
     shown = f"[{host}]" if ":" in host else host
     print(f"cabe: http://{shown}:{port}", flush=True)
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
