@@ -101,6 +101,11 @@ def _check_spec(src: ModelSource) -> None:
         raise ConfigError("config_too_big", "model", limit=MAX_PARAMETERS) from None
     if count > MAX_PARAMETERS:
         raise ConfigError("config_too_big", "model", limit=MAX_PARAMETERS)
+    spec = src.spec
+    if spec.head_dim < 1:  # hidden_size smaller than the number of heads: hidden // heads == 0
+        raise ConfigError("config_head_dim_zero", "model", hidden=spec.hidden_size, heads=spec.num_heads)
+    if spec.num_kv_heads < 1 or spec.num_heads % spec.num_kv_heads:  # GQA: repeat_kv needs a whole ratio
+        raise ConfigError("config_heads_not_divisor", "model", heads=spec.num_heads, kv_heads=spec.num_kv_heads)
 
 
 def from_file(path: str | os.PathLike[str]) -> ModelSource:

@@ -45,6 +45,7 @@ REPORT_NOTES = (
     "paged_outside_allocator",
     "grad_accum_keeps_grads",
     "qlora_moe_experts_unquantized",
+    "seq_beyond_max_positions",
 )
 #: Width of the component-label column.
 WIDTH = 44

@@ -84,6 +84,8 @@ class Field:
         help_key: its help text in the catalogs (``option.<name>`` unless said).
         metavar: the placeholder in ``--help``.
         depends_on: the fields its default depends on (decided by :func:`resolve_defaults`).
+        methods: the training methods it acts for (empty: every method); given with another method it
+            is refused (:func:`inapplicable`), never dropped without a word.
     """
 
     name: str
@@ -108,6 +110,7 @@ class Field:
     help_key: str = ""
     metavar: str | None = None
     depends_on: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -306,6 +309,7 @@ _SETUP: tuple[Field, ...] = (
         1,
         MAX_RANK,
         states=True,
+        methods=("lora", "qlora"),
         flags=_flag("lora_rank"),
         aliases=("rank",),
     ),
@@ -318,6 +322,7 @@ _SETUP: tuple[Field, ...] = (
         minimum=0,
         maximum=1e15,
         exclusive_minimum=True,
+        methods=("lora", "qlora"),
         flags=_flag("lora_alpha"),
     ),
     # NOTE: () means PEFT's default targets for the model type
@@ -329,11 +334,22 @@ _SETUP: tuple[Field, ...] = (
         _TRAINING + ("lora", "api.lora"),
         (),
         states=True,
+        methods=("lora", "qlora"),
         flags=_flag("lora_targets"),
         aliases=("targets",),
     ),
-    _choice("quant", "setup", _TRAINING, "nf4", ("nf4", "fp4"), states=True, flags=_flag("quant")),
-    Field("double_quant", bool, "setup", _TRAINING, True, states=True, flags=_flag("double_quant"), negatable=True),
+    _choice("quant", "setup", _TRAINING, "nf4", ("nf4", "fp4"), states=True, methods=("qlora",), flags=_flag("quant")),
+    Field(
+        "double_quant",
+        bool,
+        "setup",
+        _TRAINING,
+        True,
+        states=True,
+        methods=("qlora",),
+        flags=_flag("double_quant"),
+        negatable=True,
+    ),
     _choice(
         "compute_dtype",
         "setup",
@@ -341,6 +357,7 @@ _SETUP: tuple[Field, ...] = (
         "bf16",
         ("bf16", "fp16", "fp32"),
         states=True,
+        methods=("qlora",),
         flags=_flag("compute_dtype"),
     ),
     _int(
@@ -352,6 +369,7 @@ _SETUP: tuple[Field, ...] = (
         MAX_LAYERS,
         unit="layers",
         states=True,
+        methods=("freeze",),
         flags=_flag("trainable_layers"),
     ),
     _int(
@@ -363,6 +381,7 @@ _SETUP: tuple[Field, ...] = (
         MAX_SEQ,
         unit="tokens",
         states=True,
+        methods=("prompt-tuning",),
         flags=_flag("prompt_tokens"),
     ),
 )
@@ -549,6 +568,44 @@ def json_schema(command: str) -> dict[str, Any]:
     return out
 
 
+#: the fields of the simple and lesson modes (a parameter count, no model): with a model they act not
+MODEL_FREE = ("bytes_per_param", "activations_gb")
+
+
+def _sent(v: Any) -> bool:
+    return v is not None and v != "" and v != [] and v != ()
+
+
+def applies(name: str, values: Mapping[str, Any]) -> bool:
+    """Does field ``name`` act in the request ``values``? (A method's own fields act with that method
+    only; the simple mode's fields without a model only.)"""
+    f = field(name)
+    method = values.get("method") if _sent(values.get("method")) else field("method").default
+    if f.methods and method not in f.methods:
+        return False
+    return not (name in MODEL_FREE and (_sent(values.get("model")) or _sent(values.get("config"))))
+
+
+def inapplicable(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """The fields given in ``values`` that would not act, each as ``(field, error code, params)``:
+    ``not_for_method`` (``--lora-rank`` with ``--method full``), ``needs_params`` (``--activations-gb``
+    with a model), ``method_needs_model`` (``--method qlora`` with only a parameter count: the lesson
+    and simple modes model full fine-tuning)."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    method = values.get("method") if _sent(values.get("method")) else field("method").default
+    for f in SETUP_FIELDS + tuple(field(n) for n in MODEL_FREE):
+        if not _sent(values.get(f.name)) or applies(f.name, values):
+            continue
+        if f.name in MODEL_FREE:
+            out.append((f.name, "needs_params", {}))
+        else:
+            out.append((f.name, "not_for_method", {"method": method, "methods": ", ".join(f.methods)}))
+    has_model = _sent(values.get("model")) or _sent(values.get("config"))
+    if not has_model and _sent(values.get("params")) and method != "full":
+        out.append(("method", "method_needs_model", {"value": method}))
+    return out
+
+
 def state_fields() -> tuple[str, ...]:
     """The setup fields that change the model states: the cache key of :mod:`cabe.analytic`."""
     return tuple(f.name for f in SETUP_FIELDS if f.states)
@@ -697,6 +754,10 @@ def values_from_args(args: argparse.Namespace, command: str, *, groups: Iterable
     taken = [f for f in fields_for(command, output=False) if f.flags and (wanted is None or f.group in wanted)]
     for f in taken:
         v = getattr(args, f.dest, None)
+        if f.type is tuple and isinstance(v, str) and not v.replace(",", "").strip():
+            from cabe.errors import InvalidValueError
+
+            raise InvalidValueError("empty_list", f.name)  # `--lora-targets ""`: given, but blank
         if v is not None and f.type in (str, bool, tuple, dict):
             body[f.name] = v
     for kind, convert in ((int, to_int), (float, to_float)):

@@ -109,4 +109,6 @@ def format_infer(out: dict, lang: str, units: str) -> str:
             )
         else:
             lines.append(t("infer.serving_none", lang, util=s["gpu_memory_utilization"]))
+    for note in out.get("notes", []):
+        lines.append("· " + t("note." + note, lang))
     return "\n".join(lines)

@@ -27,7 +27,17 @@ def inputs(args: argparse.Namespace, command: str) -> tuple[dict[str, Any], Any]
     src = api.model_source(body, allow_files=True)
     if src is None:
         raise InvalidValueError("missing_model", "model")
-    return dict(src.config), api.setup_from(body)
+    setup = api.setup_from(body)
+    one_gpu(setup)
+    return dict(src.config), setup
+
+
+def one_gpu(setup: Any) -> None:
+    """The trace runs one process on one (fake) GPU: a several-GPU setup would be traced as one GPU and
+    set beside the per-GPU estimate without a word, so it is refused, naming the first such flag."""
+    for name in ("gpus", "shard", "offload", "tp", "pp", "ep"):
+        if getattr(setup, name) != schema.field(name).default:
+            raise InvalidValueError("trace_one_gpu", name, value=getattr(setup, name))
 
 
 def gather(args: argparse.Namespace) -> dict[str, Any]:
