@@ -55,7 +55,7 @@ def model_source(body: Mapping[str, Any], *, allow_files: bool) -> models.ModelS
             if text.startswith((".", "/", "~")) or text.endswith(".json") or "\\" in text:
                 raise InvalidValueError("no_files_here", "model", value=model)
             if "/" in text:
-                return models.from_hub(text)
+                return models.hub_model(text)
             return models.preset(text)
     return models.resolve(model)
 

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cabe import families, jsonio
+from cabe import families, hub, jsonio
 from cabe.architecture import ModelSpec
-from cabe.errors import ConfigError, HubError, InvalidValueError, MissingDependencyError, UnknownPresetError
+from cabe.errors import ConfigError, InvalidValueError, UnknownPresetError
 
 #: Largest config.json cabe reads (a real one is a few kB).
 MAX_CONFIG_BYTES = 1 << 20
@@ -137,56 +139,56 @@ def _short_path(p: Path | str, limit: int = 120) -> str:
 
 
 def from_hub(repo_id: str, *, revision: str | None = None) -> ModelSource:
-    """Fetch ``config.json`` of a Hugging Face model (cached by huggingface_hub; offline-aware).
+    """Fetch ``config.json`` of a Hugging Face model for the command line and Python.
 
-    The local cache is tried first; when the file is not cached and the Hub's host cannot even be
-    resolved, cabe says "offline" at once instead of waiting through huggingface_hub's retries.
+    huggingface_hub's local cache is read first (when it is installed); otherwise the file is fetched
+    by :mod:`cabe.hub` with the command line's bounds (a few seconds, one retry: ``hub_offline`` or
+    ``hub_timeout`` in one sentence).
     """
-    try:
-        import huggingface_hub as hf
-        from huggingface_hub import errors as hf_errors
-    except ImportError:
-        raise MissingDependencyError("missing_extra", "model", extra="hub", package="huggingface_hub") from None
-    try:
-        path = hf.hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=True)
-    except (hf_errors.LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
-        path = None
-    if path is None:
-        if not _hub_reachable():
-            raise HubError("hub_offline", "model", repo=repo_id)
-        try:
-            path = hf.hf_hub_download(repo_id, "config.json", revision=revision)
-        except hf_errors.GatedRepoError:
-            raise HubError("hub_gated", "model", repo=repo_id) from None
-        except hf_errors.RepositoryNotFoundError:
-            raise HubError("hub_not_found", "model", repo=repo_id) from None
-        except hf_errors.LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: test it first
-            raise HubError("hub_offline", "model", repo=repo_id) from None
-        except hf_errors.EntryNotFoundError:
-            raise HubError("hub_no_config", "model", repo=repo_id) from None
-        except (hf_errors.HfHubHTTPError, OSError, ValueError) as exc:
-            raise HubError("hub_error", "model", repo=repo_id, detail=str(exc)[:200]) from None
-    src = from_file(path)
+    hub.check_repo_id(repo_id, revision)
+    path = _cached_path(repo_id, revision)
+    if path is not None:
+        src = from_file(path)
+        return ModelSource(name=repo_id, kind="hub", config=src.config, meta={"hf_id": repo_id})
+    return hub_source(repo_id, hub.parse(hub.fetch_bytes(repo_id, revision, hub.CLI), repo_id))
+
+
+def hub_source(repo_id: str, config: Mapping[str, Any]) -> ModelSource:
+    src = from_mapping(config, name=repo_id)
     return ModelSource(name=repo_id, kind="hub", config=src.config, meta={"hf_id": repo_id})
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """Can the Hub's host be resolved? (HF_HUB_OFFLINE=1 means no.)"""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        return False
-    import socket
-    from urllib.parse import urlparse
-
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    old = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(timeout)
+def _cached_path(repo_id: str, revision: str | None) -> str | None:
+    """huggingface_hub's cached ``config.json`` of the repo, or None (not installed, not cached)."""
     try:
-        socket.getaddrinfo(host, 443)
-        return True
-    except OSError:
-        return False
+        import huggingface_hub as hf
+    except ImportError:
+        return None
+    try:
+        path = hf.hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=True)
+    except Exception:  # LocalEntryNotFoundError and friends: not in the cache
+        return None
+    return path if isinstance(path, str) else None
+
+
+#: How the current request reaches the Hub: None is the command line's :func:`from_hub`; the server
+#: sets its own (bounded, cached, or refusing) for each request (:func:`hub_scope`).
+_HUB: ContextVar[Callable[[str], ModelSource] | None] = ContextVar("cabe_hub", default=None)
+
+
+def hub_model(repo_id: str) -> ModelSource:
+    """A Hub id, through the current request's Hub (:func:`hub_scope`), the command line's by default."""
+    fetch = _HUB.get()
+    return (fetch or from_hub)(repo_id)
+
+
+@contextmanager
+def hub_scope(fetch: Callable[[str], ModelSource]) -> Iterator[None]:
+    token = _HUB.set(fetch)
+    try:
+        yield
     finally:
-        socket.setdefaulttimeout(old)
+        _HUB.reset(token)
 
 
 def _is_path(text: str) -> bool:
@@ -208,5 +210,5 @@ def resolve(model: str) -> ModelSource:
     if text.endswith(".json") or _is_path(text):
         return from_file(text)
     if "/" in text and not text.startswith((".", "/")):
-        return from_hub(text)
+        return hub_model(text)
     return preset(text)  # raises UnknownPresetError with suggestions

@@ -576,6 +576,20 @@ def _sent(v: Any) -> bool:
     return v is not None and v != "" and v != [] and v != ()
 
 
+def _is_default(f: Field, v: Any) -> bool:
+    """``v`` is the field's default (``"16"`` and ``16.0`` alike; 0 GB of activations): a whole form
+    sent as is (the page, a script) carries every default, and a default changes nothing."""
+    default = 0.0 if f.name == "activations_gb" else f.default
+    if f.type in (int, float) and not isinstance(v, bool):
+        try:
+            return default is not None and float(str(v).replace(",", ".")) == float(default)
+        except (TypeError, ValueError, OverflowError):
+            return False
+    if f.type is tuple and isinstance(v, (list, tuple)):
+        return tuple(v) == tuple(f.default or ())
+    return bool(v == default)
+
+
 def applies(name: str, values: Mapping[str, Any]) -> bool:
     """Does field ``name`` act in the request ``values``? (A method's own fields act with that method
     only; the simple mode's fields without a model only.)"""
@@ -587,14 +601,16 @@ def applies(name: str, values: Mapping[str, Any]) -> bool:
 
 
 def inapplicable(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """The fields given in ``values`` that would not act, each as ``(field, error code, params)``:
+    """The fields given in ``values`` with a value other than their default that would not act, each as
+    ``(field, error code, params)``:
     ``not_for_method`` (``--lora-rank`` with ``--method full``), ``needs_params`` (``--activations-gb``
     with a model), ``method_needs_model`` (``--method qlora`` with only a parameter count: the lesson
     and simple modes model full fine-tuning)."""
     out: list[tuple[str, str, dict[str, Any]]] = []
     method = values.get("method") if _sent(values.get("method")) else field("method").default
     for f in SETUP_FIELDS + tuple(field(n) for n in MODEL_FREE):
-        if not _sent(values.get(f.name)) or applies(f.name, values):
+        v = values.get(f.name)
+        if not _sent(v) or _is_default(f, v) or applies(f.name, values):
             continue
         if f.name in MODEL_FREE:
             out.append((f.name, "needs_params", {}))

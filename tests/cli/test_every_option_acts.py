@@ -31,7 +31,7 @@ from cabe.cli import main
         ),
         (["estimate", "--model", "llama-7b", "--method", "lora", "--lora-targets", ""], "lora-targets needs at least"),
         (["infer", "--model", "llama-7b", "--prefill-chunk", "0"], "prefill-chunk must be between 1"),
-        (["fit", "--model", "llama-7b", "--gpu", "h100-80gb", "--lora-rank", "8"], "lora-rank applies to"),
+        (["fit", "--model", "llama-7b", "--gpu", "h100-80gb", "--lora-rank", "32"], "lora-rank applies to"),
         (["trace", "--model", "llama-7b", "--gpus", "8", "--shard", "zero3"], "gpus: the trace simulates one GPU"),
     ],
 )
@@ -92,3 +92,10 @@ def test_the_api_refuses_the_same():
         # the page's form holds every field: it sends only those the method uses, so it still answers
         r = c.get("/?model=llama-7b&method=full&lora_rank=16&quant=nf4&trainable_layers=1")
         assert r.status_code == 200 and "applies to --method" not in r.text
+
+
+def test_a_default_sent_with_another_method_changes_nothing(capsys):
+    """A whole form (the page, a script) carries every default: those pass; only a changed value that
+    would not act is refused."""
+    assert main(["estimate", "--model", "llama-7b", "--lora-rank", "8", "--quant", "nf4", "--json"]) == 0
+    capsys.readouterr()

@@ -162,7 +162,7 @@ async def _guarded(request: Any, fn: Any) -> Any:
     try:
         return _json(await _call(fn, body))
     except CabeError as err:
-        return _json(api.error_json(err, lang), 422)
+        return _json(api.error_json(err, lang), 429 if err.code == "hub_busy" else 422)
     except _BAD_INPUT as exc:  # a hole in the core's validation: answer 422, log it for a fix
         log.warning("unvalidated input reached the core: %r", exc)
         return _web_error("invalid_request", lang, 422)
@@ -372,6 +372,72 @@ async def http_error(request: Any, exc: Any) -> Any:
     return resp
 
 
+class Guard:
+    """Who may ask, and how a request reaches the Hub.
+
+    * ``Host`` must be one of ``allowed_hosts`` (when given: ``cabe serve`` gives the address it binds,
+      plus ``localhost`` / ``127.0.0.1`` / ``::1`` on loopback) — a DNS-rebinding page is refused;
+    * an ``Origin`` header must name this server (scheme, host and port of ``Host``) — another site's
+      page cannot make a visitor's cabe compute, or fetch;
+    * Hub ids: refused (``hub_disabled``) unless the server was started with ``--allow-hub``; then a
+      POST fetches through the server's bounded :class:`~cabe.hub.ServerHub`, and a GET only reads its
+      cache (``hub_not_fetched``): a link never fetches.
+    """
+
+    def __init__(self, app: Any, hub: Any = None, allowed_hosts: Any = None) -> None:
+        self.app, self.hub = app, hub
+        self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        refused = self._refused(headers)
+        if refused is not None:
+            from starlette.requests import Request
+
+            resp = _web_error("forbidden_origin", lang_from(Request(scope)), 403, value=refused[:100])
+            await resp(scope, receive, send)
+            return
+        with models.hub_scope(self._hub_for(scope.get("method", "GET"))):
+            await self.app(scope, receive, send)
+
+    def _refused(self, headers: Mapping[str, str]) -> str | None:
+        """The offending Host or Origin, or None when the request may go on."""
+        from urllib.parse import urlsplit
+
+        host = headers.get("host", "")
+        try:
+            name = urlsplit("//" + host).hostname or ""
+        except ValueError:
+            return host or "?"
+        if self.allowed_hosts is not None and name.lower() not in self.allowed_hosts:
+            return host or "?"
+        origin = headers.get("origin")
+        if origin is not None:
+            try:
+                parts = urlsplit(origin)
+            except ValueError:
+                return origin
+            if parts.scheme not in ("http", "https") or parts.netloc.lower() != host.lower():
+                return origin
+        return None
+
+    def _hub_for(self, method: str) -> Any:
+        hub = self.hub
+        if hub is None:
+
+            def disabled(repo_id: str) -> Any:
+                from cabe.errors import HubError
+
+                raise HubError("hub_disabled", "model", repo=repo_id)
+
+            return disabled
+        read = hub.cached if method in ("GET", "HEAD") else hub.fetch
+        return lambda repo_id: models.hub_source(repo_id, read(repo_id))
+
+
 class InternalErrors:
     """The edge: an exception no route turned into a 4xx (a bug, never bad input) answers one JSON 500
     in the asker's language and is logged once, on one line, without the request body or a traceback
@@ -419,7 +485,9 @@ _PAGE_HEADERS = {
 }
 
 
-def create_app() -> Any:
+def create_app(*, hub: Any = None, allowed_hosts: Any = None) -> Any:
+    """The app. ``hub``: a :class:`cabe.hub.ServerHub` to let clients name Hugging Face ids (off when
+    None); ``allowed_hosts``: the ``Host`` names it answers (any when None; ``cabe serve`` sets them)."""
     _starlette()
     from importlib import resources
 
@@ -446,7 +514,9 @@ def create_app() -> Any:
     from starlette.middleware import Middleware
 
     return Starlette(
-        routes=routes, exception_handlers={HTTPException: http_error}, middleware=[Middleware(InternalErrors)]
+        routes=routes,
+        exception_handlers={HTTPException: http_error},
+        middleware=[Middleware(InternalErrors), Middleware(Guard, hub=hub, allowed_hosts=allowed_hosts)],
     )
 
 
@@ -484,11 +554,27 @@ def listen_socket(host: str, port: Any) -> Any:
     return sock
 
 
-def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
+#: the names a loopback server answers to
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def allowed_hosts_for(host: str) -> tuple[str, ...] | None:
+    """The ``Host`` names a server bound to ``host`` answers: its own, and the loopback names when it is
+    on loopback; None (any) when it listens on every interface (0.0.0.0 / ::), where only the
+    ``Origin`` check stands (put it behind a proxy that checks the name)."""
+    if host in ("0.0.0.0", "::", ""):
+        return None
+    return tuple(dict.fromkeys((host.strip("[]"),) + (LOOPBACK if host.strip("[]") in LOOPBACK else ())))
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, *, allow_hub: bool = False) -> None:
     """Run the server (blocks). Binds 127.0.0.1 unless another host is asked for; the host and port
-    are checked, and the socket bound, before the URL is printed (:func:`listen_socket`)."""
+    are checked, and the socket bound, before the URL is printed (:func:`listen_socket`). Hugging Face
+    ids are refused unless ``allow_hub`` (then fetched with the bounds of :class:`cabe.hub.ServerHub`)."""
     sock = listen_socket(host, port)
-    app = create_app()
+    from cabe.hub import ServerHub
+
+    app = create_app(hub=ServerHub() if allow_hub else None, allowed_hosts=allowed_hosts_for(host))
     import uvicorn
 
     config = uvicorn.Config(
