@@ -34,7 +34,9 @@ REQUEST_FIELDS = schema.names("api.estimate")
 
 
 def setup_from(body: Mapping[str, Any]) -> TrainingSetup:
-    """The setup of a request: the given fields over the defaults (:func:`cabe.schema.resolve_defaults`)."""
+    """The setup of a request: the given fields over the defaults (:func:`cabe.schema.resolve_defaults`).
+    A field given that would not act here is refused first (:func:`check_applicable`)."""
+    check_applicable(body)
     return TrainingSetup(**schema.resolve_defaults(body))
 
 
@@ -53,7 +55,7 @@ def model_source(body: Mapping[str, Any], *, allow_files: bool) -> models.ModelS
             if text.startswith((".", "/", "~")) or text.endswith(".json") or "\\" in text:
                 raise InvalidValueError("no_files_here", "model", value=model)
             if "/" in text:
-                return models.from_hub(text)
+                return models.hub_model(text)
             return models.preset(text)
     return models.resolve(model)
 
@@ -75,7 +77,9 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False) -> Report:
             "source": src.kind,
             **{k: v for k, v in src.meta.items() if k in ("display", "hf_id", "gated", "family")},
         }
-        report = estimate_model(src.spec, setup, model_meta=meta)
+        spec = src.spec
+        report = estimate_model(spec, setup, model_meta=meta)
+        report = _with(report, notes=report.notes + beyond_limits(spec, setup.seq))
     elif params not in (None, ""):
         bpp = body.get("bytes_per_param")
         act = body.get("activations_gb") or 0.0
@@ -94,6 +98,20 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False) -> Report:
         fit = gpu_catalog.fit(report, card, precision="bf16" if bf16 else None)
         report = _with(report, gpu=fit)
     return report
+
+
+def check_applicable(body: Mapping[str, Any]) -> None:
+    """Every option acts or is refused: the first field given that would not act here
+    (:func:`cabe.schema.inapplicable`) is a typed error naming it."""
+    for name, code, params in schema.inapplicable(body):
+        raise InvalidValueError(code, name, **{"value": body.get(name), **params})
+
+
+def beyond_limits(spec: Any, seq: int) -> tuple[str, ...]:
+    """Note codes for inputs past what the model was built for: a sequence longer than its
+    ``max_position_embeddings`` (the memory is still computed; the model was not trained for it)."""
+    limit = getattr(spec, "max_positions", 0) or 0
+    return ("seq_beyond_max_positions",) if limit and seq > limit else ()
 
 
 def _with(report: Report, **changes: Any) -> Report:

@@ -17,6 +17,7 @@ Hierarchy::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,14 @@ class CabeError(ValueError):
 
 
 def _jsonable(v: Any) -> Any:
+    """A parameter as strict JSON holds it: a non-finite float or a 60-digit integer becomes text, so
+    that the error answer itself can always be written."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 63:
+        from cabe.i18n import fmt_number
+
+        return fmt_number(v, "en")
     if isinstance(v, (str, int, float, bool)) or v is None:
         return v
     if isinstance(v, (list, tuple)):

@@ -173,7 +173,7 @@ def estimate_inference(
             raise InvalidValueError("not_integer", name, value=v)
         if v < 1 or v > (1 << 24):
             raise InvalidValueError("out_of_range", name, value=v, minimum=1, maximum=1 << 24)
-    chunk = min(prefill_chunk or context, context)
+    chunk = min(context if prefill_chunk is None else prefill_chunk, context)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise InvalidValueError("out_of_range", "prefill_chunk", value=prefill_chunk, minimum=1, maximum=1 << 24)
     w = weights_bytes(spec, weights, group_size)
@@ -380,7 +380,7 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
     context = min(4096, spec.max_positions or 4096) if context is None else context
     batch: int = 1 if body.get("batch") is None else body["batch"]
     est = estimate_inference(spec, context=context, batch=batch, **kw)
-    out: dict[str, Any] = {"model": spec.name, **est}
+    out: dict[str, Any] = {"model": spec.name, **est, "notes": list(api.beyond_limits(spec, context))}
     if body.get("gpu"):
         card = gpu_catalog.gpu(str(body["gpu"]))
         out["fit"] = fit_inference(est, card)

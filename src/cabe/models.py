@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cabe import families
+from cabe import families, hub, jsonio
 from cabe.architecture import ModelSpec
-from cabe.errors import ConfigError, HubError, MissingDependencyError, UnknownPresetError
+from cabe.errors import ConfigError, InvalidValueError, UnknownPresetError
 
 #: Largest config.json cabe reads (a real one is a few kB).
 MAX_CONFIG_BYTES = 1 << 20
@@ -74,87 +76,128 @@ def _suggest(key: str, limit: int = 5) -> list[str]:
     return close
 
 
+#: Most parameters a config may describe (10^15: a thousand times the largest model published);
+#: beyond it the figures stop meaning anything and real numbers would overflow.
+MAX_PARAMETERS = 10**15
+
+
 def from_mapping(config: Any, name: str = "config.json") -> ModelSource:
     """A config given inline (an uploaded ``config.json`` parsed as JSON)."""
     if not isinstance(config, Mapping):
         raise ConfigError("config_not_object", "model")
+    if jsonio.depth(config) > jsonio.MAX_DEPTH:
+        raise ConfigError("config_too_deep", "model", limit=jsonio.MAX_DEPTH)
     cfg = dict(config)
     cfg.pop("_cabe", None)
     src = ModelSource(name=name, kind="inline", config=cfg, meta={})
-    _ = src.spec  # validate now: a bad config fails here, not later
+    _check_spec(src)  # validate now: a bad config fails here, not later
     return src
+
+
+def _check_spec(src: ModelSource) -> None:
+    """Build the spec once and bound its size: a number no float can hold, or a model beyond
+    :data:`MAX_PARAMETERS`, is a bad config, not a crash three modules later."""
+    try:
+        count = src.spec.parameter_count
+    except (OverflowError, RecursionError, MemoryError):
+        raise ConfigError("config_too_big", "model", limit=MAX_PARAMETERS) from None
+    if count > MAX_PARAMETERS:
+        raise ConfigError("config_too_big", "model", limit=MAX_PARAMETERS)
+    spec = src.spec
+    if spec.head_dim < 1:  # hidden_size smaller than the number of heads: hidden // heads == 0
+        raise ConfigError("config_head_dim_zero", "model", hidden=spec.hidden_size, heads=spec.num_heads)
+    if spec.num_kv_heads < 1 or spec.num_heads % spec.num_kv_heads:  # GQA: repeat_kv needs a whole ratio
+        raise ConfigError("config_heads_not_divisor", "model", heads=spec.num_heads, kv_heads=spec.num_kv_heads)
 
 
 def from_file(path: str | os.PathLike[str]) -> ModelSource:
     """Read a local ``config.json``. Raises :class:`ConfigError` for unreadable or malformed files."""
     p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
     try:
+        if p.is_dir():
+            p = p / "config.json"
         size = p.stat().st_size
     except OSError:
-        raise ConfigError("config_not_found", "model", path=str(p)) from None
+        raise ConfigError("config_not_found", "model", path=_short_path(p)) from None
     if size > MAX_CONFIG_BYTES:
-        raise ConfigError("config_too_large", "model", path=str(p), limit=MAX_CONFIG_BYTES)
+        raise ConfigError("config_too_large", "model", path=_short_path(p), limit=MAX_CONFIG_BYTES)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = jsonio.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError("config_malformed", "model", path=str(p), detail=str(exc)) from None
+        raise ConfigError("config_malformed", "model", path=_short_path(p), detail=str(exc)[:200]) from None
+    except InvalidValueError as err:  # NaN, 1e999, a 400-digit integer, nesting 64 deep
+        code = {"number_too_long": "config_number_too_long", "too_deep": "config_too_deep"}.get(err.code)
+        raise ConfigError(code or "config_not_finite", "model", key=err.field or "", **err.params) from None
     src = from_mapping(data, name=str(p))
     return ModelSource(name=str(p), kind="file", config=src.config, meta={})
 
 
-def from_hub(repo_id: str, *, revision: str | None = None) -> ModelSource:
-    """Fetch ``config.json`` of a Hugging Face model (cached by huggingface_hub; offline-aware).
+def _short_path(p: Path | str, limit: int = 120) -> str:
+    """A path as an error shows it: a 4,000-character name is cut, not echoed whole."""
+    text = str(p)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
-    The local cache is tried first; when the file is not cached and the Hub's host cannot even be
-    resolved, cabe says "offline" at once instead of waiting through huggingface_hub's retries.
+
+def from_hub(repo_id: str, *, revision: str | None = None) -> ModelSource:
+    """Fetch ``config.json`` of a Hugging Face model for the command line and Python.
+
+    huggingface_hub's local cache is read first (when it is installed); otherwise the file is fetched
+    by :mod:`cabe.hub` with the command line's bounds (a few seconds, one retry: ``hub_offline`` or
+    ``hub_timeout`` in one sentence).
     """
-    try:
-        import huggingface_hub as hf
-        from huggingface_hub import errors as hf_errors
-    except ImportError:
-        raise MissingDependencyError("missing_extra", "model", extra="hub", package="huggingface_hub") from None
-    try:
-        path = hf.hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=True)
-    except (hf_errors.LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
-        path = None
-    if path is None:
-        if not _hub_reachable():
-            raise HubError("hub_offline", "model", repo=repo_id)
-        try:
-            path = hf.hf_hub_download(repo_id, "config.json", revision=revision)
-        except hf_errors.GatedRepoError:
-            raise HubError("hub_gated", "model", repo=repo_id) from None
-        except hf_errors.RepositoryNotFoundError:
-            raise HubError("hub_not_found", "model", repo=repo_id) from None
-        except hf_errors.LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: test it first
-            raise HubError("hub_offline", "model", repo=repo_id) from None
-        except hf_errors.EntryNotFoundError:
-            raise HubError("hub_no_config", "model", repo=repo_id) from None
-        except (hf_errors.HfHubHTTPError, OSError, ValueError) as exc:
-            raise HubError("hub_error", "model", repo=repo_id, detail=str(exc)[:200]) from None
-    src = from_file(path)
+    hub.check_repo_id(repo_id, revision)
+    path = _cached_path(repo_id, revision)
+    if path is not None:
+        src = from_file(path)
+        return ModelSource(name=repo_id, kind="hub", config=src.config, meta={"hf_id": repo_id})
+    return hub_source(repo_id, hub.parse(hub.fetch_bytes(repo_id, revision, hub.CLI), repo_id))
+
+
+def hub_source(repo_id: str, config: Mapping[str, Any]) -> ModelSource:
+    src = from_mapping(config, name=repo_id)
     return ModelSource(name=repo_id, kind="hub", config=src.config, meta={"hf_id": repo_id})
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """Can the Hub's host be resolved? (HF_HUB_OFFLINE=1 means no.)"""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        return False
-    import socket
-    from urllib.parse import urlparse
-
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    old = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(timeout)
+def _cached_path(repo_id: str, revision: str | None) -> str | None:
+    """huggingface_hub's cached ``config.json`` of the repo, or None (not installed, not cached)."""
     try:
-        socket.getaddrinfo(host, 443)
-        return True
-    except OSError:
-        return False
+        import huggingface_hub as hf
+    except ImportError:
+        return None
+    try:
+        path = hf.hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=True)
+    except Exception:  # LocalEntryNotFoundError and friends: not in the cache
+        return None
+    return path if isinstance(path, str) else None
+
+
+#: How the current request reaches the Hub: None is the command line's :func:`from_hub`; the server
+#: sets its own (bounded, cached, or refusing) for each request (:func:`hub_scope`).
+_HUB: ContextVar[Callable[[str], ModelSource] | None] = ContextVar("cabe_hub", default=None)
+
+
+def hub_model(repo_id: str) -> ModelSource:
+    """A Hub id, through the current request's Hub (:func:`hub_scope`), the command line's by default."""
+    fetch = _HUB.get()
+    return (fetch or from_hub)(repo_id)
+
+
+@contextmanager
+def hub_scope(fetch: Callable[[str], ModelSource]) -> Iterator[None]:
+    token = _HUB.set(fetch)
+    try:
+        yield
     finally:
-        socket.setdefaulttimeout(old)
+        _HUB.reset(token)
+
+
+def _is_path(text: str) -> bool:
+    """An existing file, or a folder given with a separator. A name the OS refuses (too long, a NUL
+    byte) is not a path."""
+    try:
+        return (os.sep in text and Path(text).exists()) or Path(text).is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def resolve(model: str) -> ModelSource:
@@ -164,8 +207,8 @@ def resolve(model: str) -> ModelSource:
     text = model.strip()
     if text.lower() in preset_names():
         return preset(text)
-    if text.endswith(".json") or (os.sep in text and Path(text).exists()) or Path(text).is_file():
+    if text.endswith(".json") or _is_path(text):
         return from_file(text)
     if "/" in text and not text.startswith((".", "/")):
-        return from_hub(text)
+        return hub_model(text)
     return preset(text)  # raises UnknownPresetError with suggestions

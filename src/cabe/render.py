@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cabe.i18n import fill, fmt_number, t
-from cabe.units import fmt_bytes
+from cabe.units import check_output, fmt_bytes
 
 if TYPE_CHECKING:  # the report imports this module lazily (Report.explain); no runtime import back
     from cabe.report import Report
 
 
 def format_report(report: Report, *, lang: str = "en", units: str = "GB", explain: bool = False) -> str:
+    check_output(units, lang)
     lines = _header(report, lang, units)
     lines.append("")
     lines += _components(report, lang, units)
@@ -46,6 +47,7 @@ REPORT_NOTES = (
     "qlora_moe_experts_unquantized",
     "loss_assumed_hf",
     "loss_modelled",
+    "seq_beyond_max_positions",
 )
 #: Width of the component-label column.
 WIDTH = 44
@@ -225,6 +227,7 @@ def format_explain(report: Report, *, lang: str = "en") -> str:
 
 
 def render_explain(report: Report, *, lang: str = "en", units: str = "GB") -> str:
+    check_output(units, lang)
     return format_explain(report, lang=lang)
 
 

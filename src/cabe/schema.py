@@ -85,6 +85,8 @@ class Field:
         help_key: its help text in the catalogs (``option.<name>`` unless said).
         metavar: the placeholder in ``--help``.
         depends_on: the fields its default depends on (decided by :func:`resolve_defaults`).
+        methods: the training methods it acts for (empty: every method); given with another method it
+            is refused (:func:`inapplicable`), never dropped without a word.
     """
 
     name: str
@@ -109,6 +111,7 @@ class Field:
     help_key: str = ""
     metavar: str | None = None
     depends_on: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -307,6 +310,7 @@ _SETUP: tuple[Field, ...] = (
         1,
         MAX_RANK,
         states=True,
+        methods=("lora", "qlora"),
         flags=_flag("lora_rank"),
         aliases=("rank",),
     ),
@@ -319,6 +323,7 @@ _SETUP: tuple[Field, ...] = (
         minimum=0,
         maximum=1e15,
         exclusive_minimum=True,
+        methods=("lora", "qlora"),
         flags=_flag("lora_alpha"),
     ),
     # NOTE: () means PEFT's default targets for the model type
@@ -330,11 +335,22 @@ _SETUP: tuple[Field, ...] = (
         _TRAINING + ("lora", "api.lora"),
         (),
         states=True,
+        methods=("lora", "qlora"),
         flags=_flag("lora_targets"),
         aliases=("targets",),
     ),
-    _choice("quant", "setup", _TRAINING, "nf4", ("nf4", "fp4"), states=True, flags=_flag("quant")),
-    Field("double_quant", bool, "setup", _TRAINING, True, states=True, flags=_flag("double_quant"), negatable=True),
+    _choice("quant", "setup", _TRAINING, "nf4", ("nf4", "fp4"), states=True, methods=("qlora",), flags=_flag("quant")),
+    Field(
+        "double_quant",
+        bool,
+        "setup",
+        _TRAINING,
+        True,
+        states=True,
+        methods=("qlora",),
+        flags=_flag("double_quant"),
+        negatable=True,
+    ),
     _choice(
         "compute_dtype",
         "setup",
@@ -342,6 +358,7 @@ _SETUP: tuple[Field, ...] = (
         "bf16",
         ("bf16", "fp16", "fp32"),
         states=True,
+        methods=("qlora",),
         flags=_flag("compute_dtype"),
     ),
     _int(
@@ -353,6 +370,7 @@ _SETUP: tuple[Field, ...] = (
         MAX_LAYERS,
         unit="layers",
         states=True,
+        methods=("freeze",),
         flags=_flag("trainable_layers"),
     ),
     _int(
@@ -364,6 +382,7 @@ _SETUP: tuple[Field, ...] = (
         MAX_SEQ,
         unit="tokens",
         states=True,
+        methods=("prompt-tuning",),
         flags=_flag("prompt_tokens"),
     ),
     # ---- trainers' recipes and loss kernels (issue 11) ----
@@ -565,6 +584,60 @@ def json_schema(command: str) -> dict[str, Any]:
     return out
 
 
+#: the fields of the simple and lesson modes (a parameter count, no model): with a model they act not
+MODEL_FREE = ("bytes_per_param", "activations_gb")
+
+
+def _sent(v: Any) -> bool:
+    return v is not None and v != "" and v != [] and v != ()
+
+
+def _is_default(f: Field, v: Any) -> bool:
+    """``v`` is the field's default (``"16"`` and ``16.0`` alike; 0 GB of activations): a whole form
+    sent as is (the page, a script) carries every default, and a default changes nothing."""
+    default = 0.0 if f.name == "activations_gb" else f.default
+    if f.type in (int, float) and not isinstance(v, bool):
+        try:
+            return default is not None and float(str(v).replace(",", ".")) == float(default)
+        except (TypeError, ValueError, OverflowError):
+            return False
+    if f.type is tuple and isinstance(v, (list, tuple)):
+        return tuple(v) == tuple(f.default or ())
+    return bool(v == default)
+
+
+def applies(name: str, values: Mapping[str, Any]) -> bool:
+    """Does field ``name`` act in the request ``values``? (A method's own fields act with that method
+    only; the simple mode's fields without a model only.)"""
+    f = field(name)
+    method = values.get("method") if _sent(values.get("method")) else field("method").default
+    if f.methods and method not in f.methods:
+        return False
+    return not (name in MODEL_FREE and (_sent(values.get("model")) or _sent(values.get("config"))))
+
+
+def inapplicable(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """The fields given in ``values`` with a value other than their default that would not act, each as
+    ``(field, error code, params)``:
+    ``not_for_method`` (``--lora-rank`` with ``--method full``), ``needs_params`` (``--activations-gb``
+    with a model), ``method_needs_model`` (``--method qlora`` with only a parameter count: the lesson
+    and simple modes model full fine-tuning)."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    method = values.get("method") if _sent(values.get("method")) else field("method").default
+    for f in SETUP_FIELDS + tuple(field(n) for n in MODEL_FREE):
+        v = values.get(f.name)
+        if not _sent(v) or _is_default(f, v) or applies(f.name, values):
+            continue
+        if f.name in MODEL_FREE:
+            out.append((f.name, "needs_params", {}))
+        else:
+            out.append((f.name, "not_for_method", {"method": method, "methods": ", ".join(f.methods)}))
+    has_model = _sent(values.get("model")) or _sent(values.get("config"))
+    if not has_model and _sent(values.get("params")) and method != "full":
+        out.append(("method", "method_needs_model", {"value": method}))
+    return out
+
+
 def state_fields() -> tuple[str, ...]:
     """The setup fields that change the model states: the cache key of :mod:`cabe.analytic`."""
     return tuple(f.name for f in SETUP_FIELDS if f.states)
@@ -733,6 +806,10 @@ def values_from_args(args: argparse.Namespace, command: str, *, groups: Iterable
     taken = [f for f in fields_for(command, output=False) if f.flags and (wanted is None or f.group in wanted)]
     for f in taken:
         v = getattr(args, f.dest, None)
+        if f.type is tuple and isinstance(v, str) and not v.replace(",", "").strip():
+            from cabe.errors import InvalidValueError
+
+            raise InvalidValueError("empty_list", f.name)  # `--lora-targets ""`: given, but blank
         if v is not None and f.type in (str, bool, tuple, dict):
             body[f.name] = v
     for kind, convert in ((int, to_int), (float, to_float)):

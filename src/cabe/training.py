@@ -166,7 +166,11 @@ class TrainingSetup:
     @property
     def distributed(self) -> bool:
         """True when memory is split or replicated over several GPUs (or offloaded)."""
-        return self.gpus > 1 or self.shard != "none" or self.offload != "none" or self.tp > 1 or self.pp > 1
+        # NOTE: ep > 1 too: expert parallelism on one GPU is refused by the layout (ep_not_divisor),
+        # never dropped without a word
+        return (
+            self.gpus > 1 or self.shard != "none" or self.offload != "none" or self.tp > 1 or self.pp > 1 or self.ep > 1
+        )
 
     def with_dtype(self, dtype: str) -> TrainingSetup:
         """The same setup with the weights in ``dtype`` (the precision shorthand follows)."""
@@ -217,6 +221,8 @@ def validate(setup: TrainingSetup) -> None:
     for f in schema.SETUP_FIELDS:
         if f.type is bool and not isinstance(getattr(setup, f.name), bool):
             raise InvalidValueError("not_bool", f.name, value=getattr(setup, f.name))
+    if setup.method == "freeze" and setup.trainable_layers < 1:  # nothing would train: the trace refuses it too
+        raise InvalidValueError("freeze_needs_layers", "trainable_layers", value=setup.trainable_layers)
 
 
 def _check_group(setup: TrainingSetup, group: str) -> None:

@@ -23,6 +23,18 @@ ALLOC_BLOCK = 512
 UNITS = ("GB", "GiB")
 
 
+def check_output(units: str, lang: str | None = None) -> None:
+    """Refuse a unit (``TB``) or a language (``xx``) the answer cannot be written in, instead of falling
+    back to a default without a word (``bad_choice``)."""
+    from cabe.errors import InvalidValueError
+    from cabe.i18n import LANGS
+
+    if units not in UNITS:
+        raise InvalidValueError("bad_choice", "units", value=units, allowed=", ".join(UNITS))
+    if lang is not None and lang not in LANGS:
+        raise InvalidValueError("bad_choice", "lang", value=lang, allowed=", ".join(LANGS))
+
+
 def round_alloc(nbytes: int) -> int:
     """Bytes the caching allocator reserves for a tensor of ``nbytes``: a multiple of 512, 0 for 0."""
     return -(-nbytes // ALLOC_BLOCK) * ALLOC_BLOCK if nbytes > 0 else 0

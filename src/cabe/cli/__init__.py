@@ -5,12 +5,13 @@ sentence on stderr in the user's language, exit code 2.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 
-from cabe.errors import CabeError, InvalidValueError
+from cabe import jsonio
+from cabe.errors import CabeError
 from cabe.i18n import detect_lang
+from cabe.units import check_output
 
 EXIT_BAD_INPUT = 2
 
@@ -25,9 +26,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        units = getattr(args, "units", "GB")
-        if units not in ("GB", "GiB"):
-            raise InvalidValueError("bad_choice", "units", value=units, allowed="GB, GiB")
+        units = getattr(args, "units", None) or "GB"
+        check_output(units, getattr(args, "lang", None))
         text = args._module.render(args._module.gather(args), args, lang, units)
         if text is not None:
             print(text)
@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cabe.i18n import error_message
 
         if getattr(args, "json", False):
-            print(json.dumps({"error": err.to_dict(lang)}, ensure_ascii=False, indent=2))
+            print(jsonio.dumps({"error": err.to_dict(lang)}, indent=2))
         print(f"cabe: {error_message(err, lang)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

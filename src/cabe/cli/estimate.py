@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from cabe import jsonio
 from cabe.cli import options
 from cabe.i18n import t
 
@@ -32,7 +32,7 @@ def render(report: Any, args: argparse.Namespace, lang: str, units: str) -> str:
     if args.json:
         out = report.to_json()
         out["fits_on"] = gpus.fits_on(report)
-        return json.dumps(out, ensure_ascii=False, indent=2)
+        return jsonio.dumps(out, indent=2)
     lines = [format_report(report, lang=lang, units=units, explain=args.explain)]
     if args.fits:
         lines.append("")

@@ -4,10 +4,9 @@ GPUs, and the changes that would make it fit, ranked by memory saved and by thei
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from cabe import schema
+from cabe import jsonio, schema
 from cabe.cli import options
 from cabe.errors import InvalidValueError
 from cabe.i18n import fmt_number, t
@@ -44,7 +43,7 @@ def gather(args: argparse.Namespace) -> dict[str, Any]:
 
 def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str) -> str:
     if args.json:
-        return json.dumps(out, ensure_ascii=False, indent=2)
+        return jsonio.dumps(out, indent=2)
     return format_plan(out, lang, units)
 
 

@@ -9,10 +9,9 @@ why. ``--json``: ``cabe estimate --json``'s object plus ``"from_config"``.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from cabe import schema
+from cabe import jsonio, schema
 from cabe.cli import options
 from cabe.i18n import t
 
@@ -53,7 +52,7 @@ def render(result: tuple[Any, Any], args: argparse.Namespace, lang: str, units: 
         out = report.to_json()
         out["fits_on"] = gpus.fits_on(report)
         out["from_config"] = combined.to_json(lang)
-        return json.dumps(out, ensure_ascii=False, indent=2)
+        return jsonio.dumps(out, indent=2)
     lines = [format_report(report, lang=lang, units=units, explain=args.explain)]
     if report.mode != "simple" and not report.gpu:
         lines.append(fits_on_line(report, lang))

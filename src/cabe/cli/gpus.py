@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from cabe import jsonio
 from cabe.cli import options
 from cabe.i18n import t
 
@@ -24,7 +24,7 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, lang: str, unit
     from cabe.render import fmt_bytes
 
     if args.json:
-        return json.dumps(rows, ensure_ascii=False, indent=2)
+        return jsonio.dumps(rows, indent=2)
     lines = [t("ui.gpus_header", lang) + ":"]
     for g in rows:
         memory = fmt_bytes(g["memory_bytes"], lang, units, both=False)

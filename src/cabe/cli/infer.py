@@ -4,10 +4,9 @@ and, for a card, the longest context, the most concurrent sequences, and a vLLM-
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from cabe import schema
+from cabe import jsonio, schema
 from cabe.cli import options
 
 COMMAND = "infer"
@@ -36,7 +35,7 @@ def gather(args: argparse.Namespace) -> dict[str, Any]:
 
 def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str) -> str:
     if args.json:
-        return json.dumps(out, ensure_ascii=False, indent=2, default=str)
+        return jsonio.dumps(out, indent=2, default=str)
     return format_infer(out, lang, units)
 
 
@@ -110,4 +109,6 @@ def format_infer(out: dict, lang: str, units: str) -> str:
             )
         else:
             lines.append(t("infer.serving_none", lang, util=s["gpu_memory_utilization"]))
+    for note in out.get("notes", []):
+        lines.append("· " + t("note." + note, lang))
     return "\n".join(lines)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from cabe import schema
+from cabe import jsonio, schema
 from cabe.cli import options
 from cabe.errors import InvalidValueError
 from cabe.i18n import fmt_number, t
@@ -55,7 +54,7 @@ def render(a: Adapter, args: argparse.Namespace, lang: str, units: str) -> str:
             "total": a.total,
             "base_parameters": a.spec.parameter_count,
         }
-        return json.dumps(out, indent=2)
+        return jsonio.dumps(out, indent=2)
     lines = [t("ui.lora_header", lang, r=a.rank) + ":"]
     for r in a.rows:
         layers = sum(g.count for g in a.spec.runs if any(lin.name == r.name for lin in g.linears))  # that have it

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from cabe import jsonio
 from cabe.cli import options
 from cabe.i18n import fmt_number, t
 
@@ -34,7 +34,7 @@ def gather(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def render(rows: list[dict[str, Any]], args: argparse.Namespace, lang: str, units: str) -> str:
     if args.json:
-        return json.dumps(rows, ensure_ascii=False, indent=2)
+        return jsonio.dumps(rows, indent=2)
     lines = [t("ui.models_header", lang) + ":"]
     lines += [f"  {r['name']:<18} {fmt_number(r['parameters'], lang):>20}  {r['hf_id'] or ''}" for r in rows]
     return "\n".join(lines)

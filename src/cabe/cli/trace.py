@@ -4,10 +4,9 @@ with the analytic estimate of the same step beside it; ``cabe measure`` runs it 
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from cabe import schema
+from cabe import jsonio, schema
 from cabe.cli import options
 from cabe.errors import InvalidValueError, MissingDependencyError
 
@@ -28,7 +27,17 @@ def inputs(args: argparse.Namespace, command: str) -> tuple[dict[str, Any], Any]
     src = api.model_source(body, allow_files=True)
     if src is None:
         raise InvalidValueError("missing_model", "model")
-    return dict(src.config), api.setup_from(body)
+    setup = api.setup_from(body)
+    one_gpu(setup)
+    return dict(src.config), setup
+
+
+def one_gpu(setup: Any) -> None:
+    """The trace runs one process on one (fake) GPU: a several-GPU setup would be traced as one GPU and
+    set beside the per-GPU estimate without a word, so it is refused, naming the first such flag."""
+    for name in ("gpus", "shard", "offload", "tp", "pp", "ep"):
+        if getattr(setup, name) != schema.field(name).default:
+            raise InvalidValueError("trace_one_gpu", name, value=getattr(setup, name))
 
 
 def gather(args: argparse.Namespace) -> dict[str, Any]:
@@ -54,9 +63,7 @@ def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str)
     from cabe.render import fmt_bytes
 
     if args.json:
-        return json.dumps(
-            {k: v for k, v in out.items() if k != "inventory_text"}, ensure_ascii=False, indent=2, default=str
-        )
+        return jsonio.dumps({k: v for k, v in out.items() if k != "inventory_text"}, indent=2, default=str)
     lines = []
     for key, value in out.items():
         if key == "inventory_text":

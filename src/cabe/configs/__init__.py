@@ -88,6 +88,14 @@ def detect(data: Mapping[str, Any], filename: str | None = None) -> str:
     raise ConfigError("cfg_unknown_format", "file", path=filename or "<dict>", allowed=", ".join(FORMATS))
 
 
+def _check_format(data: Mapping[str, Any], asked: str, path: str) -> None:
+    """``--format torchtune`` on a file whose content says it is another format: refuse it
+    (``cfg_format_mismatch``) rather than read it as the wrong one and drop every key."""
+    for other in FORMATS:
+        if other != asked and module(other).looks_like(data):
+            raise ConfigError("cfg_format_mismatch", "format", path=path, value=asked, detected=other)
+
+
 @dataclass
 class Source:
     """One config read: where from, which format, what it maps to, what it used and ignored."""
@@ -142,6 +150,8 @@ def read_source(item: Any, fmt: str | None = None) -> Source:
     data = _base.read(item)
     name = (fmt and module(fmt).FORMAT) or detect(data, path)
     mod = module(name)
+    if fmt and not mod.looks_like(data):
+        _check_format(data, name, path)
     if hasattr(mod, "read") and not isinstance(item, Mapping):
         data = mod.read(item)
     c = mod.collect(data)

@@ -10,13 +10,14 @@ Every reader module (``training_args``, ``peft_config``, ``bnb``, ``deepspeed``,
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cabe import optimizer
-from cabe.errors import ConfigError, MissingDependencyError
+from cabe import jsonio, optimizer
+from cabe.errors import ConfigError, InvalidValueError, MissingDependencyError
 
 #: Largest config file cabe reads (a real one is a few kB).
 MAX_BYTES = 1 << 20
@@ -31,10 +32,15 @@ def load_yaml(text: str, path: str) -> Any:
     except ImportError:
         raise MissingDependencyError("missing_extra", "file", extra="yaml", package="pyyaml") from None
     try:
-        return yaml.safe_load(text)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         detail = " ".join(str(exc).split())[:200]
         raise ConfigError("cfg_malformed", "file", path=path, kind="YAML", detail=detail) from None
+    except RecursionError:
+        raise ConfigError("cfg_too_deep", "file", path=path, limit=jsonio.MAX_DEPTH) from None
+    if jsonio.depth(data) > jsonio.MAX_DEPTH:
+        raise ConfigError("cfg_too_deep", "file", path=path, limit=jsonio.MAX_DEPTH)
+    return data
 
 
 def parse_text(text: str, path: str) -> Any:
@@ -43,12 +49,20 @@ def parse_text(text: str, path: str) -> Any:
     stripped = text.lstrip()
     if name.endswith(".json") or stripped.startswith(("{", "[")):
         try:
-            return json.loads(text)
+            return jsonio.loads(text)
+        except InvalidValueError as err:  # NaN, 1e999, a 400-digit integer, nesting 64 deep
+            code = {"number_too_long": "cfg_number_too_long", "too_deep": "cfg_too_deep"}.get(err.code)
+            raise ConfigError(code or "cfg_not_finite", "file", path=path, key=err.field or "", **err.params) from None
         except json.JSONDecodeError as exc:
             if name.endswith(".json"):
                 raise ConfigError("cfg_malformed", "file", path=path, kind="JSON", detail=str(exc)) from None
             # "{a: 1}" is valid YAML flow style; let YAML have a go
     return load_yaml(text, path)
+
+
+def _short_path(text: str, limit: int = 120) -> str:
+    """A path as an error shows it: a 4,000-character name is cut, not echoed whole."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def read(path_or_dict: Any) -> Mapping[str, Any]:
@@ -57,14 +71,15 @@ def read(path_or_dict: Any) -> Mapping[str, Any]:
         return dict(path_or_dict)
     if not isinstance(path_or_dict, (str, os.PathLike)):
         raise ConfigError("cfg_not_mapping", "file", path=str(path_or_dict))
-    path = str(path_or_dict)
-    p = Path(path)
+    path = _short_path(str(path_or_dict))
+    p = Path(path_or_dict)
     try:
         size = p.stat().st_size
-        if p.is_dir():
-            raise ConfigError("cfg_not_found", "file", path=path)
-    except OSError:
+        is_dir = p.is_dir()
+    except (OSError, ValueError):  # no such file, a name too long, a NUL byte
         raise ConfigError("cfg_not_found", "file", path=path) from None
+    if is_dir:
+        raise ConfigError("cfg_not_found", "file", path=path)
     if size > MAX_BYTES:
         raise ConfigError("cfg_too_large", "file", path=path, limit=MAX_BYTES)
     try:
@@ -157,8 +172,9 @@ Field = tuple[str, Convert]
 Flag = tuple[str, Any]
 
 
-def _show(v: Any) -> str:
-    return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+def _show(v: Any, limit: int = 80) -> str:
+    text = ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def is_auto(v: Any) -> bool:
@@ -195,14 +211,17 @@ def as_int(v: Any, field: str) -> int:
 def as_number(v: Any, field: str) -> float:
     if isinstance(v, bool):
         raise ConfigError("cfg_bad_value", field, value=_show(v), expected="a number")
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v.strip())
-        except ValueError:
-            pass
-    raise ConfigError("cfg_bad_value", field, value=_show(v), expected="a number")
+    x: float | None = None
+    try:
+        if isinstance(v, (int, float)):
+            x = float(v)
+        elif isinstance(v, str):
+            x = float(v.strip())
+    except (ValueError, OverflowError):  # "abc", or an integer no float can hold
+        x = None
+    if x is None or not math.isfinite(x):
+        raise ConfigError("cfg_bad_value", field, value=_show(v), expected="a finite number")
+    return x
 
 
 def as_str(v: Any, field: str) -> str:

@@ -82,9 +82,11 @@ def _target_modules(c: Collector, key: str, value: Any) -> None:
             c.set("lora_targets", (value,), key)
         else:
             c.ignore(key, "unsupported_value")  # a regular expression
-    else:
+    elif isinstance(value, (list, tuple, set, frozenset)) and value and all(isinstance(t, str) for t in value):
         items = sorted(value) if isinstance(value, (set, frozenset)) else value
-        c.set("lora_targets", tuple(str(t) for t in items), key)
+        c.set("lora_targets", tuple(items), key)
+    else:  # a number, a mapping, an empty list, a list of numbers: PEFT itself would refuse it
+        raise ConfigError("cfg_bad_value", key, value=_base._show(value), expected="a list of module names")
 
 
 #: The keys each PEFT type reads (any other key goes to :func:`_unmapped`).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import locale
+import math
 import os
 import re
 from functools import cache
@@ -55,6 +56,10 @@ def fmt_number(x: Any, lang: str, digits: int | None = None) -> str:
     """7.5 -> '7.5' (en) / '7,5' (es); 6738415616 -> '6,738,415,616' / '6.738.415.616'."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return str(x)
+    if isinstance(x, int) and x.bit_length() > 200:  # ~60 digits: say how large, not every digit
+        return f"{'-' if x < 0 else ''}10^{int((x.bit_length() - 1) * 0.30103)}"
+    if isinstance(x, float) and (not math.isfinite(x) or abs(x) >= 1e15):
+        return str(x) if not math.isfinite(x) else f"{x:.3g}"
     if isinstance(x, int):
         s = f"{x:,}"
     else:
@@ -68,6 +73,18 @@ def fmt_number(x: Any, lang: str, digits: int | None = None) -> str:
     return s
 
 
+#: Longest text a sentence echoes back (a 4,000-character file name is cut, not repeated).
+MAX_ECHO = 120
+
+
+#: The placeholders that echo what the user typed (the others are cabe's own lists and numbers).
+ECHOED = frozenset({"value", "path", "detail", "repo", "key", "first", "second"})
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_ECHO else text[: MAX_ECHO - 1] + "…"
+
+
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
@@ -76,7 +93,8 @@ def fill(template: str, params: dict[str, Any], lang: str) -> str:
         k = m.group(1)
         if k not in params:
             return m.group(0)
-        return fmt_number(params[k], lang)
+        shown = fmt_number(params[k], lang)
+        return _clip(shown) if k in ECHOED else shown
 
     return _PLACEHOLDER.sub(sub, template)
 

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from cabe import api, i18n, models, schema
+from cabe import api, i18n, jsonio, models, schema
 from cabe import gpus as gpu_catalog
 from cabe.errors import CabeError, InvalidValueError
 from cabe.web import page
@@ -95,10 +95,12 @@ async def read_body(request: Any, limit: int = MAX_BODY_BYTES) -> bytes:
 
 
 async def read_json(request: Any) -> Any:
+    """The body as strict JSON (:func:`cabe.jsonio.loads`): ``NaN``, ``1e999``, a 400-digit integer or
+    nesting 64 deep raise the typed error naming the key; anything else unreadable is ``BadJson``."""
     raw = await read_body(request)
     try:
-        return json.loads(raw.decode("utf-8")) if raw.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return jsonio.loads(raw, "body") if raw.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
         raise BadJson() from None
 
 
@@ -106,7 +108,7 @@ def _json(data: Any, status: int = 200) -> Any:
     from starlette.responses import Response
 
     return Response(
-        json.dumps(data, ensure_ascii=False, allow_nan=False, default=str),
+        jsonio.dumps(data, default=str),
         status_code=status,
         media_type="application/json",
     )
@@ -141,13 +143,15 @@ async def _call(fn: Any, body: Any) -> Any:
 
 
 async def _read_body(request: Any, lang: str) -> tuple[Any, Any]:
-    """(body, None), or (None, the 413 / 422 answer) for a body too large or not JSON."""
+    """(body, None), or (None, the 413 / 422 answer) for a body too large, not JSON, or not strict JSON."""
     try:
         return await read_json(request), None
     except BodyTooLarge:
         return None, _web_error("body_too_large", lang, 413, limit=MAX_BODY_BYTES)
     except BadJson:
         return None, _web_error("invalid_json", lang, 422)
+    except CabeError as err:
+        return None, _json(api.error_json(err, lang), 422)
 
 
 async def _guarded(request: Any, fn: Any) -> Any:
@@ -158,7 +162,7 @@ async def _guarded(request: Any, fn: Any) -> Any:
     try:
         return _json(await _call(fn, body))
     except CabeError as err:
-        return _json(api.error_json(err, lang), 422)
+        return _json(api.error_json(err, lang), 429 if err.code == "hub_busy" else 422)
     except _BAD_INPUT as exc:  # a hole in the core's validation: answer 422, log it for a fix
         log.warning("unvalidated input reached the core: %r", exc)
         return _web_error("invalid_request", lang, 422)
@@ -368,6 +372,111 @@ async def http_error(request: Any, exc: Any) -> Any:
     return resp
 
 
+class Guard:
+    """Who may ask, and how a request reaches the Hub.
+
+    * ``Host`` must be one of ``allowed_hosts`` (when given: ``cabe serve`` gives the address it binds,
+      plus ``localhost`` / ``127.0.0.1`` / ``::1`` on loopback) — a DNS-rebinding page is refused;
+    * an ``Origin`` header must name this server (scheme, host and port of ``Host``) — another site's
+      page cannot make a visitor's cabe compute, or fetch;
+    * Hub ids: refused (``hub_disabled``) unless the server was started with ``--allow-hub``; then a
+      POST fetches through the server's bounded :class:`~cabe.hub.ServerHub`, and a GET only reads its
+      cache (``hub_not_fetched``): a link never fetches.
+    """
+
+    def __init__(self, app: Any, hub: Any = None, allowed_hosts: Any = None) -> None:
+        self.app, self.hub = app, hub
+        self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        refused = self._refused(headers)
+        if refused is not None:
+            from starlette.requests import Request
+
+            resp = _web_error("forbidden_origin", lang_from(Request(scope)), 403, value=refused[:100])
+            await resp(scope, receive, send)
+            return
+        with models.hub_scope(self._hub_for(scope.get("method", "GET"))):
+            await self.app(scope, receive, send)
+
+    def _refused(self, headers: Mapping[str, str]) -> str | None:
+        """The offending Host or Origin, or None when the request may go on."""
+        from urllib.parse import urlsplit
+
+        host = headers.get("host", "")
+        try:
+            name = urlsplit("//" + host).hostname or ""
+        except ValueError:
+            return host or "?"
+        if self.allowed_hosts is not None and name.lower() not in self.allowed_hosts:
+            return host or "?"
+        origin = headers.get("origin")
+        if origin is not None:
+            try:
+                parts = urlsplit(origin)
+            except ValueError:
+                return origin
+            if parts.scheme not in ("http", "https") or parts.netloc.lower() != host.lower():
+                return origin
+        return None
+
+    def _hub_for(self, method: str) -> Any:
+        hub = self.hub
+        if hub is None:
+
+            def disabled(repo_id: str) -> Any:
+                from cabe.errors import HubError
+
+                raise HubError("hub_disabled", "model", repo=repo_id)
+
+            return disabled
+        read = hub.cached if method in ("GET", "HEAD") else hub.fetch
+        return lambda repo_id: models.hub_source(repo_id, read(repo_id))
+
+
+class InternalErrors:
+    """The edge: an exception no route turned into a 4xx (a bug, never bad input) answers one JSON 500
+    in the asker's language and is logged once, on one line, without the request body or a traceback
+    (the route, the exception and where it was raised: enough to find it, too little to flood a log)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as exc:
+            log.error("internal error: %s %s: %s", scope.get("method"), scope.get("path"), _where(exc))
+            if not started:
+                from starlette.requests import Request
+
+                resp = _web_error("internal", lang_from(Request(scope)), 500)
+                await resp(scope, receive, send)
+
+
+def _where(exc: BaseException) -> str:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}: {str(exc)[:200]}{at}"
+
+
 _PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
@@ -376,7 +485,9 @@ _PAGE_HEADERS = {
 }
 
 
-def create_app() -> Any:
+def create_app(*, hub: Any = None, allowed_hosts: Any = None) -> Any:
+    """The app. ``hub``: a :class:`cabe.hub.ServerHub` to let clients name Hugging Face ids (off when
+    None); ``allowed_hosts``: the ``Host`` names it answers (any when None; ``cabe serve`` sets them)."""
     _starlette()
     from importlib import resources
 
@@ -400,12 +511,70 @@ def create_app() -> Any:
         Route("/openapi.json", openapi, methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=static_dir), name="static"),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    from starlette.middleware import Middleware
+
+    return Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: http_error},
+        middleware=[Middleware(InternalErrors), Middleware(Guard, hub=hub, allowed_hosts=allowed_hosts)],
+    )
 
 
-def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run the server (blocks). Binds 127.0.0.1 unless another host is asked for."""
-    app = create_app()
+def listen_socket(host: str, port: Any) -> Any:
+    """A listening socket on ``host:port``, or one sentence on what is wrong (before anything starts):
+    a port outside 1-65535 (``out_of_range``), a host that is no address of this machine
+    (``serve_bad_host``), a port another program holds (``serve_port_in_use``) or that needs privileges
+    (``serve_port_denied``)."""
+    import errno
+    import socket
+
+    if isinstance(port, bool) or not isinstance(port, int):
+        port = schema.to_int("port", port)
+    if not 1 <= port <= 65535:
+        raise InvalidValueError("out_of_range", "port", value=str(port), minimum="1", maximum="65535")
+    if not isinstance(host, str) or not host.strip() or len(host) > 253:
+        raise InvalidValueError("serve_bad_host", "host", value=host)
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError, ValueError):
+        raise InvalidValueError("serve_bad_host", "host", value=host) from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        code = {errno.EADDRINUSE: "serve_port_in_use", errno.EACCES: "serve_port_denied"}.get(
+            exc.errno or 0, "serve_bad_host"
+        )
+        raise InvalidValueError(
+            code, "port" if code != "serve_bad_host" else "host", value=host, port=str(port)
+        ) from None
+    return sock
+
+
+#: the names a loopback server answers to
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def allowed_hosts_for(host: str) -> tuple[str, ...] | None:
+    """The ``Host`` names a server bound to ``host`` answers: its own, and the loopback names when it is
+    on loopback; None (any) when it listens on every interface (0.0.0.0 / ::), where only the
+    ``Origin`` check stands (put it behind a proxy that checks the name)."""
+    if host in ("0.0.0.0", "::", ""):
+        return None
+    return tuple(dict.fromkeys((host.strip("[]"),) + (LOOPBACK if host.strip("[]") in LOOPBACK else ())))
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, *, allow_hub: bool = False) -> None:
+    """Run the server (blocks). Binds 127.0.0.1 unless another host is asked for; the host and port
+    are checked, and the socket bound, before the URL is printed (:func:`listen_socket`). Hugging Face
+    ids are refused unless ``allow_hub`` (then fetched with the bounds of :class:`cabe.hub.ServerHub`)."""
+    sock = listen_socket(host, port)
+    from cabe.hub import ServerHub
+
+    app = create_app(hub=ServerHub() if allow_hub else None, allowed_hosts=allowed_hosts_for(host))
     import uvicorn
 
     config = uvicorn.Config(
@@ -414,4 +583,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     server = uvicorn.Server(config)
     shown = f"[{host}]" if ":" in host else host
     print(f"cabe: http://{shown}:{port}", flush=True)
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()

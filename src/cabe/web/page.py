@@ -132,7 +132,9 @@ def plan_request(s: Mapping[str, str], config: Any = None) -> dict[str, Any]:
     if config is not None:
         body.pop("model", None)
         body["config"] = config
-    return body
+    # the form holds every field; those the chosen method does not use are not sent (the API would
+    # refuse them: schema.inapplicable)
+    return {k: v for k, v in body.items() if k not in PLAN_FIELDS or schema.applies(k, body)}
 
 
 # ------------------------------------------------------------------------------ formatting
