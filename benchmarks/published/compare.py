@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -163,100 +164,160 @@ MAPPING: dict[str, tuple[dict[str, Any] | None, str]] = {
     # its parameter is stepped) and a paged AdamW. cabe has no optimizer-in-backward knob.
     "tt-l2-7b-full-paged": (None, "optimizer-in-backward (gradients freed during backward): no cabe knob"),
 }
-for _id in (
-    "hf-bert-fp32-b4",
-    "hf-bert-fp32-b1ga4-gc",
-    "hf-bert-fp16-b4",
-    "hf-bert-adam8bit-b4",
-    "hf-bert-adafactor-b4",
-):
-    MAPPING[_id] = (None, "BERT is an encoder: no family module reads it")
+# transformers' "Efficient Training on a Single GPU" (docs/source/en/perf_train_gpu_one.md, 2022, the version
+# with the nvml figures): ``AutoModelForSequenceClassification.from_pretrained("bert-large-uncased")`` (a
+# 2-label pooler + classifier head), dummy data of 512 sequences x 512 tokens, integer labels, the Trainer
+# with its defaults of the time: fp32 weights, ``optim="adamw_hf"`` (transformers' own AdamW, a loop over
+# the parameters: cabe's for-loop implementation), eager attention (BERT had no SDPA path then). Variants:
+# ``fp16=True`` (autocast fp16 + GradScaler over fp32 weights), ``gradient_accumulation_steps=4`` with
+# ``gradient_checkpointing=True``, ``bnb.optim.Adam8bit`` (the same 8-bit state as AdamW8bit) and
+# ``optim="adafactor"``. The figure is nvml's ``info.used // 1024**2`` after training: the whole device as
+# nvidia-smi sees it, so cabe's reserved memory plus the CUDA context, which the doc measured on the same
+# V100 as 1343 MiB (``torch.ones((1, 1)).to("cuda")``, "the kernels alone") — used here instead of cabe's
+# default context.
+_BERT = {
+    "model": "bert-large-uncased",
+    "method": "full",
+    "dtype": "fp32",
+    "autocast": "none",
+    "optimizer": "adamw",
+    "optimizer_impl": "for-loop",
+    "batch": 4,
+    "seq": 512,
+    "attention": "eager",
+}
+MAPPING.update(
+    {
+        "hf-bert-fp32-b4": (dict(_BERT), "BertForSequenceClassification; adamw_hf as a for-loop AdamW"),
+        "hf-bert-fp32-b1ga4-gc": (
+            {**_BERT, "batch": 1, "grad_accum": 4, "checkpointing": True},
+            "batch 1 x 4 accumulation steps, checkpointing",
+        ),
+        "hf-bert-fp16-b4": ({**_BERT, "autocast": "fp16"}, "fp16=True: autocast fp16 over fp32 weights"),
+        "hf-bert-adam8bit-b4": (
+            {**_BERT, "optimizer": "adamw-8bit", "optimizer_impl": None},
+            "bnb Adam8bit (8-bit state as AdamW8bit)",
+        ),
+        "hf-bert-adafactor-b4": (
+            {**_BERT, "optimizer": "adafactor", "optimizer_impl": None},
+            "optim=adafactor (transformers' Adafactor)",
+        ),
+    }
+)
+#: the CUDA context the source measured itself, by row (bytes); other nvidia-smi rows use cabe's default
+CUDA_CONTEXT = {rid: 1343 * 2**20 for rid in MAPPING if rid.startswith("hf-bert-")}
 
 #: what PEFT's init_accelerator leaves reserved before the model loads: nn.Linear(1, 1).to(device) takes one
 #: block of the small pool, a 2 MiB segment (c10/cuda/CUDACachingAllocator.cpp, kSmallBuffer)
 PEFT_INIT_BYTES = 2 * 2**20
 
 
-def cabe_figure(req: dict[str, Any], metric: str) -> int:
-    r = api.build(req)
+def cabe_figure(rid: str, req: dict[str, Any], metric: str) -> int:
+    r = api.build({k: v for k, v in req.items() if v is not None})
     if metric == "allocated":
         return r.total_bytes
     if metric == "nvidia-smi":
-        return r.reserved_bytes + r.cuda_context_bytes
+        return r.reserved_bytes + CUDA_CONTEXT.get(rid, r.cuda_context_bytes)
     if metric == "reserved minus init":
         return r.reserved_bytes - PEFT_INIT_BYTES
     return r.reserved_bytes  # reserved, or unstated (what nvidia-smi-like tools and torch report)
 
 
-def accelerate_figure(model: str, precision: str) -> int | None:
-    """accelerate estimate-memory's "Training using Adam" for the model (full fine-tuning only)."""
+def accelerate_figure(model: str, dtype: str) -> int | None:
+    """accelerate estimate-memory's "Training using Adam" for the model (full fine-tuning only), with the head
+    the config's ``architectures`` names (as commands/estimate.py picks the class)."""
     try:
+        import transformers
         from accelerate import init_empty_weights
         from accelerate.commands.estimate import estimate_training_usage
         from accelerate.utils import calculate_maximum_sizes
-        from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError:
         return None
     cfg = dict(preset(model).config)
     cfg.pop("_cabe", None)
-    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    arch = str((cfg.get("architectures") or [""])[0])
+    auto = transformers.AutoModelForCausalLM
+    if arch.endswith("ForSequenceClassification"):
+        auto = transformers.AutoModelForSequenceClassification
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     with init_empty_weights():
-        m = AutoModelForCausalLM.from_config(config)
+        m = auto.from_config(config)
     total, _ = calculate_maximum_sizes(m)  # fp32 bytes
-    usage = estimate_training_usage(total, "float32" if precision == "fp32" else "bfloat16")
+    usage = estimate_training_usage(total, {"fp32": "float32", "fp16": "float16"}.get(dtype, "bfloat16"))
     return max(usage.values())
+
+
+def llm_analysis_figures() -> dict[str, int]:
+    """llm-analysis's figures by row, as ``llm_analysis_peer.py`` wrote them (its own virtualenv)."""
+    path = HERE / "llm_analysis.json"
+    return json.loads(path.read_text())["figures"] if path.exists() else {}
+
+
+def llm_analysis_gap(req: dict[str, Any]) -> str:
+    """Why llm-analysis has no figure for a request."""
+    if req["method"] != "full":
+        return "n/a (no PEFT)"
+    if req.get("optimizer", "adamw") != "adamw":
+        return "n/a (Adam only)"
+    if req.get("dtype") == "fp32" and req.get("autocast", "none") == "none":
+        return "n/a (no fp32)"
+    return "n/a"
 
 
 def _unit(unit: str) -> float:
     return {"GB": GB, "GiB": GiB, "MB": 1e6, "MiB": 2**20}[unit]
 
 
+def _peer(figure: int | None, measured: float, unit: str, gap: str) -> str:
+    if not figure:
+        return gap
+    return f"{figure / _unit(unit):.1f} ({100 * (figure - measured) / measured:+.0f}%)"
+
+
+def _accelerate_dtype(req: dict[str, Any]) -> str:
+    """The dtype accelerate's estimate is asked for: fp32 alone, else the 16-bit one in play."""
+    if req.get("autocast", "none") != "none":
+        return str(req["autocast"])
+    return str(req.get("dtype", "bf16"))
+
+
 def main() -> int:
     rows = list(csv.DictReader(CSV.open()))
+    llma = llm_analysis_figures()
     out = []
     scored: list[float] = []
     expressed: list[float] = []
     for row in rows:
-        rid, kind = row["id"], row["kind"]
+        rid, kind, unit = row["id"], row["kind"], row["unit"]
         req, note = MAPPING.get(rid, (None, "not a measurement"))
         measured = None
         with contextlib.suppress(ValueError):  # "120 / 31.4 / ..." and other non-numbers: not scored
-            measured = float(row["figure"]) * _unit(row["unit"])
+            measured = float(row["figure"]) * _unit(unit)
         if kind != "measured" or measured is None:
-            out.append((rid, row["figure"] + " " + row["unit"], "—", "—", "not scored", row["kind"]))
+            out.append((rid, row["figure"] + " " + unit, "—", "not scored", "—", "—", row["kind"]))
             continue
+        shown = f"{measured / _unit(unit):g} {unit}"
         if req is None:
             scored.append(1.0)
-            out.append((rid, f"{measured / _unit(row['unit']):g} {row['unit']}", "cannot express", "—", "100%", note))
+            out.append((rid, shown, "cannot express", "100%", "—", "—", note))
             continue
-        mine = cabe_figure(req, row["metric"])
+        mine = cabe_figure(rid, req, row["metric"])
         err = (mine - measured) / measured
         scored.append(abs(err))
         expressed.append(abs(err))
-        peer = (
-            accelerate_figure(req["model"], str(req.get("precision") or req.get("dtype")))
-            if req["method"] == "full"
-            else None
+        full = req["method"] == "full"
+        acc = accelerate_figure(req["model"], _accelerate_dtype(req)) if full else None
+        cells = (
+            f"{mine / _unit(unit):.2f}",
+            f"{100 * err:+.1f}%",
+            _peer(acc, measured, unit, "n/a (full only)"),
+            _peer(llma.get(rid), measured, unit, llm_analysis_gap(req)),
         )
-        peer_s = (
-            f"{peer / _unit(row['unit']):.1f} ({100 * (peer - measured) / measured:+.0f}%)"
-            if peer
-            else "n/a (full only)"
-        )
-        out.append(
-            (
-                rid,
-                f"{measured / _unit(row['unit']):g} {row['unit']}",
-                f"{mine / _unit(row['unit']):.2f}",
-                peer_s,
-                f"{100 * err:+.1f}%",
-                note,
-            )
-        )
+        out.append((rid, shown, *cells, note))
     lines = [
-        "| row | measured | cabe | accelerate estimate-memory | cabe error | mapping |",
-        "|---|---:|---:|---:|---:|---|",
-        *(f"| {a} | {b} | {c} | {d} | {e} | {f} |" for a, b, c, d, e, f in out),
+        "| row | measured | cabe | cabe error | accelerate estimate-memory | llm-analysis 0.2.2 | mapping |",
+        "|---|---:|---:|---:|---:|---:|---|",
+        *("| " + " | ".join(cells) + " |" for cells in out),
         "",
         f"median |error| over {len(scored)} measured rows (rows cabe cannot express count as 100%): "
         f"{100 * statistics.median(scored):.1f}%; over the {len(expressed)} rows it expresses: "

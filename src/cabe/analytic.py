@@ -321,7 +321,9 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         model=_model_json(spec, model_meta),
         paged_bytes=states.opt.paged_bytes,
         cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,
-        allocator_slack_bytes=max(round_alloc(4 * tokens * spec.vocab_size), round(total * ALLOCATOR_SLACK_FRACTION)),
+        allocator_slack_bytes=max(
+            round_alloc(4 * tokens * _logit_width(spec)), round(total * ALLOCATOR_SLACK_FRACTION)
+        ),
         notes=_model_notes(spec, setup, states),
         extra={
             "peak_at": peak.where,
@@ -413,8 +415,21 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Copies
         trained = spec.num_layers if setup.method == "full" else min(setup.trainable_layers, spec.num_layers)
     else:  # LoRA / QLoRA: only the adapters train; prompt tuning: nothing in the layers
         cached, trained = adapters, (spec.num_layers if setup.adapters else 0)
-    head = round_alloc(spec.vocab_size * spec.hidden_size * 2) if dt.weight_copies else 0
+    head = sum(round_alloc(n * 2) for n in _head_matrices(spec)) if dt.weight_copies else 0
     return _Copies(base + adapters, cached, trained, head)
+
+
+def _logit_width(spec: ModelSpec) -> int:
+    """Logits per token: the vocabulary under an lm_head; none under a sequence-classification head."""
+    return spec.vocab_size if spec.head == "lm" else 0
+
+
+def _head_matrices(spec: ModelSpec) -> tuple[int, ...]:
+    """Elements of the head's matmul weights, which autocast casts to 16 bits: the lm_head (or the tied
+    embedding), or the pooler and the classifier."""
+    if spec.head == "sequence_classification":
+        return (spec.hidden_size * spec.hidden_size, spec.num_labels * spec.hidden_size)
+    return (spec.vocab_size * spec.hidden_size,)
 
 
 def _grad_bytes(states: _States, keep: Callable[[Tensor], bool]) -> int:
@@ -527,7 +542,9 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
     n_params, n_train = spec.parameter_count, states.n_train
     steps: list[Step] = []
     pos = " + {p}·{h}" if spec.position_embedding_count else ""
-    lm_head = "" if spec.tie_word_embeddings else " + {v}·{h}"
+    pos += " + {t}·{h}" if spec.token_type_count else ""
+    lm_head = "" if spec.tie_word_embeddings or spec.head != "lm" else " + {v}·{h}"
+    lm_head += " + {head}" if spec.classifier_count else ""
     steps.append(
         Step(
             "model.parameters",
@@ -540,6 +557,8 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
                 "layers": spec.num_layers,
                 "per_layer": spec.layer_count,
                 "norm": spec.norm_param_count,
+                "t": spec.token_types,
+                "head": spec.classifier_count,
                 "n": n_params,
             },
         )

@@ -132,6 +132,15 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
         spec.max_positions,
         spec.hidden_size,
     )
+    add(
+        "token_type_embeddings",
+        spec.token_type_count,
+        1,
+        emb_trainable,
+        "embedding",
+        spec.token_types,
+        spec.hidden_size,
+    )
     for count, trainable in groups:
         for lin in spec.layer_linears:
             if quantize and lin.quantized_by_bnb:
@@ -155,6 +164,12 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
             add("k_norm", spec.kv_dim, count, trainable, "norm")
     add("final_norm", spec.hidden_size, 2 if spec.norm_bias else 1, method == "full", "norm")
     add("lm_head", spec.lm_head_count, 1, method == "full", "lm_head", spec.vocab_size, spec.hidden_size)
+    if spec.classifier_count:  # BertForSequenceClassification: pooler.dense and classifier, with biases
+        h, n = spec.hidden_size, spec.num_labels
+        add("pooler", h * h, 1, method == "full", "lm_head", h, h)
+        add("pooler.bias", h, 1, method == "full", "lm_head")
+        add("classifier", n * h, 1, method == "full", "lm_head", n, h)
+        add("classifier.bias", n, 1, method == "full", "lm_head")
     if setup.adapters:
         r = setup.lora_rank
         for lin in lora_targets(spec, setup.lora_targets):

@@ -131,7 +131,7 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
         if head_dim > 256:
             raise ConfigError("flash_head_dim", "attention", head_dim=head_dim, maximum=256)
     dtype = load_dtype(setup)
-    model = _from_config(cfg, setup, attn, dtype, notes)
+    model = _from_config(cfg, setup, attn, dtype, notes, _head_kind(config))
     model.train()
     if setup.attention == "flash":
         _set_flash_dtype(model, setup)
@@ -140,20 +140,43 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
     return model, cfg
 
 
-def _from_config(cfg: Any, setup: TrainingSetup, attn: str, dtype: Any, notes: list[str]) -> Any:
-    """``AutoModelForCausalLM.from_config`` on meta; eager attention where ``attn`` is not supported."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def _head_kind(config: dict[str, Any]) -> str:
+    """The spec's ``head`` kind for this config (``lm`` when no family module reads it)."""
+    from cabe import families
 
+    try:
+        return families.from_config(config).head
+    except CabeError:
+        return "lm"
+
+
+def _auto_class(head: str, cfg: Any) -> Any:
+    """The transformers Auto class that builds the spec's head: a causal LM, or (``sequence_classification``)
+    ``AutoModelForSequenceClassification``, whose loss is a cross-entropy over ``num_labels`` once
+    ``problem_type`` says single-label (what integer labels of shape (batch,) select)."""
+    import transformers
+
+    if head == "sequence_classification":
+        cfg.problem_type = "single_label_classification"
+        return transformers.AutoModelForSequenceClassification
+    return transformers.AutoModelForCausalLM
+
+
+def _from_config(cfg: Any, setup: TrainingSetup, attn: str, dtype: Any, notes: list[str], head: str = "lm") -> Any:
+    """``AutoModelForCausalLM.from_config`` (or the spec's head's class) on meta; eager attention where
+    ``attn`` is not supported."""
+    import torch
+
+    auto = _auto_class(head, cfg)
     try:
         with torch.device("meta"):
             try:
-                return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
+                return auto.from_config(cfg, dtype=dtype, attn_implementation=attn)
             except (ValueError, ImportError) as exc:
                 if attn == "eager" or ("attn" not in str(exc).lower() and "attention" not in str(exc).lower()):
                     raise
                 notes.append("trace_eager_fallback")
-                return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="eager")
+                return auto.from_config(cfg, dtype=dtype, attn_implementation="eager")
     except CabeError:
         raise
     except ValueError as exc:
@@ -273,11 +296,14 @@ def make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any, kind: 
 
 # ---- the batch ------------------------------------------------------------------------------
 def make_inputs(cfg: Any, setup: TrainingSetup, device: Any) -> tuple[Any, Any]:
-    """A batch of random token ids and its labels (the same tensor, cloned)."""
+    """A batch of random token ids and its labels (the same tensor, cloned; one class per sequence for a
+    sequence-classification head)."""
     import torch
 
     vocab = int(getattr(cfg, "vocab_size", 32000) or 32000)
     ids = torch.randint(0, vocab, (setup.batch, setup.seq), device=device)
+    if getattr(cfg, "problem_type", None) == "single_label_classification":  # one class per sequence
+        return ids, torch.randint(0, int(cfg.num_labels), (setup.batch,), device=device)
     labels = ids.clone()
     return ids, labels
 
