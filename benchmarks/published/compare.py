@@ -2,19 +2,24 @@
 
     .venv/bin/python benchmarks/published/compare.py          # prints the table, writes compare.md
 
-Each row of the CSV is mapped to a cabe request below (``MAPPING``), with what the mapping assumes;
-a row cabe cannot express (an encoder model, sequence lengths only given as "variable") is counted as
-100 % error, as issue 10 asks. cabe's figure is taken in the row's own metric: ``allocated`` → the peak,
-``reserved`` / ``unstated`` → reserved (peak + allocator slack), ``nvidia-smi`` → reserved + CUDA context,
-``reserved minus init`` → reserved − the 2 MiB segment PEFT's init left (see ``PEFT_INIT_BYTES``). Rows that are not measurements (the ZeRO paper's formula,
-LLaMA-Factory's own estimates) are shown but not scored.
+Each row of the CSV is mapped to a cabe request below (``MAPPING``), with what the mapping assumes and
+the source it reads (the PEFT, torchtune and transformers code that produced the figure); a row cabe
+cannot express (a knob it does not have) is counted as 100 % error, as issue 10 asks. cabe's figure is
+taken in the row's own metric: ``allocated`` → the peak, ``reserved`` / ``unstated`` → reserved (peak +
+allocator slack), ``nvidia-smi`` → reserved + the CUDA context (the source's own measurement of it where it
+gives one, ``CUDA_CONTEXT``), ``reserved minus init`` → reserved − the 2 MiB segment PEFT's init left
+(``PEFT_INIT_BYTES``). Rows that are not measurements (the ZeRO paper's formula, LLaMA-Factory's own
+estimates) are shown but not scored.
 
-The peer: accelerate's ``estimate-memory`` (accelerate/commands/estimate.py), run here on the same model
-built on the meta device: its "Training using Adam" figure, ``max(estimate_training_usage(...))`` —
-model states only, batch 1, no activations, full fine-tuning (it has no LoRA / QLoRA / sharding), so it
-is shown for full fine-tuning rows only. llm-analysis (0.2.2) pins huggingface-hub < 0.15 and
-transformers 4.31; it cannot be installed beside transformers 5 and is not run (its method is described
-in ``peers.md``).
+The peers, on the same rows:
+
+* accelerate's ``estimate-memory`` (accelerate/commands/estimate.py), run here on the same model built on
+  the meta device: its "Training using Adam" figure, ``max(estimate_training_usage(...))`` — model states
+  only, batch 1, no activations, full fine-tuning (it has no LoRA / QLoRA / sharding), so it is shown for
+  full fine-tuning rows only.
+* llm-analysis 0.2.2 pins transformers 4.31 and huggingface-hub < 0.15: it runs in its own virtualenv
+  (``llm_analysis_peer.py`` says how) and writes ``llm_analysis.json``, read here. It expresses the full
+  fine-tuning rows in 16-bit with Adam; the others say why not in the table.
 """
 
 from __future__ import annotations
@@ -171,7 +176,9 @@ MAPPING: dict[str, tuple[dict[str, Any] | None, str]] = {
 # the parameters: cabe's for-loop implementation), eager attention (BERT had no SDPA path then). Variants:
 # ``fp16=True`` (autocast fp16 + GradScaler over fp32 weights), ``gradient_accumulation_steps=4`` with
 # ``gradient_checkpointing=True``, ``bnb.optim.Adam8bit`` (the same 8-bit state as AdamW8bit) and
-# ``optim="adafactor"``. The figure is nvml's ``info.used // 1024**2`` after training: the whole device as
+# ``optim="adafactor"`` (transformers' own Adafactor, a loop over the parameters: optimization.py, ``for p in
+# group["params"]``; cabe's adafactor is torch.optim.Adafactor's state, taken with its for-loop temporaries).
+# The figure is nvml's ``info.used // 1024**2`` after training: the whole device as
 # nvidia-smi sees it, so cabe's reserved memory plus the CUDA context, which the doc measured on the same
 # V100 as 1343 MiB (``torch.ones((1, 1)).to("cuda")``, "the kernels alone") — used here instead of cabe's
 # default context.
@@ -199,8 +206,38 @@ MAPPING.update(
             "bnb Adam8bit (8-bit state as AdamW8bit)",
         ),
         "hf-bert-adafactor-b4": (
-            {**_BERT, "optimizer": "adafactor", "optimizer_impl": None},
-            "optim=adafactor (transformers' Adafactor)",
+            {**_BERT, "optimizer": "adafactor"},
+            "optim=adafactor: transformers' Adafactor as a for-loop torch Adafactor",
+        ),
+        # the doc's other runs (rows added from the same page): batch 1 x 4 accumulation steps, and with
+        # checkpointing under fp16 autocast for each optimizer
+        "hf-bert-fp32-b1ga4": ({**_BERT, "batch": 1, "grad_accum": 4}, "batch 1 x 4 accumulation steps"),
+        "hf-bert-fp16-b1ga4-gc": (
+            {**_BERT, "autocast": "fp16", "batch": 1, "grad_accum": 4, "checkpointing": True},
+            "fp16 autocast, batch 1 x 4, checkpointing",
+        ),
+        "hf-bert-adafactor-fp16-b1ga4-gc": (
+            {
+                **_BERT,
+                "optimizer": "adafactor",
+                "autocast": "fp16",
+                "batch": 1,
+                "grad_accum": 4,
+                "checkpointing": True,
+            },
+            "Adafactor, fp16 autocast, batch 1 x 4, checkpointing",
+        ),
+        "hf-bert-adam8bit-fp16-b1ga4-gc": (
+            {
+                **_BERT,
+                "optimizer": "adamw-8bit",
+                "optimizer_impl": None,
+                "autocast": "fp16",
+                "batch": 1,
+                "grad_accum": 4,
+                "checkpointing": True,
+            },
+            "bnb Adam8bit, fp16 autocast, batch 1 x 4, checkpointing",
         ),
     }
 )

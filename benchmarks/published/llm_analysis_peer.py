@@ -50,6 +50,17 @@ RUNS: dict[str, dict[str, Any]] = {
         "flash_attn": False,
         "softmax_dropout": True,
     },
+    # the same with batch 1 x 4 accumulation steps and full recomputation (checkpointing)
+    "hf-bert-fp16-b1ga4-gc": {
+        "model_name": "bert-large",
+        "dtype_name": "w16a16e16",
+        "batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 4,
+        "seq_len": 512,
+        "activation_recomputation": 2,
+        "flash_attn": False,
+        "softmax_dropout": True,
+    },
     # torchtune FSDP2 in pure bf16 (bf16 "master" weights and AdamW state): ZeRO-3 over 4 GPUs, full recompute
     "tt-l2-7b-full-fsdp4": {
         "model_name": "NousResearch_Llama-2-7b-hf",
