@@ -242,7 +242,7 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
         target_modules=targets,
         lora_dropout=0.0,
         bias="none",
-        task_type="CAUSAL_LM",
+        task_type=_peft_task(cfg),
     )
     try:
         return _peft_model(model, lcfg, targets, notes)
@@ -253,6 +253,12 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
             targets=",".join(setup.lora_targets) or "(peft default)",
             reason=str(exc)[:300],
         ) from None
+
+
+def _peft_task(cfg: Any) -> str:
+    """PEFT's task type for the head :func:`_auto_class` built: ``SEQ_CLS`` wraps a classifier (and makes
+    its ``classifier`` a trainable module to save, peft/utils/constants.py), ``CAUSAL_LM`` a causal LM."""
+    return "SEQ_CLS" if getattr(cfg, "problem_type", None) == "single_label_classification" else "CAUSAL_LM"
 
 
 def _peft_model(model: Any, lcfg: Any, targets: Any, notes: list[str]) -> Any:
@@ -275,7 +281,7 @@ def _prompt_tuning(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes
     if setup.checkpointing:
         model.gradient_checkpointing_enable(**_GC_KWARGS)
         model.enable_input_require_grads()
-    return get_peft_model(model, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=setup.prompt_tokens))
+    return get_peft_model(model, PromptTuningConfig(task_type=_peft_task(cfg), num_virtual_tokens=setup.prompt_tokens))
 
 
 _METHODS = {"full": _full, "freeze": _freeze, "lora": _lora, "qlora": _lora, "prompt-tuning": _prompt_tuning}
