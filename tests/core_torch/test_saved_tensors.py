@@ -94,9 +94,10 @@ def test_layer_saved_bytes_match_pytorch(model_type, precision, method):
 
 # BERT (post-LayerNorm encoder) through BertForSequenceClassification, eager attention, fp32. Dropout is
 # off: on the CPU dropout saves a float mask where CUDA's fused kernel saves 1 byte. 16-bit runs are left
-# to the fake-CUDA trace tests (tests/trace/test_bert_trace.py), as for the other LayerNorm families: on
-# the CPU a bf16 layer_norm keeps its mean and rstd in bf16 (8 B per token less over two norms than
-# CUDA's fp32 statistics here) and CPU autocast's op lists are not CUDA's.
+# to the fake-CUDA trace tests (tests/trace/test_bert_trace.py), as for the other LayerNorm families: in
+# pure bf16 this CPU run saved 8 B per token less than cabe counts (what bf16 instead of fp32 mean and
+# rstd make over two norms), and under CPU autocast h bytes per token more (CPU autocast's op lists are
+# not CUDA's).
 BERT = dict(
     hidden_size=64,
     intermediate_size=176,
