@@ -557,9 +557,10 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
                 "layers": spec.num_layers,
                 "per_layer": spec.layer_count,
                 "norm": spec.norm_param_count,
-                "t": spec.token_types,
-                "head": spec.classifier_count,
                 "n": n_params,
+                # an encoder's token types and classifier head (BERT), only where the model has them
+                **({"t": spec.token_types} if spec.token_type_count else {}),
+                **({"head": spec.classifier_count} if spec.classifier_count else {}),
             },
         )
     )
