@@ -134,7 +134,8 @@ def test_config_shape(path: Path):
     assert isinstance(cfg.get("model_type"), str)
     archs = cfg.get("architectures")
     assert isinstance(archs, list) and len(archs) == 1
-    assert archs[0].endswith(("ForCausalLM", "LMHeadModel")), archs
+    # causal LMs, and encoders planned with the head their fine-tuning uses (BERT: sequence classification)
+    assert archs[0].endswith(("ForCausalLM", "LMHeadModel", "ForSequenceClassification")), archs
     # Every integer size that exists is positive.
     for key in (
         "hidden_size",
@@ -160,8 +161,11 @@ def _transformers_count(cfg: dict) -> int:
     fields = _hf_fields(cfg)
     model_type = fields.pop("model_type")
     config = transformers.AutoConfig.for_model(model_type, **fields)
+    auto = transformers.AutoModelForCausalLM
+    if fields.get("architectures", [""])[0].endswith("ForSequenceClassification"):
+        auto = transformers.AutoModelForSequenceClassification
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
+        model = auto.from_config(config)
     # parameters() yields tied (shared) tensors once.
     return sum(p.numel() for p in model.parameters())
 

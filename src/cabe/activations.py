@@ -488,6 +488,8 @@ class HeadActivations:
 
 def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadActivations:
     """The final norm and the loss, by loss kernel (``setup.resolved_loss``)."""
+    if spec.head == "sequence_classification":
+        return _classifier_head(spec, setup, dt)
     h, v = spec.hidden_size, spec.vocab_size
     rho = dt.residual
     a = dt.compute
@@ -595,3 +597,19 @@ def korthikanti(spec: ModelSpec, setup: TrainingSetup) -> int:
     """The textbook per-layer estimate s·b·h·(34 + 5·a·s/h) bytes (16-bit, no recompute)."""
     s, b, h, nh = setup.seq, setup.batch, spec.hidden_size, spec.num_heads
     return int(s * b * h * (34 + 5 * nh * s / h))
+
+
+def _classifier_head(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadActivations:
+    """A sequence-classification encoder (BERT): no logits per token. ``final_norm`` stands for the
+    embeddings' LayerNorm and dropout (``BertEmbeddings``), which save, per token, the norm's input
+    (fp32 under autocast, layer_norm being on its fp32 list), its mean and rstd (8) and the dropout's
+    1-byte mask — only when the embeddings train. The pooler and classifier save b·h and b·labels
+    elements per *sequence* (the first token): under 0.1 % of a layer, not counted."""
+    if setup.method != "full":
+        return HeadActivations(0, 0, 0, 0, 0)
+    h = spec.hidden_size
+    ln_in = 4 if dt.autocast else dt.residual
+    mask = h if spec.embedding_dropout > 0 else 0
+    return HeadActivations(
+        final_norm=ln_in * h + 8 + mask, logits=0, saved_logsoftmax=0, forward_peak_extra=0, backward_peak_extra=0
+    )

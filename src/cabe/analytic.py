@@ -323,7 +323,9 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         model=_model_json(spec, model_meta),
         paged_bytes=states.opt.paged_bytes,
         cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,
-        allocator_slack_bytes=max(round_alloc(4 * tokens * spec.vocab_size), round(total * ALLOCATOR_SLACK_FRACTION)),
+        allocator_slack_bytes=max(
+            round_alloc(4 * tokens * _logit_width(spec)), round(total * ALLOCATOR_SLACK_FRACTION)
+        ),
         notes=_model_notes(spec, setup, states),
         extra={
             "peak_at": peak.where,
@@ -471,12 +473,25 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
         trained = spec.num_layers if setup.method == "full" else min(setup.trainable_layers, spec.num_layers)
     else:  # LoRA / QLoRA: only the adapters train; prompt tuning: nothing in the layers
         cached, trained = adapters, (spec.num_layers if setup.adapters else 0)
-    head = round_alloc(spec.vocab_size * spec.hidden_size * 2) if dt.weight_copies else 0
+    head = sum(round_alloc(n * 2) for n in _head_matrices(spec)) if dt.weight_copies else 0
     if setup.resolved_loss == "chunked" and not (setup.method == "full" and dt.cached_copies):
         # torchtune's chunked output calls the lm_head once per chunk: autocast casts a weight that is not
         # a trained fp32 leaf anew on each call (cached_cast), and each chunk's mm saves its own copy
         head *= setup.loss_chunks
     return _Copies(base + adapters, cached, trained, head)
+
+
+def _logit_width(spec: ModelSpec) -> int:
+    """Logits per token: the vocabulary under an lm_head; none under a sequence-classification head."""
+    return spec.vocab_size if spec.head == "lm" else 0
+
+
+def _head_matrices(spec: ModelSpec) -> tuple[int, ...]:
+    """Elements of the head's matmul weights, which autocast casts to 16 bits: the lm_head (or the tied
+    embedding), or the pooler and the classifier."""
+    if spec.head == "sequence_classification":
+        return (spec.hidden_size * spec.hidden_size, spec.num_labels * spec.hidden_size)
+    return (spec.vocab_size * spec.hidden_size,)
 
 
 def _grad_bytes(states: _States, keep: Callable[[Tensor], bool]) -> int:
@@ -659,13 +674,15 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
     n_params, n_train = spec.parameter_count, states.n_train
     steps: list[Step] = []
     pos = " + {p}·{h}" if spec.position_embedding_count else ""
-    lm_head = "" if spec.tie_word_embeddings else " + {v}·{h}"
     # one "count × per layer" term per run of like layers (one term when the layers are alike)
     runs = spec.runs
     sfx = [""] if len(runs) == 1 else [f"_{i}" for i in range(len(runs))]
     layer_terms = " + ".join(f"{{layers{x}}} × {{per_layer{x}}}" for x in sfx)
     per_run = {f"layers{x}": run.count for x, run in zip(sfx, runs)}
     per_run.update({f"per_layer{x}": spec.layer_count(run) for x, run in zip(sfx, runs)})
+    pos += " + {t}·{h}" if spec.token_type_count else ""
+    lm_head = "" if spec.tie_word_embeddings or spec.head != "lm" else " + {v}·{h}"
+    lm_head += " + {head}" if spec.classifier_count else ""
     steps.append(
         Step(
             "model.parameters",
@@ -678,6 +695,9 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
                 **per_run,
                 "norm": spec.norm_param_count,
                 "n": n_params,
+                # an encoder's token types and classifier head (BERT), only where the model has them
+                **({"t": spec.token_types} if spec.token_type_count else {}),
+                **({"head": spec.classifier_count} if spec.classifier_count else {}),
             },
         )
     )

@@ -149,6 +149,13 @@ class ModelSpec:
     #: PEFT's default LoRA targets for this model type (peft/utils/constants.py), or all-linear
     #: where PEFT has none and asks for target_modules
     peft_default_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    #: what sits on top of the last layer: ``"lm"`` (an lm_head over the vocabulary, logits per token) or
+    #: ``"sequence_classification"`` (BERT's pooler, a dense h -> h with tanh on the first token, then a
+    #: classifier h -> num_labels: no per-token logits)
+    head: str = "lm"
+    num_labels: int = 0
+    #: token-type (segment) embeddings added to the input (BERT's type_vocab_size); 0 when none
+    token_types: int = 0
     #: the checkpoint's dtype as its config says (``dtype``, or ``torch_dtype`` before transformers 5):
     #: what ``from_pretrained(dtype="auto")`` loads; None when the config does not say
     dtype: str | None = None
@@ -231,8 +238,21 @@ class ModelSpec:
 
     @property
     def lm_head_count(self) -> int:
-        """Output projection hidden_size × vocab_size; 0 when tied to the embedding."""
-        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        """Output projection hidden_size × vocab_size; 0 when tied to the embedding or with another head."""
+        return 0 if self.tie_word_embeddings or self.head != "lm" else self.vocab_size * self.hidden_size
+
+    @property
+    def token_type_count(self) -> int:
+        """Token-type embeddings: type_vocab_size × hidden_size (BERT); 0 otherwise."""
+        return self.token_types * self.hidden_size
+
+    @property
+    def classifier_count(self) -> int:
+        """A sequence-classification head: pooler (h × h + h) and classifier (h × labels + labels)."""
+        if self.head != "sequence_classification":
+            return 0
+        h = self.hidden_size
+        return h * h + h + h * self.num_labels + self.num_labels
 
     @property
     def norm_param_count(self) -> int:
@@ -261,10 +281,12 @@ class ModelSpec:
         return (
             self.embedding_count
             + self.position_embedding_count
+            + self.token_type_count
             + sum(g.count * g.linear_count for g in self.layer_groups)
             + self.num_layers * self.layer_norm_count
-            + self.norm_param_count  # final norm
+            + self.norm_param_count  # final norm (BERT: the embeddings' LayerNorm, the same size)
             + self.lm_head_count
+            + self.classifier_count
         )
 
     def parameter_breakdown(self) -> dict[str, int]:
@@ -272,10 +294,12 @@ class ModelSpec:
         out = {
             "embedding": self.embedding_count,
             "position_embedding": self.position_embedding_count,
+            "token_type_embedding": self.token_type_count,
             "layers_linear": sum(g.count * g.linear_count for g in self.layer_groups),
             "layers_norm": self.num_layers * self.layer_norm_count,
             "final_norm": self.norm_param_count,
             "lm_head": self.lm_head_count,
+            "classifier": self.classifier_count,
         }
         return {k: v for k, v in out.items() if v}
 

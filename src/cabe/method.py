@@ -148,10 +148,25 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
         spec.max_positions,
         spec.hidden_size,
     )
+    add(
+        "token_type_embeddings",
+        spec.token_type_count,
+        1,
+        emb_trainable,
+        "embedding",
+        spec.token_types,
+        spec.hidden_size,
+    )
     for run, count, trainable in parts:
         _layer_tensors(add, spec, run, count, trainable, method == "qlora")
     add("final_norm", spec.hidden_size, 2 if spec.norm_bias else 1, method == "full", "norm")
     add("lm_head", spec.lm_head_count, 1, method == "full", "lm_head", spec.vocab_size, spec.hidden_size)
+    if spec.classifier_count:  # BertForSequenceClassification: pooler.dense and classifier, with biases
+        h, n = spec.hidden_size, spec.num_labels
+        add("pooler", h * h, 1, method == "full", "lm_head", h, h)
+        add("pooler.bias", h, 1, method == "full", "lm_head")
+        add("classifier", n * h, 1, method == "full", "lm_head", n, h)
+        add("classifier.bias", n, 1, method == "full", "lm_head")
     if setup.adapters:
         r = setup.lora_rank
         for run in spec.runs:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 
 
-def layer_saved_bytes(model, input_ids, *, layer_index: int = 1, amp: bool = False) -> int:
-    """Bytes first saved for backward inside decoder layer ``layer_index`` (+ its per-layer constants)."""
+def layer_saved_bytes(model, input_ids, *, layer_index: int = 1, amp: bool = False, labels=None) -> int:
+    """Bytes first saved for backward inside decoder layer ``layer_index`` (+ its per-layer constants);
+    ``labels`` default to the input ids (a causal LM), one class per sequence for a classifier."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     weight_shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
     weight_shapes |= {s[::-1] for s in weight_shapes}
@@ -47,7 +48,7 @@ def layer_saved_bytes(model, input_ids, *, layer_index: int = 1, amp: bool = Fal
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
             torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp),
         ):
-            out = model(input_ids=input_ids, labels=input_ids)
+            out = model(input_ids=input_ids, labels=input_ids if labels is None else labels)
         out.loss.backward()
     finally:
         for h in hooks:
@@ -58,7 +59,7 @@ def layer_saved_bytes(model, input_ids, *, layer_index: int = 1, amp: bool = Fal
 def _layers(model):
     base = getattr(model, "base_model", model)
     base = getattr(base, "model", base)
-    for path in ("model.layers", "layers", "transformer.h", "gpt_neox.layers", "h"):
+    for path in ("model.layers", "layers", "transformer.h", "gpt_neox.layers", "h", "encoder.layer"):
         obj = base
         try:
             for part in path.split("."):

@@ -131,7 +131,7 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
         if head_dim > 256:
             raise ConfigError("flash_head_dim", "attention", head_dim=head_dim, maximum=256)
     dtype = load_dtype(setup)
-    model = _from_config(cfg, setup, attn, dtype, notes)
+    model = _from_config(cfg, setup, attn, dtype, notes, _head_kind(config))
     model.train()
     if setup.attention == "flash":
         _set_flash_dtype(model, setup)
@@ -140,20 +140,43 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
     return model, cfg
 
 
-def _from_config(cfg: Any, setup: TrainingSetup, attn: str, dtype: Any, notes: list[str]) -> Any:
-    """``AutoModelForCausalLM.from_config`` on meta; eager attention where ``attn`` is not supported."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def _head_kind(config: dict[str, Any]) -> str:
+    """The spec's ``head`` kind for this config (``lm`` when no family module reads it)."""
+    from cabe import families
 
+    try:
+        return families.from_config(config).head
+    except CabeError:
+        return "lm"
+
+
+def _auto_class(head: str, cfg: Any) -> Any:
+    """The transformers Auto class that builds the spec's head: a causal LM, or (``sequence_classification``)
+    ``AutoModelForSequenceClassification``, whose loss is a cross-entropy over ``num_labels`` once
+    ``problem_type`` says single-label (what integer labels of shape (batch,) select)."""
+    import transformers
+
+    if head == "sequence_classification":
+        cfg.problem_type = "single_label_classification"
+        return transformers.AutoModelForSequenceClassification
+    return transformers.AutoModelForCausalLM
+
+
+def _from_config(cfg: Any, setup: TrainingSetup, attn: str, dtype: Any, notes: list[str], head: str = "lm") -> Any:
+    """``AutoModelForCausalLM.from_config`` (or the spec's head's class) on meta; eager attention where
+    ``attn`` is not supported."""
+    import torch
+
+    auto = _auto_class(head, cfg)
     try:
         with torch.device("meta"):
             try:
-                return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
+                return auto.from_config(cfg, dtype=dtype, attn_implementation=attn)
             except (ValueError, ImportError) as exc:
                 if attn == "eager" or ("attn" not in str(exc).lower() and "attention" not in str(exc).lower()):
                     raise
                 notes.append("trace_eager_fallback")
-                return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="eager")
+                return auto.from_config(cfg, dtype=dtype, attn_implementation="eager")
     except CabeError:
         raise
     except ValueError as exc:
@@ -219,7 +242,7 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
         target_modules=targets,
         lora_dropout=0.0,
         bias="none",
-        task_type="CAUSAL_LM",
+        task_type=_peft_task(cfg),
     )
     try:
         return _peft_model(model, lcfg, targets, notes)
@@ -230,6 +253,12 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
             targets=",".join(setup.lora_targets) or "(peft default)",
             reason=str(exc)[:300],
         ) from None
+
+
+def _peft_task(cfg: Any) -> str:
+    """PEFT's task type for the head :func:`_auto_class` built: ``SEQ_CLS`` wraps a classifier (and makes
+    its ``classifier`` a trainable module to save, peft/utils/constants.py), ``CAUSAL_LM`` a causal LM."""
+    return "SEQ_CLS" if getattr(cfg, "problem_type", None) == "single_label_classification" else "CAUSAL_LM"
 
 
 def _peft_model(model: Any, lcfg: Any, targets: Any, notes: list[str]) -> Any:
@@ -252,7 +281,7 @@ def _prompt_tuning(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes
     if setup.checkpointing:
         model.gradient_checkpointing_enable(**_GC_KWARGS)
         model.enable_input_require_grads()
-    return get_peft_model(model, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=setup.prompt_tokens))
+    return get_peft_model(model, PromptTuningConfig(task_type=_peft_task(cfg), num_virtual_tokens=setup.prompt_tokens))
 
 
 _METHODS = {"full": _full, "freeze": _freeze, "lora": _lora, "qlora": _lora, "prompt-tuning": _prompt_tuning}
@@ -273,11 +302,14 @@ def make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any, kind: 
 
 # ---- the batch ------------------------------------------------------------------------------
 def make_inputs(cfg: Any, setup: TrainingSetup, device: Any) -> tuple[Any, Any]:
-    """A batch of random token ids and its labels (the same tensor, cloned)."""
+    """A batch of random token ids and its labels (the same tensor, cloned; one class per sequence for a
+    sequence-classification head)."""
     import torch
 
     vocab = int(getattr(cfg, "vocab_size", 32000) or 32000)
     ids = torch.randint(0, vocab, (setup.batch, setup.seq), device=device)
+    if getattr(cfg, "problem_type", None) == "single_label_classification":  # one class per sequence
+        return ids, torch.randint(0, int(cfg.num_labels), (setup.batch,), device=device)
     labels = ids.clone()
     return ids, labels
 
