@@ -66,6 +66,10 @@ class Dtypes:
     #: autocast casts a linear layer's input per op: the residual stream (the weights' dtype) is not
     #: the autocast dtype (fp32 weights, or bf16 weights under fp16 autocast)
     input_casts: bool = False
+    #: a sharding engine's mixed precision (FSDP ``MixedPrecision(param_dtype=...)``, FSDP2
+    #: ``MixedPrecisionPolicy``, DeepSpeed ``bf16`` / ``fp16``): bytes of the parameters it gathers / computes
+    #: with while the stored (sharded) ones stay ``weight``; 0 without one
+    gathered: int = 0
 
     @property
     def amp(self) -> bool:
