@@ -21,9 +21,10 @@ from cabe.parallel.strategy import Context, States
 
 def states(c: Context) -> States:
     mine, g = c.mine, c.group
-    # the parameters as the unit gathers them: MixedPrecision's param_dtype, else as stored (fp32 under
-    # plain autocast, which then casts and caches them as on one GPU)
-    unit_b = c.dt.gathered or c.dt.weight
+    # the parameters as the unit computes with them: MixedPrecision's param_dtype; fp32 weights under
+    # autocast without it are counted as 16-bit gathers too, with no autocast cache (as cabe always has:
+    # not traced)
+    unit_b = c.compute_bytes
     layer_gathered = mine.layer_elements * unit_b + mine.layer_quantized
     root_gathered = mine.root_elements * unit_b
     units = 2 if c.cfg.fsdp_prefetch else 1
@@ -34,13 +35,15 @@ def states(c: Context) -> States:
         grads=dense_bytes(trainable),
         optimizer=optimizer,
         temporaries=temporaries,
-        keep_copies=c.dt.weight_copies,
+        keep_copies=False,
     )
     out.buffers["forward"]["gathered_params"] = units * layer_gathered + root_gathered
     out.buffers["backward"]["gathered_params"] = units * layer_gathered + root_gathered
     layer_grad = mine.layer_trainable_elements * unit_b
     if layer_grad:
         out.buffers["backward"]["unsharded_grads"] = layer_grad
+    if c.dt.gathered:
+        out.notes.append("fsdp_param_dtype_" + c.setup.param_dtype)
     if c.offload_parameters:
         out.host += out.weights + out.grads + out.optimizer
         out.weights = out.grads = out.optimizer = out.temporaries = 0.0

@@ -134,7 +134,10 @@ def states(c: Context) -> States:
             out.buffers["backward"]["ipg_buckets"] = p.ipg
         if p.grad32:
             out.buffers["optimizer"]["fp32_grad_partition"] = p.grad32
-    out.notes.append("zero_16bit_module" if c.amp else "zero_pure")
+    if c.dt.gathered:
+        out.notes.append("zero_param_dtype_" + c.setup.param_dtype)
+    else:
+        out.notes.append("zero_16bit_module" if c.amp else "zero_pure")
     return out
 
 
