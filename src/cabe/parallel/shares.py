@@ -240,17 +240,18 @@ def flat_partition(items: list[Piece], group: int, align: int = 2) -> list[Piece
     return out
 
 
-def optimizer_bytes(items: list[Piece], setup: TrainingSetup) -> tuple[int, int]:
+def optimizer_bytes(items: list[Piece], setup: TrainingSetup, *, paged: bool = False) -> tuple[int, int]:
     """Optimizer state and ``step()`` temporaries of the trainable tensors ``items``, tensor by tensor
     through the optimizer registry (the same rules :func:`cabe.optimizer.optimizer_memory` applies on
-    one GPU); paged state (bitsandbytes' unified memory) is not device memory and is left out."""
+    one GPU); paged state (bitsandbytes' unified memory) is not device memory and is left out unless
+    ``paged`` (the state of an optimizer that runs on the host)."""
     opt = get_optimizer(setup.optimizer)
     impl = setup.resolved_optimizer_impl
     state = 0.0
     largest = 0
     for t, n, b in items:
         largest = max(largest, t.numel * b)
-        if not (opt.paged and t.numel >= BNB_PAGED_MIN):
+        if paged or not (opt.paged and t.numel >= BNB_PAGED_MIN):
             state += opt.state(t, b, impl) * n
     temps = dict(opt.temporaries).get(impl)
     if temps == "all":

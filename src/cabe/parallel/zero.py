@@ -62,6 +62,7 @@ class _Partitions:
     temporaries: float
     ipg: int  # backward()'s ipg_buffer(s), bytes
     elements: int  # elements of this rank's trainable partitions
+    host_optimizer: int  # the state on the host under ZeRO-Offload (paged state included)
 
     @classmethod
     def of(cls, c: Context, stage: int) -> _Partitions:
@@ -87,6 +88,7 @@ class _Partitions:
             temporaries=temporaries,
             ipg=cfg.reduce_bucket_size * 2 * buffers if (cfg.contiguous_gradients and mine.trainable) else 0,
             elements=n_part,
+            host_optimizer=optimizer_bytes(opt_in, c.setup, paged=True)[0],
         )
 
 
@@ -117,7 +119,7 @@ def states(c: Context) -> States:
         # ZeRO-Offload: optimizer state, fp32 master and fp32 gradient partitions on the host (CPU Adam);
         # gradient partitions go to pinned host buffers as they are reduced
         out.optimizer = out.temporaries = out.grads = 0.0
-        out.host += p.optimizer + p.master + 4 * p.elements
+        out.host += p.host_optimizer + p.master + 4 * p.elements
         if p.ipg:
             out.buffers["backward"]["ipg_buckets"] = p.ipg
         out.notes.append("offload_optimizer_cpu_adam")
