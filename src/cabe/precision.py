@@ -18,6 +18,11 @@ bf16 + bf16        2         2      param dtype  2         none for the weights;
 fp16 + bf16        2         2      param dtype  2         2 B of every weight, never cached
 =================  ========  =====  ===========  ========  ======================================
 
+With a sharding engine's own mixed precision (``param_dtype`` bf16 / fp16: FSDP ``MixedPrecision``, FSDP2
+``MixedPrecisionPolicy``, DeepSpeed's ``bf16`` / ``fp16`` mode, :func:`_engine_mixed`), the stored (sharded)
+weights, gradients and optimizer state keep ``dtype`` while compute, activations and the residual stream are
+``param_dtype``, with no autocast weight copies.
+
 What follows from the source (each checked by :mod:`cabe.trace` on fake CUDA tensors):
 
 * torch optimizers keep their state in the parameter's dtype (``torch.zeros_like(p)``).
