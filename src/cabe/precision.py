@@ -18,6 +18,11 @@ bf16 + bf16        2         2      param dtype  2         none for the weights;
 fp16 + bf16        2         2      param dtype  2         2 B of every weight, never cached
 =================  ========  =====  ===========  ========  ======================================
 
+With a sharding engine's own mixed precision (``param_dtype`` bf16 / fp16: FSDP ``MixedPrecision``, FSDP2
+``MixedPrecisionPolicy``, DeepSpeed's ``bf16`` / ``fp16`` mode, :func:`_engine_mixed`), the stored (sharded)
+weights, gradients and optimizer state keep ``dtype`` while compute, activations and the residual stream are
+``param_dtype``, with no autocast weight copies.
+
 What follows from the source (each checked by :mod:`cabe.trace` on fake CUDA tensors):
 
 * torch optimizers keep their state in the parameter's dtype (``torch.zeros_like(p)``).
@@ -66,6 +71,10 @@ class Dtypes:
     #: autocast casts a linear layer's input per op: the residual stream (the weights' dtype) is not
     #: the autocast dtype (fp32 weights, or bf16 weights under fp16 autocast)
     input_casts: bool = False
+    #: a sharding engine's mixed precision (FSDP ``MixedPrecision(param_dtype=...)``, FSDP2
+    #: ``MixedPrecisionPolicy``, DeepSpeed ``bf16`` / ``fp16``): bytes of the parameters it gathers / computes
+    #: with while the stored (sharded) ones stay ``weight``; 0 without one
+    gathered: int = 0
 
     @property
     def amp(self) -> bool:
@@ -91,6 +100,10 @@ def dtype_source(setup: TrainingSetup, checkpoint_dtype: str | None) -> str:
 
 def dtypes_for(setup: TrainingSetup) -> Dtypes:
     """Bytes per element for a setup whose ``dtype`` is resolved (:func:`resolve`)."""
+    if setup.param_dtype != "none" and not setup.shard.startswith(("zero", "fsdp")):
+        from cabe.errors import InvalidValueError
+
+        raise InvalidValueError("param_dtype_needs_sharding", "param_dtype", value=setup.param_dtype, shard=setup.shard)
     if setup.method == "qlora":
         # NOTE: QLoRA as transformers + PEFT run it: 4-bit linear weights, the rest of the model
         # cast to fp32 by prepare_model_for_kbit_training, compute in compute_dtype.
@@ -114,6 +127,8 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
         )
     if setup.dtype not in BYTES:
         raise ValueError(f"dtype {setup.dtype!r} not resolved: call cabe.precision.resolve first")
+    if setup.param_dtype != "none":
+        return _engine_mixed(setup)
     w = BYTES[setup.dtype]
     on = setup.autocast != "none"
     # fp16 + bf16 promotes to fp32: with 16-bit weights of the other half type, the residual stream
@@ -130,4 +145,38 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
         autocast=on,
         cached_copies=on and setup.dtype == "fp32",
         input_casts=on and setup.dtype != setup.autocast,
+    )
+
+
+def _engine_mixed(setup: TrainingSetup) -> Dtypes:
+    """A sharding engine's mixed precision, as the engines implement it (not autocast on fp32 weights).
+
+    * FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16)`` (torch 2.13 ``distributed/fsdp/_fully_shard/
+      _fsdp_param.py:587-599``): the all-gather casts each unit's parameters to ``param_dtype``, so the
+      module computes with 16-bit parameters: the embedding's output (the residual stream) and every
+      saved activation are 16-bit, and autocast, when also on, finds 16-bit weights and copies none. The
+      sharded parameters, their gradients (reduce-scattered, then cast to ``orig_dtype``) and the optimizer
+      state keep the stored dtype. FSDP1 ``MixedPrecision`` does the same on its flat parameter.
+    * accelerate (1.16, ``utils/fsdp_utils.py:800-806`` for FSDP2, ``accelerator.py:1969-2010`` for FSDP1)
+      upcasts low-precision trainable parameters to fp32 when ``mixed_precision != "no"`` and sets
+      ``param_dtype`` to the 16-bit dtype: stored fp32 masters, 16-bit compute; it also wraps forward in
+      autocast (``accelerator.py:1791-1799``).
+    * DeepSpeed ``bf16`` / ``fp16`` (``runtime/engine.py`` ``_configure_distributed_model`` casts the module
+      with ``module.bfloat16()`` / ``.half()``; ``zero/stage_1_and_2.py`` / ``stage3.py`` build fp32
+      partitions for the optimizer): a 16-bit module, fp32 master partitions (:mod:`cabe.parallel.zero`).
+    """
+    w = BYTES[setup.dtype]
+    half = BYTES[setup.param_dtype]
+    return Dtypes(
+        weight=w,
+        frozen=w,
+        grad=w,
+        compute=half,
+        residual=half,
+        adapter=FP32,
+        weight_copies=False,
+        autocast=setup.autocast != "none",
+        cached_copies=False,
+        input_casts=False,
+        gathered=half,
     )

@@ -413,6 +413,16 @@ _GPUS: tuple[Field, ...] = (
         flags=_flag("shard"),
     ),
     _choice("offload", "gpus", _TRAINING, "none", ("none", "optimizer", "parameters", "both"), flags=_flag("offload")),
+    # FSDP MixedPrecision / FSDP2 MixedPrecisionPolicy param_dtype, DeepSpeed bf16 / fp16: cabe.precision
+    _choice(
+        "param_dtype",
+        "gpus",
+        _TRAINING + ("from-config",),
+        "none",
+        ("none", "bf16", "fp16"),
+        states=True,
+        flags=_flag("param_dtype"),
+    ),
     _int("tp", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("tp")),
     _int("pp", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("pp")),
     _int("ep", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("ep")),

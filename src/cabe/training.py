@@ -33,6 +33,7 @@ Shard = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid"]
 Offload = Literal["none", "optimizer", "parameters", "both"]
 Recipe = Literal["hf-trainer", "trl-sft", "axolotl", "llama-factory", "torchtune", "unsloth", "litgpt"]
 Loss = Literal["hf", "chunked", "liger", "cce"]
+ParamDtype = Literal["none", "bf16", "fp16"]
 
 
 def _choices(name: str) -> tuple[str, ...]:
@@ -92,6 +93,9 @@ class TrainingSetup:
         shard: ``none`` (one GPU), ``ddp``, DeepSpeed ``zero1``/``zero2``/``zero3``, ``fsdp``
             (full sharding), ``fsdp-hybrid`` (shard within a node, replicate across nodes).
         offload: CPU offload of optimizer state and/or parameters (ZeRO-Offload / FSDP offload).
+        param_dtype: a sharding engine's mixed precision (FSDP ``MixedPrecision`` / FSDP2
+            ``MixedPrecisionPolicy`` ``param_dtype``, DeepSpeed ``bf16`` / ``fp16``): the parameters are
+            computed with in this dtype while the stored, sharded ones keep ``dtype``; ``none``: no such mode.
         tp, pp, ep: tensor-, pipeline- and expert-parallel degrees.
         gpus_per_node: GPUs in one node (hybrid sharding and host-RAM-per-node figures).
     """
@@ -121,6 +125,7 @@ class TrainingSetup:
     gpus: int = _D["gpus"]
     shard: Shard = _D["shard"]
     offload: Offload = _D["offload"]
+    param_dtype: ParamDtype = _D["param_dtype"]
     tp: int = _D["tp"]
     pp: int = _D["pp"]
     ep: int = _D["ep"]

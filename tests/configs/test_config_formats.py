@@ -181,8 +181,22 @@ def test_deepspeed_zero3_offload_with_auto_values():
 def test_deepspeed_zero2_numbers_give_the_world_size():
     s = source("ds_zero2.json")
     # train_batch_size 256 = micro-batch 4 × accumulation 8 × 8 GPUs
-    assert s.fields == {"batch": 4, "grad_accum": 8, "precision": "bf16-amp", "shard": "zero2", "gpus": 8}
+    assert s.fields == {
+        "batch": 4,
+        "grad_accum": 8,
+        "precision": "bf16-amp",
+        "_engine": "deepspeed",
+        "shard": "zero2",
+        "gpus": 8,
+    }
     assert reasons(s)["zero_optimization.allgather_bucket_size"] == "not_modeled"
+
+
+def test_deepspeed_bf16_is_its_own_mode_not_autocast():
+    # DeepSpeed's bf16.enabled casts the module to bf16 and keeps fp32 master partitions; accelerate turns
+    # its autocast off under DeepSpeed (accelerate 1.16 accelerator.py:556-559)
+    c = configs.from_files([FILES / "ds_zero2.json"])
+    assert (c.request["dtype"], c.request["autocast"], c.request["param_dtype"]) == ("fp32", "none", "bf16")
 
 
 def test_deepspeed_batch_sizes_that_do_not_divide_contradict():
@@ -201,13 +215,21 @@ def test_deepspeed_bad_stage():
 
 def test_accelerate_fsdp():
     s = source("accelerate_fsdp.yaml")
-    assert s.fields == {"shard": "fsdp", "gpus": 8, "precision": "bf16-amp", "checkpointing": True}
+    assert s.fields == {"_engine": "fsdp", "shard": "fsdp", "gpus": 8, "precision": "bf16-amp", "checkpointing": True}
     assert reasons(s)["fsdp_config.fsdp_backward_prefetch"] == "not_modeled"
+
+
+def test_accelerate_fsdp_bf16_gathers_bf16_over_fp32_masters():
+    # accelerate 1.16 under FSDP with mixed_precision bf16: MixedPrecision(Policy)(param_dtype=bf16), trainable
+    # parameters upcast to fp32 (utils/fsdp_utils.py:800-806), forward under autocast (accelerator.py:1791-1799)
+    c = configs.from_files([FILES / "accelerate_fsdp.yaml"])
+    assert (c.request["dtype"], c.request["autocast"], c.request["param_dtype"]) == ("fp32", "bf16", "bf16")
 
 
 def test_accelerate_fsdp2_hybrid_two_nodes_with_offload():
     s = source("accelerate_fsdp2_hybrid.yaml")
     assert s.fields == {
+        "_engine": "fsdp",
         "shard": "fsdp-hybrid",
         "offload": "both",
         "precision": "bf16-amp",
@@ -246,7 +268,7 @@ def test_accelerate_deepspeed_plugin():
             },
         }
     )
-    assert fields == {"shard": "zero2", "offload": "optimizer", "gpus": 8, "grad_accum": 4}
+    assert fields == {"_engine": "deepspeed", "shard": "zero2", "offload": "optimizer", "gpus": 8, "grad_accum": 4}
 
 
 def test_axolotl_qlora():

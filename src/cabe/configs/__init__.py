@@ -229,13 +229,13 @@ def _settle_precision(merged: dict[str, Any]) -> None:
     """
     dtype = merged.pop("_dtype", None)
     prec = merged.pop("precision", None)
+    shard = str(merged.get("shard", "none"))
+    engine = merged.pop("_engine", None) or ("deepspeed" if shard.startswith("zero") else "fsdp")
     if prec in schema.PRECISIONS:
         implied_dtype, autocast = schema.PRECISIONS[prec]
         merged["autocast"] = autocast
-        if prec.endswith("-amp") and str(merged.get("shard", "none")).startswith(("zero", "fsdp")):
-            # DeepSpeed's bf16 / fp16 mode keeps fp32 master partitions, and accelerate upcasts the
-            # trainable parameters to fp32 under FSDP mixed precision: fp32 masters, 16-bit compute
-            merged["dtype"] = "fp32"
+        if prec.endswith("-amp") and shard.startswith(("zero", "fsdp")):
+            _engine_precision(merged, engine, autocast, dtype)
         else:
             # "X-amp" says only that autocast is on: the weights are what was loaded (auto when unsaid)
             merged["dtype"] = dtype or (implied_dtype if not prec.endswith("-amp") else "auto")
@@ -245,6 +245,23 @@ def _settle_precision(merged: dict[str, Any]) -> None:
         half = next((v for v in (merged.get("autocast"), merged.get("dtype")) if v in ("bf16", "fp16")), None)
         if half:
             merged["compute_dtype"] = half
+
+
+def _engine_precision(merged: dict[str, Any], engine: str, half: str, dtype: str | None) -> None:
+    """bf16 / fp16 under a sharding engine is that engine's mixed precision (``param_dtype``):
+
+    * FSDP through accelerate (1.16): ``MixedPrecision(Policy)(param_dtype=half)``, the trainable
+      parameters upcast to fp32 (``utils/fsdp_utils.py:800-806``; FSDP1 ``accelerator.py:1969-2010``), the
+      frozen ones left as loaded, and autocast around forward (``accelerator.py:1791-1799``).
+    * DeepSpeed: the module cast to 16-bit, fp32 master partitions; accelerate turns its autocast off
+      under DeepSpeed (``accelerator.py:556-559``: ``native_amp`` only outside DEEPSPEED / MEGATRON_LM).
+    """
+    merged["param_dtype"] = half
+    if engine == "deepspeed":
+        merged["autocast"] = "none"
+    # the trainable weights are fp32 masters; under LoRA / prompt tuning the frozen base stays as loaded
+    trains_base = merged.get("method", "full") in ("full", "freeze")
+    merged["dtype"] = "fp32" if trains_base else (dtype or "auto")
 
 
 def _defaults(merged: Mapping[str, Any]) -> list[str]:

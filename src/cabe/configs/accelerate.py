@@ -118,6 +118,7 @@ def _block(kind: str, read: Callable[[Collector, Mapping[str, Any]], None]) -> H
 
 
 def _fsdp(c: Collector, f: Mapping[str, Any]) -> None:
+    c.fields["_engine"] = "fsdp"  # mixed_precision becomes FSDP's MixedPrecision(Policy), not only autocast
     version = f.get("fsdp_version", 1)
     has_strategy = "fsdp_sharding_strategy" in f
     if not has_strategy:
@@ -163,6 +164,7 @@ def _fsdp(c: Collector, f: Mapping[str, Any]) -> None:
 
 
 def _deepspeed(c: Collector, d: Mapping[str, Any]) -> None:
+    c.fields["_engine"] = "deepspeed"  # mixed_precision becomes DeepSpeed's bf16 / fp16 mode
     for key, value in d.items():
         name = f"deepspeed_config.{key}"
         if key == "zero_stage":

@@ -92,6 +92,7 @@ def _precision(c: Collector, key: str, value: Any) -> None:
         c.ignore(name, "auto")
     elif on:
         c.set("precision", "fp16-amp" if key == "fp16" else "bf16-amp", name)
+        c.fields["_engine"] = "deepspeed"  # DeepSpeed's own bf16 / fp16 mode, not autocast
     else:
         c.use(name)
     if isinstance(value, Mapping):

@@ -223,6 +223,7 @@ def set_fsdp(c: Collector, key: str, value: Any) -> None:
     shard, offload = fsdp_words(value)
     if shard:
         c.set("shard", shard, key)
+        c.fields["_engine"] = "fsdp"  # whose mixed precision a bf16 / fp16 flag turns on
     if offload:
         c.set("offload", offload, key)
     if not shard and not offload:

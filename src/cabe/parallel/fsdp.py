@@ -1,26 +1,40 @@
-"""PyTorch FSDP (FSDP1 ``FULL_SHARD`` / ``HYBRID_SHARD``, FSDP2 ``fully_shard``): parameters,
-gradients and optimizer state sharded over the group; one wrapped unit (a decoder layer) gathered
-while it runs (two with backward prefetch), the root unit (embeddings, final norm, lm_head) kept
-gathered; ``CPUOffload(offload_params=True)`` moves parameters and gradients to the host and steps
-the optimizer there."""
+"""PyTorch FSDP (FSDP2 ``fully_shard``; FSDP1 ``FULL_SHARD`` / ``HYBRID_SHARD`` alike up to its flat
+parameter's padding): parameters, gradients and optimizer state sharded over the group; one wrapped unit
+(a decoder layer) gathered while it runs (two with backward prefetch), the root unit (embeddings, final
+norm, lm_head) kept gathered; ``CPUOffload(offload_params=True)`` moves parameters and gradients to the
+host and steps the optimizer there.
+
+Tensor by tensor (torch 2.13 ``distributed/fsdp/_fully_shard/_fsdp_param.py``): each parameter is
+``torch.chunk``-ed on dim 0 and every rank's shard padded to the first chunk (line 304), so a rank holds
+``ceil(dim0 / N)`` rows of each parameter, its gradient and (the optimizer seeing the sharded DTensor's
+local shard) its optimizer state. With ``MixedPrecisionPolicy(param_dtype=bf16)`` (lines 587-599) the
+all-gather output and the unsharded gradient are ``param_dtype`` while the sharded parameter, its
+gradient (``reduce_dtype`` defaults to ``param_dtype``; the reduce-scattered result is cast back to
+``orig_dtype``) and the optimizer state keep the stored dtype.
+"""
 
 from __future__ import annotations
 
+from cabe.parallel.shares import dense_bytes, fsdp_shard, optimizer_bytes, pieces, quantized_held_bytes, sharded
 from cabe.parallel.strategy import Context, States
 
 
 def states(c: Context) -> States:
-    mine, dt = c.mine, c.dt
-    # MixedPrecision casts the all-gathered parameters: no autocast weight cache
-    unit_b = 2 if c.amp else (dt.weight if dt.weight else 2)
-    layer_gathered = mine.layer_elements * unit_b + mine.layer_quantized * c.scale.weights
+    mine, g = c.mine, c.group
+    # the parameters as the unit computes with them: MixedPrecision's param_dtype; fp32 weights under
+    # autocast without it are counted as 16-bit gathers too, with no autocast cache (as cabe always has:
+    # not traced)
+    unit_b = c.compute_bytes
+    layer_gathered = mine.layer_elements * unit_b + mine.layer_quantized
     root_gathered = mine.root_elements * unit_b
     units = 2 if c.cfg.fsdp_prefetch else 1
+    trainable = sharded(pieces(mine.held, trainable=True), fsdp_shard, g)
+    optimizer, temporaries = optimizer_bytes(trainable, c.setup)
     out = States(
-        weights=mine.stored_sharded * c.scale.weights + mine.quantized_sharded * c.scale.weights,
-        grads=c.grads * c.sharded_fraction if mine.trainable else 0.0,
-        optimizer=c.optimizer * c.sharded_fraction if mine.trainable else 0.0,
-        temporaries=c.temporaries * c.sharded_fraction if mine.trainable else 0.0,
+        weights=dense_bytes(sharded(pieces(mine.held), fsdp_shard, g)) + quantized_held_bytes(mine.held, c.setup, g),
+        grads=dense_bytes(trainable),
+        optimizer=optimizer,
+        temporaries=temporaries,
         keep_copies=False,
     )
     out.buffers["forward"]["gathered_params"] = units * layer_gathered + root_gathered
@@ -28,6 +42,12 @@ def states(c: Context) -> States:
     layer_grad = mine.layer_trainable_elements * unit_b
     if layer_grad:
         out.buffers["backward"]["unsharded_grads"] = layer_grad
+        # the previous unit's reduce-scatter input (its gradients flattened, in reduce_dtype, which defaults
+        # to param_dtype) stays alive until the next unit's post-backward reclaims it:
+        # reduce_scatter_max_input_buffers = 1 (torch 2.13 _fsdp_param_group.py:107-112, 640-657)
+        out.buffers["backward"]["reduce_scatter_input"] = layer_grad
+    if c.dt.gathered:
+        out.notes.append("fsdp_param_dtype_" + c.setup.param_dtype)
     if c.offload_parameters:
         out.host += out.weights + out.grads + out.optimizer
         out.weights = out.grads = out.optimizer = out.temporaries = 0.0

@@ -23,7 +23,7 @@ from cabe.parallel.config import ShardConfig
 from cabe.parallel.explain import per_gpu, step_json, steps
 from cabe.parallel.layout import Layout, layout, stage_layers
 from cabe.parallel.shares import holdings
-from cabe.parallel.strategy import Context, Scale, States, unsharded
+from cabe.parallel.strategy import Context, States, unsharded
 from cabe.precision import dtypes_for
 from cabe.step import StepParts, timeline
 from cabe.training import TrainingSetup
@@ -52,16 +52,13 @@ def shard_parts(
     lay, notes = layout(spec, setup, cfg)
     dt = dtypes_for(setup)
     tensors = parameter_tensors(spec, setup)
-    single = Layout(1, 1, 1, 1, 1, "none", 1, 0, spec.num_layers)
-    whole = holdings(spec, setup, cfg, tensors, dt, single)
-    scale = Scale.of(parts, whole)
 
     best: tuple[int, StepParts, dict[str, Any]] | None = None
     per_stage: list[dict[str, Any]] = []
     for stage in sorted({0, lay.pp - 1}):
         here = lay.at_stage(stage)
-        ctx = Context(setup, cfg, dt, here, holdings(spec, setup, cfg, tensors, dt, here), scale)
-        new, info = _gpu_parts(parts, spec, ctx, whole.stored + whole.quantized)
+        ctx = Context(setup, cfg, dt, here, holdings(spec, setup, cfg, tensors, dt, here))
+        new, info = _gpu_parts(parts, spec, ctx)
         peak = max(m.total for m in timeline(new))
         per_stage.append({"stage": stage, "peak_bytes": peak})
         if best is None or peak > best[0]:
@@ -74,7 +71,7 @@ def shard_parts(
     return new, info
 
 
-def _gpu_parts(parts: StepParts, spec: ModelSpec, c: Context, whole_stored: float) -> tuple[StepParts, dict[str, Any]]:
+def _gpu_parts(parts: StepParts, spec: ModelSpec, c: Context) -> tuple[StepParts, dict[str, Any]]:
     """One GPU's parts: the strategy's states, then model parallelism on activations and buffers."""
     setup, cfg, lay = c.setup, c.cfg, c.layout
     st = STRATEGIES[lay.strategy](c)
@@ -85,8 +82,7 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, c: Context, whole_stored: floa
     # Loading: every process materialises the model on the host before it is partitioned or moved
     # (DeepSpeed's "zero_init=False" term: 4 B/param × GPUs per node); zero.Init / FSDP meta-device
     # init avoid it. Reported beside the steady state.
-    mine = c.mine.stored + c.mine.quantized
-    load_peak = per_node * parts.weights * mine / whole_stored if whole_stored else 0
+    load_peak = per_node * c.weights
     figures = per_gpu(new, st.buffers["optimizer"].get("master_weights", 0), host_per_gpu)
     inflight = micro_batches_in_flight(lay, setup.grad_accum, cfg)
     info: dict[str, Any] = {

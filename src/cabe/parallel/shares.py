@@ -7,14 +7,18 @@ then divides the sharded figures by the tensor's shard group (experts by their o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from cabe.architecture import ModelSpec
 from cabe.method import Tensor, quantized_bytes, stored_bytes
+from cabe.optimizer import BNB_PAGED_MIN
+from cabe.optimizer import get as get_optimizer
 from cabe.parallel.config import ShardConfig
 from cabe.parallel.layout import Layout
 from cabe.training import TrainingSetup
+from cabe.units import round_alloc
 
 #: parameter tensors that are not in a decoder layer
 NON_LAYER = ("embed_tokens", "position_embeddings", "final_norm", "lm_head", "prompt_embeddings")
@@ -43,6 +47,26 @@ class Holdings:
     root_elements: float = 0.0  # embeddings, final norm, lm_head on this stage
     root_stored: float = 0.0
     largest_module: float = 0.0  # elements of the largest module (DeepSpeed's "largest layer")
+    #: every tensor this GPU holds, with its model-parallel share applied (:class:`Held`)
+    held: list[Held] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Held:
+    """One parameter tensor group as one GPU holds it before data-parallel sharding: ``tensor`` with
+    its tensor- / expert-parallel share of elements (``numel``, ``rows``), ``count`` copies on this
+    pipeline stage (a fraction when the stage's layers are not a multiple), ``group`` the GPUs that
+    share one copy of its sharded states, ``nbytes`` its stored bytes per element (``stored_bytes``,
+    the rule the single-GPU pass uses)."""
+
+    tensor: Tensor
+    count: float
+    group: int
+    nbytes: int
+
+    @property
+    def trainable(self) -> bool:
+        return self.tensor.trainable
 
 
 def tp_share(t: Tensor, base: str, role: str, spec: ModelSpec, tp: int, cfg: ShardConfig) -> float:
@@ -92,14 +116,15 @@ def holdings(
         base = name.split(".lora_")[0].removesuffix(".bias")
         is_layer = name not in NON_LAYER
         role = roles.get(base, "attn")
-        share = tp_share(t, base, role, spec, lay.tp, cfg)
-        share /= ep_divisor(role, lay.ep)
+        tp = tp_share(t, base, role, spec, lay.tp, cfg)
+        pp, ep = pp_share(name, spec, lay), ep_divisor(role, lay.ep)
+        share = tp / ep * pp
         group = group_of_experts if role == "expert" else lay.shard_group
-        share *= pp_share(name, spec, lay)
         if share == 0:
             continue
         numel = t.total * share
         per_tensor = t.numel * share / (stage_layers / layers) if is_layer else t.numel * share
+        h.held.append(_held(t, tp, pp, ep, group, setup, dt))
         if t.kind == "quantized":
             qb = quantized_bytes(t.numel, setup.double_quant) * t.count * share
             h.quantized += qb
@@ -114,6 +139,17 @@ def holdings(
         mod = per_tensor * (copies.get(base, 1) if t.count == layers * copies.get(base, 1) else 1)
         h.largest_module = max(h.largest_module, mod if role == "expert" else per_tensor)
     return h
+
+
+def _held(t: Tensor, tp: float, pp: float, ep: int, group: int, setup: TrainingSetup, dt: Any) -> Held:
+    """``t`` as one GPU holds it: TP splits each matrix's elements (rows, the dimension FSDP2 chunks,
+    follow the split of a column-parallel matrix: an approximation for row-parallel ones); EP and PP
+    hold fewer copies. Quantized tensors keep ``nbytes`` 0 (their bytes are :func:`quantized_bytes`)."""
+    numel = round(t.numel * tp)
+    rows = round(t.rows * tp) if t.rows else 0
+    here = Tensor(t.name, numel, t.count, t.trainable, t.kind, rows, t.cols)
+    nbytes = 0 if t.kind == "quantized" else stored_bytes(t, setup, dt)
+    return Held(here, t.count * pp / ep, group, nbytes)
 
 
 def _add_stored(
@@ -138,3 +174,90 @@ def _add_stored(
     else:
         h.root_elements += numel
         h.root_stored += numel * b
+
+
+# ---- bytes, tensor by tensor ---------------------------------------------------------------------
+#: a tensor, how many copies of it, and its bytes per element
+Piece = tuple[Tensor, float, int]
+
+
+def pieces(held: list[Held], *, trainable: bool = False, nbytes: int = 0) -> list[Piece]:
+    """The non-quantized tensors of ``held`` (only the trainable ones with ``trainable``), each with
+    its stored bytes per element, or ``nbytes`` when given (a 16-bit module, fp32 masters)."""
+    return [
+        (h.tensor, h.count, nbytes or h.nbytes)
+        for h in held
+        if h.tensor.kind != "quantized" and (h.trainable or not trainable)
+    ]
+
+
+def dense_bytes(items: list[Piece]) -> int:
+    """Bytes of separate tensors: each rounded to the allocator's block, as the single-GPU pass counts."""
+    return round(sum(round_alloc(t.numel * b) * n for t, n, b in items))
+
+
+def quantized_held_bytes(held: list[Held], setup: TrainingSetup, group: int = 1) -> int:
+    """bitsandbytes 4-bit storage of the quantized tensors, split in ``group`` equal padded shards."""
+    return round(
+        sum(-(-quantized_bytes(h.tensor.numel, setup.double_quant) // group) * h.count for h in held if not h.nbytes)
+    )
+
+
+def fsdp_shard(t: Tensor, group: int) -> Tensor:
+    """FSDP2's shard of one parameter: ``torch.chunk`` on dim 0 over the group, every rank padded to the
+    first chunk's size (torch 2.13 ``distributed/fsdp/_fully_shard/_fsdp_param.py:304``,
+    ``padded_sharded_size = chunks[0].size()  # 0th always padded``). A 1-D tensor is its own dim 0."""
+    if group == 1:
+        return t
+    rows = t.rows or t.numel
+    chunk = -(-rows // group)
+    return Tensor(t.name, chunk * (t.numel // rows), t.count, t.trainable, t.kind, chunk if t.rows else 0, t.cols)
+
+
+def zero3_shard(t: Tensor, group: int) -> Tensor:
+    """DeepSpeed ZeRO-3's partition of one parameter: flattened and padded to a multiple of the group
+    (``partition_parameters.py``, ``_padding_size``: ``num_partitions - numel % num_partitions``),
+    ``ds_numel / num_partitions`` elements per rank, 1-D."""
+    return Tensor(t.name, -(-t.numel // group), t.count, t.trainable, t.kind)
+
+
+def sharded(items: list[Piece], rule: Callable[[Tensor, int], Tensor], group: int) -> list[Piece]:
+    return [(rule(t, group), n, b) for t, n, b in items]
+
+
+def flat_partition(items: list[Piece], group: int, align: int = 2) -> list[Piece]:
+    """DeepSpeed ZeRO-1/2: the trainable tensors of one dtype flattened into one buffer, padded to a
+    multiple of ``nccl_start_alignment_factor`` (2) × world (``stage_1_and_2.py``,
+    ``flatten_dense_tensors_aligned``), each rank owning an equal 1-D partition."""
+    by_dtype: dict[int, float] = {}
+    for t, n, b in items:
+        by_dtype[b] = by_dtype.get(b, 0.0) + t.numel * n
+    out: list[Piece] = []
+    for b, numel in by_dtype.items():
+        step = align * group
+        part = -(-round(numel) // step) * step // group
+        out.append((Tensor("flat", part, 1, True, "base"), 1, b))
+    return out
+
+
+def optimizer_bytes(items: list[Piece], setup: TrainingSetup, *, paged: bool = False) -> tuple[int, int]:
+    """Optimizer state and ``step()`` temporaries of the trainable tensors ``items``, tensor by tensor
+    through the optimizer registry (the same rules :func:`cabe.optimizer.optimizer_memory` applies on
+    one GPU); paged state (bitsandbytes' unified memory) is not device memory and is left out unless
+    ``paged`` (the state of an optimizer that runs on the host)."""
+    opt = get_optimizer(setup.optimizer)
+    impl = setup.resolved_optimizer_impl
+    state = 0.0
+    largest = 0
+    for t, n, b in items:
+        largest = max(largest, t.numel * b)
+        if paged or not (opt.paged and t.numel >= BNB_PAGED_MIN):
+            state += opt.state(t, b, impl) * n
+    temps = dict(opt.temporaries).get(impl)
+    if temps == "all":
+        temp = dense_bytes(items)
+    elif temps == "largest":
+        temp = 2 * round_alloc(largest) if items else 0
+    else:
+        temp = 0
+    return round(state), temp

@@ -1,10 +1,12 @@
 """What a data-parallel strategy gets and gives: one GPU's model-parallel share of the states in,
 the states it keeps (and what it adds: buffers, gathered parameters, host memory) out.
 
-Bytes per stored byte: the single-GPU estimate (:mod:`cabe.analytic`) rounds every tensor to the
-allocator's 512-byte blocks and knows each optimizer's state per parameter; :class:`Scale` carries
-those totals per stored byte, so a GPU's share of the sums in :class:`~cabe.parallel.shares.Holdings`
-turns into the same bytes the single-GPU pass would count for it.
+One pass, tensor by tensor: every parameter tensor this GPU holds (:class:`~cabe.parallel.shares.Held`,
+its TP / EP / PP share applied) is turned into bytes with the single-GPU pass's own rules — its stored
+dtype (:func:`cabe.method.stored_bytes`), the allocator's 512-byte rounding per tensor, the optimizer
+registry's state rule per tensor — after the strategy has cut it (FSDP2's dim-0 chunks, ZeRO-3's padded
+partitions, ZeRO-1/2's flat aligned partition). With one GPU and no sharding the sums are, byte for
+byte, the single-GPU figures.
 """
 
 from __future__ import annotations
@@ -14,38 +16,15 @@ from typing import Any
 
 from cabe.parallel.config import ShardConfig
 from cabe.parallel.layout import Layout
-from cabe.parallel.shares import Holdings
-from cabe.step import StepParts
+from cabe.parallel.shares import Holdings, dense_bytes, optimizer_bytes, pieces, quantized_held_bytes
 from cabe.training import TrainingSetup
 
 PHASES = ("forward", "backward", "optimizer")
 
 
 @dataclass(frozen=True)
-class Scale:
-    """The single-GPU pass's bytes per stored byte (``weights`` ≈ 1, the allocator's rounding) and per
-    trainable stored byte (``optimizer``: the optimizer's state; ``grads``; ``temporaries``: the step's)."""
-
-    weights: float
-    optimizer: float
-    grads: float
-    temporaries: float
-
-    @classmethod
-    def of(cls, parts: StepParts, whole: Holdings) -> Scale:
-        stored = whole.stored + whole.quantized
-        t = whole.trainable
-        return cls(
-            weights=parts.weights / stored if stored else 0.0,
-            optimizer=parts.optimizer / t if t else 0.0,
-            grads=parts.grads / t if t else 0.0,
-            temporaries=parts.optimizer_temporaries / t if t else 0.0,
-        )
-
-
-@dataclass(frozen=True)
 class Context:
-    """One GPU's view: its layout, its holdings, the scale, and its model-parallel (TP / PP / EP)
+    """One GPU's view: its layout, its holdings (tensor by tensor), and its model-parallel (TP / PP / EP)
     share of the states before any data-parallel sharding."""
 
     setup: TrainingSetup
@@ -53,11 +32,17 @@ class Context:
     dt: Any
     layout: Layout
     mine: Holdings
-    scale: Scale
 
     @property
     def amp(self) -> bool:
-        return bool(self.dt.weight_copies)
+        """The module computes in 16-bit while its masters are fp32: autocast's copies of fp32 weights,
+        or a sharding engine's ``param_dtype`` (FSDP ``MixedPrecision``, DeepSpeed ``bf16``)."""
+        return bool(self.dt.weight_copies or self.dt.gathered)
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per element of the parameters as the module computes with them (gathered / 16-bit)."""
+        return int(self.dt.gathered or (2 if self.amp else self.dt.weight))
 
     @property
     def offload_optimizer(self) -> bool:
@@ -71,27 +56,22 @@ class Context:
     def group(self) -> int:
         return self.layout.shard_group
 
-    # ---- this GPU's model-parallel share of the states, as the single-GPU pass stores them ------
+    # ---- this GPU's model-parallel share of the states, tensor by tensor -------------------------
     @property
-    def weights(self) -> float:
-        return (self.mine.stored + self.mine.quantized) * self.scale.weights  # fp32 with AMP
+    def weights(self) -> int:
+        return dense_bytes(pieces(self.mine.held)) + quantized_held_bytes(self.mine.held, self.setup)
 
     @property
-    def grads(self) -> float:
-        return self.mine.trainable * self.scale.grads
+    def grads(self) -> int:
+        return dense_bytes(pieces(self.mine.held, trainable=True))
 
     @property
-    def optimizer(self) -> float:
-        return self.mine.trainable * self.scale.optimizer
+    def optimizer(self) -> int:
+        return optimizer_bytes(pieces(self.mine.held, trainable=True), self.setup)[0]
 
     @property
-    def temporaries(self) -> float:
-        return self.mine.trainable * self.scale.temporaries
-
-    @property
-    def sharded_fraction(self) -> float:
-        """The share of this GPU's trainable bytes it keeps after data-parallel sharding."""
-        return self.mine.trainable_sharded / self.mine.trainable
+    def temporaries(self) -> int:
+        return optimizer_bytes(pieces(self.mine.held, trainable=True), self.setup)[1]
 
 
 @dataclass

@@ -14,6 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cabe.errors import InvalidValueError
+from cabe.method import Tensor
+from cabe.parallel.shares import (
+    Piece,
+    dense_bytes,
+    flat_partition,
+    optimizer_bytes,
+    pieces,
+    quantized_held_bytes,
+    sharded,
+    zero3_shard,
+)
 from cabe.parallel.strategy import Context, States
 
 
@@ -32,7 +43,14 @@ def zero_paper_model_states(params: float, gpus: int, stage: int, k: int = 12) -
 @dataclass(frozen=True)
 class _Partitions:
     """This rank's partitions, in bytes: 16-bit weights (whole and sharded), 16-bit gradients,
-    the fp32 master weights, step()'s fp32 gradient partition, optimizer state and temporaries."""
+    the fp32 master weights, step()'s fp32 gradient partition, optimizer state and temporaries.
+
+    Tensor by tensor: the module's parameters in its compute dtype (16-bit under mixed precision), each
+    rounded as allocated; the trainable ones' partitions as the engine cuts them — stages 1/2 one flat
+    aligned buffer per dtype (:func:`~cabe.parallel.shares.flat_partition`), stage 3 each parameter padded
+    and split (:func:`~cabe.parallel.shares.zero3_shard`), the fp32 partitions flattened per
+    ``sub_group_size`` group — and the optimizer registry's state on those flat fp32 (or stored-dtype)
+    partitions, as DeepSpeed's optimizer sees them."""
 
     w16: float
     w16_sharded: float
@@ -43,29 +61,52 @@ class _Partitions:
     optimizer: float
     temporaries: float
     ipg: int  # backward()'s ipg_buffer(s), bytes
+    elements: int  # elements of this rank's trainable partitions
+    host_optimizer: int  # the state on the host under ZeRO-Offload (paged state included)
 
     @classmethod
     def of(cls, c: Context, stage: int) -> _Partitions:
-        mine, cfg, amp, g, rw = c.mine, c.cfg, c.amp, c.group, c.scale.weights
-        half_w = 2 * mine.elements if amp else mine.stored  # the non-quantized weights in 16-bit
-        g16 = c.grads / 2 if amp else c.grads
-        n_grad32 = mine.trainable_elements_sharded
-        if stage == 3:
-            n_grad32 = min(n_grad32, cfg.sub_group_size)
+        mine, cfg, amp, g = c.mine, c.cfg, c.amp, c.group
+        half = 2 if amp else 0  # the module in 16-bit under mixed precision, else as stored
+        quant = quantized_held_bytes(mine.held, c.setup)
+        train = pieces(mine.held, trainable=True, nbytes=half)
+        part = sharded(train, zero3_shard, g) if stage == 3 else flat_partition(train, g)
+        n_part = round(sum(t.numel * n for t, n, _ in part))
+        opt_in = _flat_groups(part, cfg.sub_group_size if stage == 3 else 0, 4 if amp else 0)
+        optimizer, temporaries = optimizer_bytes(opt_in, c.setup)
         overlap = cfg.overlap_comm if cfg.overlap_comm is not None else stage == 3
         buffers = 2 if (overlap and stage < 3) else 1
-        kept = c.sharded_fraction if mine.trainable else 0.0
         return cls(
-            w16=half_w * rw + mine.quantized * rw,
-            w16_sharded=(2 * mine.elements_sharded if amp else mine.stored_sharded) * rw + mine.quantized_sharded * rw,
-            g16=g16,
-            g16_sharded=g16 / max(g, 1) if mine.trainable == 0 else g16 * c.sharded_fraction,
-            master=4 * mine.trainable_elements_sharded if amp else 0.0,
-            grad32=4 * n_grad32 if amp else 0.0,
-            optimizer=c.optimizer * kept if mine.trainable else 0.0,
-            temporaries=c.temporaries * kept if mine.trainable else 0.0,
+            w16=dense_bytes(pieces(mine.held, nbytes=half)) + quant,
+            w16_sharded=dense_bytes(sharded(pieces(mine.held, nbytes=half), zero3_shard, g))
+            + quantized_held_bytes(mine.held, c.setup, g),
+            g16=dense_bytes(train),
+            g16_sharded=dense_bytes(_flat_groups(part, 0, 0)),
+            master=dense_bytes(opt_in) if amp else 0.0,
+            grad32=4 * (min(n_part, cfg.sub_group_size) if stage == 3 else n_part) if amp else 0.0,
+            optimizer=optimizer,
+            temporaries=temporaries,
             ipg=cfg.reduce_bucket_size * 2 * buffers if (cfg.contiguous_gradients and mine.trainable) else 0,
+            elements=n_part,
+            host_optimizer=optimizer_bytes(opt_in, c.setup, paged=True)[0],
         )
+
+
+def _flat_groups(part: list[Piece], sub_group: int, nbytes: int) -> list[Piece]:
+    """The partitions as flat buffers (one per dtype, or per ``sub_group_size`` elements), in ``nbytes``
+    per element when given (the fp32 masters)."""
+    out: list[Piece] = []
+    by_dtype: dict[int, int] = {}
+    for t, n, b in part:
+        by_dtype[nbytes or b] = by_dtype.get(nbytes or b, 0) + round(t.numel * n)
+    for b, numel in by_dtype.items():
+        size = sub_group or numel
+        full, rest = divmod(numel, size) if size else (0, 0)
+        if full:
+            out.append((Tensor("flat", size, full, True, "base"), full, b))
+        if rest:
+            out.append((Tensor("flat", rest, 1, True, "base"), 1, b))
+    return out
 
 
 def states(c: Context) -> States:
@@ -78,7 +119,7 @@ def states(c: Context) -> States:
         # ZeRO-Offload: optimizer state, fp32 master and fp32 gradient partitions on the host (CPU Adam);
         # gradient partitions go to pinned host buffers as they are reduced
         out.optimizer = out.temporaries = out.grads = 0.0
-        out.host += p.optimizer + p.master + 4 * c.mine.trainable_elements_sharded
+        out.host += p.host_optimizer + p.master + 4 * p.elements
         if p.ipg:
             out.buffers["backward"]["ipg_buckets"] = p.ipg
         out.notes.append("offload_optimizer_cpu_adam")
@@ -95,7 +136,10 @@ def states(c: Context) -> States:
             out.buffers["backward"]["ipg_buckets"] = p.ipg
         if p.grad32:
             out.buffers["optimizer"]["fp32_grad_partition"] = p.grad32
-    out.notes.append("zero_16bit_module" if c.amp else "zero_pure")
+    if c.dt.gathered:
+        out.notes.append("zero_param_dtype_" + c.setup.param_dtype)
+    else:
+        out.notes.append("zero_16bit_module" if c.amp else "zero_pure")
     return out
 
 
