@@ -91,6 +91,7 @@ def layer_activations(
     fwd = _attention_forward_workspace(attn, a, nh, s)
     if attn == "eager":
         bwd = max(bwd, (4 + 2 * a) * nh * s)
+    bwd = max(bwd, _math_backward_workspace(attn, nh, s))
     rng = 2 * 512 if attn == "flash" else 0  # flash keeps its philox seed and offset: two 512 B blocks
     if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
         layer.constant += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
@@ -415,6 +416,15 @@ def _attention_forward_workspace(attn: str, a: int, nh: int, s: int) -> int:
     if attn == "eager":
         return 2 * a * nh * s  # raw scores and the masked scores before softmax
     return 0
+
+
+def _math_backward_workspace(attn: str, nh: int, s: int) -> int:
+    """PyTorch's math SDPA kernel (``_scaled_dot_product_attention_math``, aten/src/ATen/native/transformers/
+    attention.cpp, torch 2.13) computes in fp32 on CUDA. Its backward first makes the gradient of the
+    probabilities (``BmmBackward0``: grad_out @ vᵀ, fp32 nh·s per token), then ``_safe_softmax``'s backward
+    (tools/autograd/derivatives.yaml: ``_softmax_backward_data(grad, result, ...)``) writes the gradient of
+    the scores, fp32 again, while the first is still alive: two fp32 s×s tensors beside the saved softmax."""
+    return 2 * 4 * nh * s if attn == "math" else 0
 
 
 def _moe(add, spec: ModelSpec, a: int, rho: int, base_trainable: bool) -> None:

@@ -423,6 +423,29 @@ def _grad_bytes(states: _States, keep: Callable[[Tensor], bool]) -> int:
     return sum(round_alloc(t.numel * b[t.kind]) * t.count for t in states.tensors if t.trainable and keep(t))
 
 
+def _tied_grad_pending(spec: ModelSpec, setup: TrainingSetup, states: _States) -> int:
+    """The lm_head's gradient of a tied, trained embedding, held through the layers' backward.
+
+    The engine collects the gradients of one AccumulateGrad node in its ``InputBuffer`` until every
+    producer has run (torch/csrc/autograd/engine.cpp, ``Engine::evaluate_function``: ``not_ready``
+    buffers; input_buffer.cpp ``InputBuffer::add``); the tied weight's two producers are the lm_head's
+    ``MmBackward0`` (first) and the embedding's backward (last), so one gradient-sized tensor waits."""
+    if setup.method != "full" or not spec.tie_word_embeddings:
+        return 0
+    return round_alloc(spec.embedding_count * states.bytes_of["embedding"])
+
+
+def _head_weight_grads(spec: ModelSpec, states: _States, copies: _Copies) -> dict[str, int]:
+    """An fp32 lm_head (or tied embedding) trained under autocast: ``MmBackward0`` writes the gradient of
+    its 16-bit copy, ``ToCopyBackward0`` casts it to fp32 (torch/csrc/autograd/FunctionsManual.cpp,
+    ``_to_copy_backward``: ``grad.to(self.options())``) while the 16-bit one is still referenced."""
+    kind = "embedding" if spec.tie_word_embeddings else "lm_head"
+    grad = _grad_bytes(states, lambda t: t.kind == kind)
+    if not (grad and copies.head):
+        return {}
+    return {"head_copy_grad": copies.head, "head_weight_grad": grad}
+
+
 def _step_parts(
     spec: ModelSpec,
     setup: TrainingSetup,
@@ -463,6 +486,8 @@ def _step_parts(
         # out of place: the new gradient and the sum coexist with the old one for a moment. Accumulating
         # into the previous micro-batch's .grad keeps one more gradient-sized tensor alive at that moment
         # (three, as the trace shows, not two).
+        tied_grad_pending=_tied_grad_pending(spec, setup, states),
+        **_head_weight_grads(spec, states, copies),
         embedding_backward_workspace=(
             (3 if setup.grad_accum > 1 else 2) * round_alloc(spec.embedding_count * states.bytes_of["embedding"])
             if setup.method == "full" and spec.tie_word_embeddings

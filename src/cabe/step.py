@@ -55,6 +55,13 @@ class StepParts:
     # checkpointing: layers outside the gradient's path (freeze's frozen bottom) still keep their input
     # alive through the step (the checkpoint's saved inputs; seen in the trace)
     frozen_inputs: int = 0
+    # tied embeddings: the lm_head's gradient waits in autograd's input buffer of the shared weight's
+    # AccumulateGrad node until the embedding's gradient arrives at the very end of backward
+    tied_grad_pending: int = 0
+    # autocast on an fp32 lm_head: MmBackward0 gives the 16-bit copy's gradient, ToCopyBackward0 casts it
+    # to the weight's dtype; both are alive at that moment (``head_weight_grad`` is the cast)
+    head_copy_grad: int = 0
+    head_weight_grad: int = 0
     # extra per-phase components from sharding (communication buffers, gathered layers ...)
     extra_forward: dict[str, int] = field(default_factory=dict)
     extra_backward: dict[str, int] = field(default_factory=dict)
@@ -98,10 +105,12 @@ def timeline(p: StepParts) -> list[Moment]:
             },
         ),
     ]
+    if p.head_copy_grad:
+        moments.append(_lm_head_weight_moment(p, base, g_acc, acts_all))
     if p.grad_layers:
         for from_top, where in ((0, "top_layer"), (p.grad_layers - 1, "bottom_layer")):
             remaining = p.grad_layers - from_top
-            grads = g_acc or (p.grads_head + p.grads_per_layer * (from_top + 1))
+            grads = (g_acc or (p.grads_head + p.grads_per_layer * (from_top + 1))) + p.tied_grad_pending
             moments.append(
                 Moment(
                     "backward",
@@ -135,3 +144,19 @@ def timeline(p: StepParts) -> list[Moment]:
         )
     )
     return moments
+
+
+def _lm_head_weight_moment(p: StepParts, base: dict[str, int], g_acc: int, acts_all: int) -> Moment:
+    """The lm_head's weight gradient under autocast: the 16-bit gradient of its copy and the cast to the
+    weight's dtype coexist (the logits' gradient and the copy saved for the matmul are released by then)."""
+    return Moment(
+        "backward",
+        "lm_head",
+        {
+            **base,
+            "gradients": g_acc + p.head_weight_grad + p.head_copy_grad,
+            "weight_copies": p.copies_layer * p.grad_layers,
+            "activations": acts_all,
+            **p.extra_backward,
+        },
+    )
