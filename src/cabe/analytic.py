@@ -28,6 +28,7 @@ from cabe.activations import (
     checkpointed_layer_bytes_per_token,
     head_activations,
     layer_activations,
+    sdpa_masked_layers,
 )
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
@@ -362,15 +363,29 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
         grad_layers = layers
         trainable_layers = layers if setup.method == "full" else 0
     tokens = setup.batch * setup.tokens_per_sequence
-    if trainable_layers:
-        per_layer = layer_activations(spec, setup, dt, base_trainable=True, adapters=False)
-    else:
-        per_layer = layer_activations(spec, setup, dt, base_trainable=False, adapters=setup.adapters)
+    kw = (
+        {"base_trainable": True, "adapters": False}
+        if trainable_layers
+        else {
+            "base_trainable": False,
+            "adapters": setup.adapters,
+        }
+    )
+    per_layer = layer_activations(spec, setup, dt, **kw)
     full_layer_bytes = tokens * per_layer.bytes_per_token + per_layer.constant_bytes
+    mean_layer_bytes = full_layer_bytes
+    masked = sdpa_masked_layers(spec, setup)
+    if masked:  # layers whose SDPA gets a mask run another kernel (activations.sdpa_masked_layers)
+        per_masked = layer_activations(spec, setup, dt, masked=True, **kw)
+        masked_bytes = tokens * per_masked.bytes_per_token + per_masked.constant_bytes
+        # the mean over the layers, and the larger layer for the one being recomputed
+        mean_layer_bytes = round((full_layer_bytes * (layers - masked) + masked_bytes * masked) / layers)
+        full_layer_bytes = max(full_layer_bytes, masked_bytes)
+        per_layer = per_masked if 2 * masked >= layers else per_layer
     if setup.checkpointing:
         saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
     else:
-        saved_layer_bytes = full_layer_bytes
+        saved_layer_bytes = mean_layer_bytes
     # cos and sin tables, (1, s, rotary_dim) in the residual dtype, shared by every layer
     seq_total = tokens // setup.batch
     rotary = 2 * seq_total * spec.rotary_dim * dt.residual if spec.position == "rotary" else 0
@@ -435,15 +450,15 @@ def _tied_grad_pending(spec: ModelSpec, setup: TrainingSetup, states: _States) -
     return round_alloc(spec.embedding_count * states.bytes_of["embedding"])
 
 
-def _head_weight_grads(spec: ModelSpec, states: _States, copies: _Copies) -> dict[str, int]:
+def _head_weight_grads(spec: ModelSpec, states: _States, copies: _Copies) -> tuple[int, int]:
     """An fp32 lm_head (or tied embedding) trained under autocast: ``MmBackward0`` writes the gradient of
     its 16-bit copy, ``ToCopyBackward0`` casts it to fp32 (torch/csrc/autograd/FunctionsManual.cpp,
     ``_to_copy_backward``: ``grad.to(self.options())``) while the 16-bit one is still referenced."""
     kind = "embedding" if spec.tie_word_embeddings else "lm_head"
     grad = _grad_bytes(states, lambda t: t.kind == kind)
     if not (grad and copies.head):
-        return {}
-    return {"head_copy_grad": copies.head, "head_weight_grad": grad}
+        return 0, 0
+    return copies.head, grad  # (the 16-bit gradient of the copy, the cast)
 
 
 def _step_parts(
@@ -457,6 +472,7 @@ def _step_parts(
     tokens, grad_layers, per_layer = act.tokens, act.grad_layers, act.per_layer
     grads_head = _grad_bytes(states, lambda t: t.kind == "lm_head" or t.name == "final_norm")
     grads_layer = states.grads - grads_head - _grad_bytes(states, lambda t: t.kind in ("embedding", "prompt"))
+    head_copy_grad, head_weight_grad = _head_weight_grads(spec, states, copies)
     return StepParts(
         weights=states.weights + states.quant,
         optimizer=states.opt.state_bytes,
@@ -482,12 +498,13 @@ def _step_parts(
         head_backward_extra=tokens * head.backward_peak_extra,
         optimizer_temporaries=states.opt.temp_bytes,
         grads_in_forward=setup.grad_accum > 1,
+        tied_grad_pending=_tied_grad_pending(spec, setup, states),
+        head_copy_grad=head_copy_grad,
+        head_weight_grad=head_weight_grad,
         # NOTE: with tied embeddings the embedding's gradient arrives second and AccumulateGrad adds it
         # out of place: the new gradient and the sum coexist with the old one for a moment. Accumulating
         # into the previous micro-batch's .grad keeps one more gradient-sized tensor alive at that moment
         # (three, as the trace shows, not two).
-        tied_grad_pending=_tied_grad_pending(spec, setup, states),
-        **_head_weight_grads(spec, states, copies),
         embedding_backward_workspace=(
             (3 if setup.grad_accum > 1 else 2) * round_alloc(spec.embedding_count * states.bytes_of["embedding"])
             if setup.method == "full" and spec.tie_word_embeddings
