@@ -114,9 +114,8 @@ def layer_activations(
     bwd = layer.rms_norm_block() if spec.norm == "rmsnorm" else layer.layer_norm_block()
     attn, a, nh, s, quantized = layer.attn, layer.a, layer.nh, layer.s, layer.quantized
     fwd = _attention_forward_workspace(attn, a, nh, s)
-    if attn == "eager":
-        bwd = max(bwd, (4 + 2 * a) * nh * s)
-    bwd = max(bwd, _math_backward_workspace(attn, nh, s))
+    attn_bwd = max((4 + 2 * a) * nh * s if attn == "eager" else 0, _math_backward_workspace(attn, nh, s))
+    bwd = max(bwd, attn_bwd - _freed_before_attention_backward(spec, layer))
     # flash and memory-efficient attention keep their philox seed and offset: two 512 B blocks
     rng = 2 * 512 if attn in ("flash", "efficient") else 0
     if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
@@ -156,6 +155,7 @@ class _Layer:
         self.up_names, self.down_name = spec.slot_names("up"), (spec.slot_names("down") or [""])[0]
         self.terms: list[Term] = []
         self.constant = 0  # saved bytes per layer that do not grow with tokens
+        self.mlp_from = 0  # the first term of the MLP block
 
     def add(self, name: str, nbytes: int, formula: str) -> None:
         if nbytes:
@@ -217,6 +217,7 @@ class _Layer:
         """RMSNorm blocks (Llama, Gemma, Phi-3, Mixtral, OLMo 2): attention, then a gated or MoE MLP.
         Returns the backward workspace per token."""
         self._rms_attention()
+        self.mlp_from = len(self.terms)
         self._rms_mlp()
         return 3 * self.a * self.f + 2 * self.rho * self.h  # backward workspace per token
 
@@ -307,6 +308,7 @@ class _Layer:
         """LayerNorm blocks with a plain GELU MLP (GPT-2, GPT-NeoX, Falcon). Returns the backward
         workspace per token."""
         self._ln_attention()
+        self.mlp_from = len(self.terms)
         self._ln_mlp()
         return 2 * self.a * self.f + 2 * self.rho * self.h  # backward workspace per token
 
@@ -482,6 +484,18 @@ def _efficient_attention_core(
     add("attn.logsumexp", 4 * nh, "4·nh")
     s_pad = -(-s // 8) * 8  # preprocess_mask pads the last dimension to a multiple of 8
     add("attn.mask_bias", a * s_pad, f"{a}·s")
+
+
+def _freed_before_attention_backward(spec: ModelSpec, layer: _Layer) -> int:
+    """Bytes per token the MLP block saved, released before attention's backward starts.
+
+    Autograd frees a node's saved tensors once it has run (torch/csrc/autograd/engine.cpp, ``call_function``
+    then ``fn.release_variables()`` when the graph is not retained); in a sequential block the MLP's nodes
+    run before attention's. In a parallel block (Falcon, GPT-NeoX) both branches read one input and their
+    order is the engine's, so nothing is taken off."""
+    if spec.parallel_block:
+        return 0
+    return sum(t.bytes_per_token for t in layer.terms[layer.mlp_from :])
 
 
 def _math_backward_workspace(attn: str, nh: int, s: int) -> int:
