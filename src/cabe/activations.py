@@ -133,6 +133,7 @@ class _Layer:
         self.f, self.nh = spec.intermediate_size, spec.num_heads
         self.s = setup.tokens_per_sequence
         self.a, self.rho, self.autocast = dt.compute, dt.residual, dt.autocast
+        self.dt_weight, self.dt_frozen = dt.weight, dt.frozen
         # a linear layer's input is cast per op: an fp32 residual under autocast, or LayerNorm's output
         # (layer_norm is on autocast's fp32 list) whatever the residual's dtype
         self.amp = dt.amp or (dt.autocast and spec.norm == "layernorm")
@@ -285,7 +286,8 @@ class _Layer:
             self.rms_norm("mlp_norm", h, "h", base_trainable, wf)
             mlp_in_bytes = rho * h
         if spec.mlp == "moe":
-            _moe(self.add, spec, a, rho, base_trainable)
+            # transformers' grouped_mm experts run in the experts' own dtype (see _moe)
+            _moe(self.add, spec, self.dt_weight if base_trainable else self.dt_frozen, rho, base_trainable)
         else:
             self.linear_inputs("mlp", [(n, h) for n in up_names], mlp_in_bytes, f"{rho}·h")
             self.lora_mid(up_names)
@@ -508,6 +510,11 @@ def _math_backward_workspace(attn: str, nh: int, s: int) -> int:
 
 
 def _moe(add, spec: ModelSpec, a: int, rho: int, base_trainable: bool) -> None:
+    """Routed experts as transformers 5 runs them by default (``grouped_mm``, integrations/moe.py 5.24:
+    ``grouped_mm_experts_forward``). ``a`` is the experts' weight dtype, not autocast's: ``_grouped_mm`` casts
+    the gathered tokens to ``weight.dtype`` and calls ``torch.nn.functional.grouped_mm``, which is not
+    autocast-enabled (its comment cites pytorch#174763) — fp32 experts (fp32 weights under autocast, QLoRA's
+    unquantized 3-D experts after prepare_model_for_kbit_training) compute and save in fp32."""
     h, f, e, k = spec.hidden_size, spec.intermediate_size, spec.num_experts, spec.experts_per_token
     if base_trainable:
         add("moe.router_input", rho * h, f"{rho}·h")

@@ -412,10 +412,12 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Copies
         return _Copies()
     # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast when
     # it is not in the autocast dtype already
+    # The 3-D experts get no copy: transformers' grouped_mm runs them in their own dtype, outside autocast
+    # (activations._moe)
     base = sum(
         round_alloc(lin.weight_count * 2)
         for lin in spec.layer_linears
-        if dt.weight_copies and not (setup.method == "qlora" and lin.quantized_by_bnb)
+        if dt.weight_copies and not (setup.method == "qlora" and lin.quantized_by_bnb) and lin.slot != "experts"
     )
     adapters = 0
     if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
