@@ -115,7 +115,7 @@ def layer_activations(
     attn, a, nh, s, quantized = layer.attn, layer.a, layer.nh, layer.s, layer.quantized
     fwd = _attention_forward_workspace(attn, a, nh, s)
     attn_bwd = max((4 + 2 * a) * nh * s if attn == "eager" else 0, _math_backward_workspace(attn, nh, s))
-    bwd = max(bwd, attn_bwd - _freed_before_attention_backward(spec, layer))
+    bwd = max(bwd, attn_bwd - _freed_before_attention_backward(layer))
     # flash and memory-efficient attention keep their philox seed and offset: two 512 B blocks
     rng = 2 * 512 if attn in ("flash", "efficient") else 0
     if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
@@ -488,15 +488,13 @@ def _efficient_attention_core(
     add("attn.mask_bias", a * s_pad, f"{a}·s")
 
 
-def _freed_before_attention_backward(spec: ModelSpec, layer: _Layer) -> int:
+def _freed_before_attention_backward(layer: _Layer) -> int:
     """Bytes per token the MLP block saved, released before attention's backward starts.
 
     Autograd frees a node's saved tensors once it has run (torch/csrc/autograd/engine.cpp, ``call_function``
-    then ``fn.release_variables()`` when the graph is not retained); in a sequential block the MLP's nodes
-    run before attention's. In a parallel block (Falcon, GPT-NeoX) both branches read one input and their
-    order is the engine's, so nothing is taken off."""
-    if spec.parallel_block:
-        return 0
+    then ``fn.release_variables()`` when the graph is not retained), and among ready nodes it runs the one
+    created last first (``CompareNodeTaskTime``: higher ``sequence_nr`` first). The MLP is built after
+    attention in every family's forward, sequential or parallel (Falcon, GPT-NeoX), so its nodes run first."""
     return sum(t.bytes_per_token for t in layer.terms[layer.mlp_from :])
 
 
