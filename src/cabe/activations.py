@@ -83,6 +83,28 @@ def attention_kind(spec: ModelSpec, setup: TrainingSetup) -> str:
     return "flash"
 
 
+def sdpa_masked_layers(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """Layers whose SDPA call gets an explicit mask from transformers, so that flash cannot run.
+
+    transformers/masking_utils.py (5.24), ``sdpa_mask`` -> ``_ignore_causal_mask_sdpa``: the mask is skipped
+    (``is_causal=True`` instead) unless ``local_attention_size is not None and kv_length >=
+    local_attention_size``; sliding layers pass their window as ``local_size``."""
+    if setup.attention != "sdpa" or spec.sdpa_fallback:
+        return 0
+    s = setup.tokens_per_sequence
+    if spec.sdpa_mask_window is not None and s >= spec.sdpa_mask_window:
+        return spec.num_layers
+    return sum(g.count for g in spec.layer_groups if g.attention == "sliding" and g.window and s >= g.window)
+
+
+def masked_sdpa_kind(spec: ModelSpec, dt: Dtypes) -> str:
+    """The kernel SDPA runs with a mask on CUDA: ``efficient`` when the head dimension meets the
+    memory-efficient kernel's alignment, else ``math`` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+    ``select_sdp_backend``: flash is refused by ``check_for_attn_mask``; ``can_use_mem_efficient_attention``
+    needs head dims divisible by ``minimum_gemm_alignment``, 8 for 16-bit and 4 for fp32 on sm80+)."""
+    return "efficient" if spec.head_dim % (8 if dt.compute == 2 else 4) == 0 else "math"
+
+
 def layer_activations(
     spec: ModelSpec,
     setup: TrainingSetup,
@@ -91,16 +113,21 @@ def layer_activations(
     base_trainable: bool,
     adapters: bool,
     group: LayerGroup | None = None,
+    masked: bool = False,
 ) -> LayerActivations:
     """Saved bytes per token of ONE decoder layer of ``group`` (the first run's when None) through which
-    gradients flow. A model whose layers differ asks once per run (:attr:`ModelSpec.runs`)."""
+    gradients flow. A model whose layers differ asks once per run (:attr:`ModelSpec.runs`). ``masked``: a
+    layer whose SDPA call gets a mask (see :func:`sdpa_masked_layers`)."""
     layer = _Layer(spec, group or spec.runs[0], setup, dt, base_trainable, adapters)
+    if masked and layer.attn == "flash":
+        layer.attn = masked_sdpa_kind(spec, dt)
     bwd = layer.rms_norm_block() if spec.norm == "rmsnorm" else layer.layer_norm_block()
     attn, a, nh, s, quantized = layer.attn, layer.a, layer.nh, layer.s, layer.quantized
     fwd = _attention_forward_workspace(attn, a, nh, s)
-    if attn == "eager":
-        bwd = max(bwd, (4 + 2 * a) * nh * s)
-    rng = 2 * 512 if attn == "flash" else 0  # flash keeps its philox seed and offset: two 512 B blocks
+    attn_bwd = max((4 + 2 * a) * nh * s if attn == "eager" else 0, _math_backward_workspace(attn, nh, s))
+    bwd = max(bwd, attn_bwd - _freed_before_attention_backward(layer))
+    # flash and memory-efficient attention keep their philox seed and offset: two 512 B blocks
+    rng = 2 * 512 if attn in ("flash", "efficient") else 0
     if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
         layer.constant += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
     return LayerActivations(tuple(layer.terms), bwd, fwd, layer.constant, rng)
@@ -119,6 +146,7 @@ class _Layer:
         self.f, self.nh = spec.ffn_size(group), spec.num_heads
         self.s = setup.tokens_per_sequence
         self.a, self.rho, self.autocast = dt.compute, dt.residual, dt.autocast
+        self.dt_weight, self.dt_frozen = dt.weight, dt.frozen
         # a linear layer's input is cast per op: an fp32 residual under autocast, or LayerNorm's output
         # (layer_norm is on autocast's fp32 list) whatever the residual's dtype
         self.amp = dt.amp or (dt.autocast and spec.norm == "layernorm")
@@ -135,10 +163,13 @@ class _Layer:
         # get_target_dtype): the kernel saves those casts and writes a 16-bit output
         self.a_attn = 2 if (setup.attention == "flash" and dt.compute == 4) else dt.compute
         self.gqa = spec.num_kv_heads != spec.num_heads
+        # rotary multiplies k by cos and sin in the residual's dtype: k reaches attention in that dtype
+        self.key_cast = spec.position == "rotary" and self.rho != self.a_attn
         self.qkv_names, self.o_name = group.slot_names("qkv"), group.slot_names("o")[0]
         self.up_names, self.down_name = group.slot_names("up"), (group.slot_names("down") or [""])[0]
         self.terms: list[Term] = []
         self.constant = 0  # saved bytes per layer that do not grow with tokens
+        self.mlp_from = 0  # the first term of the MLP block
 
     def add(self, name: str, nbytes: int, formula: str) -> None:
         if nbytes:
@@ -200,6 +231,7 @@ class _Layer:
         """RMSNorm blocks (Llama, Gemma, Phi-3, Mixtral, OLMo 2): attention, then a gated or MoE MLP.
         Returns the backward workspace per token."""
         self._rms_attention()
+        self.mlp_from = len(self.terms)
         self._rms_mlp()
         return 3 * self.a * self.f + 2 * self.rho * self.h  # backward workspace per token
 
@@ -225,7 +257,7 @@ class _Layer:
         elif spec.qk_norm == "full":
             self.rms_norm("q_norm", q, "q", base_trainable, True)
             self.rms_norm("k_norm", kv, "kv", base_trainable, True)
-        _attention_core(self.add, attn, self.a_attn, q, kv, nh, s, gqa, spec, quantized, self.autocast)
+        _attention_core(self.add, attn, self.a_attn, q, kv, nh, s, gqa, spec, quantized, self.autocast, self.key_cast)
         self._o_proj_input()
         self.lora_mid([o_name])
         if sandwich:
@@ -267,7 +299,8 @@ class _Layer:
             self.rms_norm("mlp_norm", h, "h", base_trainable, wf)
             mlp_in_bytes = rho * h
         if self.group.mlp == "moe":
-            _moe(self.add, spec, f, a, rho, base_trainable)
+            # transformers' grouped_mm experts run in the experts' own dtype (see _moe)
+            _moe(self.add, spec, f, self.dt_weight if base_trainable else self.dt_frozen, rho, base_trainable)
             if self.group.slot_names("shared_up"):
                 self._shared_expert()
         else:
@@ -315,6 +348,7 @@ class _Layer:
         """LayerNorm blocks with a plain GELU MLP (GPT-2, GPT-NeoX, Falcon). Returns the backward
         workspace per token."""
         self._ln_attention()
+        self.mlp_from = len(self.terms)
         self._ln_mlp()
         return 2 * self.a * self.f + 2 * self.rho * self.h  # backward workspace per token
 
@@ -334,7 +368,7 @@ class _Layer:
         attn_name = qkv_names[0]  # one fused projection
         self.linear_inputs("attn", [(attn_name, h)], rho * h, f"{rho}·h")
         self.lora_mid([attn_name])
-        _attention_core(self.add, attn, self.a_attn, q, kv, nh, s, gqa, spec, quantized, self.autocast)
+        _attention_core(self.add, attn, self.a_attn, q, kv, nh, s, gqa, spec, quantized, self.autocast, self.key_cast)
         self._dense_input()
         if spec.hidden_dropout > 0:
             self.add("attn.resid_dropout_mask", h, "1·h")
@@ -411,12 +445,16 @@ def _attention_core(
     spec: ModelSpec,
     quantized: bool = False,
     autocast: bool = False,
+    key_cast: bool = False,
 ) -> None:
     if attn == "math":
         add("attn.query_fp32_scaled", 4 * q, "4·q")
         add("attn.key_fp32", 4 * kv, "4·kv")
         add("attn.value_fp32", 4 * kv, "4·kv")
         add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
+        return
+    if attn == "efficient":
+        _efficient_attention_core(add, a, q, kv, nh, s, gqa, spec, quantized, key_cast)
         return
     if attn == "flash":
         add("attn.query", a * q, f"{a}·q")
@@ -454,7 +492,65 @@ def _attention_forward_workspace(attn: str, a: int, nh: int, s: int) -> int:
     return 0
 
 
+def _efficient_attention_core(
+    add, a: int, q: int, kv: int, nh: int, s: int, gqa: bool, spec: ModelSpec, quantized: bool, key_cast: bool
+) -> None:
+    """Memory-efficient SDPA with a mask, as transformers calls it (integrations/sdpa_attention.py, 5.24:
+    ``use_gqa_in_sdpa`` is false with a mask on CUDA, so ``repeat_kv`` materialises keys and values with every
+    query head). PyTorch's CUDA branch of ``scaled_dot_product_attention`` (aten/src/ATen/native/transformers/
+    attention.cpp) first turns the boolean mask into a new additive one of the query's dtype
+    (``convert_boolean_attn_mask``: ``at::zeros_like`` + ``masked_fill_``; transformers' mask is a batch-expanded
+    view, so the copy is b·s·s), pads and expands it (``preprocess_mask``, a view); the kernel saves q, k, v, that
+    bias, its output, the fp32 logsumexp and the philox seed and offset.
+
+    ``repeat_kv`` is ``expand(...).reshape(...)``: with one key/value head the reshape is a view (stride 0 over
+    the heads) and nothing is copied, unless autocast then casts the expanded view (``key_cast``: a key that
+    left the rotary product in the residual's dtype, cos and sin being cast to it)."""
+    nkv = spec.num_kv_heads
+
+    def kv_term(name: str, cast: bool) -> None:
+        if gqa and (nkv > 1 or cast):
+            add(name, a * q, f"{a}·q")
+        else:
+            add(name, a * kv, f"{a}·kv")
+
+    add("attn.query", a * q, f"{a}·q")
+    kv_term("attn.key", key_cast)
+    if spec.value_is_qkv_view and not quantized and not gqa:
+        add("attn.value_fused_qkv", a * (q + 2 * kv), f"{a}·(q + 2·kv)")  # see _attention_core
+    else:
+        kv_term("attn.value", False)
+    add("attn.output", a * q, f"{a}·q")
+    add("attn.logsumexp", 4 * nh, "4·nh")
+    s_pad = -(-s // 8) * 8  # preprocess_mask pads the last dimension to a multiple of 8
+    add("attn.mask_bias", a * s_pad, f"{a}·s")
+
+
+def _freed_before_attention_backward(layer: _Layer) -> int:
+    """Bytes per token the MLP block saved, released before attention's backward starts.
+
+    Autograd frees a node's saved tensors once it has run (torch/csrc/autograd/engine.cpp, ``call_function``
+    then ``fn.release_variables()`` when the graph is not retained), and among ready nodes it runs the one
+    created last first (``CompareNodeTaskTime``: higher ``sequence_nr`` first). The MLP is built after
+    attention in every family's forward, sequential or parallel (Falcon, GPT-NeoX), so its nodes run first."""
+    return sum(t.bytes_per_token for t in layer.terms[layer.mlp_from :])
+
+
+def _math_backward_workspace(attn: str, nh: int, s: int) -> int:
+    """PyTorch's math SDPA kernel (``_scaled_dot_product_attention_math``, aten/src/ATen/native/transformers/
+    attention.cpp, torch 2.13) computes in fp32 on CUDA. Its backward first makes the gradient of the
+    probabilities (``BmmBackward0``: grad_out @ vᵀ, fp32 nh·s per token), then ``_safe_softmax``'s backward
+    (tools/autograd/derivatives.yaml: ``_softmax_backward_data(grad, result, ...)``) writes the gradient of
+    the scores, fp32 again, while the first is still alive: two fp32 s×s tensors beside the saved softmax."""
+    return 2 * 4 * nh * s if attn == "math" else 0
+
+
 def _moe(add, spec: ModelSpec, f: int, a: int, rho: int, base_trainable: bool) -> None:
+    """Routed experts as transformers 5 runs them by default (``grouped_mm``, integrations/moe.py 5.24:
+    ``grouped_mm_experts_forward``). ``a`` is the experts' weight dtype, not autocast's: ``_grouped_mm`` casts
+    the gathered tokens to ``weight.dtype`` and calls ``torch.nn.functional.grouped_mm``, which is not
+    autocast-enabled (its comment cites pytorch#174763) — fp32 experts (fp32 weights under autocast, QLoRA's
+    unquantized 3-D experts after prepare_model_for_kbit_training) compute and save in fp32."""
     h, e, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
     if base_trainable:
         add("moe.router_input", rho * h, f"{rho}·h")

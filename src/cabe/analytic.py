@@ -28,6 +28,7 @@ from cabe.activations import (
     checkpointed_layer_bytes_per_token,
     head_activations,
     layer_activations,
+    sdpa_masked_layers,
 )
 from cabe.architecture import LayerGroup, ModelSpec
 from cabe.errors import InvalidValueError
@@ -422,15 +423,29 @@ def _kind(run: LayerGroup) -> tuple[Any, ...]:
 def _run_activations(
     spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: LayerGroup, count: int, tokens: int, trained: bool
 ) -> _RunActivations:
-    if trained:
-        per_layer = layer_activations(spec, setup, dt, base_trainable=True, adapters=False, group=run)
-    else:
-        per_layer = layer_activations(spec, setup, dt, base_trainable=False, adapters=setup.adapters, group=run)
+    kw = (
+        {"base_trainable": True, "adapters": False}
+        if trained
+        else {"base_trainable": False, "adapters": setup.adapters}
+    )
+    per_layer = layer_activations(spec, setup, dt, group=run, **kw)
     full_layer_bytes = tokens * per_layer.bytes_per_token + per_layer.constant_bytes
+    mean_layer_bytes = full_layer_bytes
+    masked = sdpa_masked_layers(spec, setup)
+    if masked:  # layers whose SDPA gets a mask run another kernel (activations.sdpa_masked_layers)
+        # NOTE: each run is given the model's share of masked layers: exact when the model is one run (every
+        # family with masked layers today); a model with several runs and masked layers gets their mean
+        layers = spec.num_layers
+        per_masked = layer_activations(spec, setup, dt, group=run, masked=True, **kw)
+        masked_bytes = tokens * per_masked.bytes_per_token + per_masked.constant_bytes
+        # the mean over the layers, and the larger layer for the one being recomputed
+        mean_layer_bytes = round((full_layer_bytes * (layers - masked) + masked_bytes * masked) / layers)
+        full_layer_bytes = max(full_layer_bytes, masked_bytes)
+        per_layer = per_masked if 2 * masked >= layers else per_layer
     if setup.checkpointing:
         saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
     else:
-        saved_layer_bytes = full_layer_bytes
+        saved_layer_bytes = mean_layer_bytes
     return _RunActivations(run, count, per_layer, full_layer_bytes, saved_layer_bytes)
 
 
@@ -457,10 +472,12 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
     layer = run or spec.runs[-1]
     # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast when
     # it is not in the autocast dtype already
+    # The 3-D experts get no copy: transformers' grouped_mm runs them in their own dtype, outside autocast
+    # (activations._moe)
     base = sum(
         round_alloc(lin.weight_count * 2)
         for lin in layer.linears
-        if dt.weight_copies and not (setup.method == "qlora" and lin.quantized_by_bnb)
+        if dt.weight_copies and not (setup.method == "qlora" and lin.quantized_by_bnb) and lin.slot != "experts"
     )
     adapters = 0
     if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
@@ -500,6 +517,29 @@ def _grad_bytes(states: _States, keep: Callable[[Tensor], bool]) -> int:
     return sum(round_alloc(t.numel * b[t.kind]) * t.count for t in states.tensors if t.trainable and keep(t))
 
 
+def _tied_grad_pending(spec: ModelSpec, setup: TrainingSetup, states: _States) -> int:
+    """The lm_head's gradient of a tied, trained embedding, held through the layers' backward.
+
+    The engine collects the gradients of one AccumulateGrad node in its ``InputBuffer`` until every
+    producer has run (torch/csrc/autograd/engine.cpp, ``Engine::evaluate_function``: ``not_ready``
+    buffers; input_buffer.cpp ``InputBuffer::add``); the tied weight's two producers are the lm_head's
+    ``MmBackward0`` (first) and the embedding's backward (last), so one gradient-sized tensor waits."""
+    if setup.method != "full" or not spec.tie_word_embeddings:
+        return 0
+    return round_alloc(spec.embedding_count * states.bytes_of["embedding"])
+
+
+def _head_weight_grads(spec: ModelSpec, states: _States, copies: _Copies) -> tuple[int, int]:
+    """An fp32 lm_head (or tied embedding) trained under autocast: ``MmBackward0`` writes the gradient of
+    its 16-bit copy, ``ToCopyBackward0`` casts it to fp32 (torch/csrc/autograd/FunctionsManual.cpp,
+    ``_to_copy_backward``: ``grad.to(self.options())``) while the 16-bit one is still referenced."""
+    kind = "embedding" if spec.tie_word_embeddings else "lm_head"
+    grad = _grad_bytes(states, lambda t: t.kind == kind)
+    if not (grad and copies.head):
+        return 0, 0
+    return copies.head, grad  # (the 16-bit gradient of the copy, the cast)
+
+
 def _step_parts(
     spec: ModelSpec,
     setup: TrainingSetup,
@@ -526,6 +566,7 @@ def _step_parts(
         return sum(r.count * of(r) for r in runs) // grad_layers if runs else 0
 
     ckpt = setup.checkpointing
+    head_copy_grad, head_weight_grad = _head_weight_grads(spec, states, copies)
     return StepParts(
         weights=states.weights + states.quant,
         optimizer=states.opt.state_bytes,
@@ -551,6 +592,9 @@ def _step_parts(
         head_backward_extra=tokens * head.backward_peak_extra + head.backward_fixed,
         optimizer_temporaries=states.opt.temp_bytes,
         grads_in_forward=setup.grad_accum > 1,
+        tied_grad_pending=_tied_grad_pending(spec, setup, states),
+        head_copy_grad=head_copy_grad,
+        head_weight_grad=head_weight_grad,
         # NOTE: with tied embeddings the embedding's gradient arrives second and AccumulateGrad adds it
         # out of place: the new gradient and the sum coexist with the old one for a moment. Accumulating
         # into the previous micro-batch's .grad keeps one more gradient-sized tensor alive at that moment

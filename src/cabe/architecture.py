@@ -139,6 +139,9 @@ class ModelSpec:
     value_is_qkv_view: bool = False
     eager_softmax_fp32: bool = True  # GPT-2's eager attention takes softmax in the compute dtype
     sdpa_fallback: str = ""  # what attn_implementation="sdpa" really runs, when not a fused kernel
+    # transformers builds a sliding-window mask for SDPA on every layer from this window, whatever the layer
+    # groups say (Phi-3: create_sliding_window_causal_mask whenever config.sliding_window is set)
+    sdpa_mask_window: int | None = None
     attn_logit_softcapping: float | None = None
     num_experts: int = 0
     experts_per_token: int = 0

@@ -71,6 +71,13 @@ class StepParts:
     # checkpointing: layers outside the gradient's path (freeze's frozen bottom) still keep their input
     # alive through the step (the checkpoint's saved inputs; seen in the trace)
     frozen_inputs: int = 0
+    # tied embeddings: the lm_head's gradient waits in autograd's input buffer of the shared weight's
+    # AccumulateGrad node until the embedding's gradient arrives at the very end of backward
+    tied_grad_pending: int = 0
+    # autocast on an fp32 lm_head: MmBackward0 gives the 16-bit copy's gradient, ToCopyBackward0 casts it
+    # to the weight's dtype; both are alive at that moment (``head_weight_grad`` is the cast)
+    head_copy_grad: int = 0
+    head_weight_grad: int = 0
     # extra per-phase components from sharding (communication buffers, gathered layers ...)
     extra_forward: dict[str, int] = field(default_factory=dict)
     extra_backward: dict[str, int] = field(default_factory=dict)
@@ -139,6 +146,8 @@ def timeline(p: StepParts) -> list[Moment]:
             },
         ),
     ]
+    if p.head_copy_grad:
+        moments.append(_lm_head_weight_moment(p, base, g_acc, acts_all, copies_all))
     moments += _layer_moments(p, runs, base, g_acc, saved_all, copies_all)
     if p.embedding_backward_workspace:
         moments.append(
@@ -177,7 +186,7 @@ def _layer_moments(
                     _where(i == 0 and end == 0, i == len(runs) - 1 and end == 1, layers_above + from_top),
                     {
                         **base,
-                        "gradients": g_acc or (grads_above + r.grads * (from_top + 1)),
+                        "gradients": (g_acc or (grads_above + r.grads * (from_top + 1))) + p.tied_grad_pending,
                         "weight_copies": copies + r.copies * remaining + r.copies_recompute,
                         "activations": saved
                         + remaining * r.saved
@@ -202,3 +211,19 @@ def _where(top: bool, bottom: bool, from_top: int) -> str:
     if bottom:
         return "bottom_layer"
     return f"layer_{from_top}_from_top"
+
+
+def _lm_head_weight_moment(p: StepParts, base: dict[str, int], g_acc: int, acts_all: int, copies_all: int) -> Moment:
+    """The lm_head's weight gradient under autocast: the 16-bit gradient of its copy and the cast to the
+    weight's dtype coexist (the logits' gradient and the copy saved for the matmul are released by then)."""
+    return Moment(
+        "backward",
+        "lm_head",
+        {
+            **base,
+            "gradients": g_acc + p.head_weight_grad + p.head_copy_grad,
+            "weight_copies": copies_all,
+            "activations": acts_all,
+            **p.extra_backward,
+        },
+    )

@@ -74,3 +74,74 @@ def test_measure_without_cuda_says_no_cuda():
     with pytest.raises(CabeError) as e:
         measure_step({"model_type": "llama"}, TrainingSetup())
     assert e.value.code == "no_cuda"
+
+
+def _all_params_are_codes_or_numbers(err: CabeError) -> None:
+    """Only codes (no spaces), numbers and a library's own message (``detail``) travel in an error."""
+    for k, v in err.params.items():
+        if k in ("detail", "reason"):  # the OS's / library's own text, shown as data
+            continue
+        assert not isinstance(v, str) or " " not in v, (k, v)
+
+
+@pytest.mark.parametrize("code", ["disabled", "torch_imported", "no_torch", "no_compiler", "compile_failed"])
+def test_no_fake_cuda_is_a_code_with_words_in_both_catalogs(monkeypatch, code):
+    pytest.importorskip("torch")
+    from cabe.i18n import error_message
+    from cabe.trace import _native, engine
+
+    monkeypatch.setenv("CABE_NO_SUBPROCESS", "1")
+    monkeypatch.setattr(_native, "_lib", None)
+    monkeypatch.setattr(_native, "_reason", code)
+    monkeypatch.setattr(_native, "_detail", "g++: error 1" if code == "compile_failed" else "")
+    monkeypatch.setattr(_native, "torch_has_cuda", lambda: False)
+    monkeypatch.setattr(__import__("torch").cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError) as e:
+        engine.resolve_mode("fake", TrainingSetup())
+    err = e.value
+    assert err.code == "mode_unsupported" and err.params["why"] == code
+    _all_params_are_codes_or_numbers(err)
+    en, es = error_message(err, "en"), error_message(err, "es")
+    assert "no fake CUDA device" in en and "no hay dispositivo CUDA simulado" in es
+    if code == "compile_failed":
+        assert "g++: error 1" in en and "g++: error 1" in es
+
+
+def test_subprocess_is_chosen_on_the_code_not_on_words(monkeypatch):
+    pytest.importorskip("torch")
+    from cabe.trace import _native, engine
+
+    monkeypatch.delenv("CABE_NO_SUBPROCESS", raising=False)
+    monkeypatch.setattr(_native, "_lib", None)
+    monkeypatch.setattr(_native, "_reason", "torch_imported")
+    monkeypatch.setattr(_native, "torch_has_cuda", lambda: False)
+    monkeypatch.setattr(__import__("torch").cuda, "is_available", lambda: False)
+    assert engine.resolve_mode("auto", TrainingSetup()) == "fake-subprocess"
+    monkeypatch.setattr(_native, "_reason", "disabled")
+    assert engine.resolve_mode("auto", TrainingSetup(precision="fp32", optimizer_impl="foreach")) == "meta"
+
+
+def test_mode_errors_carry_why_codes():
+    pytest.importorskip("torch")
+    from cabe.i18n import error_message
+    from cabe.trace.engine import resolve_mode
+
+    with pytest.raises(ConfigError) as e:
+        resolve_mode("meta", TrainingSetup(precision="bf16-amp"))
+    assert (e.value.code, e.value.params["why"]) == ("mode_unsupported", "needs_fake")
+    assert "fake CUDA device" in error_message(e.value, "en")
+    with pytest.raises(ConfigError) as e:
+        resolve_mode("cpu", TrainingSetup(precision="bf16-amp"))
+    assert e.value.params["why"] == "cpu_autocast"
+    assert "autocast de CUDA" in error_message(e.value, "es")
+
+
+def test_trace_failed_keeps_its_code_and_says_why():
+    from cabe.i18n import error_message
+
+    err = ConfigError("trace_failed", None, why="worker_exited")
+    assert err.code == "trace_failed"
+    assert error_message(err, "en").endswith("the trace worker process exited.")
+    assert "proceso trabajador" in error_message(err, "es")
+    err = ConfigError("trace_failed", None, why="exception", detail="RuntimeError: boom")
+    assert "RuntimeError: boom" in error_message(err, "en") and "RuntimeError: boom" in error_message(err, "es")

@@ -40,6 +40,9 @@ def read(r: Reader, name: str) -> ModelSpec:
         max_positions=r.int("max_position_embeddings", default=4096),
         layer_groups=groups(layers, linears, "gated", win, listed or 0),
         rotary_by_cat=True,
+        # NOTE: transformers/models/phi3/modeling_phi3.py (5.24), Phi3Model.forward: mask_function =
+        # create_sliding_window_causal_mask whenever config.sliding_window is not None
+        sdpa_mask_window=window(r),
         value_is_qkv_view=True,
         attention_dropout=r.dropout("attention_dropout"),
         hidden_dropout=r.dropout("resid_pdrop"),

@@ -117,6 +117,10 @@ def error_message(err: Any, lang: str = DEFAULT_LANG) -> str:
     # a sentence without the "did you mean" part when there is nothing to suggest
     if params.get("suggestions") == "" and key + "_plain" in catalog(lang):
         key += "_plain"
+    # a sentence per cause when the error carries one as a code (``why``), e.g. error.mode_unsupported.no_torch
+    why = params.get("why")
+    if isinstance(why, str) and f"{key}.{why}" in catalog(DEFAULT_LANG):
+        key = f"{key}.{why}"
     return text(key, lang, params)
 
 

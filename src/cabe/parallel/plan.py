@@ -148,6 +148,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
     layer_frac = lay.stage_layers / spec.num_layers
     grad_layers = _grad_layers(parts, spec, setup, lay)
     grads_total = st.grads
+    g_share = grads_total / parts.grads if parts.grads else 0.0
     grads_head, grads_per_layer = _grads_split(parts, grads_total, lay, layer_frac, grad_layers)
     for name, nbytes in communication_buffers(spec, setup, lay, cfg, c.dt).items():
         st.buffers["forward"][name] = nbytes
@@ -181,6 +182,10 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         head_forward_extra=round(parts.head_forward_extra * f.head) if head_on else 0,
         head_backward_extra=round(parts.head_backward_extra * f.head) if head_on else 0,
         optimizer_temporaries=round(st.temporaries),
+        # the head's weight gradients (tied pending, autocast's 16-bit one) shrink as the gradients do
+        tied_grad_pending=round(parts.tied_grad_pending * g_share) if head_on else 0,
+        head_copy_grad=round(parts.head_copy_grad * f.head) if head_on and keep else 0,
+        head_weight_grad=round(parts.head_weight_grad * g_share) if head_on else 0,
         grads_in_forward=parts.grads_in_forward or (lay.pp > 1 and setup.grad_accum > 1),
         extra_forward={**parts.extra_forward, **extra["forward"]},
         extra_backward={**parts.extra_backward, **extra["backward"]},

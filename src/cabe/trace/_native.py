@@ -82,7 +82,8 @@ extern "C" void cabe_fake_cuda_enable(int on) { g_enabled.store(on); }
 """
 
 _lib: ctypes.CDLL | None = None
-_reason: str = "not attempted"
+_reason: str = "not_attempted"
+_detail: str = ""
 
 
 def _torch_dir() -> Path | None:
@@ -114,6 +115,15 @@ def _cache_dir() -> Path:
     return Path(base)
 
 
+class _ShimFailure(Exception):
+    """Building the shim failed: ``code`` (``no_compiler``, ``compile_failed``), the compiler's own output."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(code)
+        self.code = code
+        self.detail = detail
+
+
 def _build(tdir: Path) -> Path:
     version = (tdir / "version.py").read_text() if (tdir / "version.py").exists() else ""
     key = hashlib.sha256((_SOURCE + version + str(tdir)).encode()).hexdigest()[:16]
@@ -123,7 +133,7 @@ def _build(tdir: Path) -> Path:
         return out
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if not cxx:
-        raise RuntimeError("no C++ compiler found (set CXX)")
+        raise _ShimFailure("no_compiler", "")
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "fakecuda.cpp"
@@ -147,40 +157,45 @@ def _build(tdir: Path) -> Path:
         ]
         proc = subprocess.run(base, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
-            raise RuntimeError("compiling the fake-CUDA shim failed: " + proc.stderr[-2000:])
+            raise _ShimFailure("compile_failed", proc.stderr[-400:])
         shutil.move(str(tmp_out), str(out))
     return out
 
 
 def preload() -> bool:
     """Build and load the shim if torch is not imported yet. Never raises."""
-    global _lib, _reason
+    global _lib, _reason, _detail
     if _lib is not None:
         return True
     if os.environ.get("CABE_NO_FAKE_CUDA"):
-        _reason = "disabled by CABE_NO_FAKE_CUDA"
+        _reason = "disabled"  # CABE_NO_FAKE_CUDA is set
         return False
     if "torch" in sys.modules:
-        _reason = "torch was imported before cabe.trace"
+        _reason = "torch_imported"  # the shim must load before torch
         return False
     tdir = _torch_dir()
     if tdir is None:
-        _reason = "torch is not installed"
+        _reason = "no_torch"
         return False
     if torch_has_cuda():
-        _reason = "torch has CUDA: no shim needed"
+        _reason = "torch_has_cuda"  # no shim needed
         return False
     try:
         path = _build(tdir)
         lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         if lib.cabe_fake_cuda_status() != 3:
-            _reason = "the shim loaded but its CUDA hooks were not picked up"
+            _reason = "hooks_missing"  # the shim loaded, its CUDA hooks were not picked up
             return False
-    except Exception as exc:  # compiler missing, ABI mismatch, ...
-        _reason = f"{type(exc).__name__}: {exc}"
+    except _ShimFailure as exc:
+        _reason, _detail = exc.code, exc.detail
+        return False
+    except Exception as exc:  # ABI mismatch, ...
+        _reason = "shim_failed"
+        _detail = f"{type(exc).__name__}: {str(exc)[:400]}"
         return False
     _lib = lib
     _reason = "loaded"
+    _detail = ""
     return True
 
 
@@ -190,7 +205,16 @@ def available() -> bool:
 
 
 def reason() -> str:
+    """Why the shim is or is not loaded, as a code: ``loaded``, ``not_attempted``, ``disabled``,
+    ``torch_imported``, ``no_torch``, ``torch_has_cuda``, ``no_compiler``, ``compile_failed``,
+    ``hooks_missing`` or ``shim_failed``
+    (words: ``error.mode_unsupported.<code>`` in the trace catalogs)."""
     return _reason
+
+
+def detail() -> str:
+    """The compiler's or loader's own message when :func:`reason` is ``compile_failed`` or ``shim_failed``, else ``""``."""
+    return _detail
 
 
 def enable(on: bool) -> None:

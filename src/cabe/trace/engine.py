@@ -78,22 +78,18 @@ def resolve_mode(mode: str, setup: TrainingSetup) -> str:
     needs_fake = autocast_dtype(setup) is not None or setup.resolved_optimizer_impl == "fused"
     if mode in ("meta", "cpu"):
         if needs_fake and mode == "meta":
-            raise ConfigError(
-                "mode_unsupported", "mode", mode=mode, reason="AMP and fused optimizers need the fake CUDA device"
-            )
+            raise ConfigError("mode_unsupported", "mode", mode=mode, why="needs_fake")
         if mode == "cpu" and autocast_dtype(setup) is not None:
-            raise ConfigError("mode_unsupported", "mode", mode=mode, reason="CUDA autocast on a CPU run")
+            raise ConfigError("mode_unsupported", "mode", mode=mode, why="cpu_autocast")
         return mode
     if torch.cuda.is_available() or _native.available():
         return "fake"
     if _native.torch_has_cuda():
         return "fake"
-    if not os.environ.get("CABE_NO_SUBPROCESS") and _native.reason().startswith("torch was imported"):
+    if not os.environ.get("CABE_NO_SUBPROCESS") and _native.reason() == "torch_imported":
         return "fake-subprocess"
     if mode == "fake" or needs_fake:
-        raise ConfigError(
-            "mode_unsupported", "mode", mode=mode, reason=f"no fake CUDA device here ({_native.reason()})"
-        )
+        raise ConfigError("mode_unsupported", "mode", mode=mode, why=_native.reason(), detail=_native.detail())
     return "meta"
 
 
@@ -121,9 +117,7 @@ def run_trace(
         raise ConfigError("out_of_range", "steps", value=steps, minimum=2, maximum=100)
     if kind == "fake" and not torch.cuda.is_available() and not _native.available():
         # without the shim, autograd on fake CUDA tensors aborts the process: refuse instead
-        raise ConfigError(
-            "mode_unsupported", "mode", mode="fake", reason=f"no fake CUDA device in this process ({_native.reason()})"
-        )
+        raise ConfigError("mode_unsupported", "mode", mode="fake", why=_native.reason(), detail=_native.detail())
     device = torch.device(_DEVICES[kind])
     with state.active(AttentionState(device)) as astate, trace_environment(kind, setup):
         notes: list[str] = []
@@ -251,7 +245,9 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *, steps: int = 2, 
     except MemoryError:
         raise
     except Exception as exc:  # an architecture or op the simulation cannot run
-        raise ConfigError("trace_failed", None, reason=f"{type(exc).__name__}: {str(exc)[:400]}") from exc
+        raise ConfigError(
+            "trace_failed", None, why="exception", detail=f"{type(exc).__name__}: {str(exc)[:400]}"
+        ) from exc
 
 
 def layer_inventory(config: dict[str, Any], setup: TrainingSetup, *, mode: str = "auto") -> list[dict[str, Any]]:
@@ -275,4 +271,6 @@ def layer_inventory(config: dict[str, Any], setup: TrainingSetup, *, mode: str =
     except CabeError:
         raise
     except Exception as exc:
-        raise ConfigError("trace_failed", None, reason=f"{type(exc).__name__}: {str(exc)[:400]}") from exc
+        raise ConfigError(
+            "trace_failed", None, why="exception", detail=f"{type(exc).__name__}: {str(exc)[:400]}"
+        ) from exc

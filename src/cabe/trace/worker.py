@@ -59,7 +59,7 @@ class _Worker:
                 if line:
                     return json.loads(line)
                 self.proc = None  # died (e.g. killed for memory): one fresh try
-            raise ConfigError("trace_failed", None, reason="the trace worker process exited")
+            raise ConfigError("trace_failed", None, why="worker_exited")
 
 
 _WORKER = _Worker()
@@ -98,7 +98,7 @@ def _error(exc: Exception) -> dict[str, Any]:
         "type": "ConfigError",
         "code": "trace_failed",
         "field": None,
-        "params": {"reason": f"{type(exc).__name__}: {str(exc)[:400]}"},
+        "params": {"why": "exception", "detail": f"{type(exc).__name__}: {str(exc)[:400]}"},
     }
 
 
