@@ -109,10 +109,13 @@ def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, A
         kw["trainable_layers"] = rng.randint(1, spec.num_layers)
     if method == "prompt-tuning":
         kw["prompt_tokens"] = rng.choice([8, 16, 20, 32, 64])
-    if rng.random() < 0.4:  # the loss kernels the trace runs: transformers' own, torchtune's chunked
-        kw["loss"] = rng.choice(["hf", "chunked"])
+    # the loss kernels the trace runs (transformers' own, torchtune's chunked), drawn from the configuration's
+    # own generator so that the draws of a seed before this knob stay the same configurations
+    lrng = random.Random(f"{model} {sorted(kw.items())}")
+    if lrng.random() < 0.4:
+        kw["loss"] = lrng.choice(["hf", "chunked"])
         if kw["loss"] == "chunked":
-            kw["loss_chunks"] = rng.choice([2, 4, 8, 16])
+            kw["loss_chunks"] = lrng.choice([2, 4, 8, 16])
     return model, kw
 
 
