@@ -27,7 +27,7 @@ _spec.loader.exec_module(fakehub)
 
 @pytest.fixture(scope="module")
 def fake():
-    hub = fakehub.FakeHub(slow_s=3.0).start()
+    hub = fakehub.FakeHub(slow_s=60.0).start()  # a broken bound would wait a minute
     yield hub
     hub.stop()
 
@@ -86,7 +86,7 @@ def test_hub_refusals_are_sentences_without_paths(endpoint, repo, code):
     r = c.post("/api/estimate", json={"model": repo})
     assert r.status_code == 422 and _code(r) == code, r.text
     assert "/tmp" not in r.text and str(Path.home()) not in r.text
-    assert time.perf_counter() - t0 < 3  # the 200 MiB bodies are never read whole
+    assert time.perf_counter() - t0 < 10  # generous on a loaded machine: unbounded would be minutes
     assert server_hub.cached_bytes() <= server_hub.max_bytes
 
 
@@ -100,10 +100,10 @@ def test_slow_hub_times_out_within_bound(endpoint):
     t0 = time.perf_counter()
     r = c.post("/api/estimate", json={"model": "org/slow-1"})
     assert r.status_code == 422 and _code(r) == "hub_timeout"
-    assert time.perf_counter() - t0 < 3.5  # total_s=2 (+ one read timeout at most)
+    assert time.perf_counter() - t0 < 10  # total_s=2 (+ one read timeout); unbounded: 60 s
     t0 = time.perf_counter()
     r = c.post("/api/estimate", json={"model": "org/trickle-1"})
-    assert _code(r) == "hub_timeout" and time.perf_counter() - t0 < 3.5
+    assert _code(r) == "hub_timeout" and time.perf_counter() - t0 < 10  # unbounded: 4,096 s
 
 
 def test_concurrency_limit_answers_429(endpoint):
@@ -152,7 +152,7 @@ def test_cli_hub_timeout_and_offline_sentences(endpoint, capsys, monkeypatch):
     monkeypatch.setattr(hub_module, "CLI", hub_module.Policy(timeout_s=0.5, total_s=1.5, retries=1))
     t0 = time.perf_counter()
     assert main(["estimate", "--model", "org/slow-cli", "--lang", "en"]) == 2
-    assert "timed out" in capsys.readouterr().err and time.perf_counter() - t0 < 3
+    assert "timed out" in capsys.readouterr().err and time.perf_counter() - t0 < 10
     assert [m for m, p in endpoint.requests if "slow-cli" in p] == ["HEAD", "HEAD"]  # one retry
     assert main(["estimate", "--model", "org/gated-cli", "--lang", "en"]) == 2
     assert "is gated" in capsys.readouterr().err
