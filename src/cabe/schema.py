@@ -596,6 +596,9 @@ def json_schema(command: str) -> dict[str, Any]:
 
 #: the fields of the simple and lesson modes (a parameter count, no model): with a model they act not
 MODEL_FREE = ("bytes_per_param", "activations_gb")
+#: What the lesson's formula (``--params`` without ``--bytes-per-param``, ``analytic.estimate_lesson``) reads
+#: of the setup; the simple mode (``--bytes-per-param``) reads none of it.
+LESSON_FIELDS = ("method", "precision", "dtype", "autocast", "optimizer")
 
 
 def _sent(v: Any) -> bool:
@@ -631,7 +634,8 @@ def inapplicable(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, An
     ``(field, error code, params)``:
     ``not_for_method`` (``--lora-rank`` with ``--method full``), ``needs_params`` (``--activations-gb``
     with a model), ``method_needs_model`` (``--method qlora`` with only a parameter count: the lesson
-    and simple modes model full fine-tuning)."""
+    and simple modes model full fine-tuning), ``needs_model`` (``--batch 8`` with only a parameter count:
+    neither formula reads it)."""
     out: list[tuple[str, str, dict[str, Any]]] = []
     method = values.get("method") if _sent(values.get("method")) else field("method").default
     for f in SETUP_FIELDS + tuple(field(n) for n in MODEL_FREE):
@@ -643,8 +647,23 @@ def inapplicable(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, An
         else:
             out.append((f.name, "not_for_method", {"method": method, "methods": ", ".join(f.methods)}))
     has_model = _sent(values.get("model")) or _sent(values.get("config"))
-    if not has_model and _sent(values.get("params")) and method != "full":
-        out.append(("method", "method_needs_model", {"value": method}))
+    if not has_model and _sent(values.get("params")):
+        if method != "full":
+            out.append(("method", "method_needs_model", {"value": method}))
+        out += _model_only(values, [name for name, _, _ in out])
+    return out
+
+
+def _model_only(values: Mapping[str, Any], flagged: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
+    """Setup fields given with only a parameter count that its formula does not read (``needs_model``):
+    the lesson's formula reads :data:`LESSON_FIELDS`, the simple mode (``bytes_per_param``) none."""
+    used = () if _sent(values.get("bytes_per_param")) else LESSON_FIELDS
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    for f in SETUP_FIELDS:
+        v = values.get(f.name)
+        if f.name in used or f.name in flagged or f.name == "method" or not _sent(v) or _is_default(f, v):
+            continue
+        out.append((f.name, "needs_model", {}))
     return out
 
 

@@ -17,6 +17,15 @@ from cabe.cli import main
         (["estimate", "--model", "llama-7b", "--bytes-per-param", "2"], "bytes-per-param belongs to the simple mode"),
         (["estimate", "--params", "7", "--method", "qlora"], "method: 'qlora' needs a model"),
         (["estimate", "--params", "7", "--lora-rank", "16"], "lora-rank applies to --method lora, qlora only"),
+        # the lesson's formula reads the parameter count, precision, optimizer and activations only
+        (["estimate", "--params", "7", "--batch", "8"], "batch has no effect with --params alone"),
+        (["estimate", "--params", "7", "--checkpointing"], "checkpointing has no effect with --params alone"),
+        (["estimate", "--params", "7", "--gpus", "4", "--shard", "zero3"], "gpus has no effect with --params alone"),
+        # the simple mode (bytes per parameter given) reads not even the optimizer
+        (
+            ["estimate", "--params", "7", "--bytes-per-param", "16", "--optimizer", "lion"],
+            "optimizer has no effect with --params alone",
+        ),
         (["estimate", "--model", "llama-7b", "--lora-alpha", "32"], "lora-alpha applies to --method lora, qlora"),
         (["estimate", "--model", "llama-7b", "--method", "lora", "--quant", "fp4"], "quant applies to --method qlora"),
         (["estimate", "--model", "llama-7b", "--trainable-layers", "2"], "applies to --method freeze only"),
