@@ -448,10 +448,7 @@ def _attention_core(
     key_cast: bool = False,
 ) -> None:
     if attn == "math":
-        add("attn.query_fp32_scaled", 4 * q, "4·q")
-        add("attn.key_fp32", 4 * kv, "4·kv")
-        add("attn.value_fp32", 4 * kv, "4·kv")
-        add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
+        _math_attention_core(add, q, kv, nh, s)
         return
     if attn == "efficient":
         _efficient_attention_core(add, a, q, kv, nh, s, gqa, spec, quantized, key_cast)
@@ -534,6 +531,24 @@ def _freed_before_attention_backward(layer: _Layer) -> int:
     created last first (``CompareNodeTaskTime``: higher ``sequence_nr`` first). The MLP is built after
     attention in every family's forward, sequential or parallel (Falcon, GPT-NeoX), so its nodes run first."""
     return sum(t.bytes_per_token for t in layer.terms[layer.mlp_from :])
+
+
+def _math_attention_core(add, q: int, kv: int, nh: int, s: int) -> None:
+    """What PyTorch's math SDPA kernel saves (``_scaled_dot_product_attention_math``, aten/src/ATen/native/
+    transformers/attention.cpp, torch 2.13): fp32 copies of q (scaled), k and v, and the fp32 softmax.
+
+    With fewer kv heads than query heads and no ``enable_gqa`` (Falcon's multi-query call), k and v reach
+    ``at::matmul`` as (b, kv_heads, s, d) against (b, nh, s, d): ``_matmul_impl`` (aten/src/ATen/native/
+    LinearAlgebra.cpp) broadcasts the batch dimensions with ``expand(...).reshape(...)``, which copies, and
+    ``BmmBackward0`` saves the copies: k and v are kept at the query's width, 4·q each (the trace of falcon-7b
+    lists two fp32 (b·71)×1024×64 clones per layer). With ``enable_gqa`` the kernel's ``repeat_interleave``
+    gives the same width."""
+    wide = q if kv < q else kv
+    sym = "q" if kv < q else "kv"
+    add("attn.query_fp32_scaled", 4 * q, "4·q")
+    add("attn.key_fp32", 4 * wide, f"4·{sym}")
+    add("attn.value_fp32", 4 * wide, f"4·{sym}")
+    add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
 
 
 def _math_backward_workspace(attn: str, nh: int, s: int) -> int:
