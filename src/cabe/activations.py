@@ -144,7 +144,7 @@ class _Layer:
         self.spec, self.group, self.base_trainable = spec, group, base_trainable
         self.h, self.q, self.kv = spec.hidden_size, spec.q_dim, spec.kv_dim
         self.f, self.nh = spec.ffn_size(group), spec.num_heads
-        self.s = setup.tokens_per_sequence
+        self.s, self.batch = setup.tokens_per_sequence, setup.batch
         self.a, self.rho, self.autocast = dt.compute, dt.residual, dt.autocast
         self.dt_weight, self.dt_frozen = dt.weight, dt.frozen
         # a linear layer's input is cast per op: an fp32 residual under autocast, or LayerNorm's output
@@ -257,7 +257,9 @@ class _Layer:
         elif spec.qk_norm == "full":
             self.rms_norm("q_norm", q, "q", base_trainable, True)
             self.rms_norm("k_norm", kv, "kv", base_trainable, True)
-        _attention_core(self.add, attn, self.a_attn, q, kv, nh, s, gqa, spec, quantized, self.autocast, self.key_cast)
+        _attention_core(
+            self.add, attn, self.a_attn, q, kv, nh, s, gqa, spec, quantized, self.autocast, self.key_cast, self.batch
+        )
         self._o_proj_input()
         self.lora_mid([o_name])
         if sandwich:
@@ -368,7 +370,9 @@ class _Layer:
         attn_name = qkv_names[0]  # one fused projection
         self.linear_inputs("attn", [(attn_name, h)], rho * h, f"{rho}·h")
         self.lora_mid([attn_name])
-        _attention_core(self.add, attn, self.a_attn, q, kv, nh, s, gqa, spec, quantized, self.autocast, self.key_cast)
+        _attention_core(
+            self.add, attn, self.a_attn, q, kv, nh, s, gqa, spec, quantized, self.autocast, self.key_cast, self.batch
+        )
         self._dense_input()
         if spec.hidden_dropout > 0:
             self.add("attn.resid_dropout_mask", h, "1·h")
@@ -446,9 +450,10 @@ def _attention_core(
     quantized: bool = False,
     autocast: bool = False,
     key_cast: bool = False,
+    batch: int = 1,
 ) -> None:
     if attn == "math":
-        _math_attention_core(add, q, kv, nh, s)
+        _math_attention_core(add, q, kv, nh, s, batch)
         return
     if attn == "efficient":
         _efficient_attention_core(add, a, q, kv, nh, s, gqa, spec, quantized, key_cast)
@@ -533,7 +538,7 @@ def _freed_before_attention_backward(layer: _Layer) -> int:
     return sum(t.bytes_per_token for t in layer.terms[layer.mlp_from :])
 
 
-def _math_attention_core(add, q: int, kv: int, nh: int, s: int) -> None:
+def _math_attention_core(add, q: int, kv: int, nh: int, s: int, batch: int) -> None:
     """What PyTorch's math SDPA kernel saves (``_scaled_dot_product_attention_math``, aten/src/ATen/native/
     transformers/attention.cpp, torch 2.13): fp32 copies of q (scaled), k and v, and the fp32 softmax.
 
@@ -541,10 +546,11 @@ def _math_attention_core(add, q: int, kv: int, nh: int, s: int) -> None:
     ``at::matmul`` as (b, kv_heads, s, d) against (b, nh, s, d): ``_matmul_impl`` (aten/src/ATen/native/
     LinearAlgebra.cpp) broadcasts the batch dimensions with ``expand(...).reshape(...)``, which copies, and
     ``BmmBackward0`` saves the copies: k and v are kept at the query's width, 4·q each (the trace of falcon-7b
-    lists two fp32 (b·71)×1024×64 clones per layer). With ``enable_gqa`` the kernel's ``repeat_interleave``
-    gives the same width."""
-    wide = q if kv < q else kv
-    sym = "q" if kv < q else "kv"
+    lists two fp32 (b·71)×1024×64 clones per layer). With batch 1 the reshape merges a size-1 dimension
+    with the stride-0 head dimension, a view: k and v stay 4·kv (the trace shows the kv-wide tensors)."""
+    broadcast = kv < q and batch > 1
+    wide = q if broadcast else kv
+    sym = "q" if broadcast else "kv"
     add("attn.query_fp32_scaled", 4 * q, "4·q")
     add("attn.key_fp32", 4 * wide, f"4·{sym}")
     add("attn.value_fp32", 4 * wide, f"4·{sym}")
