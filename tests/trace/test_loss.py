@@ -27,6 +27,11 @@ CASES = {
     ),
     # 262,144-token vocabulary, chunks that do not divide the sequence
     "gemma3-lora": ("gemma-3-1b", dict(method="lora", dtype="bf16", batch=2, seq=256, loss="chunked", loss_chunks=3)),
+    # Gemma 2 soft-caps its logits: the trace caps each chunk (a list cannot be divided; it failed before)
+    "gemma2-softcap-lora": (
+        "gemma-2-2b",
+        dict(method="lora", dtype="bf16", batch=2, seq=256, attention="eager", loss="chunked", loss_chunks=4),
+    ),
     # QLoRA: autocast casts the fp32 (k-bit prepared) tied lm_head once per chunk, each copy saved
     "llama-qlora-ckpt": (
         "llama-3.2-1b",

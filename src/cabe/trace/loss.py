@@ -67,19 +67,34 @@ def loss_kernel(model: Any, setup: TrainingSetup) -> Iterator[None]:
     head = lm.get_output_embeddings()
     project = head.forward
 
+    # Gemma 2's forward soft-caps the whole logits (modeling_gemma2.py: ``logits / cap``, ``tanh``, ``* cap``),
+    # which a list of chunks cannot take: the cap is applied to each chunk here, and taken off the config
+    # for the step (torchtune's Gemma 2 caps each chunk of its chunked output the same way)
+    config = lm.config
+    cap = getattr(config, "final_logit_softcapping", None)
+
     def chunked_output(hidden: Any) -> list[Any]:
         # NOTE: torchtune splits the hidden states with ``chunk`` and the labels with ``tensor_split``;
         # they agree when n divides the sequence (else torchtune's loss fails on mismatched chunks), so
         # both are ``tensor_split`` here
-        return [project(chunk) for chunk in hidden.tensor_split(n, dim=1)]
+        chunks = [project(chunk) for chunk in hidden.tensor_split(n, dim=1)]
+        if cap is not None:
+            import torch
+
+            chunks = [torch.tanh(c / cap) * cap for c in chunks]
+        return chunks
 
     def loss_function(logits: Any, labels: Any, vocab_size: int, **kwargs: Any) -> Any:
         return chunked_cross_entropy(logits, labels, n)
 
     head.forward = chunked_output
     lm.loss_function = loss_function
+    if cap is not None:
+        config.final_logit_softcapping = None
     try:
         yield
     finally:
         del head.forward
         del lm._loss_function
+        if cap is not None:
+            config.final_logit_softcapping = cap
