@@ -215,11 +215,11 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _write(rows: list[dict[str, Any]], seed: int, out: Path) -> None:
+def _write(rows: list[dict[str, Any]], seed: int, out: Path, suffix: str = "") -> None:
     s = summary(rows)
-    (out / f"results-{seed}.json").write_text(json.dumps({"seed": seed, "summary": s, "rows": rows}, indent=1))
+    (out / f"results-{seed}{suffix}.json").write_text(json.dumps({"seed": seed, "summary": s, "rows": rows}, indent=1))
     lines = [
-        f"# Differential benchmark, seed {seed}",
+        f"# Differential benchmark, seed {seed}{' (re-estimated with later code: --rescore)' if suffix else ''}",
         "",
         f"{s['traced']} of {s['configurations']} traced; max |error| {100 * (s['max_abs_error'] or 0):.2f}%, "
         f"median {100 * (s['median_abs_error'] or 0):.2f}%, within 3%: {s['within_3pct']}; "
@@ -234,7 +234,32 @@ def _write(rows: list[dict[str, Any]], seed: int, out: Path) -> None:
         e = f"{100 * r['relative_error']:+.2f}%" if r["relative_error"] is not None else (r["error"] or "n/a")
         inv = ", ".join(r["invariants_broken"])
         lines.append(f"| {r['model']} | {label} | {r['estimate_bytes'] / 2**30:.2f} | {tr} | {e} | {inv} |")
-    (out / f"results-{seed}.md").write_text("\n".join(lines) + "\n")
+    (out / f"results-{seed}{suffix}.md").write_text("\n".join(lines) + "\n")
+
+
+def rescore(seed: int) -> list[dict[str, Any]]:
+    """The configurations of ``results-<seed>.json`` again with today's analytic code: each estimate (and
+    its invariants) recomputed against the trace recorded then, and the configurations whose trace failed
+    traced anew. Valid while the trace's code is unchanged for the recorded rows (say so when quoting it)."""
+    data = json.loads((HERE / f"results-{seed}.json").read_text())
+    rows = []
+    for r in data["rows"]:
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in r["setup"].items()}
+        if r["trace_bytes"] is None:
+            rows += run([(r["model"], kw)], quiet=True)
+            continue
+        est = estimate_model(preset(r["model"]).spec, TrainingSetup(**kw))
+        rows.append(
+            {
+                **r,
+                "estimate_bytes": est.total_bytes,
+                "relative_error": (est.total_bytes - r["trace_bytes"]) / r["trace_bytes"],
+                "estimate_phase": est.peak_phase,
+                "estimate_components": est.components,
+                "invariants_broken": invariants(r["model"], kw, traced=r["trace_bytes"]),
+            }
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,7 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="reproduce a run (default: a new seed)")
     ap.add_argument("--small", action="store_true", help="models up to 1.6B only")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--rescore", type=int, metavar="SEED", help="re-estimate results-SEED.json (see rescore)")
     a = ap.parse_args(argv)
+    if a.rescore is not None:
+        rows = rescore(a.rescore)
+        print(json.dumps({"seed": a.rescore, "rescored": True, **summary(rows)}))
+        if not a.no_write:
+            _write(rows, a.rescore, HERE, suffix="-rescored")
+        return 0
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1, 2**31)
     print(f"seed {seed}", flush=True)
     rows = run(draw(seed, a.n, small=a.small))
