@@ -287,7 +287,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     act = _layer_activations(spec, setup, dt)
     copies = _weight_copies(spec, setup, dt)
     head = head_activations(spec, setup, dt)
-    parts = _step_parts(spec, setup, states, act, head, copies)
+    parts = _step_parts(spec, setup, dt, states, act, head, copies)
     shard_info: dict[str, Any] = {}
     if setup.distributed:
         # Multi-GPU plans: sharding transforms the per-GPU parts; the walk of the step is the same.
@@ -540,9 +540,35 @@ def _head_weight_grads(spec: ModelSpec, states: _States, copies: _Copies) -> tup
     return copies.head, grad  # (the 16-bit gradient of the copy, the cast)
 
 
+def _chunked_head_grads(
+    spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _States, copies: _Copies
+) -> tuple[int, int]:
+    """torchtune's chunked loss on a trained lm_head (or tied embedding) in the compute dtype: the moment
+    its weight gradient is first summed across chunks. Returns (gradient bytes, logits-gradient bytes).
+
+    ``chunked_output`` builds every chunk's ``mm`` before the loss, so the ``MmBackward0`` nodes have lower
+    sequence numbers than every loss node, and the engine runs them after the whole loss backward
+    (torch/csrc/autograd/engine.cpp, ``CompareNodeTaskTime``: higher ``sequence_nr`` first): the
+    gradients of all chunks' logits exist, and each ``mm`` consumes one. The second ``mm``'s weight
+    gradient meets the first in the weight's ``InputBuffer``, summed out of place (input_buffer.cpp,
+    ``accumulate``: ``old_var + var`` when it cannot steal the buffer): three weight-sized gradients, while
+    the logits gradients of the n−2 chunks not yet reached (the first n−2 of ``tensor_split``) wait.
+    With an autocast copy of an fp32 head the summed gradients are the copies' casts (not modelled here)."""
+    n = setup.loss_chunks
+    if setup.resolved_loss != "chunked" or n < 2 or copies.head:
+        return 0, 0
+    grad = _grad_bytes(states, lambda t: t.name in ("lm_head", "embed_tokens") and t.kind in ("lm_head", "embedding"))
+    if not grad:
+        return 0, 0
+    s = setup.tokens_per_sequence
+    waiting = sum(s // n + (1 if i < s % n else 0) for i in range(n - 2))  # positions of chunks 0 .. n−3
+    return 3 * grad, dt.compute * spec.vocab_size * setup.batch * waiting
+
+
 def _step_parts(
     spec: ModelSpec,
     setup: TrainingSetup,
+    dt: Dtypes,
     states: _States,
     act: _Activations,
     head: HeadActivations,
@@ -567,6 +593,7 @@ def _step_parts(
 
     ckpt = setup.checkpointing
     head_copy_grad, head_weight_grad = _head_weight_grads(spec, states, copies)
+    chunk_grads, chunk_logits = _chunked_head_grads(spec, setup, dt, states, copies)
     return StepParts(
         weights=states.weights + states.quant,
         optimizer=states.opt.state_bytes,
@@ -595,6 +622,8 @@ def _step_parts(
         tied_grad_pending=_tied_grad_pending(spec, setup, states),
         head_copy_grad=head_copy_grad,
         head_weight_grad=head_weight_grad,
+        head_chunk_grads=chunk_grads,
+        head_chunk_logits=chunk_logits,
         # NOTE: with tied embeddings the embedding's gradient arrives second and AccumulateGrad adds it
         # out of place: the new gradient and the sum coexist with the old one for a moment. Accumulating
         # into the previous micro-batch's .grad keeps one more gradient-sized tensor alive at that moment

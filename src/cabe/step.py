@@ -78,6 +78,10 @@ class StepParts:
     # to the weight's dtype; both are alive at that moment (``head_weight_grad`` is the cast)
     head_copy_grad: int = 0
     head_weight_grad: int = 0
+    # torchtune's chunked loss on a trained head: the weight gradient summed across chunks out of place (three
+    # weight-sized gradients) while the logits gradients of the chunks not yet reached wait
+    head_chunk_grads: int = 0
+    head_chunk_logits: int = 0
     # extra per-phase components from sharding (communication buffers, gathered layers ...)
     extra_forward: dict[str, int] = field(default_factory=dict)
     extra_backward: dict[str, int] = field(default_factory=dict)
@@ -148,6 +152,21 @@ def timeline(p: StepParts) -> list[Moment]:
     ]
     if p.head_copy_grad:
         moments.append(_lm_head_weight_moment(p, base, g_acc, acts_all, copies_all))
+    if p.head_chunk_grads:
+        moments.append(
+            Moment(
+                "backward",
+                "lm_head_chunks",
+                {
+                    **base,
+                    "gradients": g_acc + p.head_chunk_grads,
+                    "weight_copies": copies_all + p.copies_head,
+                    "activations": acts_all,
+                    "logits": p.head_chunk_logits,
+                    **p.extra_backward,
+                },
+            )
+        )
     moments += _layer_moments(p, runs, base, g_acc, saved_all, copies_all)
     if p.embedding_backward_workspace:
         moments.append(

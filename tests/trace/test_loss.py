@@ -32,6 +32,36 @@ CASES = {
         "gemma-2-2b",
         dict(method="lora", dtype="bf16", batch=2, seq=256, attention="eager", loss="chunked", loss_chunks=4),
     ),
+    # a trained, tied lm_head in bf16: its weight gradient summed across chunks (three at once) while the
+    # logits gradients of the chunks not yet reached wait (analytic._chunked_head_grads); 2 and 16 chunks
+    "gemma3-full-2": (
+        "gemma-3-1b",
+        dict(
+            method="full",
+            dtype="bf16",
+            autocast="none",
+            optimizer="sgd-momentum",
+            attention="eager",
+            batch=4,
+            seq=128,
+            loss="chunked",
+            loss_chunks=2,
+        ),
+    ),
+    "gemma3-full-16": (
+        "gemma-3-1b",
+        dict(
+            method="full",
+            dtype="bf16",
+            autocast="none",
+            optimizer="sgd-momentum",
+            attention="eager",
+            batch=4,
+            seq=128,
+            loss="chunked",
+            loss_chunks=16,
+        ),
+    ),
     # QLoRA: autocast casts the fp32 (k-bit prepared) tied lm_head once per chunk, each copy saved
     "llama-qlora-ckpt": (
         "llama-3.2-1b",

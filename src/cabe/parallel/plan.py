@@ -186,6 +186,8 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         tied_grad_pending=round(parts.tied_grad_pending * g_share) if head_on else 0,
         head_copy_grad=round(parts.head_copy_grad * f.head) if head_on and keep else 0,
         head_weight_grad=round(parts.head_weight_grad * g_share) if head_on else 0,
+        head_chunk_grads=round(parts.head_chunk_grads * g_share) if head_on else 0,
+        head_chunk_logits=round(parts.head_chunk_logits * f.head) if head_on else 0,
         grads_in_forward=parts.grads_in_forward or (lay.pp > 1 and setup.grad_accum > 1),
         extra_forward={**parts.extra_forward, **extra["forward"]},
         extra_backward={**parts.extra_backward, **extra["backward"]},
