@@ -529,12 +529,17 @@ def _tied_grad_pending(spec: ModelSpec, setup: TrainingSetup, states: _States) -
     return round_alloc(spec.embedding_count * states.bytes_of["embedding"])
 
 
+def _head_weight_grad_bytes(spec: ModelSpec, states: _States) -> int:
+    """The gradient of the lm_head's weight: the embedding's when the two are tied."""
+    kind = "embedding" if spec.tie_word_embeddings else "lm_head"
+    return _grad_bytes(states, lambda t: t.kind == kind)
+
+
 def _head_weight_grads(spec: ModelSpec, states: _States, copies: _Copies) -> tuple[int, int]:
     """An fp32 lm_head (or tied embedding) trained under autocast: ``MmBackward0`` writes the gradient of
     its 16-bit copy, ``ToCopyBackward0`` casts it to fp32 (torch/csrc/autograd/FunctionsManual.cpp,
     ``_to_copy_backward``: ``grad.to(self.options())``) while the 16-bit one is still referenced."""
-    kind = "embedding" if spec.tie_word_embeddings else "lm_head"
-    grad = _grad_bytes(states, lambda t: t.kind == kind)
+    grad = _head_weight_grad_bytes(spec, states)
     if not (grad and copies.head):
         return 0, 0
     return copies.head, grad  # (the 16-bit gradient of the copy, the cast)
@@ -557,7 +562,7 @@ def _chunked_head_grads(
     n = setup.loss_chunks
     if setup.resolved_loss != "chunked" or n < 2 or copies.head:
         return 0, 0
-    grad = _grad_bytes(states, lambda t: t.name in ("lm_head", "embed_tokens") and t.kind in ("lm_head", "embedding"))
+    grad = _head_weight_grad_bytes(spec, states)
     if not grad:
         return 0, 0
     s = setup.tokens_per_sequence

@@ -16,6 +16,18 @@ from cabe.training import TrainingSetup
 
 pytestmark = pytest.mark.trace
 
+# a trained, tied bf16 lm_head, no autocast: the chunked head's gradient moment decides the peak
+GEMMA3_FULL = dict(
+    method="full",
+    dtype="bf16",
+    autocast="none",
+    optimizer="sgd-momentum",
+    attention="eager",
+    batch=4,
+    seq=128,
+    loss="chunked",
+)
+
 # Traced 2026-12-04 (transformers 5.24, torch 2.13): estimate vs trace peak, each within 0.15%.
 CASES = {
     # 151,936-token vocabulary; 8 chunks of 64 positions
@@ -34,34 +46,8 @@ CASES = {
     ),
     # a trained, tied lm_head in bf16: its weight gradient summed across chunks (three at once) while the
     # logits gradients of the chunks not yet reached wait (analytic._chunked_head_grads); 2 and 16 chunks
-    "gemma3-full-2": (
-        "gemma-3-1b",
-        dict(
-            method="full",
-            dtype="bf16",
-            autocast="none",
-            optimizer="sgd-momentum",
-            attention="eager",
-            batch=4,
-            seq=128,
-            loss="chunked",
-            loss_chunks=2,
-        ),
-    ),
-    "gemma3-full-16": (
-        "gemma-3-1b",
-        dict(
-            method="full",
-            dtype="bf16",
-            autocast="none",
-            optimizer="sgd-momentum",
-            attention="eager",
-            batch=4,
-            seq=128,
-            loss="chunked",
-            loss_chunks=16,
-        ),
-    ),
+    "gemma3-full-2": ("gemma-3-1b", GEMMA3_FULL | dict(loss_chunks=2)),
+    "gemma3-full-16": ("gemma-3-1b", GEMMA3_FULL | dict(loss_chunks=16)),
     # QLoRA: autocast casts the fp32 (k-bit prepared) tied lm_head once per chunk, each copy saved
     "llama-qlora-ckpt": (
         "llama-3.2-1b",
