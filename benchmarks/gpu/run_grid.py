@@ -118,6 +118,29 @@ GRID: list[tuple[str, dict, dict]] = [
         LLAMA_7B,
         dict(precision="bf16", optimizer="adamw-8bit", batch=4, seq=512, checkpointing=True),
     ),
+    # bf16 weights under bf16 autocast: what Trainer(bf16=True) does with a model loaded by transformers 5
+    # defaults (dtype="auto" -> the checkpoint's bf16), cabe's default since issue 10.
+    ("llama7b-lora-bf16mixed-b4s512", LLAMA_7B, dict(LORA_QV, precision="bf16-mixed", batch=4, seq=512)),
+    (
+        "llama7b-lora-bf16mixed-ckpt-b4s1024",
+        LLAMA_7B,
+        dict(LORA_QV, precision="bf16-mixed", batch=4, seq=1024, checkpointing=True),
+    ),
+    (
+        "tinyllama1b-bf16mixed-adamw-b8s1024",
+        TINYLLAMA_1B,
+        dict(precision="bf16-mixed", optimizer_impl="fused", batch=8, seq=1024),
+    ),
+    (
+        "qwen05b-bf16mixed-chunked-b8s2048",
+        QWEN2_05B,
+        dict(precision="bf16-mixed", loss="chunked", batch=8, seq=2048, checkpointing=True),
+    ),
+    (
+        "mistral7b-qlora-bf16mixed-ckpt-b4s1024",
+        MISTRAL_7B,
+        dict(QLORA_QV, precision="bf16-mixed", batch=4, seq=1024, checkpointing=True),
+    ),
 ]
 
 
@@ -196,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "artifacts/gpu-grid"))
     ap.add_argument("--dry-run", action="store_true", help="build every config on meta and stop (no GPU)")
     ap.add_argument("--predict-only", action="store_true", help="run the traces only (no GPU)")
+    ap.add_argument(
+        "--measure-only", action="store_true", help="measure only (predict later here with --merge)"
+    )
+    ap.add_argument("--merge", help="a grid.json of measurements: add this machine's predictions to it")
     ap.add_argument("--only", help="comma list of configuration names")
     ap.add_argument("--budget", type=float, default=460.0, help="seconds; later configs are skipped past it")
     args = ap.parse_args(argv)
@@ -208,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     # 1) measurements, each in its own process -- before this process touches CUDA (the fake
     #    trace may create a context here, which would show in the children's mem_get_info)
+    if args.merge:
+        measured = {r["name"]: r for r in json.loads(Path(args.merge).read_text())}
+        for row in rows:
+            row.update({k: v for k, v in measured.get(row["name"], {}).items() if k != "setup"})
+        args.predict_only = True
     if not args.predict_only:
         for row, (_name, cfg, fields) in zip(rows, grid):
             elapsed = time.perf_counter() - t_start
@@ -220,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             (out_dir / "grid.json").write_text(json.dumps(rows, indent=1))
     # 2) predictions on fake tensors
     for row, (_name, cfg, fields) in zip(rows, grid):
-        if "skipped" in row:
+        if "skipped" in row or args.measure_only:
             continue
         try:
             row.update(predict(cfg, fields))
