@@ -105,6 +105,24 @@ def masked_sdpa_kind(spec: ModelSpec, dt: Dtypes) -> str:
     return "efficient" if spec.head_dim % (8 if dt.compute == 2 else 4) == 0 else "math"
 
 
+def sdpa_gqa_math(spec: ModelSpec, setup: TrainingSetup, a_attn: int) -> bool:
+    """An unmasked SDPA call with grouped kv heads and fp32 queries runs PyTorch's math kernel on CUDA.
+
+    transformers passes ``enable_gqa=True`` when there is no mask and the head dim is at most 256
+    (integrations/sdpa_attention.py 5.24, ``use_gqa_in_sdpa``); flash refuses fp32, and the memory-efficient
+    kernel's dense constraints instantiate ``check_batch_size_and_num_heads_dense<false
+    /*supports_grouped_query_attention=*/>`` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp), so
+    ``select_sdp_backend`` falls to math, which ``repeat_interleave``s k and v to the query's heads.
+    Measured on an H200: TinyLlama fp32, batch 4, seq 1024 peaks at 42.3 GB (benchmarks/gpu/results)."""
+    return (
+        setup.attention == "sdpa"
+        and not spec.sdpa_fallback
+        and a_attn == 4
+        and spec.num_kv_heads != spec.num_heads
+        and spec.head_dim <= 256
+    )
+
+
 def layer_activations(
     spec: ModelSpec,
     setup: TrainingSetup,
@@ -121,6 +139,8 @@ def layer_activations(
     layer = _Layer(spec, group or spec.runs[0], setup, dt, base_trainable, adapters)
     if masked and layer.attn == "flash":
         layer.attn = masked_sdpa_kind(spec, dt)
+    elif sdpa_gqa_math(spec, setup, layer.a_attn) and layer.attn == "flash":
+        layer.attn, layer.gqa_repeat = "math", True
     bwd = layer.rms_norm_block() if spec.norm == "rmsnorm" else layer.layer_norm_block()
     attn, a, nh, s, quantized = layer.attn, layer.a, layer.nh, layer.s, layer.quantized
     fwd = _attention_forward_workspace(attn, a, nh, s)
@@ -163,6 +183,7 @@ class _Layer:
         # get_target_dtype): the kernel saves those casts and writes a 16-bit output
         self.a_attn = 2 if (setup.attention == "flash" and dt.compute == 4) else dt.compute
         self.gqa = spec.num_kv_heads != spec.num_heads
+        self.gqa_repeat = False  # the math kernel's enable_gqa: repeat_interleave copies k and v
         # rotary multiplies k by cos and sin in the residual's dtype: k reaches attention in that dtype
         self.key_cast = spec.position == "rotary" and self.rho != self.a_attn
         self.qkv_names, self.o_name = group.slot_names("qkv"), group.slot_names("o")[0]
@@ -258,7 +279,20 @@ class _Layer:
             self.rms_norm("q_norm", q, "q", base_trainable, True)
             self.rms_norm("k_norm", kv, "kv", base_trainable, True)
         _attention_core(
-            self.add, attn, self.a_attn, q, kv, nh, s, gqa, spec, quantized, self.autocast, self.key_cast, self.batch
+            self.add,
+            attn,
+            self.a_attn,
+            q,
+            kv,
+            nh,
+            s,
+            gqa,
+            spec,
+            quantized,
+            self.autocast,
+            self.key_cast,
+            self.batch,
+            self.gqa_repeat,
         )
         self._o_proj_input()
         self.lora_mid([o_name])
@@ -275,7 +309,8 @@ class _Layer:
         # (b, heads, s, d), so transpose(1, 2).contiguous() copies it before o_proj. (Under autocast with
         # an fp32 residual the attention output is already 16-bit: o_proj saves it without a cast; QLoRA's
         # bitsandbytes lora_A saves the 16-bit attention output itself, counted as attn.output.)
-        copies_output = attn == "eager" or self.spec.rotary_by_cat
+        # (the math kernel's output is a (b, heads, s, d) matmul result too)
+        copies_output = attn in ("eager", "math") or self.spec.rotary_by_cat
         if copies_output and (base_trainable or (o_name in targets and not adapter_cast)):
             self.add("attn.output_for_o_proj", a * q, f"{a}·q")
         if self.a_attn != a and not copies_output and (base_trainable or o_name in targets):
@@ -371,7 +406,20 @@ class _Layer:
         self.linear_inputs("attn", [(attn_name, h)], rho * h, f"{rho}·h")
         self.lora_mid([attn_name])
         _attention_core(
-            self.add, attn, self.a_attn, q, kv, nh, s, gqa, spec, quantized, self.autocast, self.key_cast, self.batch
+            self.add,
+            attn,
+            self.a_attn,
+            q,
+            kv,
+            nh,
+            s,
+            gqa,
+            spec,
+            quantized,
+            self.autocast,
+            self.key_cast,
+            self.batch,
+            self.gqa_repeat,
         )
         self._dense_input()
         if spec.hidden_dropout > 0:
@@ -451,9 +499,10 @@ def _attention_core(
     autocast: bool = False,
     key_cast: bool = False,
     batch: int = 1,
+    gqa_repeat: bool = False,
 ) -> None:
     if attn == "math":
-        _math_attention_core(add, q, kv, nh, s, batch)
+        _math_attention_core(add, q, kv, nh, s, batch, gqa_repeat)
         return
     if attn == "efficient":
         _efficient_attention_core(add, a, q, kv, nh, s, gqa, spec, quantized, key_cast)
@@ -538,7 +587,7 @@ def _freed_before_attention_backward(layer: _Layer) -> int:
     return sum(t.bytes_per_token for t in layer.terms[layer.mlp_from :])
 
 
-def _math_attention_core(add, q: int, kv: int, nh: int, s: int, batch: int) -> None:
+def _math_attention_core(add, q: int, kv: int, nh: int, s: int, batch: int, gqa_repeat: bool = False) -> None:
     """What PyTorch's math SDPA kernel saves (``_scaled_dot_product_attention_math``, aten/src/ATen/native/
     transformers/attention.cpp, torch 2.13): fp32 copies of q (scaled), k and v, and the fp32 softmax.
 
@@ -547,8 +596,12 @@ def _math_attention_core(add, q: int, kv: int, nh: int, s: int, batch: int) -> N
     LinearAlgebra.cpp) broadcasts the batch dimensions with ``expand(...).reshape(...)``, which copies, and
     ``BmmBackward0`` saves the copies: k and v are kept at the query's width, 4·q each (the trace of falcon-7b
     lists two fp32 (b·71)×1024×64 clones per layer). With batch 1 the reshape merges a size-1 dimension
-    with the stride-0 head dimension, a view: k and v stay 4·kv (the trace shows the kv-wide tensors)."""
-    broadcast = kv < q and batch > 1
+    with the stride-0 head dimension, a view: k and v stay 4·kv (the trace shows the kv-wide tensors).
+
+    ``gqa_repeat``: the call had ``enable_gqa`` (:func:`sdpa_gqa_math`); the kernel starts with
+    ``key.repeat_interleave(nh / kv_heads, -3)`` and the same for value, copies at the query's width, and
+    the matmuls save the scaled key and that value: 4·q each at any batch."""
+    broadcast = kv < q and (batch > 1 or gqa_repeat)
     wide = q if broadcast else kv
     sym = "q" if broadcast else "kv"
     add("attn.query_fp32_scaled", 4 * q, "4·q")

@@ -7,8 +7,10 @@ Three pieces:
   module): priority flash > memory-efficient > math; flash needs fp16/bf16, no
   ``attn_mask``, equal q/k/v head dims <= 256, ``is_causal`` only with equal q/k lengths,
   equal heads or ``enable_gqa`` with q-heads divisible by kv-heads; memory-efficient needs
-  head dims divisible by ``minimum_gemm_alignment`` (8 for 16-bit, 4 for fp32 on sm80+) and
-  accepts masks and (since 2.5, not on ROCm) GQA. The device is taken to be an sm90
+  head dims divisible by ``minimum_gemm_alignment`` (8 for 16-bit, 4 for fp32 on sm80+),
+  accepts masks but not grouped heads (its dense constraints instantiate
+  ``check_batch_size_and_num_heads_dense<false>``): fp32 queries with fewer kv heads and
+  ``enable_gqa`` therefore fall to the math kernel, which ``repeat_interleave``s k and v. The device is taken to be an sm90
   (H100/H200). The cuDNN backend, which recent PyTorch builds prefer on sm90/sm100 when the
   runtime cuDNN is newer than 9.15 (``check_prefer_cudnn_attention``), is not modelled: its
   saved tensors (output + fp32 softmax stats) have the same size as flash's.
@@ -116,7 +118,11 @@ def _can_use_mem_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at
         and dv % align == 0
         and dv > 0
         and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
-        and _heads_ok(q, k, v, enable_gqa)
+        # check_batch_size_and_num_heads_dense<false /*supports_grouped_query_attention=*/> in the
+        # kernel's dense constraints: the CUDA memory-efficient kernel never takes grouped heads, whatever
+        # enable_gqa says (measured: TinyLlama fp32 on an H200 ran the math kernel, 42.3 GB where this
+        # port said 29.1 GB when it let GQA through; benchmarks/gpu/results/grid.csv)
+        and _heads_ok(q, k, v, False)
         and q.stride(-1) == 1
         and k.stride(-1) == 1
         and v.stride(-1) == 1
