@@ -219,9 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "artifacts/gpu-grid"))
     ap.add_argument("--dry-run", action="store_true", help="build every config on meta and stop (no GPU)")
     ap.add_argument("--predict-only", action="store_true", help="run the traces only (no GPU)")
-    ap.add_argument(
-        "--measure-only", action="store_true", help="measure only (predict later here with --merge)"
-    )
+    ap.add_argument("--measure-only", action="store_true", help="measure only (predict later here with --merge)")
     ap.add_argument("--merge", help="a grid.json of measurements: add this machine's predictions to it")
     ap.add_argument("--only", help="comma list of configuration names")
     ap.add_argument("--budget", type=float, default=460.0, help="seconds; later configs are skipped past it")
