@@ -4,6 +4,7 @@ configurations nobody chose.
     .venv/bin/python benchmarks/differential/run.py                 # 300 configurations, a new seed
     .venv/bin/python benchmarks/differential/run.py -n 50 --seed 7  # reproduce a run
     .venv/bin/python benchmarks/differential/run.py --small         # models up to 1.6B only (fast)
+    .venv/bin/python benchmarks/differential/run.py -j 2            # two worker processes
 
 A sampler draws every knob of a training request (method, dtype and autocast — or the precision shorthand —, optimizer and its implementation,
 checkpointing, attention, batch, sequence, LoRA rank and targets, freeze depth, prompt tokens, loss kernel,
@@ -165,41 +166,67 @@ def invariants(model: str, kw: dict[str, Any], *, traced: int | None = None) -> 
     return broken
 
 
-def run(configs: list[tuple[str, dict[str, Any]]], *, quiet: bool = False) -> list[dict[str, Any]]:
+def run(configs: list[tuple[str, dict[str, Any]]], *, quiet: bool = False, jobs: int = 1) -> list[dict[str, Any]]:
+    """Each configuration's estimate, trace and invariants, in order; ``jobs`` > 1 traces in that many
+    worker processes (each configuration is independent; the rows come back in the drawn order)."""
+    if jobs > 1 and len(configs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        rows = []
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch state shared by fork
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            for row in pool.map(_one, configs, chunksize=1):
+                rows.append(row)
+                if not quiet:
+                    _print_row(row)
+        return rows
+    rows = []
+    for config in configs:
+        rows.append(_one(config))
+        if not quiet:
+            _print_row(rows[-1])
+    return rows
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    label = " ".join(f"{k}={v}" for k, v in row["setup"].items())
+    rel = row["relative_error"]
+    rel_s = f"{100 * rel:+7.2f}%" if rel is not None else "   n/a  "
+    err = row["error"]
+    print(f"{row['model']:<16} {rel_s}  {label}{'  ' + err if err else ''}", flush=True)
+
+
+def _one(config: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """One configuration: the estimate, the trace of the same request, and the invariants."""
     from cabe.trace import trace_step
 
-    rows = []
-    for model, kw in configs:
-        src = preset(model)
-        setup = TrainingSetup(**kw)
-        est = estimate_model(src.spec, setup)
-        t0 = time.perf_counter()
-        try:
-            tr = trace_step(dict(src.config), setup)
-            traced, phase, comps, err = tr.peak_bytes, tr.peak_phase, dict(tr.components), None
-        except Exception as exc:  # a configuration the trace cannot run: recorded, not hidden
-            traced, phase, comps, err = None, None, {}, f"{type(exc).__name__}: {exc}"[:300]
-        rel = (est.total_bytes - traced) / traced if traced else None
-        row = {
-            "model": model,
-            "setup": kw,
-            "estimate_bytes": est.total_bytes,
-            "trace_bytes": traced,
-            "relative_error": rel,
-            "estimate_phase": est.peak_phase,
-            "trace_phase": phase,
-            "estimate_components": est.components,
-            "trace_components": comps,
-            "invariants_broken": invariants(model, kw, traced=traced),
-            "trace_seconds": round(time.perf_counter() - t0, 2),
-            "error": err,
-        }
-        rows.append(row)
-        if not quiet:
-            label = " ".join(f"{k}={v}" for k, v in kw.items())
-            rel_s = f"{100 * rel:+7.2f}%" if rel is not None else "   n/a  "
-            print(f"{model:<16} {rel_s}  {label}{'  ' + err if err else ''}", flush=True)
-    return rows
+    model, kw = config
+    src = preset(model)
+    setup = TrainingSetup(**kw)
+    est = estimate_model(src.spec, setup)
+    t0 = time.perf_counter()
+    try:
+        tr = trace_step(dict(src.config), setup)
+        traced, phase, comps, err = tr.peak_bytes, tr.peak_phase, dict(tr.components), None
+    except Exception as exc:  # a configuration the trace cannot run: recorded, not hidden
+        traced, phase, comps, err = None, None, {}, f"{type(exc).__name__}: {exc}"[:300]
+    rel = (est.total_bytes - traced) / traced if traced else None
+    row = {
+        "model": model,
+        "setup": kw,
+        "estimate_bytes": est.total_bytes,
+        "trace_bytes": traced,
+        "relative_error": rel,
+        "estimate_phase": est.peak_phase,
+        "trace_phase": phase,
+        "estimate_components": est.components,
+        "trace_components": comps,
+        "invariants_broken": invariants(model, kw, traced=traced),
+        "trace_seconds": round(time.perf_counter() - t0, 2),
+        "error": err,
+    }
+    return row
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -268,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="reproduce a run (default: a new seed)")
     ap.add_argument("--small", action="store_true", help="models up to 1.6B only")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--rescore", type=int, metavar="SEED", help="re-estimate results-SEED.json (see rescore)")
     a = ap.parse_args(argv)
     if a.rescore is not None:
@@ -278,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1, 2**31)
     print(f"seed {seed}", flush=True)
-    rows = run(draw(seed, a.n, small=a.small))
+    rows = run(draw(seed, a.n, small=a.small), jobs=a.jobs)
     s = summary(rows)
     print(json.dumps({"seed": seed, **s}))
     if not a.no_write:

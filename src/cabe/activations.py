@@ -59,6 +59,10 @@ class LayerActivations:
     forward_workspace_per_token: int  # transient extra while one layer runs forward
     per_layer_bytes: int = 0  # saved tensors that do not grow with tokens (Gemma's fp32 1 + w)
     flash_rng_bytes: int = 0  # CUDA flash attention's philox seed and offset (not on the CPU kernel)
+    # what the MLP block saves, released before attention's backward (_freed_before_attention_backward),
+    # and the transient of attention's own backward (the math / eager kernels' s×s gradients)
+    mlp_saved_per_token: int = 0
+    attention_workspace_per_token: int = 0
 
     @property
     def constant_bytes(self) -> int:
@@ -145,12 +149,13 @@ def layer_activations(
     attn, a, nh, s, quantized = layer.attn, layer.a, layer.nh, layer.s, layer.quantized
     fwd = _attention_forward_workspace(attn, a, nh, s)
     attn_bwd = max((4 + 2 * a) * nh * s if attn == "eager" else 0, _math_backward_workspace(attn, nh, s))
-    bwd = max(bwd, attn_bwd - _freed_before_attention_backward(layer))
+    mlp_saved = _freed_before_attention_backward(layer)
+    bwd = max(bwd, attn_bwd - mlp_saved)
     # flash and memory-efficient attention keep their philox seed and offset: two 512 B blocks
     rng = 2 * 512 if attn in ("flash", "efficient") else 0
     if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
         layer.constant += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
-    return LayerActivations(tuple(layer.terms), bwd, fwd, layer.constant, rng)
+    return LayerActivations(tuple(layer.terms), bwd, fwd, layer.constant, rng, mlp_saved, attn_bwd)
 
 
 class _Layer:
@@ -504,14 +509,17 @@ def _attention_core(
     if attn == "math":
         _math_attention_core(add, q, kv, nh, s, batch, gqa_repeat)
         return
+    # With QLoRA under autocast the fused output is fp32 and SDPA gets a 16-bit cast of v instead of the
+    # view; without autocast and with fp32 queries nothing casts: v stays a strided view of the fused fp32
+    # output, which the kernel saves (pythia-1.4b QLoRA, sdpa, no autocast: -7.9% without this).
+    fused_view = spec.value_is_qkv_view and (not quantized or (a == 4 and not autocast))
     if attn == "efficient":
-        _efficient_attention_core(add, a, q, kv, nh, s, gqa, spec, quantized, key_cast)
+        _efficient_attention_core(add, a, q, kv, nh, s, gqa, spec, fused_view, key_cast)
         return
     if attn == "flash":
         add("attn.query", a * q, f"{a}·q")
         add("attn.key", a * kv, f"{a}·kv")
-        # (with QLoRA the fused output is fp32 and SDPA gets a 16-bit cast of v instead of the view)
-        if spec.value_is_qkv_view and not quantized:
+        if fused_view:
             # NOTE: v is a view of the fused qkv output (CUDA kernels take it strided): the whole storage
             # stays alive as long as v is saved
             add("attn.value_fused_qkv", a * (q + 2 * kv), f"{a}·(q + 2·kv)")
@@ -544,7 +552,7 @@ def _attention_forward_workspace(attn: str, a: int, nh: int, s: int) -> int:
 
 
 def _efficient_attention_core(
-    add, a: int, q: int, kv: int, nh: int, s: int, gqa: bool, spec: ModelSpec, quantized: bool, key_cast: bool
+    add, a: int, q: int, kv: int, nh: int, s: int, gqa: bool, spec: ModelSpec, fused_view: bool, key_cast: bool
 ) -> None:
     """Memory-efficient SDPA with a mask, as transformers calls it (integrations/sdpa_attention.py, 5.24:
     ``use_gqa_in_sdpa`` is false with a mask on CUDA, so ``repeat_kv`` materialises keys and values with every
@@ -567,7 +575,7 @@ def _efficient_attention_core(
 
     add("attn.query", a * q, f"{a}·q")
     kv_term("attn.key", key_cast)
-    if spec.value_is_qkv_view and not quantized and not gqa:
+    if fused_view and not gqa:
         add("attn.value_fused_qkv", a * (q + 2 * kv), f"{a}·(q + 2·kv)")  # see _attention_core
     else:
         kv_term("attn.value", False)

@@ -28,6 +28,7 @@ from cabe.activations import (
     checkpointed_layer_bytes_per_token,
     head_activations,
     layer_activations,
+    sdpa_gqa_math,
     sdpa_masked_layers,
 )
 from cabe.architecture import LayerGroup, ModelSpec
@@ -639,6 +640,11 @@ def _step_parts(
             else 0
         ),
         runs=runs,
+        embedding_grad_input=(
+            tokens * dt.residual * spec.hidden_size
+            if not spec.tie_word_embeddings and _grad_bytes(states, lambda t: t.kind == "embedding")
+            else 0
+        ),
     )
 
 
@@ -649,11 +655,12 @@ def _layer_run(
     ckpt = setup.checkpointing
     c = _weight_copies(spec, setup, dtypes_for(setup), r.group)
     trained = setup.method in ("full", "freeze")
-    grads = sum(
-        round_alloc(t.numel * states.bytes_of[t.kind]) * t.count
-        for t in layer_tensors(spec, setup, r.group, trained)
-        if t.trainable
-    )
+    per_role: dict[str, int] = {}
+    for t in layer_tensors(spec, setup, r.group, trained):
+        if t.trainable:
+            per_role[t.role] = per_role.get(t.role, 0) + round_alloc(t.numel * states.bytes_of[t.kind]) * t.count
+    grads = sum(per_role.values())
+    tokens = act.tokens
     return LayerRun(
         count=r.count,
         grads=grads,
@@ -664,6 +671,10 @@ def _layer_run(
         copies_recompute=c.layer if ckpt else 0,
         copies_cached=c.cached if ckpt else 0,
         cached_count=r.count if ckpt and c.trained_layers else 0,
+        # the MLP block's gradients: its linears' (router and experts included), not the norms'
+        grads_mlp=sum(b for role, b in per_role.items() if role in ("mlp", "router", "expert")),
+        mlp_saved=tokens * r.per_layer.mlp_saved_per_token,
+        attention_workspace=tokens * r.per_layer.attention_workspace_per_token,
     )
 
 
@@ -671,6 +682,8 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
     notes: list[str] = []
     if attention_kind(spec, setup) == "eager" and setup.attention != "eager":
         notes.append("gemma2_eager")
+    if sdpa_gqa_math(spec, setup, dtypes_for(setup).compute):
+        notes.append("sdpa_gqa_math")
     if states.opt.paged_bytes:
         notes.append("paged_outside_allocator")
     if setup.grad_accum > 1:

@@ -32,6 +32,7 @@ class Tensor:
     kind: str  # "base" | "norm" | "embedding" | "lm_head" | "adapter" | "quantized" | "prompt"
     rows: int = 0  # for 2-D tensors (Adafactor factors rows + cols)
     cols: int = 0
+    role: str = ""  # a layer linear's (and its adapters'): attn | mlp | router | expert
 
     @property
     def total(self) -> int:
@@ -122,16 +123,18 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
     tensors: list[Tensor] = []
     index: dict[tuple[Any, ...], int] = {}
 
-    def add(name: str, numel: int, count: int, trainable: bool, kind: str, rows: int = 0, cols: int = 0) -> None:
+    def add(
+        name: str, numel: int, count: int, trainable: bool, kind: str, rows: int = 0, cols: int = 0, role: str = ""
+    ) -> None:
         if not (numel and count):
             return
-        key = (name, numel, trainable, kind, rows, cols)
+        key = (name, numel, trainable, kind, rows, cols, role)
         if key in index:  # the same tensor in another run of the same kind of layer (dense, MoE, dense ...)
             t = tensors[index[key]]
             tensors[index[key]] = replace(t, count=t.count + count)
             return
         index[key] = len(tensors)
-        tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols))
+        tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role))
 
     if method == "freeze":
         parts = spec.top_split(min(setup.trainable_layers, layers))
@@ -191,16 +194,18 @@ def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, traina
     trainable or not, and its LoRA adapters)."""
     tensors: list[Tensor] = []
 
-    def add(name: str, numel: int, count: int, trainable: bool, kind: str, rows: int = 0, cols: int = 0) -> None:
+    def add(
+        name: str, numel: int, count: int, trainable: bool, kind: str, rows: int = 0, cols: int = 0, role: str = ""
+    ) -> None:
         if numel and count:
-            tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols))
+            tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role))
 
     _layer_tensors(add, spec, run, 1, trainable and setup.method in ("full", "freeze"), setup.method == "qlora")
     if setup.adapters:
         r = setup.lora_rank
         for lin in lora_targets(spec, setup.lora_targets, run):
-            add(lin.name + ".lora_A", r * lin.in_features, 1, True, "adapter", r, lin.in_features)
-            add(lin.name + ".lora_B", lin.out_features * r, 1, True, "adapter", lin.out_features, r)
+            add(lin.name + ".lora_A", r * lin.in_features, 1, True, "adapter", r, lin.in_features, lin.role)
+            add(lin.name + ".lora_B", lin.out_features * r, 1, True, "adapter", lin.out_features, r, lin.role)
     return tensors
 
 
@@ -208,12 +213,21 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
     """The tensors of ``count`` layers of ``run``: its linears (4-bit under QLoRA), biases and norms."""
     for lin in run.linears:
         if quantize and lin.quantized_by_bnb:
-            add(lin.name, lin.in_features * lin.out_features * lin.copies, count, False, "quantized")
+            add(lin.name, lin.in_features * lin.out_features * lin.copies, count, False, "quantized", role=lin.role)
         else:
             rows, cols = lin.out_features, lin.in_features
-            add(lin.name, lin.in_features * lin.out_features, count * lin.copies, trainable, "base", rows, cols)
+            add(
+                lin.name,
+                lin.in_features * lin.out_features,
+                count * lin.copies,
+                trainable,
+                "base",
+                rows,
+                cols,
+                role=lin.role,
+            )
         if lin.bias:
-            add(lin.name + ".bias", lin.out_features, count * lin.copies, trainable, "base")
+            add(lin.name + ".bias", lin.out_features, count * lin.copies, trainable, "base", role=lin.role)
     add(
         "norm",
         spec.norm_param_count // (2 if spec.norm_bias else 1),

@@ -53,9 +53,17 @@ def _bnb_adam_32bit(t: Tensor, b: int, impl: str) -> int:
 
 def _bnb_adam_8bit(t: Tensor, b: int, impl: str) -> int:
     if t.numel >= BNB_MIN_8BIT_SIZE:
-        blocks = -(-t.numel // BNB_BLOCK)
-        return 2 * round_alloc(t.numel) + 2 * round_alloc(4 * blocks)
+        return 2 * round_alloc(t.numel) + _bnb_8bit_absmax(t, b, impl)
     return 2 * round_alloc(4 * t.numel)
+
+
+def _bnb_8bit_absmax(t: Tensor, b: int, impl: str) -> int:
+    """The two fp32 absmax vectors of a block-wise 8-bit state. bitsandbytes allocates them with
+    ``torch.zeros(..., device=p.device)`` (bitsandbytes/optim/optimizer.py, ``Optimizer2State.init_state``),
+    not through ``get_state_buffer``: a paged optimizer keeps them in device memory."""
+    if t.numel < BNB_MIN_8BIT_SIZE:
+        return 0
+    return 2 * round_alloc(4 * -(-t.numel // BNB_BLOCK))
 
 
 def _one_moment(t: Tensor, b: int, impl: str) -> int:
@@ -115,6 +123,17 @@ class Optimizer:
     impl_flags: tuple[str, ...] = ()
     with_momentum: str = ""
     trace_factory: str = ""
+    resident: StateRule = _no_state
+
+    def device_and_paged(self, t: Tensor, b: int, impl: str) -> tuple[int, int]:
+        """One copy of ``t``'s state split into (device memory, unified memory): a paged optimizer pages
+        the state buffers of tensors of at least :data:`BNB_PAGED_MIN` elements, except its ``resident``
+        part (8-bit absmax)."""
+        per = self.state(t, b, impl)
+        if self.paged and t.numel >= BNB_PAGED_MIN:
+            kept = self.resident(t, b, impl)
+            return kept, per - kept
+        return per, 0
 
 
 REGISTRY: tuple[Optimizer, ...] = (
@@ -175,6 +194,7 @@ REGISTRY: tuple[Optimizer, ...] = (
         extras=("bitsandbytes",),
         hf_optim=(("paged_adamw_8bit", None),),
         classes=("bitsandbytes.optim.pagedadamw8bit",),
+        resident=_bnb_8bit_absmax,
         trace_factory="cabe.trace.optim:paged_adamw_8bit",
     ),
     Optimizer(
@@ -271,11 +291,9 @@ def optimizer_memory(tensors: list[Tensor], setup: TrainingSetup, param_bytes_of
         b = param_bytes_of[t.kind]
         total_numel += t.total
         largest = max(largest, t.numel * b)
-        per = opt.state(t, b, impl)
-        if opt.paged and t.numel >= BNB_PAGED_MIN:
-            paged += per * t.count
-        else:
-            state += per * t.count
+        on_device, in_unified = opt.device_and_paged(t, b, impl)
+        state += on_device * t.count
+        paged += in_unified * t.count
     temps = dict(opt.temporaries).get(impl)
     if temps == "all":
         temp = sum(round_alloc(t.numel * param_bytes_of[t.kind]) * t.count for t in trainable)

@@ -42,6 +42,7 @@ REPORT_NOTES = (
     "simple_mode",
     "lesson_mode",
     "gemma2_eager",
+    "sdpa_gqa_math",
     "paged_outside_allocator",
     "grad_accum_keeps_grads",
     "qlora_moe_experts_unquantized",

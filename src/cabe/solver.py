@@ -190,7 +190,10 @@ def _training_changes(s: TrainingSetup) -> list[Change]:
     if s.method == "full":
         c.append(("lora", {"method": "lora", "precision": "bf16" if s.precision != "fp16" else "fp16"}))
     if s.method in ("full", "lora"):
-        c.append(("qlora", {"method": "qlora", "precision": "bf16"}))
+        # QLoRA as its recipes run it (TRL, axolotl: 16-bit load, bf16=True). Without autocast,
+        # prepare_model_for_kbit_training's fp32 residual gives fp32 queries, and fp32 grouped-query SDPA
+        # runs CUDA's math kernel (s×s fp32 scores per layer): no one's QLoRA
+        c.append(("qlora", {"method": "qlora", "precision": "bf16-mixed"}))
     if s.adapters and s.lora_rank > 1:
         c.append(("lower_rank", {"lora_rank": max(1, s.lora_rank // 2)}))
     return c

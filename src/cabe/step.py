@@ -37,6 +37,9 @@ class LayerRun:
     copies_recompute: int = 0  # checkpointing: the copies of the layer being recomputed
     copies_cached: int = 0  # checkpointing: what autocast's cache alone holds of one layer
     cached_count: int = 0  # checkpointing: layers of the run whose copies sit in the cache
+    grads_mlp: int = 0  # of ``grads``: what the MLP block's backward makes, before attention's
+    mlp_saved: int = 0  # of ``saved`` (or ``recompute``): what the MLP block saved, freed before attention's backward
+    attention_workspace: int = 0  # transient extra while attention's backward runs
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,9 @@ class StepParts:
     # the layers in the gradient's path, run by run from the bottom, when their figures are known run by
     # run (a model whose layers differ); empty: ``grad_layers`` layers of the per-layer fields above
     runs: tuple[LayerRun, ...] = ()
+    # a trained embedding (untied): its backward gets the gradient of its output (tokens × h) when every
+    # other gradient exists, and makes the last one
+    embedding_grad_input: int = 0
 
     def layer_runs(self) -> tuple[LayerRun, ...]:
         """The gradient's path as runs of like layers, bottom first."""
@@ -168,6 +174,19 @@ def timeline(p: StepParts) -> list[Moment]:
             )
         )
     moments += _layer_moments(p, runs, base, g_acc, saved_all, copies_all)
+    if p.embedding_grad_input:
+        moments.append(
+            Moment(
+                "backward",
+                "embedding",
+                {
+                    **base,
+                    "gradients": p.grads,
+                    "activations": p.embedding_grad_input + p.frozen_inputs,
+                    **p.extra_backward,
+                },
+            )
+        )
     if p.embedding_backward_workspace:
         moments.append(
             Moment(
@@ -199,24 +218,36 @@ def _layer_moments(
         copies -= r.count * r.copies
         for end, from_top in enumerate((0, r.count - 1)):
             remaining = r.count - from_top
-            out.append(
-                Moment(
-                    "backward",
-                    _where(i == 0 and end == 0, i == len(runs) - 1 and end == 1, layers_above + from_top),
-                    {
-                        **base,
-                        "gradients": (g_acc or (grads_above + r.grads * (from_top + 1))) + p.tied_grad_pending,
-                        "weight_copies": copies + r.copies * remaining + r.copies_recompute,
-                        "activations": saved
-                        + remaining * r.saved
-                        + r.recompute
-                        + p.rotary
-                        + r.workspace
-                        + p.frozen_inputs,
-                        **p.extra_backward,
-                    },
+            where = _where(i == 0 and end == 0, i == len(runs) - 1 and end == 1, layers_above + from_top)
+            before = grads_above + r.grads * from_top  # the gradients of the layers above this one
+            acts = saved + remaining * r.saved + r.recompute + p.rotary + p.frozen_inputs
+            weight_copies = copies + r.copies * remaining + r.copies_recompute
+            # the layer's MLP backward: all it saved is alive; its MLP gradients are made (taken whole,
+            # though autograd frees some saved tensors as it goes). Its attention's gradients come later:
+            # gradients are set to None at each step (Trainer: zero_grad(set_to_none=True)).
+            # Then attention's backward: the MLP's saved tensors are gone (autograd releases a node's saved
+            # tensors once it has run: torch/csrc/autograd/engine.cpp), the MLP's gradients stay.
+            for suffix, grads, activations in (
+                ("", before + r.grads_mlp, acts + r.workspace),
+                (
+                    ".attention",
+                    before + r.grads,
+                    acts - r.mlp_saved + r.attention_workspace,
+                ),
+            ):
+                out.append(
+                    Moment(
+                        "backward",
+                        where + suffix,
+                        {
+                            **base,
+                            "gradients": (g_acc or grads) + p.tied_grad_pending,
+                            "weight_copies": weight_copies,
+                            "activations": activations,
+                            **p.extra_backward,
+                        },
+                    )
                 )
-            )
         grads_above += r.grads * r.count
         layers_above += r.count
     return out

@@ -5,6 +5,8 @@ CUDA's does: q, k, v, output, log-sum-exp); saved-tensor hooks record every stor
 layer 1. cabe's per-token formula × tokens (+ per-layer constants) must match to the byte.
 """
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 from cabe import families  # noqa: E402
-from cabe.activations import layer_activations  # noqa: E402
+from cabe.activations import layer_activations, sdpa_gqa_math  # noqa: E402
 from cabe.precision import dtypes_for  # noqa: E402
 from cabe.training import TrainingSetup  # noqa: E402
 
@@ -79,11 +81,17 @@ def _measure(case: str, precision: str, method: str) -> tuple[int, int]:
         model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(targets)))
     model.train()
     ids = torch.randint(2, 1000, (B, S))
-    measured = layer_saved_bytes(model, ids, amp=precision == "bf16-amp")
     spec = families.from_config(cfg.to_dict())
     setup = TrainingSetup(
         precision=precision, method=method, batch=B, seq=S, attention=attention, lora_rank=4, lora_targets=targets
     )
+    kernel = contextlib.nullcontext()
+    if sdpa_gqa_math(spec, setup, dtypes_for(setup).compute):
+        # CUDA runs fp32 grouped-query SDPA on the math kernel (measured on an H200, benchmarks/gpu/results);
+        # the CPU build would pick its own flash kernel: make it run the kernel CUDA runs
+        kernel = torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH)
+    with kernel:
+        measured = layer_saved_bytes(model, ids, amp=precision == "bf16-amp")
     run = next(r for i, r in enumerate(spec.runs) if sum(x.count for x in spec.runs[: i + 1]) > 1)  # layer 1's
     la = layer_activations(
         spec, setup, dtypes_for(setup), base_trainable=method == "full", adapters=method == "lora", group=run

@@ -13,7 +13,6 @@ from typing import Any
 
 from cabe.architecture import ModelSpec
 from cabe.method import Tensor, quantized_bytes, stored_bytes
-from cabe.optimizer import BNB_PAGED_MIN
 from cabe.optimizer import get as get_optimizer
 from cabe.parallel.config import ShardConfig
 from cabe.parallel.layout import Layout
@@ -251,8 +250,8 @@ def optimizer_bytes(items: list[Piece], setup: TrainingSetup, *, paged: bool = F
     largest = 0
     for t, n, b in items:
         largest = max(largest, t.numel * b)
-        if paged or not (opt.paged and t.numel >= BNB_PAGED_MIN):
-            state += opt.state(t, b, impl) * n
+        on_device, in_unified = opt.device_and_paged(t, b, impl)
+        state += (on_device + (in_unified if paged else 0)) * n
     temps = dict(opt.temporaries).get(impl)
     if temps == "all":
         temp = dense_bytes(items)
