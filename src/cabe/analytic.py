@@ -41,7 +41,7 @@ from cabe.report import GB, GiB, Report, Step
 from cabe.schema import state_fields
 from cabe.step import LayerRun, StepParts, timeline
 from cabe.training import TrainingSetup, number
-from cabe.units import round_alloc
+from cabe.units import CUDA_WORKSPACES, round_alloc
 
 #: The seed calculator's presets for bytes per parameter (mixed-precision Adam, 8-bit Adam, SGD+momentum).
 BYTES_PER_PARAM_PRESETS = {"adam-mixed": 16.0, "adam-8bit": 12.0, "sgd-momentum": 8.0}
@@ -640,6 +640,10 @@ def _step_parts(
             else 0
         ),
         runs=runs,
+        grads_mlp_layer=mean(lambda r: r.grads_mlp),
+        mlp_saved_layer=mean(lambda r: r.mlp_saved),
+        attention_workspace_layer=mean(lambda r: r.attention_workspace),
+        cuda_workspaces=CUDA_WORKSPACES,
         embedding_grad_input=(
             tokens * dt.residual * spec.hidden_size
             if not spec.tie_word_embeddings and _grad_bytes(states, lambda t: t.kind == "embedding")
@@ -853,6 +857,14 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
                 {"bytes": opt.paged_bytes, "gib": opt.paged_bytes / GiB},
             )
         )
+    steps.append(
+        Step(
+            "cuda_workspaces",
+            "2 × 32 MiB = {bytes} B = {gib} GiB",
+            CUDA_WORKSPACES,
+            {"bytes": CUDA_WORKSPACES, "gib": CUDA_WORKSPACES / GiB},
+        )
+    )
     if opt.temp_bytes:
         steps.append(
             Step(

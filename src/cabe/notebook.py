@@ -23,6 +23,7 @@ COLORS = {
     "gradients": "#DD8452",
     "optimizer": "#C44E52",
     "optimizer_temporaries": "#DA8BC3",
+    "cuda_workspaces": "#8C8C8C",
     "activations": "#55A868",
     "logits": "#CCB974",
     "model_states": "#4C72B0",

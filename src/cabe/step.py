@@ -95,6 +95,12 @@ class StepParts:
     # a trained embedding (untied): its backward gets the gradient of its output (tokens × h) when every
     # other gradient exists, and makes the last one
     embedding_grad_input: int = 0
+    # the per-layer split of the layer's backward (see LayerRun), for plans that walk a mean layer
+    grads_mlp_layer: int = 0
+    mlp_saved_layer: int = 0
+    attention_workspace_layer: int = 0
+    # cuBLAS's workspaces, held by the caching allocator from the first step on (cabe.units.CUDA_WORKSPACES)
+    cuda_workspaces: int = 0
 
     def layer_runs(self) -> tuple[LayerRun, ...]:
         """The gradient's path as runs of like layers, bottom first."""
@@ -113,6 +119,9 @@ class StepParts:
                 self.copies_recompute,
                 self.copies_cached_layer,
                 self.cached_layers,
+                self.grads_mlp_layer,
+                self.mlp_saved_layer,
+                self.attention_workspace_layer,
             ),
         )
 
@@ -202,6 +211,9 @@ def timeline(p: StepParts) -> list[Moment]:
             {**base, "gradients": p.grads, "optimizer_temporaries": p.optimizer_temporaries, **p.extra_optimizer},
         )
     )
+    if p.cuda_workspaces:  # held at every moment of a steady-state step; listed last
+        for m in moments:
+            m.components["cuda_workspaces"] = p.cuda_workspaces
     return moments
 
 

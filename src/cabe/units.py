@@ -46,3 +46,13 @@ def fmt_bytes(n: int, lang: str, units: str = "GB", both: bool = True) -> str:
     gib = f"{fmt_number(n / GiB, lang, 2 if n < 10 * GiB else 1)} GiB"
     first, second = (gib, gb) if units == "GiB" else (gb, gib)
     return f"{first} ({second})" if both else first
+
+
+#: cuBLAS's workspace per (handle, stream) on an sm90 GPU (H100/H200), held by PyTorch's caching allocator:
+#: aten/src/ATen/cuda/CublasHandlePool.cpp, ``parseChosenWorkspaceSize`` (``sm90 ? 4096 * 8 * 1024 :
+#: 4096 * 1024 * 2 + 16 * 1024 * 8``; cuBLASLt shares it by default). Handles come from a thread-local pool
+#: and autograd runs CUDA backward on its own device thread (torch/csrc/autograd/engine.cpp), so a training
+#: step holds two: the forward's and the backward's. On an H200 max_memory_allocated exceeds every tensor by
+#: exactly these 64 MiB (benchmarks/gpu/results/grid.md). Pre-Hopper GPUs use 8.125 MiB each.
+CUBLAS_WORKSPACE = 4096 * 8 * 1024
+CUDA_WORKSPACES = 2 * CUBLAS_WORKSPACE

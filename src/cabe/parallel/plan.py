@@ -177,6 +177,14 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         frozen_inputs=round(_frozen_inputs(parts, spec, lay.stage_layers, grad_layers) * f.checkpointed * inflight),
         recompute_layer=round(parts.recompute_layer * f.saved),
         workspace_layer=round(parts.workspace_layer * f.saved),
+        # the layer's backward split (step.LayerRun): the MLP's gradients shrink as the layer's do, its saved
+        # tensors and attention's workspace as the layer's activations do
+        grads_mlp_layer=round(parts.grads_mlp_layer * grads_per_layer / parts.grads_per_layer)
+        if parts.grads_per_layer
+        else 0,
+        mlp_saved_layer=round(parts.mlp_saved_layer * f.saved),
+        attention_workspace_layer=round(parts.attention_workspace_layer * f.saved),
+        embedding_grad_input=parts.embedding_grad_input if lay.first else 0,
         rotary=round(parts.rotary * inflight) if grad_layers else 0,
         head_saved=round(parts.head_saved * f.head) if head_on else 0,
         head_forward_extra=round(parts.head_forward_extra * f.head) if head_on else 0,

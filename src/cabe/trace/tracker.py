@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cabe.units import CUBLAS_WORKSPACE
+
 GRANULE = 512  # kMinBlockSize: every CUDA block is a multiple of 512 bytes
 
 COMPONENTS = (
@@ -38,7 +40,14 @@ COMPONENTS = (
     "activations",
     "logits",
     "optimizer_temporaries",
+    "cuda_workspaces",
     "other",
+)
+
+#: cuBLAS's workspace (cabe.units.CUBLAS_WORKSPACE: 32 MiB on sm90, once per handle and stream): the first
+#: matmul of the forward and the first of the backward (autograd's device thread, its own handle) each get one.
+CUBLAS_OPS = frozenset(
+    getattr(torch.ops.aten, n).default for n in ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "addmv", "mv")
 )
 
 PHASES = ("setup", "forward", "backward", "optimizer")
@@ -87,6 +96,7 @@ class AllocationTracker(TorchDispatchMode):
         self.weight_keys: set[int] = set()
         self.paged_mode = False
         self.enabled = True
+        self.workspace_phases: set[int] = set()  # forward (1) and backward (2) once they made cuBLAS's
 
     # ---- recording ------------------------------------------------------------------
     def set_phase(self, name: str) -> None:
@@ -182,6 +192,8 @@ class AllocationTracker(TorchDispatchMode):
         out = func(*args, **kwargs)
         if not self.enabled:
             return out
+        if func in CUBLAS_OPS and self.phase in (1, 2) and self.phase not in self.workspace_phases:
+            self._cublas_workspace(out)
         name = None
         if isinstance(out, torch.Tensor):
             name = func.__name__
@@ -199,6 +211,12 @@ class AllocationTracker(TorchDispatchMode):
                         if isinstance(oo, torch.Tensor):
                             self.record(oo, name or func.__name__)
         return out
+
+    def _cublas_workspace(self, out: Any) -> None:
+        """The first matmul of the forward, and the first of the backward, makes cuBLAS's workspace."""
+        if isinstance(out, torch.Tensor) and out.device.type == self.device_type == "cuda":
+            self.workspace_phases.add(self.phase)
+            self.tag[self._new(None, CUBLAS_WORKSPACE, "cublas_workspace")] = "cuda_workspaces"
 
     # ---- analysis --------------------------------------------------------------------
     def replay(self, upto: int) -> set[int]:
