@@ -38,6 +38,7 @@ def no_network(monkeypatch):
         ("META-LLAMA/llama-3.1-8b", "llama-3.1-8b"),  # the Hub's ids are case-insensitive
         ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),  # same architecture, other weights
         ("google/gemma-3-1b-it", "gemma-3-1b"),  # the -it sibling of the -pt preset
+        ("google/gemma-3-4b-it", "gemma-3-4b-it"),  # multimodal as published: its own preset, vision counted
         ("Qwen/Qwen3-8B", "qwen3-8b"),
         ("llama-3.1-8b", "llama-3.1-8b"),
     ],

@@ -69,6 +69,9 @@ REQUIRED_PRESETS = {
     "qwen3-14b",
     "qwen3-32b",
     "qwen3-235b-a22b",
+    "gemma-3-4b-it",
+    "gemma-3-12b-it",
+    "gemma-3-27b-it",
 }
 
 # Published totals (model cards / papers / the Hub's safetensors metadata) for a spot check that
@@ -88,6 +91,10 @@ PUBLISHED = {
     "gpt2-xl": 1_557_611_200,
     "llama-3.3-70b": 70_553_706_496,  # the Llama 3.1 70B architecture
     "phi-4-mini": 3_836_021_760,  # the safetensors of microsoft/Phi-4-mini-instruct
+    # Gemma 3 with its SigLIP tower: the text decoder + 416,866,032 (tower) + 1,152 x hidden + 1,152 (projector)
+    "gemma-3-4b-it": 4_300_079_472,  # 3,880,263,168 + 416,866,032 + 2,950,272
+    "gemma-3-12b-it": 12_187_325_040,  # 11,766,034,176 + 416,866,032 + 4,424,832
+    "gemma-3-27b-it": 27_432_406_640,  # 27,009,346,304 + 416,866,032 + 6,194,304
 }
 
 # Totals the authors publish rounded, with the non-embedding count where the model card gives it
@@ -164,7 +171,9 @@ def test_config_shape(path: Path):
     archs = cfg.get("architectures")
     assert isinstance(archs, list) and len(archs) == 1
     # causal LMs, and encoders planned with the head their fine-tuning uses (BERT: sequence classification)
-    assert archs[0].endswith(("ForCausalLM", "LMHeadModel", "ForSequenceClassification")), archs
+    # (and multimodal Gemma 3 as published: Gemma3ForConditionalGeneration, AutoModelForCausalLM's class for gemma3)
+    causal = ("ForCausalLM", "LMHeadModel", "ForSequenceClassification")
+    assert archs[0].endswith(causal + (("ForConditionalGeneration",) if cfg["model_type"] == "gemma3" else ())), archs
     # Every integer size that exists is positive.
     for key in (
         "hidden_size",
