@@ -34,8 +34,25 @@ ARCH_CC = {
     "blackwell": {"10.0", "10.3", "12.0", "12.1"},
     "cdna2": {"9.0"},
     "cdna3": {"9.4"},
+    "cdna4": {"9.5"},
 }
-AMD_ARCHS = {"cdna2", "cdna3"}
+AMD_ARCHS = {"cdna2", "cdna3", "cdna4"}
+#: The cards of the 2026 catalog (issue 13): each cites where its figures come from (``spec_source``).
+CATALOG_2026 = (
+    "h20",
+    "l20",
+    "l40",
+    "a800-80gb-sxm",
+    "h800-sxm",
+    "b300",
+    "gb200",
+    "gb300",
+    "mi325x",
+    "mi355x",
+    "rtx-5060-ti-16gb",
+    "rtx-5070-ti",
+    "rtx-5080",
+)
 
 FIELDS = {
     "name": str,
@@ -47,6 +64,7 @@ FIELDS = {
     "memory_bytes_source": str,
     "bf16": bool,
     "fp8": bool,
+    "fp4": bool,
     "architecture": str,
     "compute_capability": str,
     "cuda_context_bytes": int,
@@ -54,7 +72,7 @@ FIELDS = {
     "bf16_tflops_dense": (int, float, type(None)),
     "fp16_tflops_dense": (int, float),
 }
-OPTIONAL = {"notes": str}
+OPTIONAL = {"notes": str, "spec_source": str}
 
 
 def _is_number(x) -> bool:
@@ -91,7 +109,7 @@ def test_gpu_entry(gpu: dict):
     assert (gpu["vendor"] == "amd") == (gpu["architecture"] in AMD_ARCHS)
 
     nominal = gpu["memory_gb_nominal"]
-    assert 8 <= nominal <= 200
+    assert 8 <= nominal <= 300
     total = gpu["memory_bytes"]
     # The reported total is a little under the nominal size (driver reservation, ECC), never far over it.
     assert 0.88 * nominal * GiB <= total <= nominal * GiB * 1.001 + 512 * MiB, (total, nominal)
@@ -112,9 +130,13 @@ def test_gpu_entry(gpu: dict):
     # bf16 from Ampere / CDNA2 on; fp8 from Ada / Hopper / CDNA3 on.
     assert gpu["bf16"] == (gpu["architecture"] not in {"volta", "turing"})
     if gpu["fp8"]:
-        assert gpu["architecture"] in {"ada", "hopper", "blackwell", "cdna3"}
-    if gpu["architecture"] in {"ada", "hopper", "blackwell"}:
+        assert gpu["architecture"] in {"ada", "hopper", "blackwell", "cdna3", "cdna4"}
+    if gpu["architecture"] in {"ada", "hopper", "blackwell", "cdna4"}:
         assert gpu["fp8"]
+    # fp4 tensor cores (NVFP4 / MXFP4) exactly on Blackwell and CDNA4.
+    assert gpu["fp4"] == (gpu["architecture"] in {"blackwell", "cdna4"})
+    if "spec_source" in gpu:
+        assert len(gpu["spec_source"]) > 40 and "." in gpu["spec_source"]
 
 
 def test_names_unique():
@@ -142,10 +164,41 @@ def test_aliases():
         assert short in aliases or short in names
 
 
-def test_catalog_spans_8_to_200_gb():
+def test_catalog_spans_8_to_288_gb():
     nominal = [g["memory_gb_nominal"] for g in GPUS]
     assert min(nominal) == 8
-    assert 180 <= max(nominal) <= 200
+    assert max(nominal) == 288  # B300, GB300, MI355X
+
+
+@pytest.mark.parametrize("name", CATALOG_2026)
+def test_catalog_2026(name):
+    by = {g["name"]: g for g in GPUS}
+    assert name in by, name
+    g = by[name]
+    new = name not in ("rtx-5060-ti-16gb", "rtx-5080")  # these two were there before, with their memory sources
+    assert not new or g["spec_source"].strip()
+    assert g["bf16"] and g["bf16_tflops_dense"] and g["memory_bandwidth_gbs"]
+
+
+def test_catalog_2026_figures():
+    by = {g["name"]: g for g in GPUS}
+    # torch's total_memory of the H20, as printed by get_device_properties(): 97285 MiB
+    assert by["h20"]["memory_bytes"] == 97285 * MiB
+    # nvidia-smi's memory.total where no torch figure was found: B300 275040, GB200 189471, GB300 284208 MiB
+    assert by["b300"]["memory_bytes"] == 275040 * MiB
+    assert by["gb200"]["memory_bytes"] == 189471 * MiB
+    assert by["gb300"]["memory_bytes"] == 284208 * MiB
+    for name in ("b300", "gb200", "gb300"):
+        assert "nvidia-smi" in by[name]["memory_bytes_source"]
+    # export variants: the same memory and dense bf16 as the card they cut down
+    assert by["h800-sxm"]["bf16_tflops_dense"] == by["h100-sxm"]["bf16_tflops_dense"] == 989.4
+    assert by["a800-80gb-sxm"]["memory_bandwidth_gbs"] == by["a100-80gb-sxm"]["memory_bandwidth_gbs"] == 2039
+    # the H20 keeps Hopper's fp8 but about 15% of the H100's tensor throughput: 148 / 989.4
+    assert by["h20"]["fp8"] and not by["h20"]["fp4"] and by["h20"]["bf16_tflops_dense"] == 148.0
+    # fp4: Blackwell and CDNA4 only
+    assert by["b300"]["fp4"] and by["mi355x"]["fp4"] and not by["mi325x"]["fp4"] and not by["h200"]["fp4"]
+    # RTX 5070 Ti: 70 SMs x 2452 MHz x 512 FLOPs/clock/SM = 87.9 TFLOPS
+    assert round(70 * 2452e6 * 512 / 1e12, 1) == by["rtx-5070-ti"]["bf16_tflops_dense"]
 
 
 def test_catalog_covers_segments_and_vendors():
@@ -182,3 +235,4 @@ def test_usable_memory_ordering():
 
     assert usable("rtx-3060-12gb") < usable("rtx-4090") < usable("a100-40gb-sxm") < usable("a100-80gb-sxm")
     assert usable("h100-sxm") < usable("h200") < usable("mi300x")
+    assert usable("h100-sxm") < usable("h20") < usable("h200") < usable("gb200") < usable("b300") < usable("gb300")

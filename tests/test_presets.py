@@ -57,6 +57,21 @@ REQUIRED_PRESETS = {
     "pythia-6.9b",
     "falcon-7b",
     "olmo-2-7b",
+    # issue 13: the 2025-26 presets of families cabe already reads
+    "llama-3.3-70b",
+    "mixtral-8x22b",
+    "mistral-small-24b",
+    "mistral-nemo-12b",
+    "phi-4-mini",
+    "qwen3-0.6b",
+    "qwen3-1.7b",
+    "qwen3-4b",
+    "qwen3-14b",
+    "qwen3-32b",
+    "qwen3-235b-a22b",
+    "gemma-3-4b-it",
+    "gemma-3-12b-it",
+    "gemma-3-27b-it",
 }
 
 # Published totals (model cards / papers / the Hub's safetensors metadata) for a spot check that
@@ -74,6 +89,27 @@ PUBLISHED = {
     "gemma-2-9b": 9_241_705_984,
     "gpt2": 124_439_808,
     "gpt2-xl": 1_557_611_200,
+    "llama-3.3-70b": 70_553_706_496,  # the Llama 3.1 70B architecture
+    "phi-4-mini": 3_836_021_760,  # the safetensors of microsoft/Phi-4-mini-instruct
+    # Gemma 3 with its SigLIP tower: the text decoder + 416,866,032 (tower) + 1,152 x hidden + 1,152 (projector)
+    "gemma-3-4b-it": 4_300_079_472,  # 3,880,263,168 + 416,866,032 + 2,950,272
+    "gemma-3-12b-it": 12_187_325_040,  # 11,766,034,176 + 416,866,032 + 4,424,832
+    "gemma-3-27b-it": 27_432_406_640,  # 27,009,346,304 + 416,866,032 + 6,194,304
+}
+
+# Totals the authors publish rounded, with the non-embedding count where the model card gives it
+# (billions): (total, non-embedding or None). Non-embedding = total - embeddings - an untied head.
+PUBLISHED_ROUNDED = {
+    "mixtral-8x22b": (141, None),  # "141B total, 39B active"
+    "mistral-small-24b": (24, None),
+    "mistral-nemo-12b": (12, None),
+    "qwen3-0.6b": (0.6, 0.44),
+    "qwen3-1.7b": (1.7, 1.4),
+    "qwen3-4b": (4.0, 3.6),
+    "qwen3-8b": (8.2, 6.95),
+    "qwen3-14b": (14.8, 13.2),
+    "qwen3-32b": (32.8, 31.2),
+    "qwen3-235b-a22b": (235, 234),
 }
 
 CABE_KEYS = {
@@ -135,7 +171,9 @@ def test_config_shape(path: Path):
     archs = cfg.get("architectures")
     assert isinstance(archs, list) and len(archs) == 1
     # causal LMs, and encoders planned with the head their fine-tuning uses (BERT: sequence classification)
-    assert archs[0].endswith(("ForCausalLM", "LMHeadModel", "ForSequenceClassification")), archs
+    # (and multimodal Gemma 3 as published: Gemma3ForConditionalGeneration, AutoModelForCausalLM's class for gemma3)
+    causal = ("ForCausalLM", "LMHeadModel", "ForSequenceClassification")
+    assert archs[0].endswith(causal + (("ForConditionalGeneration",) if cfg["model_type"] == "gemma3" else ())), archs
     # Every integer size that exists is positive.
     for key in (
         "hidden_size",
@@ -184,3 +222,21 @@ def test_parameters_match_analytic(path: Path):
     cfg = _load(path)
     spec = families.from_config(_hf_fields(cfg))
     assert spec.parameter_count == cfg["_cabe"]["parameters"]
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_ROUNDED))
+def test_published_rounded(name: str):
+    cfg = _load(MODELS_DIR / f"{name}.json")
+    total, non_embedding = PUBLISHED_ROUNDED[name]
+    n = cfg["_cabe"]["parameters"]
+    # rounded to the digits the authors print: mixtral-8x22b 140,620,634,112 -> "141B"
+    assert round(n / 1e9, _digits(total)) == total, (n, total)
+    if non_embedding is not None:
+        # qwen3-0.6b: 596,049,920 - 151,936 x 1,024 (tied) = 440,467,456 -> 0.44B
+        embeddings = cfg["vocab_size"] * cfg["hidden_size"] * (1 if cfg["tie_word_embeddings"] else 2)
+        assert round((n - embeddings) / 1e9, _digits(non_embedding)) == non_embedding
+
+
+def _digits(x: float) -> int:
+    text = str(x)
+    return len(text.split(".")[1]) if "." in text else 0

@@ -698,6 +698,8 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         # only `type(module) is nn.Linear` and Conv1D (integrations/bitsandbytes.py, replace_with_bnb_linear),
         # and prepare_model_for_kbit_training casts what is left in 16 bits to fp32
         notes.append("qlora_moe_experts_unquantized")
+    if spec.vision_parameters:  # Gemma 3's SigLIP tower: weights only, text-only batches never run it
+        notes.append("vision_tower_weights_only")
     return tuple(notes)
 
 

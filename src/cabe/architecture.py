@@ -162,6 +162,9 @@ class ModelSpec:
     #: the checkpoint's dtype as its config says (``dtype``, or ``torch_dtype`` before transformers 5):
     #: what ``from_pretrained(dtype="auto")`` loads; None when the config does not say
     dtype: str | None = None
+    #: parameters of a vision tower and its projector the checkpoint carries (Gemma 3's SigLIP):
+    #: held as frozen weights; their activations are not modelled (0 for a text-only model)
+    vision_parameters: int = 0
     name: str = ""
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -290,6 +293,7 @@ class ModelSpec:
             + self.norm_param_count  # final norm (BERT: the embeddings' LayerNorm, the same size)
             + self.lm_head_count
             + self.classifier_count
+            + self.vision_parameters
         )
 
     def parameter_breakdown(self) -> dict[str, int]:
@@ -303,6 +307,7 @@ class ModelSpec:
             "final_norm": self.norm_param_count,
             "lm_head": self.lm_head_count,
             "classifier": self.classifier_count,
+            "vision_tower": self.vision_parameters,
         }
         return {k: v for k, v in out.items() if v}
 

@@ -31,6 +31,8 @@ class Gpu:
     bf16_tflops_dense: float
     memory_bandwidth_gbs: float
     memory_gb_nominal: float
+    #: 4-bit floating-point tensor cores (NVFP4 / MXFP4): Blackwell and CDNA4.
+    fp4: bool = False
 
     @property
     def usable_bytes(self) -> int:
@@ -49,6 +51,7 @@ class Gpu:
             "usable_bytes": self.usable_bytes,
             "bf16": self.bf16,
             "fp8": self.fp8,
+            "fp4": self.fp4,
             "architecture": self.architecture,
             "bf16_tflops_dense": self.bf16_tflops_dense,
             "memory_bandwidth_gbs": self.memory_bandwidth_gbs,
@@ -73,6 +76,7 @@ def _catalog() -> tuple[dict[str, Gpu], dict[str, str]]:
             bf16_tflops_dense=float(g.get("bf16_tflops_dense") or 0.0),
             memory_bandwidth_gbs=float(g.get("memory_bandwidth_gbs") or 0.0),
             memory_gb_nominal=float(g.get("memory_gb_nominal") or 0.0),
+            fp4=bool(g.get("fp4", False)),
         )
     return gpus, dict(raw.get("aliases", {}))
 

@@ -177,9 +177,55 @@ _HUB: ContextVar[Callable[[str], ModelSource] | None] = ContextVar("cabe_hub", d
 
 
 def hub_model(repo_id: str) -> ModelSource:
-    """A Hub id, through the current request's Hub (:func:`hub_scope`), the command line's by default."""
+    """A Hub id: the bundled preset when it is one (:func:`preset_for_id`, no network), else through
+    the current request's Hub (:func:`hub_scope`), the command line's by default."""
+    name = preset_for_id(repo_id)
+    if name is not None:
+        return preset(name)
     fetch = _HUB.get()
     return (fetch or from_hub)(repo_id)
+
+
+@lru_cache(maxsize=1)
+def _hub_ids() -> dict[str, str]:
+    """Each preset's Hub id (lower case) -> the preset's name."""
+    out: dict[str, str] = {}
+    for n in preset_names():
+        hid = _load_preset_raw(n).get("_cabe", {}).get("hf_id")
+        if hid:
+            out[str(hid).lower()] = n
+    return out
+
+
+#: Suffixes of a sibling repo with the same architecture (the instruction-tuned or converted weights).
+_SIBLING_SUFFIXES = ("-instruct", "-it", "-chat", "-chat-hf", "-hf")
+
+
+def preset_for_id(text: str) -> str | None:
+    """The bundled preset a name or Hub id stands for, or None: the one resolver every interface uses.
+
+    A preset's own name; its Hub id (``meta-llama/Llama-3.1-8B``, any case); the id of a sibling with
+    the same ``config.json`` architecture (``-Instruct``, ``-it``, ``-chat``; ``google/gemma-3-1b-it``
+    for the ``-pt`` preset). Nothing here touches the network.
+    """
+    if not isinstance(text, str):
+        return None
+    key = text.strip().lower().rstrip("/")
+    if key in preset_names():
+        return key
+    by_id = _hub_ids()
+    if key in by_id:
+        return by_id[key]
+    for suffix in _SIBLING_SUFFIXES:
+        if key.endswith(suffix) and key[: -len(suffix)] in by_id:
+            return by_id[key[: -len(suffix)]]
+        if key + "-hf" in by_id and key.endswith(suffix):
+            break
+    base = key.removesuffix("-pt").removesuffix("-it")
+    for hid, name in by_id.items():  # google/gemma-3-1b-it <-> google/gemma-3-1b-pt
+        if hid.endswith("-pt") and hid[:-3] == base:
+            return name
+    return None
 
 
 @contextmanager

@@ -287,40 +287,8 @@ def model_name(name: str) -> str:
 
     ``meta-llama/Llama-3.1-8B`` (a preset's Hub id) and its ``-Instruct`` sibling (same
     architecture) map to the preset, so no download is needed; any other id is passed through.
+    The mapping is :func:`cabe.models.preset_for_id`, the resolver every command uses.
     """
     from cabe import models
 
-    text = str(name).strip()
-    if text.lower() in models.preset_names():
-        return text.lower()
-    by_id = _hub_ids()
-    key = text.lower().rstrip("/")
-    if key in by_id:
-        return by_id[key]
-    for suffix in ("-instruct", "-it", "-chat", "-chat-hf", "-hf"):
-        if key.endswith(suffix) and key[: -len(suffix)] in by_id:
-            return by_id[key[: -len(suffix)]]
-        if key + "-hf" in by_id and key.endswith(suffix):
-            break
-    base = key[: -len("-pt")] if key.endswith("-pt") else key
-    for hid, preset in by_id.items():  # google/gemma-3-1b-it <-> google/gemma-3-1b-pt
-        if hid.endswith("-pt") and hid[:-3] == base.removesuffix("-it"):
-            return preset
-    return text
-
-
-_HUB_IDS: dict[str, str] | None = None
-
-
-def _hub_ids() -> dict[str, str]:
-    global _HUB_IDS
-    if _HUB_IDS is None:
-        from cabe import models
-
-        out: dict[str, str] = {}
-        for n in models.preset_names():
-            hid = models.preset(n).meta.get("hf_id")
-            if hid:
-                out[str(hid).lower()] = n
-        _HUB_IDS = out
-    return _HUB_IDS
+    return models.preset_for_id(str(name)) or str(name).strip()

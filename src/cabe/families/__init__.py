@@ -52,12 +52,6 @@ def from_config(config: Mapping[str, Any], *, name: str = "") -> ModelSpec:
     if not isinstance(config, Mapping):
         raise ConfigError("config_not_object", "model")
     model_type = config.get("model_type")
-    if model_type == "gemma3" and isinstance(config.get("text_config"), Mapping):
-        # NOTE: multimodal Gemma 3 checkpoints: cabe plans the text model only.
-        text = dict(config["text_config"])
-        text.setdefault("model_type", "gemma3_text")
-        text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", True))
-        config, model_type = text, "gemma3_text"
     if not isinstance(model_type, str) or not model_type:
         raise ConfigError("config_missing_field", "model", key="model_type")
     readers = _readers()
