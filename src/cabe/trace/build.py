@@ -11,7 +11,6 @@ from cabe.errors import CabeError, ConfigError, MissingDependencyError
 from cabe.trace.optim import LEARNING_RATE  # noqa: F401  (re-exported)
 from cabe.training import TrainingSetup
 
-BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit", "lion")
 PEFT_METHODS = ("lora", "qlora", "prompt-tuning")
 
 _DROP_KEYS = (
@@ -30,7 +29,9 @@ _GC_KWARGS = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
 
 # ---- dependencies and config ------------------------------------------------------------
 def needs_bitsandbytes(setup: TrainingSetup) -> bool:
-    return setup.method == "qlora" or setup.optimizer in BNB_OPTIMIZERS
+    from cabe import optimizer
+
+    return setup.method == "qlora" or "bitsandbytes" in optimizer.get(setup.optimizer).extras
 
 
 def needs_peft(setup: TrainingSetup) -> bool:
@@ -293,9 +294,12 @@ def make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any, kind: 
     (:mod:`cabe.trace.optim`), with the torch keywords of the setup's ``optimizer_impl``."""
     from cabe import optimizer
 
+    entry = optimizer.get(setup.optimizer)
+    if entry.modelled:  # torchao's compiled step, GaLore: modelled from their source (optimizer_modelled)
+        raise ConfigError("optimizer_not_traced", "optimizer", value=setup.optimizer)
     impl = setup.resolved_optimizer_impl
     kw: dict[str, Any] = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
-    module, _, name = optimizer.get(setup.optimizer).trace_factory.partition(":")
+    module, _, name = entry.trace_factory.partition(":")
     factory = getattr(importlib.import_module(module), name)
     return factory(params, kw, tracker, kind)
 

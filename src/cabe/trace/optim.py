@@ -65,6 +65,47 @@ def lion(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
     return _tracked_paging(bnb.optim.Lion(params, lr=LEARNING_RATE), tracker, kind)
 
 
+def lion_8bit(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    return _tracked_paging(bnb.optim.Lion8bit(params, lr=LEARNING_RATE), tracker, kind)
+
+
+def paged_lion(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    return _tracked_paging(bnb.optim.PagedLion(params, lr=LEARNING_RATE), tracker, kind)
+
+
+def paged_lion_8bit(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    return _tracked_paging(bnb.optim.PagedLion8bit(params, lr=LEARNING_RATE), tracker, kind)
+
+
+def rmsprop(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import torch
+
+    kw = dict(kw)
+    # torch.optim.RMSprop has no fused kernel (torch 2.13): "fused" runs its foreach path
+    if kw.pop("fused", False):
+        kw["foreach"] = True
+    return torch.optim.RMSprop(params, lr=LEARNING_RATE, **kw)
+
+
+def rmsprop_bnb(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    # the HF Trainer's rmsprop_bnb / rmsprop_bnb_32bit: bnb.optim.RMSprop(optim_bits=32)
+    return _tracked_paging(bnb.optim.RMSprop(params, lr=LEARNING_RATE, optim_bits=32), tracker, kind)
+
+
+def rmsprop_8bit(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    return _tracked_paging(bnb.optim.RMSprop(params, lr=LEARNING_RATE, optim_bits=8), tracker, kind)
+
+
 def _tracked_paging(o: Any, tracker: Any, kind: str) -> Any:
     """On fake tensors, mark bitsandbytes' paged state buffers so the tracker keeps them outside
     the allocator (on a real GPU, bitsandbytes pages for real)."""
