@@ -132,6 +132,9 @@ def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, A
         kw.pop("optimizer_impl", None)
         if later.impl_flags and orng.random() < 0.6:
             kw["optimizer_impl"] = orng.choice(["foreach", "fused", "for-loop"])
+        if later.low_rank:  # GaLore's rank and targets (the Trainer's optim_args rank, optim_target_modules)
+            kw["galore_rank"] = orng.choice([8, 32, 128, 256])
+            kw["galore_targets"] = orng.choice([("attn", "mlp"), ("all-linear",), ("q_proj", "v_proj", "down_proj")])
     return model, kw
 
 

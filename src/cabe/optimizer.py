@@ -492,13 +492,17 @@ REGISTRY: tuple[Optimizer, ...] = (
             moments=moments,
             state=rule,
             lesson_bytes_per_param=lesson,
-            extras=("galore-torch",) + (("bitsandbytes",) if "8bit" in name else ()),
+            # galore_torch/__init__.py imports its 8-bit AdamW, hence bitsandbytes, whichever one is used
+            extras=("galore-torch", "bitsandbytes"),
             hf_optim=((name.replace("-", "_") + suffix.replace("-", "_"), None),),
             classes=(cls,) if not suffix else (),
             low_rank=True,
             layerwise=bool(suffix),
             clones_weight="8bit" in name,
             step_upcasts="adafactor" in name,
+            # the layer-wise step (hooks inside backward) is modelled; the others run in the trace
+            # (GaLore's 8-bit AdamW hands bitsandbytes a tensor norm where it takes a float: not on fake tensors)
+            trace_factory="" if suffix or "8bit" in name else "cabe.trace.optim:" + name.replace("-", "_"),
         )
         for name, moments, rule, lesson, cls in (
             ("galore-adamw", 2, _hf_adam, 8, "galore_torch.galoreadamw"),
