@@ -151,6 +151,13 @@ def test_galore_adafactor_works_in_fp32():
     assert o.tensor_state(_t(4096, 4096), 2, "foreach", setup) == 4096 * 4 + 512 + 4096 * 4096 * 4
 
 
+def test_galore_projects_lora_adapters_as_the_trainer_does():
+    # PEFT's lora_A / lora_B are nn.Linear under ...self_attn.q_proj: "attn" matches them (traced: qwen2.5-0.5b
+    # LoRA r16 + GaLore all-linear rank 8, fp32, estimate within 0.02 % of the trace)
+    a = Tensor("q_proj.lora_A", 16 * 896, 1, True, "adapter", 16, 896, "attn")
+    assert optimizer.galore_targeted(a, ("attn",)) and not optimizer.galore_targeted(a, ("mlp",))
+
+
 def test_galore_uses_less_state_than_adamw_on_llama_7b():
     spec = preset("llama-7b").spec
     adam = estimate_model(spec, TrainingSetup(optimizer="adamw")).components["optimizer"]
@@ -199,3 +206,13 @@ def test_modelled_entries_are_the_ones_without_a_trace_factory():
         "galore-adamw-8bit-layerwise",
         "galore-adafactor-layerwise",
     }
+
+
+def test_training_arguments_galore_keys():
+    from cabe import configs
+
+    data = {"optim": "galore_adamw_layerwise", "optim_target_modules": ["attn", "mlp"], "optim_args": "rank=64"}
+    fields, used, ignored = configs.module("training_args").to_request(data)
+    assert fields["optimizer"] == "galore-adamw-layerwise" and set(used) == set(data)
+    assert (fields["galore_targets"], fields["galore_rank"]) == (("attn", "mlp"), 64)
+    assert ignored == []

@@ -148,9 +148,10 @@ def galore_targeted(t: Tensor, targets: tuple[str, ...]) -> bool:
     """Whether GaLore projects ``t``: a trainable ``nn.Linear`` weight whose module name matches
     ``optim_target_modules`` as transformers matches a list (trainer_utils.py:1042-1048, ``check_target_module_exists``:
     the name itself or a substring of the module's path, ``model.layers.N.self_attn.q_proj``); ``all-linear``
-    takes every ``nn.Linear`` (trainer_optimizer.py:134, 140-147), the untied ``lm_head`` too. Fused MoE experts
-    are 3-D parameters, not ``nn.Linear``, and stay unprojected."""
-    if not (t.trainable and t.rows and t.cols) or t.kind not in ("base", "lm_head") or t.role == "expert":
+    takes every ``nn.Linear`` (trainer_optimizer.py:134, 140-147), the untied ``lm_head`` too, and PEFT's
+    ``lora_A`` / ``lora_B`` (``nn.Linear`` modules under ``...self_attn.q_proj``). Fused MoE experts are 3-D
+    parameters, not ``nn.Linear``, and stay unprojected."""
+    if not (t.trainable and t.rows and t.cols) or t.kind not in ("base", "lm_head", "adapter") or t.role == "expert":
         return False
     if t.kind == "lm_head":
         return "all-linear" in targets or any(x in t.name for x in targets)
