@@ -38,6 +38,12 @@ from cabe.training import TrainingSetup
 
 HERE = Path(__file__).parent
 
+#: the optimizers of the first draws, in the registry's order then: drawn from the seed's generator, whose draws
+#: a longer list would change for every earlier seed
+FIRST_OPTIMIZERS = REGISTRY[:8]
+#: the ones added later that the trace runs (the others are modelled from their source)
+LATER_OPTIMIZERS = tuple(o for o in REGISTRY[8:] if not o.modelled)
+
 #: models of every family up to 8B (the trace of each takes seconds on fake tensors)
 SMALL_MODELS = ["gpt2", "gpt2-medium", "qwen2.5-0.5b", "gemma-3-1b", "llama-3.2-1b", "pythia-1.4b", "qwen2.5-1.5b"]
 MID_MODELS = [
@@ -85,7 +91,7 @@ def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, A
         kw["compute_dtype"] = rng.choice(["bf16", "bf16", "fp16"])
         kw["quant"] = rng.choice(["nf4", "fp4"])
         kw["double_quant"] = rng.random() < 0.7
-    opt = rng.choice(REGISTRY)
+    opt = rng.choice(FIRST_OPTIMIZERS)
     kw["optimizer"] = opt.name
     if opt.impl_flags and rng.random() < 0.6:
         kw["optimizer_impl"] = rng.choice(["foreach", "fused", "for-loop"])
@@ -117,6 +123,18 @@ def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, A
         kw["loss"] = lrng.choice(["hf", "chunked"])
         if kw["loss"] == "chunked":
             kw["loss_chunks"] = lrng.choice([2, 4, 8, 16])
+    # the optimizers added later (issue 11), from the configuration's own generator as well; only those the
+    # trace runs: torchao's (a torch.compile'd step) and GaLore's are modelled, not traced (optimizer_modelled)
+    orng = random.Random(f"optimizer {model} {sorted(kw.items())}")
+    if orng.random() < 0.3:
+        later = orng.choice(LATER_OPTIMIZERS)
+        kw["optimizer"] = later.name
+        kw.pop("optimizer_impl", None)
+        if later.impl_flags and orng.random() < 0.6:
+            kw["optimizer_impl"] = orng.choice(["foreach", "fused", "for-loop"])
+        if later.low_rank:  # GaLore's rank and targets (the Trainer's optim_args rank, optim_target_modules)
+            kw["galore_rank"] = orng.choice([8, 32, 128, 256])
+            kw["galore_targets"] = orng.choice([("attn", "mlp"), ("all-linear",), ("q_proj", "v_proj", "down_proj")])
     return model, kw
 
 

@@ -35,11 +35,11 @@ from cabe.architecture import LayerGroup, ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.method import Tensor, layer_tensors, lora_targets, parameter_tensors, quantized_bytes, stored_bytes
 from cabe.optimizer import get as optimizer_entry
-from cabe.optimizer import optimizer_memory
+from cabe.optimizer import layerwise_figures, optimizer_memory
 from cabe.precision import Dtypes, dtype_source, dtypes_for, resolve
 from cabe.report import GB, GiB, Report, Step
 from cabe.schema import state_fields
-from cabe.step import LayerRun, StepParts, timeline
+from cabe.step import LayerRun, StepParts, layerwise, timeline
 from cabe.training import TrainingSetup, number
 from cabe.units import CUDA_WORKSPACES, round_alloc
 
@@ -273,6 +273,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
             "out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0, maximum=spec.num_layers
         )
     source = dtype_source(setup, spec.dtype)
+    given = setup.optimizer_given  # an HF Trainer optim name, echoed beside the registry's
     setup = resolve(setup, spec.dtype)  # dtype="auto": the checkpoint's, as transformers 5 loads it
     if setup.dtype == "fp16" and setup.autocast == "fp16" and setup.method in ("full", "freeze"):
         # torch.amp.GradScaler.unscale_ refuses fp16 gradients ("Attempting to unscale FP16 gradients"):
@@ -289,6 +290,9 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     copies = _weight_copies(spec, setup, dt)
     head = head_activations(spec, setup, dt)
     parts = _step_parts(spec, setup, dt, states, act, head, copies)
+    if optimizer_entry(setup.optimizer).layerwise:  # single-GPU only (optimizer.refusal)
+        lw = layerwise_figures(states.tensors, states.bytes_of, setup)
+        parts = layerwise(parts, lw.gradient, lw.temporaries, lw.layer_gradient, lw.layer_temporaries)
     shard_info: dict[str, Any] = {}
     if setup.distributed:
         # Multi-GPU plans: sharding transforms the per-GPU parts; the walk of the step is the same.
@@ -321,7 +325,12 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         peak_phase=peak.phase,
         phase_peaks=phase_peaks,
         steps=tuple(steps),
-        setup={**setup.to_dict(), "effective_batch": setup.effective_batch, "tokens": tokens},
+        setup={
+            **setup.to_dict(),
+            "optimizer_given": given,
+            "effective_batch": setup.effective_batch,
+            "tokens": tokens,
+        },
         model=_model_json(spec, model_meta),
         paged_bytes=states.opt.paged_bytes,
         cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,
@@ -682,6 +691,11 @@ def _layer_run(
     )
 
 
+def _temporaries_key(setup: TrainingSetup) -> str:
+    """The catalog key of the optimizer step's temporaries: GaLore's own, else the implementation's."""
+    return "low_rank" if optimizer_entry(setup.optimizer).low_rank else setup.resolved_optimizer_impl
+
+
 def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tuple[str, ...]:
     notes: list[str] = []
     if attention_kind(spec, setup) == "eager" and setup.attention != "eager":
@@ -690,6 +704,11 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("sdpa_gqa_math")
     if states.opt.paged_bytes:
         notes.append("paged_outside_allocator")
+    opt = optimizer_entry(setup.optimizer)
+    if opt.modelled:
+        notes.append("optimizer_modelled")
+    if opt.layerwise:
+        notes.append("optimizer_layerwise")
     if setup.grad_accum > 1:
         notes.append("grad_accum_keeps_grads")
     notes += _loss_notes(setup)
@@ -870,7 +889,7 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
     if opt.temp_bytes:
         steps.append(
             Step(
-                "optimizer_temporaries." + setup.resolved_optimizer_impl,
+                "optimizer_temporaries." + _temporaries_key(setup),
                 "{bytes} B = {gib} GiB",
                 opt.temp_bytes,
                 {"bytes": opt.temp_bytes, "gib": opt.temp_bytes / GiB},

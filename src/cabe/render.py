@@ -44,6 +44,8 @@ REPORT_NOTES = (
     "gemma2_eager",
     "sdpa_gqa_math",
     "paged_outside_allocator",
+    "optimizer_modelled",
+    "optimizer_layerwise",
     "grad_accum_keeps_grads",
     "qlora_moe_experts_unquantized",
     "vision_tower_weights_only",

@@ -31,7 +31,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cabe.optimizer import OPTIMIZERS
+from cabe.optimizer import ACCEPTED as OPTIMIZER_NAMES
+from cabe.optimizer import GALORE_RANK
 from cabe.recipes import NAMES as RECIPES
 
 # Upper bounds that catch typos (a batch of 10^9) without limiting real use.
@@ -278,7 +279,9 @@ _SETUP: tuple[Field, ...] = (
         states=True,
         flags=_flag("precision"),
     ),
-    _choice("optimizer", "setup", _TRAINING, "adamw", OPTIMIZERS, states=True, flags=_flag("optimizer")),
+    # NOTE: cabe's names, then the HF Trainer's ``optim`` names (transformers OptimizerNames): those map to an
+    # entry (and the implementation they imply) in TrainingSetup, or are refused by name (optimizer_not_modelled)
+    _choice("optimizer", "setup", _TRAINING, "adamw", OPTIMIZER_NAMES, states=True, flags=_flag("optimizer")),
     _choice(
         "optimizer_impl",
         "setup",
@@ -400,6 +403,18 @@ _SETUP: tuple[Field, ...] = (
     ),
     # torchtune's CEWithChunkedOutputLoss(num_output_chunks=8) (modules/loss/ce_chunked_output_loss.py)
     _int("loss_chunks", "setup", _TRAINING + ("from-config",), 8, 1, MAX_SEQ, flags=_flag("loss_chunks")),
+    # GaLore's rank (the Trainer's optim_args "rank", default 128: trainer_optimizer.py:370) and targets (the
+    # Trainer's optim_target_modules, which it requires; the default here is the Trainer docs' ["attn", "mlp"])
+    _int("galore_rank", "setup", _TRAINING, GALORE_RANK, 1, MAX_RANK, states=True, flags=_flag("galore_rank")),
+    Field(
+        "galore_targets",
+        tuple,
+        "setup",
+        _TRAINING,
+        ("attn", "mlp"),
+        states=True,
+        flags=_flag("galore_targets"),
+    ),
 )
 
 _GPUS: tuple[Field, ...] = (

@@ -150,7 +150,10 @@ def min_gpus(spec: ModelSpec, setup: TrainingSetup, card: Gpu, limit: int = MAX_
     shard = setup.shard if setup.shard not in ("none", "ddp") else "fsdp"
     if shard.startswith("fsdp") and setup.offload == "optimizer":
         shard = "zero3"
-    base = setup.with_(shard=shard)
+    try:
+        base = setup.with_(shard=shard)
+    except CabeError:  # an optimizer that cannot be sharded (GaLore: optimizer.refusal): no count of GPUs fits
+        return {"solve": "gpus", "value": None, "shard": shard, "limit": limit, "capped": True}
     unit = setup.tp * setup.pp * max(setup.ep, 1)
 
     def ok(k: int) -> bool:

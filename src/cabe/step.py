@@ -7,7 +7,7 @@ Sharding (:mod:`cabe.parallel`) transforms the parts before the walk; the walk i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -288,4 +288,24 @@ def _lm_head_weight_moment(p: StepParts, base: dict[str, int], g_acc: int, acts_
             "activations": acts_all,
             **p.extra_backward,
         },
+    )
+
+
+def layerwise(p: StepParts, gradient: int, temporaries: int, layer_gradient: int, layer_temporaries: int) -> StepParts:
+    """The parts of a step whose optimizer runs inside backward, one parameter at a time (the HF Trainer's
+    ``*_layerwise`` optimizers: transformers trainer_optimizer.py:164-176, ``register_post_accumulate_grad_hook``
+    that calls ``step()`` then ``zero_grad()``, set_to_none). A gradient is freed as soon as it is stepped: in
+    backward one gradient and its step's temporaries live, never all of them — in the layers the largest layer
+    gradient and its temporaries; the optimizer moment becomes the largest parameter's step (the embedding's,
+    the last, when it is the largest), with the activations gone. The head moment is given the layers'
+    temporaries too (a bound: the lm_head steps there)."""
+    runs = tuple(replace(r, grads=0, grads_mlp=0) for r in p.runs)
+    return replace(
+        p,
+        grads=gradient,
+        grads_head=layer_gradient,
+        grads_per_layer=0,
+        runs=runs,
+        optimizer_temporaries=temporaries,
+        extra_backward={**p.extra_backward, "optimizer_temporaries": layer_temporaries},
     )

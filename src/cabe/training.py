@@ -22,9 +22,9 @@ Method = Literal["full", "lora", "qlora", "freeze", "prompt-tuning"]
 Precision = Literal["fp32", "fp16-amp", "bf16-amp", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
 Dtype = Literal["auto", "fp32", "bf16", "fp16"]
 Autocast = Literal["none", "bf16", "fp16"]
-Optimizer = Literal[
-    "adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion"
-]
+# NOTE: the optimizer field also takes the HF Trainer's ``optim`` names (cabe.optimizer.ACCEPTED); __post_init__
+# turns them into the registry's name, so a built setup holds one of these
+Optimizer = str
 OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Attention = Literal["eager", "sdpa", "flash"]
 Quant = Literal["nf4", "fp4"]
@@ -122,6 +122,8 @@ class TrainingSetup:
     recipe: Recipe | None = _D["recipe"]
     loss: Loss | None = _D["loss"]
     loss_chunks: int = _D["loss_chunks"]
+    galore_rank: int = _D["galore_rank"]
+    galore_targets: tuple[str, ...] = _D["galore_targets"]
     gpus: int = _D["gpus"]
     shard: Shard = _D["shard"]
     offload: Offload = _D["offload"]
@@ -133,6 +135,7 @@ class TrainingSetup:
 
     def __post_init__(self) -> None:
         validate(self)
+        _canonical_optimizer(self)
         if self.precision is not None:
             dtype, autocast = schema.PRECISIONS[self.precision]
             for name, implied in (("dtype", dtype), ("autocast", autocast)):
@@ -155,6 +158,11 @@ class TrainingSetup:
     def tokens(self) -> int:
         """Tokens on the GPU at once: micro-batch × sequence length."""
         return self.batch * self.seq
+
+    @property
+    def optimizer_given(self) -> str:
+        """The optimizer's name as it was given (an HF Trainer ``optim`` name, or the registry's)."""
+        return str(getattr(self, "_optimizer_given", self.optimizer))
 
     @property
     def resolved_optimizer_impl(self) -> str:
@@ -208,6 +216,32 @@ class TrainingSetup:
             v = getattr(self, f.name)
             out[f.name] = list(v) if isinstance(v, tuple) else v
         return out
+
+
+def _canonical_optimizer(setup: TrainingSetup) -> None:
+    """An HF Trainer ``optim`` name becomes the registry's name and the implementation it implies (kept as
+    ``optimizer_given``, echoed in the report's setup); a name cabe does not model, an implementation that
+    contradicts the name, or a request the optimizer cannot run is a typed error."""
+    from cabe import optimizer
+
+    given = setup.optimizer
+    if given in optimizer.HF_NOT_MODELLED:
+        raise InvalidValueError(
+            "optimizer_not_modelled", "optimizer", value=given, allowed=", ".join(optimizer.HF_NAMES)
+        )
+    name, impl = optimizer.canonical(given)
+    if impl is not None and setup.optimizer_impl not in (None, impl):
+        raise InvalidValueError(
+            "optimizer_impl_conflict", "optimizer_impl", value=setup.optimizer_impl, optimizer=given, implied=impl
+        )
+    object.__setattr__(setup, "optimizer", name)
+    if impl is not None:
+        object.__setattr__(setup, "optimizer_impl", impl)
+    object.__setattr__(setup, "_optimizer_given", given)
+    refused = optimizer.refusal(setup)
+    if refused is not None:
+        field, code = refused
+        raise InvalidValueError(code, field, value=getattr(setup, field), optimizer=name)
 
 
 def validate(setup: TrainingSetup) -> None:

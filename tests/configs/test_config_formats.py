@@ -110,7 +110,7 @@ def test_optim_names_match_transformers_enum():
 
 
 def test_unknown_optim_is_ignored_with_a_reason():
-    fields, _used, ignored = configs.module("training_args").to_request({"optim": "galore_adamw"})
+    fields, _used, ignored = configs.module("training_args").to_request({"optim": "apollo_adamw"})
     assert "optimizer" not in fields and ignored == [("optim", "unsupported_value")]
 
 

@@ -16,8 +16,6 @@ TITLE = "TrainingArguments / SFTConfig"
 NOT_MODELED = {
     "torch_compile",
     "use_liger_kernel",
-    "optim_target_modules",
-    "optim_args",
     "ddp_bucket_cap_mb",
     "padding_free",
     "torch_empty_cache_steps",
@@ -206,6 +204,8 @@ FSDP_NOT_MODELED = (
 HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = {
     "train_batch_size": _train_batch_size,
     "optim": lambda c, key, value, all_: _base.set_hf_optimizer(c, key, value),
+    "optim_target_modules": lambda c, key, value, all_: _galore_targets(c, key, value),
+    "optim_args": lambda c, key, value, all_: _galore_rank(c, key, value),
     "dtype": _dtype,
     "torch_dtype": _dtype,
     "attn_implementation": lambda c, key, value, all_: c.set_known("attention", ATTENTION.get(str(value)), key),
@@ -216,6 +216,32 @@ HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = 
     "world_size": _gpus,
     "n_gpu": _gpus,
 }
+
+
+def _galore_targets(c: Collector, key: str, value: Any) -> None:
+    """``optim_target_modules`` -> ``galore_targets``: a list of names (matched as substrings of the module's
+    path, transformers trainer_utils.py:1042-1048) or ``all-linear``; one other string is a regex cabe does not
+    match."""
+    if isinstance(value, str):
+        if value.replace("_", "-") == "all-linear":
+            c.set("galore_targets", ("all-linear",), key)
+        else:
+            c.ignore(key, "unsupported_value")
+    elif isinstance(value, (list, tuple)) and value:
+        c.set("galore_targets", tuple(str(v) for v in value), key)
+    else:
+        c.ignore(key, "unsupported_value")
+
+
+def _galore_rank(c: Collector, key: str, value: Any) -> None:
+    """``optim_args`` (``"rank=64,update_proj_gap=200"``, transformers ``TrainingArguments.optim_args``) ->
+    ``galore_rank``; the other keys change no memory (update_proj_gap, scale, proj_type "std")."""
+    pairs = dict(p.split("=", 1) for p in str(value).replace(" ", "").split(",") if "=" in p)
+    rank = pairs.get("rank", "")
+    if rank.isdigit():
+        c.set("galore_rank", int(rank), key)
+    else:
+        c.ignore(key, "unsupported_value")
 
 
 def set_fsdp(c: Collector, key: str, value: Any) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from cabe.architecture import ModelSpec
 from cabe.method import Tensor, quantized_bytes, stored_bytes
 from cabe.optimizer import get as get_optimizer
+from cabe.optimizer import low_rank_temporaries
 from cabe.parallel.config import ShardConfig
 from cabe.parallel.layout import Layout
 from cabe.training import TrainingSetup
@@ -250,13 +251,15 @@ def optimizer_bytes(items: list[Piece], setup: TrainingSetup, *, paged: bool = F
     largest = 0
     for t, n, b in items:
         largest = max(largest, t.numel * b)
-        on_device, in_unified = opt.device_and_paged(t, b, impl)
+        on_device, in_unified = opt.device_and_paged(t, b, impl, setup)
         state += (on_device + (in_unified if paged else 0)) * n
+    if opt.low_rank:  # GaLore runs whole weights only (optimizer.refusal): DDP's replicas
+        return round(state), low_rank_temporaries([(t, b) for t, _, b in items], opt, setup)
     temps = dict(opt.temporaries).get(impl)
     if temps == "all":
         temp = dense_bytes(items)
-    elif temps == "largest":
-        temp = 2 * round_alloc(largest) if items else 0
+    elif temps in ("largest", "one"):
+        temp = (2 if temps == "largest" else 1) * round_alloc(largest) if items else 0
     else:
         temp = 0
     return round(state), temp

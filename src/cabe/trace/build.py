@@ -11,7 +11,6 @@ from cabe.errors import CabeError, ConfigError, MissingDependencyError
 from cabe.trace.optim import LEARNING_RATE  # noqa: F401  (re-exported)
 from cabe.training import TrainingSetup
 
-BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit", "lion")
 PEFT_METHODS = ("lora", "qlora", "prompt-tuning")
 
 _DROP_KEYS = (
@@ -30,7 +29,15 @@ _GC_KWARGS = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
 
 # ---- dependencies and config ------------------------------------------------------------
 def needs_bitsandbytes(setup: TrainingSetup) -> bool:
-    return setup.method == "qlora" or setup.optimizer in BNB_OPTIMIZERS
+    from cabe import optimizer
+
+    return setup.method == "qlora" or "bitsandbytes" in optimizer.get(setup.optimizer).extras
+
+
+def needs_galore(setup: TrainingSetup) -> bool:
+    from cabe import optimizer
+
+    return "galore-torch" in optimizer.get(setup.optimizer).extras
 
 
 def needs_peft(setup: TrainingSetup) -> bool:
@@ -44,6 +51,8 @@ def import_deps(setup: TrainingSetup | None = None) -> None:
         needed.append("peft")
     if setup is not None and needs_bitsandbytes(setup):
         needed.append("bitsandbytes")
+    if setup is not None and needs_galore(setup):
+        needed.append("galore_torch")
     for name in needed:
         try:
             __import__(name)
@@ -288,14 +297,20 @@ _METHODS = {"full": _full, "freeze": _freeze, "lora": _lora, "qlora": _lora, "pr
 
 
 # ---- the optimizer ----------------------------------------------------------------------------
-def make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any, kind: str = "fake") -> Any:
+def make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any, kind: str = "fake", model: Any = None) -> Any:
     """The optimizer of ``setup`` over ``params``: the registry entry's ``trace_factory``
-    (:mod:`cabe.trace.optim`), with the torch keywords of the setup's ``optimizer_impl``."""
+    (:mod:`cabe.trace.optim`), with the torch keywords of the setup's ``optimizer_impl`` (GaLore's: the model
+    and the setup, to pick its targets)."""
     from cabe import optimizer
 
+    entry = optimizer.get(setup.optimizer)
+    if entry.modelled:  # torchao's compiled step, layer-wise GaLore: modelled from the source (optimizer_modelled)
+        raise ConfigError("optimizer_not_traced", "optimizer", value=setup.optimizer)
     impl = setup.resolved_optimizer_impl
     kw: dict[str, Any] = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
-    module, _, name = optimizer.get(setup.optimizer).trace_factory.partition(":")
+    if entry.low_rank:
+        kw = {"model": model, "setup": setup}
+    module, _, name = entry.trace_factory.partition(":")
     factory = getattr(importlib.import_module(module), name)
     return factory(params, kw, tracker, kind)
 

@@ -2,7 +2,8 @@
 ``trace_factory`` names ``cabe.trace.optim:<function>``).
 
 Each factory takes the trainable parameters, the torch keyword arguments of the setup's
-``optimizer_impl`` (``foreach`` / ``fused``), the tracker and the run's kind (``fake`` / ``cuda``).
+``optimizer_impl`` (``foreach`` / ``fused``), the tracker and the run's kind (``fake`` / ``cuda``). GaLore's
+factories get ``{"model": ..., "setup": ...}`` instead (they pick their targets from the model's modules).
 """
 
 from __future__ import annotations
@@ -63,6 +64,92 @@ def lion(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
     import bitsandbytes as bnb
 
     return _tracked_paging(bnb.optim.Lion(params, lr=LEARNING_RATE), tracker, kind)
+
+
+def lion_8bit(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    return _tracked_paging(bnb.optim.Lion8bit(params, lr=LEARNING_RATE), tracker, kind)
+
+
+def paged_lion(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    return _tracked_paging(bnb.optim.PagedLion(params, lr=LEARNING_RATE), tracker, kind)
+
+
+def paged_lion_8bit(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    return _tracked_paging(bnb.optim.PagedLion8bit(params, lr=LEARNING_RATE), tracker, kind)
+
+
+def rmsprop(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import torch
+
+    kw = dict(kw)
+    # torch.optim.RMSprop has no fused kernel (torch 2.13): "fused" runs its foreach path
+    if kw.pop("fused", False):
+        kw["foreach"] = True
+    return torch.optim.RMSprop(params, lr=LEARNING_RATE, **kw)
+
+
+def rmsprop_bnb(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    # the HF Trainer's rmsprop_bnb / rmsprop_bnb_32bit: bnb.optim.RMSprop(optim_bits=32)
+    return _tracked_paging(bnb.optim.RMSprop(params, lr=LEARNING_RATE, optim_bits=32), tracker, kind)
+
+
+def rmsprop_8bit(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    import bitsandbytes as bnb
+
+    return _tracked_paging(bnb.optim.RMSprop(params, lr=LEARNING_RATE, optim_bits=8), tracker, kind)
+
+
+def galore_adamw(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    from galore_torch import GaLoreAdamW
+
+    return GaLoreAdamW(_galore_groups(params, kw), lr=LEARNING_RATE)
+
+
+def galore_adamw_8bit(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    from galore_torch import GaLoreAdamW8bit
+
+    return _tracked_paging(GaLoreAdamW8bit(_galore_groups(params, kw), lr=LEARNING_RATE), tracker, kind)
+
+
+def galore_adafactor(params: list[Any], kw: dict[str, Any], tracker: Any, kind: str) -> Any:
+    from galore_torch import GaLoreAdafactor
+
+    # the HF Trainer's galore_adafactor: scale_parameter=False, relative_step=False (trainer_optimizer.py:379-380)
+    groups = _galore_groups(params, kw)
+    return GaLoreAdafactor(groups, lr=LEARNING_RATE, scale_parameter=False, relative_step=False)
+
+
+def _galore_groups(params: list[Any], kw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The two parameter groups the HF Trainer builds (trainer_optimizer.py:134-160,
+    ``_setup_low_rank_optimizer``): the ``nn.Linear`` weights whose module name matches ``optim_target_modules``
+    (transformers' ``check_target_module_exists``; ``all-linear`` takes every ``nn.Linear``) with GaLore's
+    defaults (rank from the setup, update_proj_gap 200, scale 0.25, proj_type std), and the rest."""
+    import torch
+    from transformers.trainer_utils import check_target_module_exists
+
+    model, setup = kw["model"], kw["setup"]
+    targets = list(setup.galore_targets)
+    all_linear = "all-linear" in targets
+    # by name, as the Trainer does: a tied lm_head's weight is listed by named_parameters() under the embedding's
+    # name only, so it is never targeted
+    names = {
+        name + ".weight"
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and (all_linear or check_target_module_exists(targets, name))
+    }
+    wanted = {id(p) for n, p in model.named_parameters() if n in names}
+    chosen = [p for p in params if id(p) in wanted]
+    rest = [p for p in params if id(p) not in wanted]
+    low_rank = {"rank": setup.galore_rank, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"}
+    return [{"params": rest}, {"params": chosen, **low_rank}]
 
 
 def _tracked_paging(o: Any, tracker: Any, kind: str) -> Any:

@@ -165,7 +165,7 @@ def train(
     scaler = None
     if setup.autocast == "fp16":  # the Trainer's fp16=True: a GradScaler
         scaler = torch.amp.GradScaler("cuda")
-    opt = make_optimizer(trainable, setup, tracker, kind)
+    opt = make_optimizer(trainable, setup, tracker, kind, model)
     for p in trainable:
         p.register_post_accumulate_grad_hook(lambda p: tracker.tag_tensor(p.grad, "gradients"))
     handles = _install_logits_hooks(model, tracker)
