@@ -526,6 +526,7 @@ class _Layer:
             self.add(f"attn.{out_name}.lora_input_cast", 2 * q, "2·q")  # PEFT's fp32 cast, cast back
         if adapter_cast and out_name in targets:
             self.add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
+        self.lora_variants([out_name])  # (lora_mid is not called for the output projection here)
 
     def _ln_mlp(self) -> None:
         spec, h, f, a, rho, quantized = self.spec, self.h, self.f, self.a, self.rho, self.quantized

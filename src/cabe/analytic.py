@@ -618,6 +618,7 @@ def _step_parts(
         saved_layer=act.saved_layer_bytes,
         recompute_layer=act.mean(lambda r: r.full_layer_bytes) if ckpt else 0,
         workspace_layer=act.mean(lambda r: tokens * r.per_layer.backward_workspace_per_token),
+        forward_transient=max(r.per_layer.dora_norm_bytes for r in act.runs),
         rotary=act.rotary if grad_layers else 0,
         head_saved=tokens * head.saved_logsoftmax,
         final_norm_saved=tokens * head.final_norm,

@@ -95,6 +95,9 @@ class StepParts:
     # a trained embedding (untied): its backward gets the gradient of its output (tokens × h) when every
     # other gradient exists, and makes the last one
     embedding_grad_input: int = 0
+    # a transient of the top layer's forward when every layer below holds its activations (DoRA's weight
+    # norms: cabe.activations ``_Layer._dora_norm_transient``); 0: none worth a moment
+    forward_transient: int = 0
 
     def layer_runs(self) -> tuple[LayerRun, ...]:
         """The gradient's path as runs of like layers, bottom first."""
@@ -156,6 +159,20 @@ def timeline(p: StepParts) -> list[Moment]:
             },
         ),
     ]
+    if p.forward_transient:
+        moments.append(
+            Moment(
+                "forward",
+                "top_layer",
+                {
+                    **base,
+                    "gradients": g_acc,
+                    "weight_copies": copies_all + sum(r.copies_cached * r.cached_count for r in runs),
+                    "activations": acts_all + p.forward_transient,
+                    **p.extra_forward,
+                },
+            )
+        )
     if p.head_copy_grad:
         moments.append(_lm_head_weight_moment(p, base, g_acc, acts_all, copies_all))
     if p.head_chunk_grads:
