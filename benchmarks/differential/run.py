@@ -5,10 +5,11 @@ configurations nobody chose.
     .venv/bin/python benchmarks/differential/run.py -n 50 --seed 7  # reproduce a run
     .venv/bin/python benchmarks/differential/run.py --small         # models up to 1.6B only (fast)
     .venv/bin/python benchmarks/differential/run.py -j 2            # two worker processes
+    .venv/bin/python benchmarks/differential/run.py -n 8 --small --knobs dora,lora_dropout  # those knobs only
 
 A sampler draws every knob of a training request (method, dtype and autocast — or the precision shorthand —, optimizer and its implementation,
-checkpointing, attention, batch, sequence, LoRA rank and targets, freeze depth, prompt tokens, loss kernel,
-accumulation, QLoRA's quantization) and a model of every family — up to 8B, and a share at 70B. Each
+checkpointing, attention, batch, sequence, LoRA rank and targets, DoRA and LoRA dropout, freeze depth, prompt
+tokens, loss kernel, accumulation, QLoRA's quantization) and a model of every family — up to 8B, and a share at 70B. Each
 configuration cabe refuses (a typed error) is drawn again; each the trace cannot run is recorded as such,
 never hidden. The seed is printed first and is new on every run unless given.
 
@@ -135,15 +136,31 @@ def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, A
         if later.low_rank:  # GaLore's rank and targets (the Trainer's optim_args rank, optim_target_modules)
             kw["galore_rank"] = orng.choice([8, 32, 128, 256])
             kw["galore_targets"] = orng.choice([("attn", "mlp"), ("all-linear",), ("q_proj", "v_proj", "down_proj")])
+    _adapter_variants(model, kw)
     return model, kw
 
 
-def draw(seed: int, n: int, *, small: bool = False) -> list[tuple[str, dict[str, Any]]]:
-    """``n`` configurations cabe accepts, drawn from ``seed``."""
+def _adapter_variants(model: str, kw: dict[str, Any]) -> None:
+    """DoRA and LoRA dropout (issue 11), drawn from the configuration's own generator (after the loss
+    knob's draws, which stay as they were)."""
+    if kw["method"] not in ("lora", "qlora"):
+        return
+    arng = random.Random(f"adapters {model} {sorted(kw.items())}")
+    if arng.random() < 0.3:
+        kw["dora"] = True
+    if arng.random() < 0.3:
+        kw["lora_dropout"] = arng.choice([0.05, 0.1])
+
+
+def draw(seed: int, n: int, *, small: bool = False, knobs: tuple[str, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
+    """``n`` configurations cabe accepts, drawn from ``seed``; with ``knobs``, only those that set one of
+    these request fields (``--knobs dora,lora_dropout``: a short run on those knobs)."""
     rng = random.Random(seed)
     out: list[tuple[str, dict[str, Any]]] = []
     while len(out) < n:
         model, kw = sample(rng, small=small)
+        if knobs and not any(kw.get(k) for k in knobs):
+            continue
         try:
             estimate_model(preset(model).spec, TrainingSetup(**kw))
         except CabeError:
@@ -314,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small", action="store_true", help="models up to 1.6B only")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
+    ap.add_argument("--knobs", default="", help="only configurations that set one of these fields (comma list)")
     ap.add_argument("--rescore", type=int, metavar="SEED", help="re-estimate results-SEED.json (see rescore)")
     a = ap.parse_args(argv)
     if a.rescore is not None:
@@ -324,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1, 2**31)
     print(f"seed {seed}", flush=True)
-    rows = run(draw(seed, a.n, small=a.small), jobs=a.jobs)
+    knobs = tuple(k for k in a.knobs.split(",") if k)
+    rows = run(draw(seed, a.n, small=a.small, knobs=knobs), jobs=a.jobs)
     s = summary(rows)
     print(json.dumps({"seed": seed, **s}))
     if not a.no_write:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cabe.architecture import LayerGroup, ModelSpec
+from cabe.architecture import LayerGroup, Linear, ModelSpec
 from cabe.method import lora_targets
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
@@ -63,6 +63,8 @@ class LayerActivations:
     # and the transient of attention's own backward (the math / eager kernels' s×s gradients)
     mlp_saved_per_token: int = 0
     attention_workspace_per_token: int = 0
+    # DoRA: the largest transient of one adapted module's weight norm, made in every forward (per layer)
+    dora_norm_bytes: int = 0
 
     @property
     def constant_bytes(self) -> int:
@@ -155,7 +157,9 @@ def layer_activations(
     rng = 2 * 512 if attn in ("flash", "efficient") else 0
     if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
         layer.constant += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
-    return LayerActivations(tuple(layer.terms), bwd, fwd, layer.constant, rng, mlp_saved, attn_bwd)
+    return LayerActivations(
+        tuple(layer.terms), bwd, fwd, layer.constant, rng, mlp_saved, attn_bwd, layer.dora_norm_bytes
+    )
 
 
 class _Layer:
@@ -177,6 +181,12 @@ class _Layer:
         self.amp = dt.amp or (dt.autocast and spec.norm == "layernorm")
         self.targets = {lin.name for lin in lora_targets(spec, setup.lora_targets, group)} if adapters else set()
         self.r = setup.lora_rank
+        self.linear_by_name = {lin.name: lin for lin in group.linears}
+        # LoRA variants (peft/tuners/lora/layer.py 0.21, Linear.forward / variants.py DoraLinearVariant.forward)
+        self.dora = adapters and setup.dora
+        self.dora_norm_bytes = 0  # the largest of the adapted modules' weight-norm transients
+        self.dropout = adapters and setup.lora_dropout > 0
+        self.ad = dt.adapter
         # without autocast PEFT's _cast_input_dtype gives lora_A an fp32 copy of its input, which it saves
         self.adapter_cast = dt.adapter != dt.compute and not dt.autocast
         # QLoRA (bitsandbytes Linear4bit under autocast): the 4-bit layers save no input (their weight is
@@ -210,7 +220,8 @@ class _Layer:
                 if self.base_trainable or n in targets:
                     self.add(f"{group}.{n}.input_cast", 2 * inf, f"2·{_sym(inf, spec)}")
             return
-        reads_input = not adapter_cast and not self.autocast  # lora_A saves the input itself (no cast)
+        # lora_A saves the input itself (no cast, no dropout: nn.Dropout gives each adapter its own copy)
+        reads_input = not adapter_cast and not self.autocast and not self.dropout
         shared_needed = bool(trained) or (any(n in targets for n, _ in names) and reads_input)
         if shared_needed:
             self.add(f"{group}.input", shared_bytes, shared_formula)
@@ -223,6 +234,9 @@ class _Layer:
                 # a 16-bit residual under autocast: PEFT casts it to the fp32 adapter's dtype, autocast
                 # casts that back for lora_A, which saves the cast
                 self.add(f"{group}.{n}.input_cast", 2 * inf, f"2·{_sym(inf, spec)}")
+            elif self.dropout:  # the dropped copy of the input, lora_A's own (nn.Dropout's output)
+                nb = shared_bytes // self.h if shared_bytes else self.a
+                self.add(f"{group}.{n}.lora_dropout_output", nb * inf, f"{nb}·{_sym(inf, spec)}")
 
     def lora_mid(self, names: list[str]) -> None:
         r = self.r
@@ -230,6 +244,65 @@ class _Layer:
             if n in self.targets:
                 per = 2 * r if self.autocast else 4 * r
                 self.add(f"lora.{n}.A_output", per, f"{per // r}·r")
+        self.lora_variants(names)
+
+    def lora_variants(self, names: list[str]) -> None:
+        """What LoRA dropout and DoRA save for each adapted module of ``names`` (PEFT 0.21).
+
+        Dropout (``nn.Dropout`` before lora_A, tuners/lora/layer.py:1101): CUDA's fused dropout saves a
+        1-byte mask of lora_A's input; its output replaces what lora_A saved (see :meth:`linear_inputs`).
+
+        DoRA (tuners/lora/dora.py:132-165, ``DoraLinearLayer.forward``): the output is
+        ``(m/‖W + sBA‖ - 1) · base_result + m/‖W + sBA‖ · lora_B(lora_A(x)) · s``, the norm detached
+        (dora.py:152). The two products save ``base_result`` (the base layer's output; with dropout a new
+        ``F.linear`` of the dropped input, dora.py:163) and lora_B's output, tokens × out each, and the
+        out-sized ``m/‖·‖`` and ``m/‖·‖ - 1`` and the norm that the division saves (per layer).
+        """
+        for n in names:
+            lin = self.linear_by_name.get(n)
+            if lin is None or n not in self.targets:
+                continue
+            i, o = lin.in_features, lin.out_features
+            if self.dropout:
+                self.add(f"lora.{n}.dropout_mask", i, f"1·{_sym(i, self.spec)}")
+            if not self.dora:
+                continue
+            # base layer's output: autocast's 16 bits, else the layer's compute dtype; with dropout
+            # F.linear(dropped x, W.to(x.dtype)) runs in lora_A's input dtype (the adapter's, without autocast)
+            rb = 2 if self.autocast else (self.ad if self.dropout else self.a)
+            if self.quantized and lin.quantized_by_bnb and not self.dropout:
+                rb = 4  # Linear4bit's output, in its fp32 input's dtype (peft tuners/lora/bnb.py:533 clones it)
+            rl = 2 if self.autocast else self.ad  # lora_B's output
+            self.add(f"dora.{n}.base_result", rb * o, f"{rb}·{_sym(o, self.spec)}")
+            self.add(f"dora.{n}.lora_result", rl * o, f"{rl}·{_sym(o, self.spec)}")
+            self.constant += 3 * self.ad * o  # m/‖·‖, m/‖·‖ - 1, ‖·‖ (adapter dtype)
+            self.dora_norm_bytes = max(self.dora_norm_bytes, self._dora_norm_transient(lin))
+            if self.dropout:
+                self.constant += self._dora_dropout_weight(lin)
+
+    def _dora_norm_transient(self, lin: Linear) -> int:
+        """What one DoRA module's weight norm holds at once, in every forward (peft 0.21 dora.py:86-101,
+        132-145): ``eye(in)`` pushed through lora_A and lora_B (its graph saves the eye, in 16 bits under
+        autocast, until forward returns), that in × out product cast to lora_A's input dtype x, the base
+        weight cast to x's dtype, and ``W + s·BA`` being summed while ``s·BA`` lives: at the sum,
+        i²·e + i·r·e + 3·i·o·x (+ i·o·x for the weight's cast). Before it, lora_B's call holds the fp32 eye,
+        its cast and the product: i²·(x + e) + i·o·e under autocast."""
+        i, o, r = lin.in_features, lin.out_features, self.r
+        e = 2 if self.autocast else self.ad  # lora_A / lora_B's compute dtype
+        x = 4 if self.quantized and lin.quantized_by_bnb else self.ad  # bnb layers skip PEFT's input cast
+        w = self.dt_frozen if not (self.quantized and lin.quantized_by_bnb) else 2
+        at_sum = i * i * e + i * r * e + 3 * i * o * x + (i * o * x if w != x else 0)
+        at_lora_b = i * i * (self.ad + (e if e != self.ad else 0)) + i * r * e + i * o * e
+        return max(at_sum, at_lora_b)
+
+    def _dora_dropout_weight(self, lin: Linear) -> int:
+        """With dropout, DoRA's ``F.linear(x, W.to(x.dtype))`` (dora.py:163) saves the weight it multiplies
+        by when that is a new tensor: a copy in the adapter's dtype (no autocast), or autocast's 16-bit
+        cast of it (not a leaf: cast anew, never cached) unless the weight was 16-bit all along."""
+        n = lin.in_features * lin.out_features
+        if self.autocast:
+            return round_alloc(2 * n) if (self.ad, self.dt_frozen) != (2, 2) else 0
+        return round_alloc(self.ad * n) if self.ad != self.dt_frozen else 0
 
     def rms_norm(
         self,
@@ -318,6 +391,7 @@ class _Layer:
         copies_output = attn in ("eager", "math") or self.spec.rotary_by_cat
         if copies_output and (base_trainable or (o_name in targets and not adapter_cast)):
             self.add("attn.output_for_o_proj", a * q, f"{a}·q")
+        self._dropout_copy(o_name, copies_output)
         if self.a_attn != a and not copies_output and (base_trainable or o_name in targets):
             self.add("attn.output_cast_back", a * q, f"{a}·q")  # flash_attention_2's output, back to fp32
         if adapter_cast and o_name in targets:
@@ -326,6 +400,12 @@ class _Layer:
             # PEFT's Linear casts lora_A's input to fp32 even under autocast (_cast_input_dtype; only its
             # bitsandbytes layers skip it), and autocast casts that back: lora_A saves a new 16-bit copy
             self.add(f"attn.{o_name}.lora_input_cast", 2 * q, "2·q")
+
+    def _dropout_copy(self, name: str, copies_output: bool) -> None:
+        """Dropout's output before an output projection whose lora_A would read attention's own saved
+        output (flash keeps it; no cast, no autocast): a copy of lora_A's own."""
+        if self.dropout and name in self.targets and not copies_output and not self.adapter_cast and not self.autocast:
+            self.add(f"attn.{name}.lora_dropout_output", self.a * self.q, f"{self.a}·q")
 
     def _rms_mlp(self) -> None:
         spec, h, f, a, rho, quantized = self.spec, self.h, self.f, self.a, self.rho, self.quantized
@@ -439,12 +519,14 @@ class _Layer:
         copies_output = attn in ("eager", "math") or spec.rotary_by_cat
         if copies_output and (base_trainable or (out_name in targets and not adapter_cast)):
             self.add("attn.output_for_dense", a * q, f"{a}·q")  # (an fp32 LoRA saves its own cast instead)
+        self._dropout_copy(out_name, copies_output)
         if self.a_attn != a and not copies_output and (base_trainable or out_name in targets):
             self.add("attn.output_cast_back", a * q, f"{a}·q")  # flash_attention_2's output, back to fp32
         if self.autocast and not quantized and out_name in targets and not copies_output:
             self.add(f"attn.{out_name}.lora_input_cast", 2 * q, "2·q")  # PEFT's fp32 cast, cast back
         if adapter_cast and out_name in targets:
             self.add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
+        self.lora_variants([out_name])  # (lora_mid is not called for the output projection here)
 
     def _ln_mlp(self) -> None:
         spec, h, f, a, rho, quantized = self.spec, self.h, self.f, self.a, self.rho, self.quantized
@@ -476,6 +558,7 @@ class _Layer:
                 self.add("mlp.act_output", a * f, f"{a}·f")
         if adapter_cast and down in targets:
             self.add(f"mlp.{down}.lora_input_fp32", 4 * f, "4·f")
+        self.lora_variants([down])  # (lora_mid is not called for down here)
         if spec.hidden_dropout > 0:
             self.add("mlp.dropout_mask", h, "1·h")
 

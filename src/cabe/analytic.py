@@ -627,6 +627,7 @@ def _step_parts(
         saved_layer=act.saved_layer_bytes,
         recompute_layer=act.mean(lambda r: r.full_layer_bytes) if ckpt else 0,
         workspace_layer=act.mean(lambda r: tokens * r.per_layer.backward_workspace_per_token),
+        forward_transient=max(r.per_layer.dora_norm_bytes for r in act.runs),
         rotary=act.rotary if grad_layers else 0,
         head_saved=tokens * head.saved_logsoftmax,
         final_norm_saved=tokens * head.final_norm,
@@ -680,7 +681,10 @@ def _layer_run(
         copies=0 if ckpt else c.layer,
         saved=r.saved_layer_bytes,
         recompute=r.full_layer_bytes if ckpt else 0,
-        workspace=act.tokens * r.per_layer.backward_workspace_per_token,
+        # checkpointing recomputes each layer's forward in backward: DoRA's weight norms run again there
+        workspace=max(
+            act.tokens * r.per_layer.backward_workspace_per_token, r.per_layer.dora_norm_bytes if ckpt else 0
+        ),
         copies_recompute=c.layer if ckpt else 0,
         copies_cached=c.cached if ckpt else 0,
         cached_count=r.count if ckpt and c.trained_layers else 0,
@@ -712,6 +716,8 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
     if setup.grad_accum > 1:
         notes.append("grad_accum_keeps_grads")
     notes += _loss_notes(setup)
+    if setup.dora and setup.method == "qlora":
+        notes.append("dora_qlora_modelled")  # the trace cannot dequantize its meta 4-bit weights
     if setup.method == "qlora" and any(lin.role == "expert" and not lin.quantized_by_bnb for lin in spec.layer_linears):
         # transformers 5 stores MoE experts as fused 3-D parameters; its bitsandbytes integration replaces
         # only `type(module) is nn.Linear` and Conv1D (integrations/bitsandbytes.py, replace_with_bnb_linear),

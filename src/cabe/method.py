@@ -179,6 +179,9 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
             for lin in lora_targets(spec, setup.lora_targets, run):
                 add(lin.name + ".lora_A", r * lin.in_features, run.count, True, "adapter", r, lin.in_features)
                 add(lin.name + ".lora_B", lin.out_features * r, run.count, True, "adapter", lin.out_features, r)
+                if setup.dora:  # DoRA's magnitude ‖W + sBA‖ per output row (peft tuners/lora/dora.py:127,
+                    # an adapter layer name, variants.py:143): the adapters' dtype, trained
+                    add(lin.name + ".lora_magnitude_vector", lin.out_features, run.count, True, "adapter")
     if method == "prompt-tuning":
         add(
             "prompt_embeddings",
@@ -209,6 +212,8 @@ def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, traina
         for lin in lora_targets(spec, setup.lora_targets, run):
             add(lin.name + ".lora_A", r * lin.in_features, 1, True, "adapter", r, lin.in_features, lin.role)
             add(lin.name + ".lora_B", lin.out_features * r, 1, True, "adapter", lin.out_features, r, lin.role)
+            if setup.dora:
+                add(lin.name + ".lora_magnitude_vector", lin.out_features, 1, True, "adapter", role=lin.role)
     return tensors
 
 

@@ -415,6 +415,20 @@ _SETUP: tuple[Field, ...] = (
         states=True,
         flags=_flag("galore_targets"),
     ),
+    # ---- LoRA variants (issue 11): PEFT LoraConfig(use_dora=..., lora_dropout=...) ----
+    Field("dora", bool, "setup", _TRAINING, False, states=True, methods=("lora", "qlora"), flags=_flag("dora")),
+    # NOTE: [0, 1): nn.Dropout(p=1) would zero lora_A's input; training.validate refuses 1 (a typed error)
+    Field(
+        "lora_dropout",
+        float,
+        "setup",
+        _TRAINING,
+        0.0,
+        minimum=0,
+        maximum=1,
+        methods=("lora", "qlora"),
+        flags=_flag("lora_dropout"),
+    ),
 )
 
 _GPUS: tuple[Field, ...] = (

@@ -101,6 +101,9 @@ class StepParts:
     attention_workspace_layer: int = 0
     # cuBLAS's workspaces, held by the caching allocator from the first step on (cabe.units.CUDA_WORKSPACES)
     cuda_workspaces: int = 0
+    # a transient of the top layer's forward when every layer below holds its activations (DoRA's weight
+    # norms: cabe.activations ``_Layer._dora_norm_transient``); 0: none worth a moment
+    forward_transient: int = 0
 
     def layer_runs(self) -> tuple[LayerRun, ...]:
         """The gradient's path as runs of like layers, bottom first."""
@@ -165,6 +168,20 @@ def timeline(p: StepParts) -> list[Moment]:
             },
         ),
     ]
+    if p.forward_transient:
+        moments.append(
+            Moment(
+                "forward",
+                "top_layer",
+                {
+                    **base,
+                    "gradients": g_acc,
+                    "weight_copies": copies_all + sum(r.copies_cached * r.cached_count for r in runs),
+                    "activations": acts_all + p.forward_transient,
+                    **p.extra_forward,
+                },
+            )
+        )
     if p.head_copy_grad:
         moments.append(_lm_head_weight_moment(p, base, g_acc, acts_all, copies_all))
     if p.head_chunk_grads:

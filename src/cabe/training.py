@@ -89,6 +89,8 @@ class TrainingSetup:
             ``chunked`` (torchtune's CEWithChunkedOutputLoss), ``liger`` (Liger's fused linear
             cross-entropy), ``cce`` (Apple's cut cross-entropy); ``None``: the recipe's, else ``hf``.
         loss_chunks: ``chunked``: how many pieces the logits are upcast in (torchtune's default 8).
+        dora: PEFT's DoRA (``LoraConfig(use_dora=True)``): a trained magnitude vector per adapted module.
+        lora_dropout: PEFT's ``lora_dropout``, the probability in [0, 1) of the ``nn.Dropout`` before lora_A.
         gpus: data-parallel world size × tp × pp (total GPUs); memory is reported per GPU.
         shard: ``none`` (one GPU), ``ddp``, DeepSpeed ``zero1``/``zero2``/``zero3``, ``fsdp``
             (full sharding), ``fsdp-hybrid`` (shard within a node, replicate across nodes).
@@ -124,6 +126,8 @@ class TrainingSetup:
     loss_chunks: int = _D["loss_chunks"]
     galore_rank: int = _D["galore_rank"]
     galore_targets: tuple[str, ...] = _D["galore_targets"]
+    dora: bool = _D["dora"]
+    lora_dropout: float = _D["lora_dropout"]
     gpus: int = _D["gpus"]
     shard: Shard = _D["shard"]
     offload: Offload = _D["offload"]
@@ -260,6 +264,8 @@ def validate(setup: TrainingSetup) -> None:
     for f in schema.SETUP_FIELDS:
         if f.type is bool and not isinstance(getattr(setup, f.name), bool):
             raise InvalidValueError("not_bool", f.name, value=getattr(setup, f.name))
+    if setup.lora_dropout >= 1:  # nn.Dropout(p=1) zeroes lora_A's input: PEFT accepts it, nothing would train
+        raise InvalidValueError("lora_dropout_not_below_one", "lora_dropout", value=setup.lora_dropout)
     if setup.method == "freeze" and setup.trainable_layers < 1:  # nothing would train: the trace refuses it too
         raise InvalidValueError("freeze_needs_layers", "trainable_layers", value=setup.trainable_layers)
 

@@ -137,14 +137,16 @@ def test_peft_adapter_config():
         "up_proj",
         "down_proj",
     }
-    assert reasons(s)["lora_dropout"] == "no_effect"
+    # lora_dropout 0.05: nn.Dropout before each lora_A (a saved mask and copy, cabe.activations.lora_variants)
+    assert s.fields["lora_dropout"] == 0.05 and s.fields["dora"] is False  # "use_dora": false
 
 
 def test_peft_all_linear_string_and_dora():
     fields, _, ignored = configs.module("peft_config").to_request(
         {"peft_type": "LORA", "r": 8, "target_modules": "all-linear", "use_dora": True}
     )
-    assert fields["lora_targets"] == ("all-linear",) and ("use_dora", "not_modeled") in ignored
+    assert fields["lora_targets"] == ("all-linear",) and fields["dora"] is True
+    assert not any(key == "use_dora" for key, _ in ignored)
 
 
 def test_peft_other_types_are_a_clear_error():
@@ -280,6 +282,7 @@ def test_axolotl_qlora():
         "lora_rank": 32,
         "lora_alpha": 16,
         "lora_targets": ("all-linear",),
+        "lora_dropout": 0.05,
         "grad_accum": 4,
         "batch": 2,
         "optimizer": "paged-adamw",

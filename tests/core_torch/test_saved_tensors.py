@@ -77,13 +77,22 @@ def _measure(case: str, precision: str, method: str) -> tuple[int, int]:
     if precision == "bf16":
         model = model.to(torch.bfloat16)
     targets = ("qkv_proj",) if model_type == "phi3" else ("q_proj", "v_proj")
-    if method == "lora":
-        model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(targets)))
+    dora = method == "dora"
+    if method in ("lora", "dora"):
+        lcfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(targets), use_dora=dora)
+        model = peft.get_peft_model(model, lcfg)
     model.train()
     ids = torch.randint(2, 1000, (B, S))
     spec = families.from_config(cfg.to_dict())
     setup = TrainingSetup(
-        precision=precision, method=method, batch=B, seq=S, attention=attention, lora_rank=4, lora_targets=targets
+        precision=precision,
+        method="lora" if dora else method,
+        batch=B,
+        seq=S,
+        attention=attention,
+        lora_rank=4,
+        lora_targets=targets,
+        dora=dora,
     )
     kernel = contextlib.nullcontext()
     if sdpa_gqa_math(spec, setup, dtypes_for(setup).compute):
@@ -91,10 +100,12 @@ def _measure(case: str, precision: str, method: str) -> tuple[int, int]:
         # the CPU build would pick its own flash kernel: make it run the kernel CUDA runs
         kernel = torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH)
     with kernel:
-        measured = layer_saved_bytes(model, ids, amp=precision == "bf16-amp")
+        # DoRA: DoraLinearLayer.get_lora_weight (dora.py:97-101) builds lora_B(lora_A(eye(in))), whose graph
+        # saves eye(in) and dies when forward returns (the norm is detached): count what backward reads
+        measured = layer_saved_bytes(model, ids, amp=precision == "bf16-amp", used_only=dora)
     run = next(r for i, r in enumerate(spec.runs) if sum(x.count for x in spec.runs[: i + 1]) > 1)  # layer 1's
     la = layer_activations(
-        spec, setup, dtypes_for(setup), base_trainable=method == "full", adapters=method == "lora", group=run
+        spec, setup, dtypes_for(setup), base_trainable=method == "full", adapters=setup.adapters, group=run
     )
     return measured, la.bytes_per_token * B * S + la.per_layer_bytes
 
@@ -108,6 +119,12 @@ CASES = [
     for m in ("full", "lora")
     if not (mt.startswith(MOE) and p == "bf16-amp") and mt != "phi3"
 ]
+
+
+# DoRA (peft/tuners/lora/dora.py:132-165): the base output, lora_B's output, m/‖W + sBA‖ (and - 1) and the
+# norm, per adapted module, to the byte (dropout's masks are left to the fake-CUDA trace: the CPU kernel
+# saves a float mask where CUDA's saves 1 byte)
+CASES += [(mt, p, "dora") for mt in ("llama", "qwen3", "gemma2", "olmo2") for p in ("bf16", "fp32", "bf16-amp")]
 
 
 @pytest.mark.parametrize("model_type,precision,method", CASES)

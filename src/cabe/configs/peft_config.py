@@ -13,7 +13,6 @@ FORMAT = "peft_config"
 TITLE = "PEFT adapter config"
 
 NOT_MODELED = {
-    "use_dora",
     "modules_to_save",
     "layers_to_transform",
     "rank_pattern",
@@ -95,6 +94,9 @@ BY_TYPE: dict[str, dict[str, Callable[[Collector, str, Any], None]]] = {
         "r": _rank,
         "lora_alpha": lambda c, key, value: c.set("lora_alpha", _base.as_number(value, key), key),
         "target_modules": _target_modules,
+        # LoraConfig(use_dora=..., lora_dropout=...): DoRA's magnitude and products, dropout's masks and copies
+        "use_dora": lambda c, key, value: c.set("dora", _base.as_bool(value, key), key),
+        "lora_dropout": lambda c, key, value: c.set("lora_dropout", _base.as_number(value, key), key),
     },
     "PROMPT_TUNING": {
         "num_virtual_tokens": lambda c, key, value: c.set("prompt_tokens", _base.as_int(value, key), key),

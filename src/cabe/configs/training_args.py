@@ -20,7 +20,6 @@ NOT_MODELED = {
     "padding_free",
     "torch_empty_cache_steps",
     "activation_offloading",
-    "use_dora",
     "lora_modules_to_save",
     "neftune_noise_alpha",
     "auto_find_batch_size",
@@ -181,6 +180,8 @@ FIELDS: dict[str, _base.Field] = {
     "lora_r": ("lora_rank", _base.as_int),
     "lora_alpha": ("lora_alpha", _base.as_number),
     "lora_target_modules": ("lora_targets", _base.as_targets),
+    "use_dora": ("dora", _base.as_bool),  # TRL ModelConfig
+    "lora_dropout": ("lora_dropout", _base.as_number),
     "bnb_4bit_quant_type": ("quant", _base.as_str),
     "use_bnb_nested_quant": ("double_quant", _base.as_bool),
 }

@@ -242,6 +242,10 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
     elif setup.checkpointing:
         model.gradient_checkpointing_enable(**_GC_KWARGS)
         model.enable_input_require_grads()
+    if setup.dora and setup.method == "qlora":
+        # DoRA dequantizes each 4-bit weight in every forward (peft/utils/integrations.py,
+        # dequantize_module_weight), which the 4-bit weights quantized on meta cannot do
+        raise ConfigError("dora_qlora_not_traceable", "dora")
     targets: Any = list(setup.lora_targets) or None  # None: PEFT's default for the model type
     if targets == ["all-linear"]:
         targets = "all-linear"
@@ -249,7 +253,8 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
         r=setup.lora_rank,
         lora_alpha=setup.lora_alpha,  # type: ignore[arg-type]  # PEFT annotates int, uses it as a float scale
         target_modules=targets,
-        lora_dropout=0.0,
+        lora_dropout=setup.lora_dropout,
+        use_dora=setup.dora,
         bias="none",
         task_type=_peft_task(cfg),
     )
