@@ -42,9 +42,11 @@ def latent_token_elements(spec: ModelSpec) -> int:
     """Cached elements per token per layer of multi-head latent attention: the normalised kv latent and the
     rotated shared key, not the per-head keys and values. transformers 5.24 (models/deepseek_v3/
     modeling_deepseek_v3.py, ``DeepseekV3Attention.forward``) calls ``cache.update(kv_nope, k_rot, ...)``
-    with (b, 1, s, kv_lora_rank) and (b, 1, s, rope_dim) before ``expand_kv``; vLLM's MLA backends cache the
-    same ``kv_c_normed`` and ``k_pe``, one head of ``kv_lora_rank + qk_rope_head_dim`` per token (DeepSeek-V3:
-    512 + 64 = 576, against 2 × 128 heads × 192 = 49,152 for the expanded k and v)."""
+    with (b, 1, s, kv_lora_rank) and (b, 1, s, rope_dim) before ``expand_kv``; vLLM caches the same ``kv_c_normed``
+    and ``k_pe``: ``MLAAttention`` sets ``head_size = kv_lora_rank + qk_rope_head_dim`` and ``num_kv_heads = 1``
+    (vllm/model_executor/layers/attention/mla_attention.py, vllm-project/vllm@0014ca6). DeepSeek-V3: 512 + 64 =
+    576 per token and layer, against 2 × 128 heads × 192 = 49,152 for the expanded k and v. (vLLM's
+    ``fp8_ds_mla`` format, 656 B per token and layer with its scales and a bf16 rotary key, is not modelled.)"""
     la = spec.latent_attention
     return la.cache_width if la else 2 * spec.num_kv_heads * spec.head_dim
 

@@ -103,3 +103,11 @@ def test_q_without_low_rank_is_one_q_proj():
     assert names == ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj"]
     la = spec.latent_attention
     assert la is not None and la.q_lora_rank == 0 and la.norm_count == 64  # kv_a_layernorm only
+
+
+def test_latent_attention_flops_use_the_qk_and_v_head_dims():
+    from cabe.flops import attention_flops_forward_per_token
+
+    spec = preset("deepseek-v3").spec
+    # per layer and token: 2 · s · heads · (nope + rope) for QKᵀ and 2 · s · heads · v_head_dim for A·V
+    assert attention_flops_forward_per_token(spec, 4096) == 61 * 2 * 4096 * 128 * (192 + 128)
