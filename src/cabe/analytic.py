@@ -694,6 +694,10 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         # only `type(module) is nn.Linear` and Conv1D (integrations/bitsandbytes.py, replace_with_bnb_linear),
         # and prepare_model_for_kbit_training casts what is left in 16 bits to fp32
         notes.append("qlora_moe_experts_unquantized")
+    targets = set(setup.lora_targets or spec.peft_default_targets)
+    moved = "all-linear" in targets or bool(targets & set(spec.peft_expert_names))
+    if setup.method in ("lora", "qlora") and spec.peft_expert_names and moved:
+        notes.append("lora_targets_moved_to_experts")
     return tuple(notes)
 
 

@@ -185,6 +185,10 @@ class ModelSpec:
     #: ``expert_groups[0]`` groups, top-k among their experts, weights renormalised)
     router: str = "softmax"
     expert_groups: tuple[int, int] = (1, 1)
+    #: LoRA target names PEFT (0.21) moves onto the fused experts' 3-D parameters and the router for this model
+    #: type (its transformers v4 -> v5 MoE conversion: peft/utils/transformers_weight_conversion.py,
+    #: ``_convert_peft_config_moe``, through transformers' ``_MODEL_TO_CONVERSION_PATTERN``); empty when none
+    peft_expert_names: tuple[str, ...] = ()
     final_logit_softcapping: float | None = None
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0

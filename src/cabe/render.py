@@ -46,6 +46,7 @@ REPORT_NOTES = (
     "paged_outside_allocator",
     "grad_accum_keeps_grads",
     "qlora_moe_experts_unquantized",
+    "lora_targets_moved_to_experts",
     "loss_assumed_hf",
     "loss_modelled",
     "seq_beyond_max_positions",

@@ -112,4 +112,8 @@ def read(r: Reader, name: str) -> ModelSpec:
         attention_dropout=r.dropout("attention_dropout"),
         # NOTE: PEFT has no default target_modules for deepseek_v3 (peft/utils/constants.py): all-linear
         peft_default_targets=("all-linear",),
+        # NOTE: transformers 5.24 maps deepseek_v3 to qwen2_moe's conversion pattern (conversion_mapping.py), and
+        # PEFT 0.21.2 then turns these targets (and all-linear's) into LoRA on experts.gate_up_proj / down_proj and
+        # gate.weight, dropping the dense and shared MLPs' gate/up/down: not modelled, the report says so
+        peft_expert_names=("gate", "gate_proj", "up_proj", "down_proj"),
     )
