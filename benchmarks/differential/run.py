@@ -61,7 +61,7 @@ MID_MODELS = [
     "llama-3.1-8b",
     "qwen3-8b",
 ]
-BIG_MODELS = ["llama-2-70b", "llama-3.1-70b", "qwen2.5-72b"]
+BIG_MODELS = ["llama-2-70b", "llama-3.1-70b", "qwen2.5-72b", "deepseek-v3"]
 METHODS = [("full", 3), ("lora", 3), ("qlora", 2), ("freeze", 1), ("prompt-tuning", 1)]
 PRECISIONS = ["fp32", "bf16-amp", "fp16-amp", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
 SEQS = [128, 256, 512, 1024, 2048, 4096]
@@ -152,14 +152,22 @@ def _adapter_variants(model: str, kw: dict[str, Any]) -> None:
         kw["lora_dropout"] = arng.choice([0.05, 0.1])
 
 
-def draw(seed: int, n: int, *, small: bool = False, knobs: tuple[str, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
+def draw(
+    seed: int,
+    n: int,
+    *,
+    small: bool = False,
+    knobs: tuple[str, ...] = (),
+    models: frozenset[str] = frozenset(),
+) -> list[tuple[str, dict[str, Any]]]:
     """``n`` configurations cabe accepts, drawn from ``seed``; with ``knobs``, only those that set one of
-    these request fields (``--knobs dora,lora_dropout``: a short run on those knobs)."""
+    these request fields (``--knobs dora,lora_dropout``: a short run on those knobs); with ``models``, only
+    the draws of those models (the same draws as the unfiltered run's, the others skipped: a family's sample)."""
     rng = random.Random(seed)
     out: list[tuple[str, dict[str, Any]]] = []
     while len(out) < n:
         model, kw = sample(rng, small=small)
-        if knobs and not any(kw.get(k) for k in knobs):
+        if (knobs and not any(kw.get(k) for k in knobs)) or (models and model not in models):
             continue
         try:
             estimate_model(preset(model).spec, TrainingSetup(**kw))
@@ -332,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--knobs", default="", help="only configurations that set one of these fields (comma list)")
+    ap.add_argument("--models", default="", help="comma-separated presets: keep only their draws (a family's sample)")
     ap.add_argument("--rescore", type=int, metavar="SEED", help="re-estimate results-SEED.json (see rescore)")
     a = ap.parse_args(argv)
     if a.rescore is not None:
@@ -343,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1, 2**31)
     print(f"seed {seed}", flush=True)
     knobs = tuple(k for k in a.knobs.split(",") if k)
-    rows = run(draw(seed, a.n, small=a.small, knobs=knobs), jobs=a.jobs)
+    models = frozenset(m for m in a.models.split(",") if m)
+    rows = run(draw(seed, a.n, small=a.small, knobs=knobs, models=models), jobs=a.jobs)
     s = summary(rows)
     print(json.dumps({"seed": seed, **s}))
     if not a.no_write:

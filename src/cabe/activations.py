@@ -193,6 +193,7 @@ class _Layer:
         # frozen), cast their output back to the fp32 residual dtype, and LoRA adapters run under autocast.
         self.quantized = setup.method == "qlora" and any(lin.quantized_by_bnb for lin in spec.layer_linears)
         self.attn = attention_kind(spec, setup)
+        self.setup_attention = setup.attention
         # transformers' flash_attention_2 casts fp32 queries, keys and values to 16 bits first (to the
         # quantized model's dtype under QLoRA without autocast: integrations/flash_attention.py,
         # get_target_dtype): the kernel saves those casts and writes a 16-bit output
@@ -329,7 +330,10 @@ class _Layer:
     def rms_norm_block(self) -> int:
         """RMSNorm blocks (Llama, Gemma, Phi-3, Mixtral, OLMo 2): attention, then a gated or MoE MLP.
         Returns the backward workspace per token."""
-        self._rms_attention()
+        if self.spec.latent_attention:
+            self._latent_attention()
+        else:
+            self._rms_attention()
         self.mlp_from = len(self.terms)
         self._rms_mlp()
         return 3 * self.a * self.f + 2 * self.rho * self.h  # backward workspace per token
@@ -379,6 +383,69 @@ class _Layer:
         if post_norm_only:
             self.rms_norm("post_attention_norm", h, "h", base_trainable, True)
 
+    def _latent_attention(self) -> None:
+        """Multi-head latent attention (transformers 5.24, models/deepseek_v3/modeling_deepseek_v3.py,
+        ``DeepseekV3Attention.forward`` and ``expand_kv``), checked against the fake-CUDA trace:
+
+        * ``q_a_proj`` and ``kv_a_proj_with_mqa`` read the normed input (one tensor); ``q_a_layernorm`` and
+          ``kv_a_layernorm`` are RMSNorms over the ranks (their fp32 upcast, rsqrt, normalised tensor), and
+          their outputs are what ``q_b_proj`` and ``kv_b_proj`` save.
+        * rotary multiplies slices of q and of the shared rotary key by cos and sin, which saves only cos and
+          sin (the model's, made once); ``torch.cat((q_pass, q_rot))`` makes the query anew.
+        * ``expand_kv``: the key is a new tensor (``new_empty`` + two ``copy_``), heads × (nope + rope); the
+          value is a split view of ``kv_b_proj``'s output, so the kernel that saves it keeps that whole
+          output alive: heads × (nope + v_head_dim).
+        * SDPA: query / key heads (nope + rope) differ from value heads (v_head_dim), which flash refuses
+          (``can_use_flash_attention`` checks equal head dims, aten/src/ATen/native/transformers/cuda/
+          sdp_utils.cpp); with no mask (causal) CUDA runs the memory-efficient kernel, which saves q, k, v,
+          its output (heads × v_head_dim, already laid out as o_proj reads it) and the fp32 logsumexp.
+          Eager saves the fp32 softmax and its cast, a copy of the value (``bmm`` reshapes the strided view)
+          and o_proj a contiguous copy of the output (tests/core_torch/test_saved_tensors.py).
+        """
+        spec, h, nh, s, a, rho = self.spec, self.h, self.nh, self.s, self.a, self.rho
+        la = spec.latent_attention
+        assert la is not None
+        bt, names = self.base_trainable, self.qkv_names
+        self.rms_norm("input_norm", h, "h", bt, spec.norm_weight_fp32)
+        readers = [n for n in names if n in ("q_a_proj", "q_proj", "kv_a_proj_with_mqa")]
+        self.linear_inputs("attn", [(n, h) for n in readers], rho * h, f"{rho}·h")
+        self.lora_mid(readers)
+        for norm, rank, sym, proj in (
+            ("q_a_layernorm", la.q_lora_rank, "r_q", "q_b_proj"),
+            ("kv_a_layernorm", la.kv_lora_rank, "r_kv", "kv_b_proj"),
+        ):
+            if not rank:
+                continue
+            self.rms_norm(f"attn.{norm}", rank, sym, bt, False, in_bytes=a)
+            self.linear_inputs(f"attn.{proj}", [(proj, rank)], a * rank, f"{a}·{sym}")
+            self.lora_mid([proj])
+        a_attn = self.a_attn
+        qk, kvb, vo = nh * la.qk_head_dim, nh * (la.nope_dim + la.v_head_dim), nh * la.v_head_dim
+        self.add("attn.query", a_attn * qk, f"{a_attn}·nh·(d_nope + d_rope)")
+        self.add("attn.key", a_attn * qk, f"{a_attn}·nh·(d_nope + d_rope)")
+        if self.setup_attention == "flash":
+            # flash_attention_2 (integrations/flash_attention.py, 5.24) pads v to the q / k head dim and crops the
+            # kernel's output, which reshape then copies for o_proj (counted by _o_proj_input)
+            self.add("attn.value_padded", a_attn * qk, f"{a_attn}·nh·(d_nope + d_rope)")
+            self.add("attn.output_padded", a_attn * qk, f"{a_attn}·nh·(d_nope + d_rope)")
+            self.add("attn.logsumexp", 4 * nh, "4·nh")
+        elif self.attn == "eager":
+            # matmul(probs, v) reshapes the strided value view for bmm: a copy, saved in its place
+            self.add("attn.value", a * vo, f"{a}·nh·d_v")
+            self.add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
+            if a != 4:
+                self.add("attn.probs", a * nh * s, f"{a}·nh·s")
+        else:
+            # the fused kernels take the strided value view: kv_b_proj's whole output stays alive
+            self.add("attn.kv_b_output", a * kvb, f"{a}·nh·(d_nope + d_v)")
+            self.add("attn.output", a_attn * vo, f"{a_attn}·nh·d_v")
+            self.add("attn.logsumexp", 4 * nh, "4·nh")
+        self.q = vo  # what o_proj reads, for its LoRA terms
+        if self.setup_attention == "flash" and (bt or self.o_name in self.targets):
+            self.add("attn.output_for_o_proj", a_attn * vo, f"{a_attn}·nh·d_v")  # the cropped output, copied
+        self._o_proj_input()
+        self.lora_mid([self.o_name])
+
     def _o_proj_input(self) -> None:
         """What the output projection's input leaves saved (its LoRA, a contiguous copy, casts)."""
         a, q, attn, quantized, targets = self.a, self.q, self.attn, self.quantized, self.targets
@@ -421,6 +488,8 @@ class _Layer:
             self.rms_norm("mlp_norm", h, "h", base_trainable, wf)
             mlp_in_bytes = rho * h
         if self.group.mlp == "moe":
+            if spec.router == "sigmoid_groups":
+                self._sigmoid_group_router()
             # transformers' grouped_mm experts run in the experts' own dtype (see _moe)
             _moe(self.add, spec, f, self.dt_weight if base_trainable else self.dt_frozen, rho, base_trainable)
             if self.group.slot_names("shared_up"):
@@ -443,10 +512,26 @@ class _Layer:
         if sandwich or post_norm_only:
             self.rms_norm("post_mlp_norm", h, "h", base_trainable, True)
 
+    def _sigmoid_group_router(self) -> None:
+        """DeepSeek-V3's router (transformers 5.24 ``DeepseekV3TopkRouter.forward``), beyond what :func:`_moe`
+        counts for every router: ``F.linear(x.float(), weight.float())`` (the weight is kept fp32,
+        ``_keep_in_fp32_modules_strict``) saves an fp32 cast of a 16-bit input for the weight's gradient
+        (under autocast, the linear's own 16-bit cast); the ``topk(2)`` of each group saves its indices (int64),
+        and so do the group ``topk`` and the expert ``topk``; ``masked_fill`` saves the boolean mask; the
+        renormalisation saves the sum and the weights (fp32). Checked against saved-tensor hooks
+        (tests/core_torch/test_saved_tensors.py)."""
+        h, e, k, rho = self.h, self.spec.num_experts, self.spec.experts_per_token, self.rho
+        groups, kept = self.spec.expert_groups
+        if self.base_trainable and rho != 4:
+            cast = 2 if self.autocast else 4
+            self.add("moe.router_input_cast", cast * h, f"{cast}·h")
+        per = 16 * groups + 8 * kept + e + 8 * k + 4 + 4 * k
+        self.add("moe.group_routing", per, "16·G + 8·G_k + E + 12·k + 4")
+
     def _shared_expert(self) -> None:
         """A shared expert beside the routed ones (Qwen2-MoE, transformers 5 Qwen2MoeSparseMoeBlock.forward):
         a SwiGLU MLP over every token, times sigmoid(shared_expert_gate(x)); the product saves the MLP's
-        output and the sigmoid's (one value per token)."""
+        output and the sigmoid's (one value per token). DeepSeek-V3's (``DeepseekV3MoE.forward``) has no gate."""
         g, h, a, quantized = self.group, self.h, self.a, self.quantized
         up, down = g.slot_names("shared_up"), g.slot_names("shared_down")[0]
         gate = g.slot_names("shared_gate")
@@ -463,8 +548,9 @@ class _Layer:
         if self.adapter_cast and down in self.targets:
             self.add(f"shared.{down}.lora_input_fp32", 4 * fs, f"4·{fs}")
         self.lora_mid([down])
-        self.add("shared.output", m * h, f"{m}·h")  # saved by the multiply with the sigmoid gate
-        self.add("shared.gate_sigmoid", m, f"{m}")  # sigmoid's output, saved by sigmoid and the multiply
+        if gate:  # (DeepSeek-V3's shared experts have no gate: their output is added as it is)
+            self.add("shared.output", m * h, f"{m}·h")  # saved by the multiply with the sigmoid gate
+            self.add("shared.gate_sigmoid", m, f"{m}")  # sigmoid's output, saved by sigmoid and the multiply
 
     def layer_norm_block(self) -> int:
         """LayerNorm blocks with a plain GELU MLP (GPT-2, GPT-NeoX, Falcon). Returns the backward

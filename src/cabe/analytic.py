@@ -725,6 +725,10 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("qlora_moe_experts_unquantized")
     if spec.vision_parameters:  # Gemma 3's SigLIP tower: weights only, text-only batches never run it
         notes.append("vision_tower_weights_only")
+    targets = set(setup.lora_targets or spec.peft_default_targets)
+    moved = "all-linear" in targets or bool(targets & set(spec.peft_expert_names))
+    if setup.method in ("lora", "qlora") and spec.peft_expert_names and moved:
+        notes.append("lora_targets_moved_to_experts")
     return tuple(notes)
 
 

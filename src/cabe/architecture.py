@@ -99,6 +99,39 @@ class LayerGroup:
 
 
 @dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention (DeepSeek-V2 / V3, transformers 5.24 ``DeepseekV3Attention``).
+
+    q is ``q_b_proj(q_a_layernorm(q_a_proj(x)))`` (or one ``q_proj`` when ``q_lora_rank`` is 0); k and v come
+    from one latent: ``kv_a_proj_with_mqa(x)`` is split into ``kv_lora_rank`` values, normalised
+    (``kv_a_layernorm``) and expanded by ``kv_b_proj`` to every head's ``nope_dim`` key part and ``v_head_dim``
+    value, and ``rope_dim`` values of one rotary key shared by every head. A query / key head is
+    ``nope_dim + rope_dim`` wide, a value head ``v_head_dim``.
+    """
+
+    q_lora_rank: int  # 0: a plain q_proj
+    kv_lora_rank: int
+    rope_dim: int
+    nope_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.nope_dim + self.rope_dim
+
+    @property
+    def norm_count(self) -> int:
+        """Parameters of the latent norms in one layer: q_a_layernorm (when q is low-rank) and kv_a_layernorm."""
+        return self.q_lora_rank + self.kv_lora_rank
+
+    @property
+    def cache_width(self) -> int:
+        """Elements cached per token per layer: the normalised latent and the rotary key (transformers 5.24
+        ``DeepseekV3Attention.forward`` calls ``cache.update(kv_nope, k_rot, ...)`` before ``expand_kv``)."""
+        return self.kv_lora_rank + self.rope_dim
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """An exact, torch-free description of a decoder-only transformer.
 
@@ -143,8 +176,19 @@ class ModelSpec:
     # groups say (Phi-3: create_sliding_window_causal_mask whenever config.sliding_window is set)
     sdpa_mask_window: int | None = None
     attn_logit_softcapping: float | None = None
+    #: multi-head latent attention (DeepSeek-V3); None for attention with separate q, k, v projections
+    latent_attention: LatentAttention | None = None
     num_experts: int = 0
     experts_per_token: int = 0
+    #: how the router picks experts: ``"softmax"`` (a softmax over the router's logits, top-k; Mixtral, Qwen) or
+    #: ``"sigmoid_groups"`` (DeepSeek-V3: an fp32 router, sigmoid scores, the best ``expert_groups[1]`` of
+    #: ``expert_groups[0]`` groups, top-k among their experts, weights renormalised)
+    router: str = "softmax"
+    expert_groups: tuple[int, int] = (1, 1)
+    #: LoRA target names PEFT (0.21) moves onto the fused experts' 3-D parameters and the router for this model
+    #: type (its transformers v4 -> v5 MoE conversion: peft/utils/transformers_weight_conversion.py,
+    #: ``_convert_peft_config_moe``, through transformers' ``_MODEL_TO_CONVERSION_PATTERN``); empty when none
+    peft_expert_names: tuple[str, ...] = ()
     final_logit_softcapping: float | None = None
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
@@ -223,6 +267,26 @@ class ModelSpec:
         return tuple(seen)
 
     @property
+    def attention_kind(self) -> str:
+        """How a layer attends, as a code: ``mla`` (multi-head latent attention), ``mqa`` (one kv head), ``gqa``
+        (fewer kv heads than query heads) or ``mha``; ``+sliding`` when some layers slide over a window."""
+        if self.latent_attention:
+            kind = "mla"
+        elif self.num_kv_heads == 1 and self.num_heads > 1:
+            kind = "mqa"
+        else:
+            kind = "gqa" if self.num_kv_heads < self.num_heads else "mha"
+        return kind + ("+sliding" if self.sliding_layers else "")
+
+    @property
+    def mlp_kinds(self) -> str:
+        """The MLP kinds of the layers, bottom first (``gated``, ``plain``, ``moe``; ``gated+moe`` for dense
+        layers then MoE layers); ``+shared`` when the MoE layers have a shared expert."""
+        kinds = list(dict.fromkeys(g.mlp for g in self.runs))
+        shared = any(g.slot_names("shared_up") for g in self.runs)
+        return "+".join(kinds) + ("+shared" if shared else "")
+
+    @property
     def sliding_layers(self) -> int:
         """How many layers attend over a sliding window."""
         return sum(g.count for g in self.layer_groups if g.attention == "sliding")
@@ -274,8 +338,13 @@ class ModelSpec:
         return 0
 
     @property
+    def latent_norm_count(self) -> int:
+        """Parameters of multi-head latent attention's norms in one layer (0 without it)."""
+        return self.latent_attention.norm_count if self.latent_attention else 0
+
+    @property
     def layer_norm_count(self) -> int:
-        return self.norms_per_layer * self.norm_param_count + self.qk_norm_count
+        return self.norms_per_layer * self.norm_param_count + self.qk_norm_count + self.latent_norm_count
 
     def layer_count(self, group: LayerGroup) -> int:
         """Parameters in one decoder layer of ``group``."""

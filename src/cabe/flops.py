@@ -50,7 +50,10 @@ def attention_flops_forward_per_token(spec: ModelSpec, seq: int) -> float:
     """2·2·s_eff·d_attn per layer and token (QKᵀ and A·V over the attended length, average s/2 under
     a causal mask is NOT assumed: kernels like FlashAttention skip masked blocks, but MFU
     conventions (PaLM) count the full s; cabe follows the convention), summed over the layer groups."""
-    return 4 * spec.q_dim * sum(g.count * attended(g, seq) for g in spec.layer_groups)
+    la = spec.latent_attention
+    # multi-head latent attention: QKᵀ over heads × (nope + rope), A·V over heads × v_head_dim
+    width = spec.num_heads * (la.qk_head_dim + la.v_head_dim) if la else 2 * spec.q_dim
+    return 2 * width * sum(g.count * attended(g, seq) for g in spec.layer_groups)
 
 
 def step_flops(spec: ModelSpec, setup: TrainingSetup) -> dict[str, Any]:

@@ -201,19 +201,7 @@ def estimate_inference(
                 "bytes": w["total_bytes"],
                 "params": {"n": spec.parameter_count, "bpw": round(w["total_bytes"] / spec.parameter_count, 4)},
             },
-            {
-                "key": "infer.kv",
-                "formula": "2 × {layers} × {kv} × {d} × {b} B × {tokens} tokens × {batch}",
-                "bytes": kv,
-                "params": {
-                    "layers": spec.num_layers,
-                    "kv": spec.num_kv_heads,
-                    "d": spec.head_dim,
-                    "b": kv_dtype_bytes(kv_dtype),
-                    "tokens": context,
-                    "batch": batch,
-                },
-            },
+            _kv_step(spec, kv, kv_dtype, context, batch),
             {
                 "key": "infer.logits." + mode,
                 "formula": "{rows} × {v} × (2 + 4) B",
@@ -221,6 +209,24 @@ def estimate_inference(
                 "params": {"rows": batch * (context if mode == "prefill" else 1), "v": spec.vocab_size},
             },
         ],
+    }
+
+
+def _kv_step(spec: ModelSpec, kv: int, kv_dtype: str, context: int, batch: int) -> dict[str, Any]:
+    params = {"layers": spec.num_layers, "b": kv_dtype_bytes(kv_dtype), "tokens": context, "batch": batch}
+    la = spec.latent_attention
+    if la:  # multi-head latent attention caches the latent and the rotary key (cabe.kv_cache.latent_token_elements)
+        return {
+            "key": "infer.kv",
+            "formula": "{layers} × ({r} + {d}) × {b} B × {tokens} tokens × {batch}",
+            "bytes": kv,
+            "params": {**params, "r": la.kv_lora_rank, "d": la.rope_dim},
+        }
+    return {
+        "key": "infer.kv",
+        "formula": "2 × {layers} × {kv} × {d} × {b} B × {tokens} tokens × {batch}",
+        "bytes": kv,
+        "params": {**params, "kv": spec.num_kv_heads, "d": spec.head_dim},
     }
 
 

@@ -31,8 +31,24 @@ def kv_dtype_bytes(kv_dtype: str) -> float:
 
 
 def per_layer_token_bytes(spec: ModelSpec, kv_dtype: str = "fp16") -> float:
-    """K and V of one token in one layer: 2 × kv_heads × head_dim × bytes."""
+    """K and V of one token in one layer: 2 × kv_heads × head_dim × bytes; with multi-head latent attention,
+    the latent and the rotary key: (kv_lora_rank + rope_dim) × bytes (see :func:`latent_token_elements`)."""
+    if spec.latent_attention:
+        return latent_token_elements(spec) * kv_dtype_bytes(kv_dtype)
     return 2 * spec.num_kv_heads * spec.head_dim * kv_dtype_bytes(kv_dtype)
+
+
+def latent_token_elements(spec: ModelSpec) -> int:
+    """Cached elements per token per layer of multi-head latent attention: the normalised kv latent and the
+    rotated shared key, not the per-head keys and values. transformers 5.24 (models/deepseek_v3/
+    modeling_deepseek_v3.py, ``DeepseekV3Attention.forward``) calls ``cache.update(kv_nope, k_rot, ...)``
+    with (b, 1, s, kv_lora_rank) and (b, 1, s, rope_dim) before ``expand_kv``; vLLM caches the same ``kv_c_normed``
+    and ``k_pe``: ``MLAAttention`` sets ``head_size = kv_lora_rank + qk_rope_head_dim`` and ``num_kv_heads = 1``
+    (vllm/model_executor/layers/attention/mla_attention.py, vllm-project/vllm@0014ca6). DeepSeek-V3: 512 + 64 =
+    576 per token and layer, against 2 × 128 heads × 192 = 49,152 for the expanded k and v. (vLLM's
+    ``fp8_ds_mla`` format, 656 B per token and layer with its scales and a bf16 rotary key, is not modelled.)"""
+    la = spec.latent_attention
+    return la.cache_width if la else 2 * spec.num_kv_heads * spec.head_dim
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "fp16") -> float:
@@ -75,6 +91,14 @@ def breakdown(spec: ModelSpec, context: int, batch: int, kv_dtype: str) -> dict[
         "full_layers": spec.num_layers - sliding,
         "sliding_layers": sliding,
         "sliding_window": spec.sliding_window,
-        "formula": f"2 × {spec.num_layers} × {spec.num_kv_heads} × {spec.head_dim} × {kv_dtype_bytes(kv_dtype)} B",
+        "formula": _formula(spec, kv_dtype),
         "total_bytes": kv_cache_bytes(spec, context, batch, kv_dtype),
     }
+
+
+def _formula(spec: ModelSpec, kv_dtype: str) -> str:
+    b = kv_dtype_bytes(kv_dtype)
+    if spec.latent_attention:
+        la = spec.latent_attention
+        return f"{spec.num_layers} × ({la.kv_lora_rank} + {la.rope_dim}) × {b} B"
+    return f"2 × {spec.num_layers} × {spec.num_kv_heads} × {spec.head_dim} × {b} B"

@@ -248,6 +248,9 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
     elif spec.qk_norm == "full":
         add("q_norm", spec.q_dim, count, trainable, "norm")
         add("k_norm", spec.kv_dim, count, trainable, "norm")
+    if spec.latent_attention:  # multi-head latent attention's q_a_layernorm and kv_a_layernorm
+        add("q_a_layernorm", spec.latent_attention.q_lora_rank, count, trainable, "norm")
+        add("kv_a_layernorm", spec.latent_attention.kv_lora_rank, count, trainable, "norm")
 
 
 def stored_bytes(t: Tensor, setup: TrainingSetup, dt: Any) -> int:

@@ -49,6 +49,7 @@ REPORT_NOTES = (
     "grad_accum_keeps_grads",
     "qlora_moe_experts_unquantized",
     "vision_tower_weights_only",
+    "lora_targets_moved_to_experts",
     "loss_assumed_hf",
     "loss_modelled",
     "seq_beyond_max_positions",

@@ -60,8 +60,26 @@ FAMILIES = {
         "moe_intermediate_size": 48,
         "shared_expert_intermediate_size": 80,
     },
+    # DeepSeek-V3: multi-head latent attention (q / kv low-rank, rope and nope head parts), layer 0 dense and
+    # layer 1 (the measured one) MoE with grouped sigmoid routing and a shared expert
+    "deepseek_v3": {
+        "q_lora_rank": 24,
+        "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 16,
+        "v_head_dim": 8,
+        "head_dim": None,
+        "num_key_value_heads": 4,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "n_group": 2,
+        "topk_group": 1,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "first_k_dense_replace": 1,
+    },
 }
-MOE = ("mixtral", "qwen3_moe", "qwen2_moe")
+MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3")
 B, S = 2, 24
 
 
@@ -70,13 +88,21 @@ def _measure(case: str, precision: str, method: str) -> tuple[int, int]:
     kw = {k: v for k, v in {**BASE, **FAMILIES[case]}.items() if v is not None}
     model_type = case.split(":")[0]
     cfg = transformers.AutoConfig.for_model(model_type, **kw)
-    attention = "eager" if model_type == "gemma2" else "sdpa"  # Gemma 2 has no SDPA path
+    # Gemma 2 has no SDPA path; DeepSeek-V3's SDPA call (q / k heads wider than v heads) runs the math kernel on
+    # the CPU where CUDA runs the memory-efficient one (left to the fake-CUDA trace, tests/trace/test_deepseek_trace.py)
+    attention = "eager" if model_type in ("gemma2", "deepseek_v3") else "sdpa"
     cfg._attn_implementation = attention
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    if model_type == "deepseek_v3" and precision == "bf16":
+        # built in bf16 as from_pretrained loads it: the router weight stays fp32 (_keep_in_fp32_modules_strict)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
     if precision == "bf16":
-        model = model.to(torch.bfloat16)
-    targets = ("qkv_proj",) if model_type == "phi3" else ("q_proj", "v_proj")
+        model = model.to(torch.bfloat16) if model_type != "deepseek_v3" else model
+    targets = {"phi3": ("qkv_proj",), "deepseek_v3": ("q_b_proj", "kv_b_proj", "o_proj")}.get(
+        model_type, ("q_proj", "v_proj")
+    )
     dora = method == "dora"
     if method in ("lora", "dora"):
         lcfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(targets), use_dora=dora)

@@ -27,6 +27,8 @@ def gather(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "parameters": src.meta.get("parameters"),
                 "hf_id": src.meta.get("hf_id"),
                 "model_type": src.config.get("model_type"),
+                "attention": src.spec.attention_kind,
+                "mlp": src.spec.mlp_kinds,
             }
         )
     return rows
@@ -36,5 +38,8 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, lang: str, unit
     if args.json:
         return jsonio.dumps(rows, indent=2)
     lines = [t("ui.models_header", lang) + ":"]
-    lines += [f"  {r['name']:<18} {fmt_number(r['parameters'], lang):>20}  {r['hf_id'] or ''}" for r in rows]
+    lines += [
+        f"  {r['name']:<18} {fmt_number(r['parameters'], lang):>20}  {r['attention']:<12} {r['mlp']:<16} {r['hf_id'] or ''}"
+        for r in rows
+    ]
     return "\n".join(lines)

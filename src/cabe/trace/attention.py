@@ -300,6 +300,11 @@ def flash_attention_forward(
     q = query.transpose(1, 2)
     k = key.transpose(1, 2)
     v = value.transpose(1, 2)
+    # integrations/flash_attention.py (5.24): flash needs q and v of one head dim; a narrower v (multi-head latent
+    # attention) is padded up to it and the output cropped back
+    v_head_dim = v.size(-1)
+    if v_head_dim != q.size(-1):
+        v = torch.nn.functional.pad(v, [0, q.size(-1) - v_head_dim])
     if q.dtype == torch.float32:
         # modeling_flash_attention_utils: fp32 inputs are cast to the autocast dtype (or the
         # pre-quantization / weight dtype); we use the compute dtype the engine sets.
@@ -325,7 +330,7 @@ def flash_attention_forward(
         False,
         scale=scaling,
     )[0]
-    return out, None
+    return (out if out.size(-1) == v_head_dim else out[..., :v_head_dim]), None
 
 
 _REGISTERED = False
