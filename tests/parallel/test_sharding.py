@@ -116,9 +116,10 @@ _STATE_KEYS = (
 
 
 def _states_at(report, phase: str) -> int:
-    from cabe.step import timeline  # noqa: F401  (the moments are in the report)
+    """The largest moment of ``phase``, less cuBLAS's workspaces (DeepSpeed's estimator counts model states)."""
+    from cabe.units import CUDA_WORKSPACES
 
-    return max(m["total_bytes"] for m in report.extra["moments"] if m["phase"] == phase)
+    return max(m["total_bytes"] for m in report.extra["moments"] if m["phase"] == phase) - CUDA_WORKSPACES
 
 
 def _model_only(shard: str, gpus: int, offload: str = "none") -> tuple[dict, object]:
