@@ -23,8 +23,9 @@ from typing import Any
 #: output, ``up`` reads the MLP input (gate and up, or one fused gate_up / fc), ``down`` is the MLP
 #: output; ``router`` and ``experts`` are a mixture-of-experts' bare parameters; ``shared_up``,
 #: ``shared_down`` and ``shared_gate`` are a shared expert beside the routed ones (Qwen2-MoE: a SwiGLU MLP
-#: every token goes through, scaled by a sigmoid of one linear output).
-SLOTS = ("qkv", "o", "up", "down", "router", "experts", "shared_up", "shared_down", "shared_gate")
+#: every token goes through, scaled by a sigmoid of one linear output); ``sinks`` is gpt-oss's learned per-head
+#: attention-sink logit (a bare ``nn.Parameter`` of num_heads, counted as a 1 -> num_heads matrix).
+SLOTS = ("qkv", "o", "up", "down", "router", "experts", "shared_up", "shared_down", "shared_gate", "sinks")
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,15 @@ class ModelSpec:
     attn_logit_softcapping: float | None = None
     num_experts: int = 0
     experts_per_token: int = 0
+    # gpt-oss: the eager attention appends one learned logit per head to every row of scores before the
+    # softmax (in the scores' dtype) and drops its column after (an "attention sink")
+    attention_sinks: bool = False
+    # the experts' gate: "swiglu" (silu(gate) * up, Mixtral / Qwen) or "swiglu_clamp" (gpt-oss: gate and up
+    # interleaved and clamped, gate * sigmoid(alpha * gate) * (up + 1))
+    expert_gate: str = "swiglu"
+    # the router: "softmax" (softmax over all experts in fp32, then top-k) or "topk_softmax" (gpt-oss: top-k
+    # of the biased logits, then a softmax over the k values in their dtype)
+    router: str = "softmax"
     final_logit_softcapping: float | None = None
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
