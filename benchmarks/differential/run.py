@@ -5,6 +5,7 @@ configurations nobody chose.
     .venv/bin/python benchmarks/differential/run.py -n 50 --seed 7  # reproduce a run
     .venv/bin/python benchmarks/differential/run.py --small         # models up to 1.6B only (fast)
     .venv/bin/python benchmarks/differential/run.py -j 2            # two worker processes
+    .venv/bin/python benchmarks/differential/run.py -n 20 --models gpt-oss-20b,starcoderbase-1b  # a filtered sample
 
 A sampler draws every knob of a training request (method, dtype and autocast — or the precision shorthand —, optimizer and its implementation,
 checkpointing, attention, batch, sequence, LoRA rank and targets, freeze depth, prompt tokens, loss kernel,
@@ -39,7 +40,17 @@ from cabe.training import TrainingSetup
 HERE = Path(__file__).parent
 
 #: models of every family up to 8B (the trace of each takes seconds on fake tensors)
-SMALL_MODELS = ["gpt2", "gpt2-medium", "qwen2.5-0.5b", "gemma-3-1b", "llama-3.2-1b", "pythia-1.4b", "qwen2.5-1.5b"]
+SMALL_MODELS = [
+    "gpt2",
+    "gpt2-medium",
+    "qwen2.5-0.5b",
+    "gemma-3-1b",
+    "llama-3.2-1b",
+    "pythia-1.4b",
+    "qwen2.5-1.5b",
+    "starcoderbase-1b",
+    "santacoder",
+]
 MID_MODELS = [
     "gemma-2-2b",
     "llama-3.2-3b",
@@ -53,8 +64,10 @@ MID_MODELS = [
     "qwen2.5-7b",
     "llama-3.1-8b",
     "qwen3-8b",
+    "starcoderbase-3b",
+    "starcoderbase-7b",
 ]
-BIG_MODELS = ["llama-2-70b", "llama-3.1-70b", "qwen2.5-72b"]
+BIG_MODELS = ["llama-2-70b", "llama-3.1-70b", "qwen2.5-72b", "starcoder", "gpt-oss-20b", "gpt-oss-120b"]
 METHODS = [("full", 3), ("lora", 3), ("qlora", 2), ("freeze", 1), ("prompt-tuning", 1)]
 PRECISIONS = ["fp32", "bf16-amp", "fp16-amp", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
 SEQS = [128, 256, 512, 1024, 2048, 4096]
@@ -64,10 +77,12 @@ def _weighted(rng: random.Random, pairs: list[tuple[str, int]]) -> str:
     return rng.choices([p for p, _ in pairs], weights=[w for _, w in pairs])[0]
 
 
-def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, Any]]:
-    """One configuration: a model name and the setup's keyword arguments."""
+def sample(rng: random.Random, *, small: bool = False, models: list[str] | None = None) -> tuple[str, dict[str, Any]]:
+    """One configuration: a model name (one of ``models`` when given) and the setup's keyword arguments."""
     roll = rng.random()
-    if small or roll < 0.45:
+    if models:
+        model = rng.choice(models)
+    elif small or roll < 0.45:
         model = rng.choice(SMALL_MODELS)
     elif roll < 0.92:
         model = rng.choice(MID_MODELS)
@@ -120,12 +135,14 @@ def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, A
     return model, kw
 
 
-def draw(seed: int, n: int, *, small: bool = False) -> list[tuple[str, dict[str, Any]]]:
-    """``n`` configurations cabe accepts, drawn from ``seed``."""
+def draw(
+    seed: int, n: int, *, small: bool = False, models: list[str] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """``n`` configurations cabe accepts, drawn from ``seed`` (of ``models`` only, when given)."""
     rng = random.Random(seed)
     out: list[tuple[str, dict[str, Any]]] = []
     while len(out) < n:
-        model, kw = sample(rng, small=small)
+        model, kw = sample(rng, small=small, models=models)
         try:
             estimate_model(preset(model).spec, TrainingSetup(**kw))
         except CabeError:
@@ -296,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small", action="store_true", help="models up to 1.6B only")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
+    ap.add_argument("--models", help="comma-separated presets to draw from (a filtered sample), e.g. gpt-oss-20b")
     ap.add_argument("--rescore", type=int, metavar="SEED", help="re-estimate results-SEED.json (see rescore)")
     a = ap.parse_args(argv)
     if a.rescore is not None:
@@ -306,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1, 2**31)
     print(f"seed {seed}", flush=True)
-    rows = run(draw(seed, a.n, small=a.small), jobs=a.jobs)
+    models = [m.strip() for m in a.models.split(",") if m.strip()] if a.models else None
+    rows = run(draw(seed, a.n, small=a.small, models=models), jobs=a.jobs)
     s = summary(rows)
     print(json.dumps({"seed": seed, **s}))
     if not a.no_write:
