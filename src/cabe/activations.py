@@ -544,7 +544,9 @@ def _attention_core(
         add("attn.softmax", sm * nh * s, f"{sm}·nh·s")
     else:
         add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
-        if a != 4:
+        # NOTE: softmax(dtype=fp32).to(query.dtype): the cast is saved by the second matmul, unless dropout
+        # follows it (dropout saves its mask only; the matmul saves dropout's output, counted below)
+        if a != 4 and not spec.attention_dropout > 0:
             add("attn.probs", a * nh * s, f"{a}·nh·s")
     if spec.attn_logit_softcapping:
         add("attn.softcap_tanh", a * nh * s, f"{a}·nh·s")
@@ -672,10 +674,10 @@ def _sink_attention_core(
     add("attn.sink_max_indices", 8 * nh, "8·nh")
     sm = 4 if autocast else a
     add("attn.softmax_with_sink", sm * nh * (s + 1), f"{sm}·nh·(s+1)")
-    if sm != a:
-        add("attn.probs", a * nh * s, f"{a}·nh·s")
-    if dropout > 0:
+    if dropout > 0:  # dropout(probs[..., :-1]).to(v's dtype): the mask, and the matmul's input
         add("attn.dropout", (1 + a) * nh * s, f"(1+{a})·nh·s")
+    elif sm != a:
+        add("attn.probs", a * nh * s, f"{a}·nh·s")
 
 
 def _moe_clamped_swiglu(
