@@ -6,6 +6,7 @@ configurations nobody chose.
     .venv/bin/python benchmarks/differential/run.py --small         # models up to 1.6B only (fast)
     .venv/bin/python benchmarks/differential/run.py -j 2            # two worker processes
     .venv/bin/python benchmarks/differential/run.py -n 8 --small --knobs dora,lora_dropout  # those knobs only
+    .venv/bin/python benchmarks/differential/run.py -n 20 --models gpt-oss-20b,starcoderbase-1b  # a filtered sample
 
 A sampler draws every knob of a training request (method, dtype and autocast — or the precision shorthand —, optimizer and its implementation,
 checkpointing, attention, batch, sequence, LoRA rank and targets, DoRA and LoRA dropout, freeze depth, prompt
@@ -46,7 +47,17 @@ FIRST_OPTIMIZERS = REGISTRY[:8]
 LATER_OPTIMIZERS = tuple(o for o in REGISTRY[8:] if not o.modelled)
 
 #: models of every family up to 8B (the trace of each takes seconds on fake tensors)
-SMALL_MODELS = ["gpt2", "gpt2-medium", "qwen2.5-0.5b", "gemma-3-1b", "llama-3.2-1b", "pythia-1.4b", "qwen2.5-1.5b"]
+SMALL_MODELS = [
+    "gpt2",
+    "gpt2-medium",
+    "qwen2.5-0.5b",
+    "gemma-3-1b",
+    "llama-3.2-1b",
+    "pythia-1.4b",
+    "qwen2.5-1.5b",
+    "starcoderbase-1b",
+    "santacoder",
+]
 MID_MODELS = [
     "gemma-2-2b",
     "llama-3.2-3b",
@@ -60,8 +71,10 @@ MID_MODELS = [
     "qwen2.5-7b",
     "llama-3.1-8b",
     "qwen3-8b",
+    "starcoderbase-3b",
+    "starcoderbase-7b",
 ]
-BIG_MODELS = ["llama-2-70b", "llama-3.1-70b", "qwen2.5-72b", "deepseek-v3"]
+BIG_MODELS = ["llama-2-70b", "llama-3.1-70b", "qwen2.5-72b", "deepseek-v3", "starcoder", "gpt-oss-20b", "gpt-oss-120b"]
 METHODS = [("full", 3), ("lora", 3), ("qlora", 2), ("freeze", 1), ("prompt-tuning", 1)]
 PRECISIONS = ["fp32", "bf16-amp", "fp16-amp", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
 SEQS = [128, 256, 512, 1024, 2048, 4096]
@@ -71,10 +84,12 @@ def _weighted(rng: random.Random, pairs: list[tuple[str, int]]) -> str:
     return rng.choices([p for p, _ in pairs], weights=[w for _, w in pairs])[0]
 
 
-def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, Any]]:
-    """One configuration: a model name and the setup's keyword arguments."""
+def sample(rng: random.Random, *, small: bool = False, models: list[str] | None = None) -> tuple[str, dict[str, Any]]:
+    """One configuration: a model name (one of ``models`` when given) and the setup's keyword arguments."""
     roll = rng.random()
-    if small or roll < 0.45:
+    if models:
+        model = rng.choice(models)
+    elif small or roll < 0.45:
         model = rng.choice(SMALL_MODELS)
     elif roll < 0.92:
         model = rng.choice(MID_MODELS)
@@ -166,7 +181,7 @@ def draw(
     rng = random.Random(seed)
     out: list[tuple[str, dict[str, Any]]] = []
     while len(out) < n:
-        model, kw = sample(rng, small=small)
+        model, kw = sample(rng, small=small, models=sorted(models) or None)
         if (knobs and not any(kw.get(k) for k in knobs)) or (models and model not in models):
             continue
         try:

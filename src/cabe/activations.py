@@ -487,7 +487,11 @@ class _Layer:
         else:
             self.rms_norm("mlp_norm", h, "h", base_trainable, wf)
             mlp_in_bytes = rho * h
-        if self.group.mlp == "moe":
+        if self.group.mlp == "moe" and spec.expert_gate == "swiglu_clamp":
+            a_experts = self.dt_weight if base_trainable else self.dt_frozen
+            router_in = 2 if self.autocast else rho  # under autocast F.linear saves its 16-bit cast of the input
+            self.constant += _moe_clamped_swiglu(self.add, spec, f, a_experts, a, router_in, base_trainable)
+        elif self.group.mlp == "moe":
             if spec.router == "sigmoid_groups":
                 self._sigmoid_group_router()
             # transformers' grouped_mm experts run in the experts' own dtype (see _moe)
@@ -678,6 +682,9 @@ def _attention_core(
     if attn == "math":
         _math_attention_core(add, q, kv, nh, s, batch, gqa_repeat)
         return
+    if attn == "eager" and spec.attention_sinks:
+        _sink_attention_core(add, a, q, kv, nh, s, gqa, autocast, spec.attention_dropout)
+        return
     # With QLoRA under autocast the fused output is fp32 and SDPA gets a 16-bit cast of v instead of the
     # view; without autocast and with fp32 queries nothing casts: v stays a strided view of the fused fp32
     # output, which the kernel saves (pythia-1.4b QLoRA, sdpa, no autocast: -7.9% without this).
@@ -706,7 +713,9 @@ def _attention_core(
         add("attn.softmax", sm * nh * s, f"{sm}·nh·s")
     else:
         add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
-        if a != 4:
+        # NOTE: softmax(dtype=fp32).to(query.dtype): the cast is saved by the second matmul, unless dropout
+        # follows it (dropout saves its mask only; the matmul saves dropout's output, counted below)
+        if a != 4 and not spec.attention_dropout > 0:
             add("attn.probs", a * nh * s, f"{a}·nh·s")
     if spec.attn_logit_softcapping:
         add("attn.softcap_tanh", a * nh * s, f"{a}·nh·s")
@@ -814,6 +823,67 @@ def _moe(add, spec: ModelSpec, f: int, a: int, rho: int, base_trainable: bool) -
     if base_trainable:
         add("moe.product", k * a * f, f"k·{a}·f")
     add("moe.expert_output", k * a * h, f"k·{a}·h")
+
+
+def _sink_attention_core(
+    add, a: int, q: int, kv: int, nh: int, s: int, gqa: bool, autocast: bool, dropout: float
+) -> None:
+    """Eager attention with learned sinks (``attention_sinks``; transformers 5.24,
+    models/gpt_oss/modeling_gpt_oss.py, ``eager_attention_forward``): ``repeat_kv`` copies k and v to every
+    query head (``expand(...).reshape(...)``); the scores get the sink logits as one more column
+    (``torch.cat([attn_weights, sinks])``), minus their row maximum (``max(dim=-1)`` saves its int64 indices),
+    and ``softmax(..., dtype=combined_logits.dtype)`` saves its output with that column: s + 1 values per
+    head, in the scores' dtype — fp32 under autocast, where ``cat`` promotes the bf16 scores to the fp32 sinks'
+    dtype (autocast's promote list). The second matmul saves the probabilities without the sink column: a view
+    of the softmax output, or, under autocast, the ``.to(value_states.dtype)`` cast of it (a·nh·s)."""
+    kv_saved, sym = (q, "q") if gqa else (kv, "kv")
+    add("attn.query", a * q, f"{a}·q")
+    add("attn.key", a * kv_saved, f"{a}·{sym}")
+    add("attn.value", a * kv_saved, f"{a}·{sym}")
+    add("attn.sink_max_indices", 8 * nh, "8·nh")
+    sm = 4 if autocast else a
+    add("attn.softmax_with_sink", sm * nh * (s + 1), f"{sm}·nh·(s+1)")
+    if dropout > 0:  # dropout(probs[..., :-1]).to(v's dtype): the mask, and the matmul's input
+        add("attn.dropout", (1 + a) * nh * s, f"(1+{a})·nh·s")
+    elif sm != a:
+        add("attn.probs", a * nh * s, f"{a}·nh·s")
+
+
+def _moe_clamped_swiglu(
+    add, spec: ModelSpec, f: int, a: int, a_router: int, router_in: int, base_trainable: bool
+) -> int:
+    """gpt-oss's experts (``expert_gate == "swiglu_clamp"``, ``router == "topk_softmax"``) as transformers 5.24
+    runs them by default (integrations/moe.py, ``grouped_mm_experts_forward`` with biases; models/gpt_oss/
+    modeling_gpt_oss.py, ``GptOssTopKRouter.forward`` and ``GptOssExperts._apply_gate``). ``a`` is the experts'
+    dtype (grouped_mm runs outside autocast, see :func:`_moe`), ``a_router`` the router's output dtype,
+    ``router_in`` the bytes of the router's saved input (the residual's, or autocast's 16-bit cast).
+
+    Router: ``F.linear`` with a bias saves its input when the weight trains; ``topk`` of the logits saves its
+    int64 indices (8·k) and the softmax over the k values saves its output (a_router·k). Dispatch: ``sort``'s
+    permutation (the routing weights' gather index), ``perm // k`` (the tokens' gather index), the sorted expert
+    ids (the biases' gather index, saved only when the biases train) and the inverse permutation, int64 each
+    (4·8·k or 3·8·k); the routing weights gathered per pair (a_router·k); the int32
+    offsets over the experts (one small tensor per layer: returned as a per-layer constant).
+    Experts per pair: the gathered tokens (for the weight gradient), the interleaved gate_up output (2f, kept by
+    the clamps of its strided halves), the clamped gate, ``sigmoid(alpha·gate)``, their product, ``up + 1``
+    (f each), the gated product (saved by down_proj's grouped_mm when it trains) and down_proj's output (h,
+    saved by the multiplication with the routing weights)."""
+    h, k = spec.hidden_size, spec.experts_per_token
+    if base_trainable:
+        add("moe.router_input", router_in * h, f"{router_in}·h")
+    add("moe.topk_indices", 8 * k, "8·k")
+    add("moe.topk_softmax", a_router * k, f"{a_router}·k")
+    n_idx = 4 if base_trainable else 3  # the biases' gather saves its index only when the biases train
+    add("moe.dispatch_indices", n_idx * 8 * k, f"{n_idx * 8}·k")
+    add("moe.routing_weights", a_router * k, f"{a_router}·k")
+    if base_trainable:
+        add("moe.expert_input", k * a * h, f"k·{a}·h")
+    add("moe.gate_up_output", k * 2 * a * f, f"k·2·{a}·f")
+    add("moe.clamped_gate_sigmoid_glu_up", k * 4 * a * f, f"k·4·{a}·f")
+    if base_trainable:
+        add("moe.product", k * a * f, f"k·{a}·f")
+    add("moe.expert_output", k * a * h, f"k·{a}·h")
+    return round_alloc(4 * spec.num_experts)  # the int32 offsets (torch.cumsum of the histogram)
 
 
 def checkpointed_layer_bytes_per_token(dt: Dtypes) -> int:

@@ -23,8 +23,9 @@ from typing import Any
 #: output, ``up`` reads the MLP input (gate and up, or one fused gate_up / fc), ``down`` is the MLP
 #: output; ``router`` and ``experts`` are a mixture-of-experts' bare parameters; ``shared_up``,
 #: ``shared_down`` and ``shared_gate`` are a shared expert beside the routed ones (Qwen2-MoE: a SwiGLU MLP
-#: every token goes through, scaled by a sigmoid of one linear output).
-SLOTS = ("qkv", "o", "up", "down", "router", "experts", "shared_up", "shared_down", "shared_gate")
+#: every token goes through, scaled by a sigmoid of one linear output); ``sinks`` is gpt-oss's learned per-head
+#: attention-sink logit (a bare ``nn.Parameter`` of num_heads, counted as a 1 -> num_heads matrix).
+SLOTS = ("qkv", "o", "up", "down", "router", "experts", "shared_up", "shared_down", "shared_gate", "sinks")
 
 
 @dataclass(frozen=True)
@@ -180,15 +181,22 @@ class ModelSpec:
     latent_attention: LatentAttention | None = None
     num_experts: int = 0
     experts_per_token: int = 0
-    #: how the router picks experts: ``"softmax"`` (a softmax over the router's logits, top-k; Mixtral, Qwen) or
+    #: how the router picks experts: ``"softmax"`` (a softmax over the router's logits, top-k; Mixtral, Qwen),
     #: ``"sigmoid_groups"`` (DeepSeek-V3: an fp32 router, sigmoid scores, the best ``expert_groups[1]`` of
-    #: ``expert_groups[0]`` groups, top-k among their experts, weights renormalised)
+    #: ``expert_groups[0]`` groups, top-k among their experts, weights renormalised) or ``"topk_softmax"``
+    #: (gpt-oss: top-k of the biased logits, then a softmax over the k values in their dtype)
     router: str = "softmax"
     expert_groups: tuple[int, int] = (1, 1)
     #: LoRA target names PEFT (0.21) moves onto the fused experts' 3-D parameters and the router for this model
     #: type (its transformers v4 -> v5 MoE conversion: peft/utils/transformers_weight_conversion.py,
     #: ``_convert_peft_config_moe``, through transformers' ``_MODEL_TO_CONVERSION_PATTERN``); empty when none
     peft_expert_names: tuple[str, ...] = ()
+    # gpt-oss: the eager attention appends one learned logit per head to every row of scores before the
+    # softmax (in the scores' dtype) and drops its column after (an "attention sink")
+    attention_sinks: bool = False
+    # the experts' gate: "swiglu" (silu(gate) * up, Mixtral / Qwen) or "swiglu_clamp" (gpt-oss: gate and up
+    # interleaved and clamped, gate * sigmoid(alpha * gate) * (up + 1))
+    expert_gate: str = "swiglu"
     final_logit_softcapping: float | None = None
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0

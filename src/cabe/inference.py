@@ -10,6 +10,12 @@ lm_head stay 16-bit except in GGUF, whose bits per weight are llama.cpp's whole-
   ≈ 0.516 B; only ``nn.Linear`` modules are replaced (lm_head kept);
 * ``gptq-Nbit`` / ``awq-Nbit`` with group size g (default 128): N/8 B + per group of g input
   weights one fp16 scale and one N-bit zero: N/8 + (2 + N/8)/g;
+* ``mxfp4`` (gpt-oss as shipped): the MoE experts' 3-D matrices in OCP MX FP4, 4-bit e2m1 values in blocks
+  of 32 with one uint8 e8m0 scale per block, 0.5 + 1/32 B per weight (transformers 5.24,
+  integrations/mxfp4.py: ``*_blocks`` (…, 16) uint8 and ``*_scales`` uint8 per 32 values); attention, routers,
+  biases, embeddings and lm_head stay 16-bit (the checkpoints' ``modules_to_not_convert``). A model without
+  experts has nothing in MXFP4. Kept packed only with the triton kernels on a GPU; without them transformers
+  dequantizes to bf16 at load (then ``bf16`` is the right format);
 * ``gguf-<type>``: bits per weight Q8_0 8.5, Q6_K 6.5625, Q5_K_M ≈ 5.69, Q5_K_S 5.52, Q5_0 5.5,
   Q4_K_M ≈ 4.85, Q4_K_S ≈ 4.58, Q4_0 4.5, Q3_K_L ≈ 4.27, Q3_K_M ≈ 3.91, Q3_K_S ≈ 3.5, Q2_K ≈ 2.63
   (block layouts in ggml-common.h; K-quant "mixes" averaged as llama.cpp's quantize reports them).
@@ -50,7 +56,7 @@ GGUF_BPW: dict[str, float] = {
 PLAIN = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}
 FORMATS = (
     tuple(PLAIN)
-    + ("fp8", "int8", "nf4", "fp4", "gptq-4bit", "gptq-8bit", "gptq-3bit", "gptq-2bit", "awq-4bit")
+    + ("fp8", "int8", "nf4", "fp4", "mxfp4", "gptq-4bit", "gptq-8bit", "gptq-3bit", "gptq-2bit", "awq-4bit")
     + tuple("gguf-" + k for k in GGUF_BPW)
 )
 
@@ -104,11 +110,23 @@ def weights_bytes(spec: ModelSpec, fmt: str = "fp16", group_size: int = 128) -> 
     }
 
 
+#: MXFP4: 32 values per block, 4 bits each, and one uint8 (e8m0) scale per block
+MXFP4_BLOCK = 32
+
+
+def _mxfp4_layer(linears: tuple[Linear, ...]) -> tuple[float, int]:
+    """(bytes, elements) of one layer's MoE expert matrices in MXFP4: 0.5 B per weight and 1 B per block of 32."""
+    numel = [lin.in_features * lin.out_features * lin.copies for lin in linears if lin.slot == "experts"]
+    return sum(n / 2 + n / MXFP4_BLOCK for n in numel), sum(numel)
+
+
 def _quantized_layer(linears: tuple[Linear, ...], f: str, group_size: int) -> tuple[float, int]:
     """(bytes, elements) of one layer's weight matrices stored in the quantized format ``f``."""
     if f in ("nf4", "fp4"):
         q4 = [lin.in_features * lin.out_features * lin.copies for lin in linears if lin.is_module]
         return sum(quantized_bytes(numel, True) for numel in q4), sum(q4)
+    if f == "mxfp4":
+        return _mxfp4_layer(linears)
     mats = [
         (lin.in_features * lin.out_features * lin.copies, lin.out_features * lin.copies, lin.in_features)
         for lin in linears

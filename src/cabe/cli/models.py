@@ -27,11 +27,31 @@ def gather(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "parameters": src.meta.get("parameters"),
                 "hf_id": src.meta.get("hf_id"),
                 "model_type": src.config.get("model_type"),
-                "attention": src.spec.attention_kind,
-                "mlp": src.spec.mlp_kinds,
+                **kinds(src.spec),
             }
         )
     return rows
+
+
+def kinds(spec: Any) -> dict[str, str]:
+    """The attention and MLP kinds of a spec, as codes: ``mha`` / ``gqa`` / ``mqa`` (kv heads against query
+    heads), ``+sliding<window>`` when some layers slide, ``+sinks`` with learned attention sinks; the MLP's kinds
+    over its runs (``gated``, ``plain``, ``moe<E>x<k>`` with the experts' gate when it is not SwiGLU)."""
+    nkv, nh = spec.num_kv_heads, spec.num_heads
+    attn = "mla" if spec.latent_attention else ("mha" if nkv == nh else ("mqa" if nkv == 1 else "gqa"))
+    if spec.sliding_window:
+        attn += f"+sliding{spec.sliding_window}"
+    if spec.attention_sinks:
+        attn += "+sinks"
+    mlps: dict[str, None] = {}
+    for run in spec.runs:
+        if run.mlp == "moe":
+            gate = "" if spec.expert_gate == "swiglu" else f"({spec.expert_gate})"
+            shared = "+shared" if run.slot_names("shared_up") else ""
+            mlps.setdefault(f"moe{spec.num_experts}x{spec.experts_per_token}{gate}{shared}", None)
+        else:
+            mlps.setdefault(run.mlp, None)
+    return {"attention": attn, "mlp": "+".join(mlps)}
 
 
 def render(rows: list[dict[str, Any]], args: argparse.Namespace, lang: str, units: str) -> str:
@@ -39,7 +59,7 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, lang: str, unit
         return jsonio.dumps(rows, indent=2)
     lines = [t("ui.models_header", lang) + ":"]
     lines += [
-        f"  {r['name']:<18} {fmt_number(r['parameters'], lang):>20}  {r['attention']:<12} {r['mlp']:<16} {r['hf_id'] or ''}"
+        f"  {r['name']:<18} {fmt_number(r['parameters'], lang):>20}  {r['attention']:<20} {r['mlp']:<24} {r['hf_id'] or ''}"
         for r in rows
     ]
     return "\n".join(lines)
