@@ -357,6 +357,7 @@ class _RunActivations:
     per_layer: LayerActivations
     full_layer_bytes: int  # what one layer saves without checkpointing
     saved_layer_bytes: int  # what it keeps through the forward (its input, under checkpointing)
+    plain_layer_bytes: int = 0  # what a layer left out of selective checkpointing keeps (its full activations)
 
 
 @dataclass(frozen=True)
@@ -367,16 +368,57 @@ class _Activations:
     runs: tuple[_RunActivations, ...]  # the gradient's path, bottom first (the top run alone when empty)
     rotary: int  # cos and sin tables, shared by every layer
     grad_layers: int
+    first: int = 0  # the model's index of the gradient path's bottom layer
+    every: int = 0  # checkpointing: every ``every``-th layer is checkpointed (1: all; 0: no checkpointing)
+    offload: bool = False  # the checkpointed layers' inputs wait on the host
 
     @property
     def per_layer(self) -> LayerActivations:
         """The top run's layer: the one figure of a model whose layers are alike."""
         return self.runs[-1].per_layer
 
+    def pieces(self) -> list[tuple[_RunActivations, int, bool]]:
+        """The gradient's path, bottom first, as (run, layers, checkpointed) pieces: under selective
+        checkpointing transformers checkpoints the layers whose index is a multiple of ``every``
+        (transformers 5.24 modeling_utils.py:3245-3247, ``layer_index % every_n_layers == 0``)."""
+        out: list[tuple[_RunActivations, int, bool]] = []
+        i = self.first
+        for r in self.runs:
+            for _ in range(r.count):
+                ckpt = self.checkpointed(i)
+                if out and out[-1][0] is r and out[-1][2] == ckpt:
+                    out[-1] = (r, out[-1][1] + 1, ckpt)
+                else:
+                    out.append((r, 1, ckpt))
+                i += 1
+        return out
+
+    def checkpointed(self, i: int) -> bool:
+        """Whether the model's layer ``i`` (from the bottom) is checkpointed."""
+        return self.every > 0 and i % self.every == 0
+
+    def kept(self, r: _RunActivations, ckpt: bool) -> int:
+        """What one layer keeps on the device through the forward: its input when checkpointed (nothing when
+        that input is offloaded), its full activations when left out of selective checkpointing."""
+        if not ckpt:
+            return r.plain_layer_bytes
+        return 0 if self.offload else r.saved_layer_bytes
+
     @property
     def saved_bytes(self) -> int:
-        """What every layer of the gradient's path keeps through the forward."""
-        return sum(r.count * r.saved_layer_bytes for r in self.runs)
+        """What every layer of the gradient's path keeps through the forward (on the device)."""
+        return sum(n * self.kept(r, ckpt) for r, n, ckpt in self.pieces())
+
+    @property
+    def checkpointed_layers(self) -> int:
+        """Layers of the gradient's path that are checkpointed."""
+        return sum(n for _, n, ckpt in self.pieces() if ckpt)
+
+    def offloaded_bytes(self, layers: int) -> int:
+        """Host bytes of the inputs of the checkpointed layers among the model's ``layers`` (offloading)."""
+        if not self.offload:
+            return 0
+        return sum(1 for i in range(layers) if self.checkpointed(i)) * self.runs[-1].saved_layer_bytes
 
     @property
     def saved_layer_bytes(self) -> int:
@@ -411,7 +453,16 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
     # cos and sin tables, (1, s, rotary_dim) in the residual dtype, shared by every layer
     seq_total = tokens // setup.batch
     rotary = 2 * seq_total * spec.rotary_dim * dt.residual if spec.position == "rotary" else 0
-    return _Activations(tokens, runs, rotary, grad_layers)
+    ckpt = setup.checkpointing
+    return _Activations(
+        tokens,
+        runs,
+        rotary,
+        grad_layers,
+        first=layers - grad_layers,
+        every=setup.checkpoint_every if ckpt else 0,
+        offload=ckpt and setup.offload_activations,
+    )
 
 
 def _kind(run: LayerGroup) -> tuple[Any, ...]:
@@ -447,7 +498,7 @@ def _run_activations(
         saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
     else:
         saved_layer_bytes = mean_layer_bytes
-    return _RunActivations(run, count, per_layer, full_layer_bytes, saved_layer_bytes)
+    return _RunActivations(run, count, per_layer, full_layer_bytes, saved_layer_bytes, mean_layer_bytes)
 
 
 @dataclass(frozen=True)
@@ -583,15 +634,15 @@ def _step_parts(
     tokens, grad_layers = act.tokens, act.grad_layers
     grads_head = _grad_bytes(states, lambda t: t.kind == "lm_head" or t.name == "final_norm")
     grads_layer = states.grads - grads_head - _grad_bytes(states, lambda t: t.kind in ("embedding", "prompt"))
-    kinds: dict[tuple[Any, ...], LayerRun] = {}  # per kind of layer, as in _layer_activations
-    for r in act.runs:
-        if r.count and _kind(r.group) not in kinds:
-            kinds[_kind(r.group)] = _layer_run(spec, setup, states, act, r)
+    kinds: dict[tuple[Any, ...], LayerRun] = {}  # per kind of layer (and checkpointed or not)
+    for r, _, ck in act.pieces():
+        if (_kind(r.group), ck) not in kinds:
+            kinds[(_kind(r.group), ck)] = _layer_run(spec, setup, states, act, r, ck)
     ckpt_cached = setup.checkpointing and copies.trained_layers
+    # under selective checkpointing, runs of checkpointed and of plain layers alternate
     runs = tuple(
-        replace(kinds[_kind(r.group)], count=r.count, cached_count=r.count if ckpt_cached else 0)
-        for r in act.runs
-        if r.count
+        replace(kinds[(_kind(r.group), ck)], count=n, cached_count=n if ckpt_cached and ck else 0)
+        for r, n, ck in act.pieces()
     )
 
     def mean(of: Callable[[LayerRun], int]) -> int:  # a per-layer figure (exact when the layers are alike)
@@ -614,7 +665,7 @@ def _step_parts(
         copies_cached_layer=mean(lambda r: r.copies_cached) if runs else (copies.cached if ckpt else 0),
         cached_layers=copies.trained_layers if ckpt else 0,
         copies_recompute=mean(lambda r: r.copies_recompute),
-        frozen_inputs=(spec.num_layers - grad_layers) * act.saved_layer_bytes if ckpt else 0,
+        frozen_inputs=(_frozen_inputs(spec, setup, dt, act) + _offload_leaf(spec, dt, states, act)) if ckpt else 0,
         saved_layer=act.saved_layer_bytes,
         recompute_layer=act.mean(lambda r: r.full_layer_bytes) if ckpt else 0,
         workspace_layer=act.mean(lambda r: tokens * r.per_layer.backward_workspace_per_token),
@@ -648,11 +699,38 @@ def _step_parts(
     )
 
 
+def _frozen_inputs(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, act: _Activations) -> int:
+    """Checkpointing: what the layers below the gradient's path (freeze's frozen bottom) keep on the device.
+
+    transformers' checkpointing makes the embeddings' output require grad (modeling_utils.py:3189-3198,
+    ``enable_input_require_grads``), so every frozen layer is in autograd's graph: a checkpointed one keeps
+    its input (none on the device when offloaded), one left out of selective checkpointing keeps what a
+    layer with frozen weights saves."""
+    ckpt = sum(1 for i in range(act.first) if act.checkpointed(i))
+    plain = act.first - ckpt
+    kept = 0 if act.offload else ckpt * act.runs[0].saved_layer_bytes
+    if plain:
+        # NOTE: the bottom run's layer stands for every frozen one (exact when the layers are alike)
+        kept += plain * _run_activations(spec, setup, dt, spec.runs[0], 0, act.tokens, False).plain_layer_bytes
+    return kept
+
+
+def _offload_leaf(spec: ModelSpec, dt: Dtypes, states: _States, act: _Activations) -> int:
+    """Offloading with frozen embeddings: their output stays on the device though layer 0's saved copy is on
+    the host. ``enable_input_require_grads`` makes it a leaf that requires grad (transformers 5.24
+    modeling_utils.py:2153-2154, ``make_inputs_require_grads``: ``output.requires_grad_(True)``), and the leaf's
+    ``AccumulateGrad`` node holds it until backward reaches it (torch/csrc/autograd/functions/accumulate_grad.h,
+    ``variable``). (Under checkpointing without offloading it is layer 0's saved input, counted there.)"""
+    if not act.offload or _grad_bytes(states, lambda t: t.kind == "embedding"):
+        return 0
+    return act.tokens * dt.residual * spec.hidden_size
+
+
 def _layer_run(
-    spec: ModelSpec, setup: TrainingSetup, states: _States, act: _Activations, r: _RunActivations
+    spec: ModelSpec, setup: TrainingSetup, states: _States, act: _Activations, r: _RunActivations, ckpt: bool
 ) -> LayerRun:
-    """One run of like layers in the gradient's path: its per-layer gradients, copies and saved tensors."""
-    ckpt = setup.checkpointing
+    """One run of like layers in the gradient's path: its per-layer gradients, copies and saved tensors
+    (``ckpt``: the layers are checkpointed)."""
     c = _weight_copies(spec, setup, dtypes_for(setup), r.group)
     trained = setup.method in ("full", "freeze")
     per_role: dict[str, int] = {}
@@ -665,8 +743,10 @@ def _layer_run(
         count=r.count,
         grads=grads,
         copies=0 if ckpt else c.layer,
-        saved=r.saved_layer_bytes,
-        recompute=r.full_layer_bytes if ckpt else 0,
+        saved=act.kept(r, ckpt),
+        # offloaded: the layer's input comes back from the host (a new device tensor: torch/autograd/graph.py,
+        # save_on_cpu.unpack_from_cpu ``tensor.to(device)``) while the layer is recomputed
+        recompute=(r.full_layer_bytes + (r.saved_layer_bytes if act.offload else 0)) if ckpt else 0,
         workspace=act.tokens * r.per_layer.backward_workspace_per_token,
         copies_recompute=c.layer if ckpt else 0,
         copies_cached=c.cached if ckpt else 0,

@@ -400,6 +400,31 @@ _SETUP: tuple[Field, ...] = (
     ),
     # torchtune's CEWithChunkedOutputLoss(num_output_chunks=8) (modules/loss/ce_chunked_output_loss.py)
     _int("loss_chunks", "setup", _TRAINING + ("from-config",), 8, 1, MAX_SEQ, flags=_flag("loss_chunks")),
+    # ---- memory savers (issue 11) ----
+    # selective checkpointing: with ``checkpointing``, only every k-th decoder layer is checkpointed
+    # (transformers 5.24 modeling_utils.py:3246, ``layer_index % every_n_layers == 0``; torchtune's
+    # ``ac_mode: selective`` / ``ac_option: k``, torchtune/training/activations.py:44-47)
+    _int(
+        "checkpoint_every",
+        "setup",
+        _TRAINING + ("from-config",),
+        1,
+        1,
+        MAX_LAYERS,
+        unit="layers",
+        flags=_flag("checkpoint_every"),
+    ),
+    # activation offloading: saved activations in pinned host memory, back for backward
+    # (transformers 5.24 modeling_utils.py:3161-3167, ``save_on_cpu(pin_memory=True)`` around each checkpoint;
+    # torchtune's OffloadActivations, torchtune/training/_activation_offloading.py)
+    Field(
+        "offload_activations",
+        bool,
+        "setup",
+        _TRAINING + ("from-config",),
+        False,
+        flags=_flag("offload_activations"),
+    ),
 )
 
 _GPUS: tuple[Field, ...] = (

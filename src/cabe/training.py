@@ -89,6 +89,11 @@ class TrainingSetup:
             ``chunked`` (torchtune's CEWithChunkedOutputLoss), ``liger`` (Liger's fused linear
             cross-entropy), ``cce`` (Apple's cut cross-entropy); ``None``: the recipe's, else ``hf``.
         loss_chunks: ``chunked``: how many pieces the logits are upcast in (torchtune's default 8).
+        checkpoint_every: with ``checkpointing``, checkpoint only every k-th decoder layer (the bottom one
+            first, as transformers' ``every_n_layers``); the others keep their activations. 1: every layer.
+        offload_activations: with ``checkpointing``, the checkpointed layers' inputs wait in pinned host
+            memory and come back for backward (transformers' ``offload=True``, torchtune's
+            ``enable_activation_offloading``).
         gpus: data-parallel world size × tp × pp (total GPUs); memory is reported per GPU.
         shard: ``none`` (one GPU), ``ddp``, DeepSpeed ``zero1``/``zero2``/``zero3``, ``fsdp``
             (full sharding), ``fsdp-hybrid`` (shard within a node, replicate across nodes).
@@ -122,6 +127,8 @@ class TrainingSetup:
     recipe: Recipe | None = _D["recipe"]
     loss: Loss | None = _D["loss"]
     loss_chunks: int = _D["loss_chunks"]
+    checkpoint_every: int = _D["checkpoint_every"]
+    offload_activations: bool = _D["offload_activations"]
     gpus: int = _D["gpus"]
     shard: Shard = _D["shard"]
     offload: Offload = _D["offload"]
@@ -226,8 +233,22 @@ def validate(setup: TrainingSetup) -> None:
     for f in schema.SETUP_FIELDS:
         if f.type is bool and not isinstance(getattr(setup, f.name), bool):
             raise InvalidValueError("not_bool", f.name, value=getattr(setup, f.name))
+    _check_savers(setup)
     if setup.method == "freeze" and setup.trainable_layers < 1:  # nothing would train: the trace refuses it too
         raise InvalidValueError("freeze_needs_layers", "trainable_layers", value=setup.trainable_layers)
+
+
+def _check_savers(setup: TrainingSetup) -> None:
+    """Selective checkpointing and activation offloading act on checkpointed layers, on one GPU."""
+    if setup.checkpoint_every > 1 and not setup.checkpointing:
+        raise InvalidValueError("savers_need_checkpointing", "checkpoint_every", value=setup.checkpoint_every)
+    if setup.offload_activations and not setup.checkpointing:
+        raise InvalidValueError("savers_need_checkpointing", "offload_activations", value=True)
+    if (setup.checkpoint_every > 1 or setup.offload_activations) and setup.distributed:
+        # NOTE: the per-GPU recount (cabe.parallel) works on one per-layer figure, not on the layer runs
+        raise InvalidValueError(
+            "savers_one_gpu", "checkpoint_every" if setup.checkpoint_every > 1 else "offload_activations"
+        )
 
 
 def _check_group(setup: TrainingSetup, group: str) -> None:

@@ -198,8 +198,21 @@ def _set_flash_dtype(model: Any, setup: TrainingSetup) -> None:
 
 def _full(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[str]) -> Any:
     if setup.checkpointing:
-        model.gradient_checkpointing_enable(**_GC_KWARGS)
+        _enable_checkpointing(model, setup)
     return model
+
+
+def _enable_checkpointing(model: Any, setup: TrainingSetup) -> None:
+    """Gradient checkpointing as transformers 5.24 applies it: non-reentrant ``torch.utils.checkpoint`` on
+    every ``checkpoint_every``-th decoder layer (modeling_utils.py:3221-3247, ``every_n_layers``: the layers
+    whose index is a multiple of it, the bottom one first), their saved inputs in pinned host memory with
+    ``offload_activations`` (modeling_utils.py:3161-3167: ``save_on_cpu(pin_memory=True)`` around each
+    checkpoint). torchtune wraps its layers the same way (non-reentrant ``checkpoint``,
+    torchtune/training/activations.py:19-57), but counts them from 1: its ``ac_option: k`` checkpoints the
+    k-th, 2k-th ... layer (activations.py:44-47)."""
+    model.gradient_checkpointing_enable(
+        **_GC_KWARGS, every_n_layers=setup.checkpoint_every, offload=setup.offload_activations
+    )
 
 
 def _freeze(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[str]) -> Any:
@@ -211,7 +224,7 @@ def _freeze(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[
         for p in layer.parameters():
             p.requires_grad_(True)
     if setup.checkpointing:
-        model.gradient_checkpointing_enable(**_GC_KWARGS)
+        _enable_checkpointing(model, setup)
     return model
 
 
@@ -230,8 +243,10 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
             use_gradient_checkpointing=setup.checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
+        if setup.checkpointing and (setup.checkpoint_every > 1 or setup.offload_activations):
+            _enable_checkpointing(model, setup)  # PEFT enabled it on every layer, without offloading
     elif setup.checkpointing:
-        model.gradient_checkpointing_enable(**_GC_KWARGS)
+        _enable_checkpointing(model, setup)
         model.enable_input_require_grads()
     targets: Any = list(setup.lora_targets) or None  # None: PEFT's default for the model type
     if targets == ["all-linear"]:
@@ -279,7 +294,7 @@ def _prompt_tuning(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes
     from peft import PromptTuningConfig, get_peft_model
 
     if setup.checkpointing:
-        model.gradient_checkpointing_enable(**_GC_KWARGS)
+        _enable_checkpointing(model, setup)
         model.enable_input_require_grads()
     return get_peft_model(model, PromptTuningConfig(task_type=_peft_task(cfg), num_virtual_tokens=setup.prompt_tokens))
 
