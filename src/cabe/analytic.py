@@ -332,6 +332,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         extra={
             "peak_at": peak.where,
             "loss": _recipe_json(setup),
+            **_host_json(spec, act),
             **({"distributed": shard_info} if shard_info else {}),
             "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments],
         },
@@ -768,6 +769,8 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("paged_outside_allocator")
     if setup.grad_accum > 1:
         notes.append("grad_accum_keeps_grads")
+    if setup.checkpointing and setup.offload_activations:
+        notes.append("activations_offloaded")
     notes += _loss_notes(setup)
     if setup.method == "qlora" and any(lin.role == "expert" and not lin.quantized_by_bnb for lin in spec.layer_linears):
         # transformers 5 stores MoE experts as fused 3-D parameters; its bitsandbytes integration replaces
@@ -790,6 +793,15 @@ def _loss_notes(setup: TrainingSetup) -> list[str]:
         if recipes.unmodelled(setup.recipe):
             notes.append("recipe_unmodelled")
     return notes
+
+
+def _host_json(spec: ModelSpec, act: _Activations) -> dict[str, Any]:
+    """Activation offloading: the host RAM the offloaded inputs take, all of it pinned (page-locked:
+    ``save_on_cpu(pin_memory=True)``, torch/autograd/graph.py:400-414), held from forward to backward."""
+    host = act.offloaded_bytes(spec.num_layers)
+    if not host:
+        return {}
+    return {"host": {"offloaded_activations_bytes": host, "pinned_bytes": host}}
 
 
 def _recipe_json(setup: TrainingSetup) -> dict[str, Any]:
@@ -954,6 +966,30 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
     return steps
 
 
+def _checkpointed_steps(spec: ModelSpec, dt: Dtypes, act: _Activations) -> list[Step]:
+    """Checkpointing: the inputs the checkpointed layers keep (on the host when offloaded) and, under
+    selective checkpointing, the full activations of the layers left out."""
+    ckpt_layers = act.checkpointed_layers
+    inputs = sum(n * r.saved_layer_bytes for r, n, ck in act.pieces() if ck)
+    params = {"layers": ckpt_layers, "tokens": act.tokens, "rho": dt.residual, "h": spec.hidden_size}
+    formula = "{layers} × {tokens} tokens × {rho}·{h} = {bytes} B = {gib} GiB"
+    code = "activations.offloaded" if act.offload else "activations.checkpointed"
+    steps = [Step(code, formula, 0 if act.offload else inputs, {**params, "bytes": inputs, "gib": inputs / GiB})]
+    plain = [(r, n) for r, n, ck in act.pieces() if not ck]
+    if plain:
+        layers = sum(n for _, n in plain)
+        kept = sum(n * r.plain_layer_bytes for r, n in plain)
+        steps.append(
+            Step(
+                "activations.selective",
+                "{layers} × {per_layer} B = {bytes} B = {gib} GiB",
+                kept,
+                {"layers": layers, "every": act.every, "per_layer": kept // layers, "bytes": kept, "gib": kept / GiB},
+            )
+        )
+    return steps
+
+
 def _per_layer_step(per_layer: LayerActivations, layers: int | None) -> Step:
     """The saved tensors of one layer, term by term (``layers``: how many such layers, when they differ)."""
     return Step(
@@ -984,21 +1020,7 @@ def _explain_activations(
     sfx = [""] if len(kinds) == 1 else [f"_{i}" for i in range(len(kinds))]
     steps = [_per_layer_step(per_layer, count if len(kinds) > 1 else None) for per_layer, count in kinds.items()]
     if setup.checkpointing:
-        steps.append(
-            Step(
-                "activations.checkpointed",
-                "{layers} × {tokens} tokens × {rho}·{h} = {bytes} B = {gib} GiB",
-                saved,
-                {
-                    "layers": grad_layers,
-                    "tokens": tokens,
-                    "rho": dt.residual,
-                    "h": spec.hidden_size,
-                    "bytes": saved,
-                    "gib": saved / GiB,
-                },
-            )
-        )
+        steps += _checkpointed_steps(spec, dt, act)
     else:
         terms = " + ".join(f"{{layers{x}}} × {{tokens}} tokens × {{per_token{x}}} B" for x in sfx)
         per_kind = {f"layers{x}": n for x, n in zip(sfx, kinds.values())}
