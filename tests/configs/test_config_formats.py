@@ -324,6 +324,7 @@ def test_torchtune_qlora_single_device():
         "grad_accum": 8,
         "precision": "bf16",
         "checkpointing": True,
+        "offload_activations": False,  # enable_activation_offloading: False
         # loss: torchtune.modules.loss.CEWithChunkedOutputLoss (num_output_chunks: its default 8)
         "loss": "chunked",
         "loss_chunks": 8,
