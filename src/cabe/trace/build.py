@@ -25,7 +25,6 @@ _DROP_KEYS = (
     "attn_implementation",
     "_attn_implementation",
 )
-_GC_KWARGS = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
 
 
 # ---- dependencies and config ------------------------------------------------------------
@@ -210,8 +209,11 @@ def _enable_checkpointing(model: Any, setup: TrainingSetup) -> None:
     checkpoint). torchtune wraps its layers the same way (non-reentrant ``checkpoint``,
     torchtune/training/activations.py:19-57), but counts them from 1: its ``ac_option: k`` checkpoints the
     k-th, 2k-th ... layer (activations.py:44-47)."""
-    model.gradient_checkpointing_enable(
-        **_GC_KWARGS, every_n_layers=setup.checkpoint_every, offload=setup.offload_activations
+    # (the Trainer's call: trainer.py:1503-1515; gradient_checkpointing_enable is its deprecated alias)
+    model.activation_checkpointing_enable(
+        activation_checkpointing_kwargs={"use_reentrant": False},
+        every_n_layers=setup.checkpoint_every,
+        offload=setup.offload_activations,
     )
 
 
