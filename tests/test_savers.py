@@ -83,3 +83,40 @@ def test_readers_set_the_savers():
         {"gradient_checkpointing": True, "activation_checkpointing_kwargs": '{"every_n_layers": 4, "offload": true}'}
     )
     assert (ta["checkpoint_every"], ta["offload_activations"]) == (4, True)
+
+
+def _pk(**kw):
+    return estimate_model(LLAMA, TrainingSetup(method="lora", batch=8, seq=2048, **kw))
+
+
+def test_packed_rows_under_flash_cost_what_padded_rows_do():
+    """flash-attn runs packed documents through its varlen path: no mask, the same memory per token."""
+    assert _pk(attention="flash", packing="packed").total_bytes == _pk(attention="flash").total_bytes
+
+
+def test_padding_free_is_one_row():
+    """padding-free: one row of 8 × 2,048 = 16,384 tokens. Under flash only the rotary tables grow: cos and
+    sin over 16,384 positions instead of 2,048, 2 × 64 × 2 B each (head dim 64, bf16)."""
+    r = _pk(attention="flash", packing="padding-free")
+    assert r.total_bytes - _pk(attention="flash").total_bytes == 2 * (16384 - 2048) * 64 * 2
+    step = next(s for s in r.steps if s.key == "setup.packing")
+    assert (step.params["rows"], step.params["row"]) == (1, 16384)
+    assert r.setup["batch"] == 8 and "packing_modelled" in r.notes  # the report keeps the request
+
+
+def test_packing_under_sdpa_masks_every_layer():
+    """SDPA gets a block-diagonal mask (no is_causal): the memory-efficient kernel, which costs more than
+    flash; over the whole row when padding-free."""
+    padded, packed, free = (_pk(packing=p).total_bytes for p in ("none", "packed", "padding-free"))
+    assert padded < packed < free
+
+
+def test_readers_set_packing():
+    ta, _, _ = configs.module("training_args").to_request({"packing": True, "packing_strategy": "wrapped"})
+    assert ta["packing"] == "packed"
+    ta, _, _ = configs.module("training_args").to_request({"packing": True})  # TRL's bfd: padding-free
+    assert ta["packing"] == "padding-free"
+    ta, _, _ = configs.module("training_args").to_request({"packing": True, "padding_free": True})
+    assert ta["packing"] == "padding-free"
+    ax, _, _ = configs.module("axolotl").to_request({"base_model": "x/y", "sample_packing": True})
+    assert ax["packing"] == "packed"

@@ -285,6 +285,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         raise InvalidValueError("flash_needs_16bit", "attention", value="flash", dtype=setup.dtype)
     dt = dtypes_for(setup)
     states = _model_states(spec, setup)
+    given, setup = setup, _row_shape(setup)  # padding-free: the batch as one row (the report keeps the request)
     act = _layer_activations(spec, setup, dt)
     copies = _weight_copies(spec, setup, dt)
     head = head_activations(spec, setup, dt)
@@ -310,7 +311,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         components.setdefault(k, 0)
     total = sum(components.values())
     tokens = act.tokens
-    steps = [_precision_step(setup, source)]
+    steps = [_precision_step(setup, source)] + _packing_steps(spec, given, setup)
     steps += _explain_model(spec, setup, dt, states, act, copies_fwd, head, peak, total)
     return Report(
         mode="architecture",
@@ -321,7 +322,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         peak_phase=peak.phase,
         phase_peaks=phase_peaks,
         steps=tuple(steps),
-        setup={**setup.to_dict(), "effective_batch": setup.effective_batch, "tokens": tokens},
+        setup={**given.to_dict(), "effective_batch": given.effective_batch, "tokens": tokens},
         model=_model_json(spec, model_meta),
         paged_bytes=states.opt.paged_bytes,
         cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,
@@ -337,6 +338,43 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
             "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments],
         },
     )
+
+
+def _row_shape(setup: TrainingSetup) -> TrainingSetup:
+    """The shape the layers see: padding-free flattens the batch to one row of batch × seq tokens (TRL's
+    ``padding_free``, transformers' DataCollatorWithFlattening, data/data_collator.py:1261-1290)."""
+    if setup.packing != "padding-free" or setup.batch == 1:
+        return setup
+    return setup.with_(batch=1, seq=setup.batch * setup.seq)
+
+
+def _packed_mask(spec: ModelSpec, setup: TrainingSetup) -> bool:
+    """Packed or padding-free rows under SDPA: position_ids that restart per document and no attention mask
+    make transformers find the documents (masking_utils.py:862-870, ``find_packed_sequence_indices``) and
+    build a block-diagonal mask, never ``is_causal`` (masking_utils.py:990-1002: ``allow_is_causal_skip =
+    False``); with a mask SDPA cannot run flash (activations.masked_sdpa_kind). flash-attn takes the varlen
+    path instead (modeling_flash_attention_utils.py:564, ``_is_packed_sequence``): no mask, memory per token."""
+    return setup.packing != "none" and setup.attention == "sdpa" and not spec.sdpa_fallback
+
+
+def _masked_layers(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """Layers whose SDPA gets a mask: every one for packed rows, else the sliding / windowed ones."""
+    return spec.num_layers if _packed_mask(spec, setup) else sdpa_masked_layers(spec, setup)
+
+
+def _packing_steps(spec: ModelSpec, given: TrainingSetup, shaped: TrainingSetup) -> list[Step]:
+    """Which sequence length sets the peak: the row the attention spans (``seq``; batch × seq padding-free)."""
+    if given.packing == "none":
+        return []
+    kernel = "sdpa_masked" if _packed_mask(spec, shaped) else shaped.attention
+    return [
+        Step(
+            "setup.packing",
+            "{rows} × {row} tokens, attention over {row} ({kernel})",
+            None,
+            {"packing": given.packing, "rows": shaped.batch, "row": shaped.seq, "kernel": kernel},
+        )
+    ]
 
 
 def _precision_step(setup: TrainingSetup, source: str) -> Step:
@@ -484,7 +522,7 @@ def _run_activations(
     per_layer = layer_activations(spec, setup, dt, group=run, **kw)
     full_layer_bytes = tokens * per_layer.bytes_per_token + per_layer.constant_bytes
     mean_layer_bytes = full_layer_bytes
-    masked = sdpa_masked_layers(spec, setup)
+    masked = _masked_layers(spec, setup)
     if masked:  # layers whose SDPA gets a mask run another kernel (activations.sdpa_masked_layers)
         # NOTE: each run is given the model's share of masked layers: exact when the model is one run (every
         # family with masked layers today); a model with several runs and masked layers gets their mean
@@ -771,6 +809,8 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("grad_accum_keeps_grads")
     if setup.checkpointing and setup.offload_activations:
         notes.append("activations_offloaded")
+    if setup.packing != "none":
+        notes.append("packing_modelled")
     notes += _loss_notes(setup)
     if setup.method == "qlora" and any(lin.role == "expert" and not lin.quantized_by_bnb for lin in spec.layer_linears):
         # transformers 5 stores MoE experts as fused 3-D parameters; its bitsandbytes integration replaces

@@ -51,6 +51,7 @@ REPORT_NOTES = (
     "loss_assumed_hf",
     "loss_modelled",
     "seq_beyond_max_positions",
+    "packing_modelled",
 )
 #: Width of the component-label column.
 WIDTH = 44

@@ -425,6 +425,18 @@ _SETUP: tuple[Field, ...] = (
         False,
         flags=_flag("offload_activations"),
     ),
+    # how a batch is laid out: padded rows (``none``: each row ``seq`` tokens, the longest of the batch under
+    # dynamic padding), ``packed`` rows of exactly ``seq`` tokens holding several documents, or
+    # ``padding-free`` (one row of batch × seq tokens): TRL ``packing`` / ``padding_free``, axolotl
+    # ``sample_packing``; documents told apart by position_ids (transformers 5.24 masking_utils.py:862-870)
+    _choice(
+        "packing",
+        "setup",
+        _TRAINING + ("from-config",),
+        "none",
+        ("none", "packed", "padding-free"),
+        flags=_flag("packing"),
+    ),
 )
 
 _GPUS: tuple[Field, ...] = (

@@ -28,6 +28,7 @@ Optimizer = Literal[
 OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Attention = Literal["eager", "sdpa", "flash"]
 Quant = Literal["nf4", "fp4"]
+Packing = Literal["none", "packed", "padding-free"]
 ComputeDtype = Literal["bf16", "fp16", "fp32"]
 Shard = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid"]
 Offload = Literal["none", "optimizer", "parameters", "both"]
@@ -94,6 +95,9 @@ class TrainingSetup:
         offload_activations: with ``checkpointing``, the checkpointed layers' inputs wait in pinned host
             memory and come back for backward (transformers' ``offload=True``, torchtune's
             ``enable_activation_offloading``).
+        packing: ``none`` (padded rows of ``seq`` tokens), ``packed`` (rows of exactly ``seq`` tokens holding
+            several documents) or ``padding-free`` (the batch flattened to one row of batch × seq tokens);
+            documents are told apart by position_ids, so SDPA gets a block-diagonal mask.
         gpus: data-parallel world size × tp × pp (total GPUs); memory is reported per GPU.
         shard: ``none`` (one GPU), ``ddp``, DeepSpeed ``zero1``/``zero2``/``zero3``, ``fsdp``
             (full sharding), ``fsdp-hybrid`` (shard within a node, replicate across nodes).
@@ -129,6 +133,7 @@ class TrainingSetup:
     loss_chunks: int = _D["loss_chunks"]
     checkpoint_every: int = _D["checkpoint_every"]
     offload_activations: bool = _D["offload_activations"]
+    packing: Packing = _D["packing"]
     gpus: int = _D["gpus"]
     shard: Shard = _D["shard"]
     offload: Offload = _D["offload"]

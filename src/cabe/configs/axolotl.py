@@ -14,7 +14,6 @@ FORMAT = "axolotl"
 TITLE = "axolotl config"
 
 NOT_MODELED = {
-    "sample_packing",
     "unsloth_lora_mlp",
     "unsloth_lora_qkv",
     "unsloth_lora_o",
@@ -234,4 +233,8 @@ HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = 
     "gradient_checkpointing": _gradient_checkpointing,
     "activation_offloading": _activation_offloading,
     "gradient_checkpointing_kwargs": _checkpointing_kwargs,
+    # multipack: rows of sequence_len holding several samples, told apart by position_ids
+    "sample_packing": lambda c, key, value, data: (
+        c.set("packing", "packed", key) if _checkpointing(value, key) else c.use(key)
+    ),
 }

@@ -182,6 +182,19 @@ def _checkpointing_kwargs(c: Collector, key: str, value: Any, all_: Mapping[str,
             c.ignore(name, "not_modeled" if k == "use_reentrant" else "no_effect")
 
 
+def _packing(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> None:
+    """TRL's SFTConfig ``packing`` (rows of max_length holding several documents) and ``padding_free`` (the
+    batch flattened to one row, documents told apart by position_ids); padding-free decides when both are on,
+    and TRL's default ``packing_strategy="bfd"`` turns it on (cabe/data/recipes/trl-sft.json, padding)."""
+    on = _base.as_bool(value, key)
+    bfd = str(all_.get("packing_strategy") or "bfd") == "bfd"
+    free = key == "padding_free" or bfd or _base.as_bool(all_.get("padding_free") or False, "padding_free")
+    if on:
+        c.set("packing", "padding-free" if free else "packed", key)
+    else:
+        c.use(key)
+
+
 def _gpus(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> None:
     if _base.as_int(value, key) > 1:
         c.set("gpus", _base.as_int(value, key), key)
@@ -242,6 +255,9 @@ HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = 
     "fsdp_config": _fsdp_config,
     "world_size": _gpus,
     "activation_checkpointing_kwargs": _checkpointing_kwargs,
+    "packing": _packing,
+    "padding_free": _packing,
+    "packing_strategy": lambda c, key, value, all_: c.use(key),  # read with packing
     "gradient_checkpointing_kwargs": _checkpointing_kwargs,
     "n_gpu": _gpus,
 }

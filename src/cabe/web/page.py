@@ -38,7 +38,7 @@ FIELDSETS = (
     ),
     ("web.plan.group_lora", ("lora_rank", "lora_alpha", "lora_targets", "quant", "double_quant")),
     # the trainer's recipe and loss kernel, and the memory savers (issue 11)
-    ("web.plan.group_recipe", ("recipe", "loss", "loss_chunks", "checkpoint_every", "offload_activations")),
+    ("web.plan.group_recipe", ("recipe", "loss", "loss_chunks", "checkpoint_every", "offload_activations", "packing")),
 )
 PLAN_FIELDS = ("model",) + tuple(n for _, names in FIELDSETS for n in names) + ("gpu",)
 UNITS = schema.field("units", "api.estimate")
