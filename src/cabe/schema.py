@@ -424,6 +424,7 @@ _SETUP: tuple[Field, ...] = (
         _TRAINING + ("from-config",),
         False,
         flags=_flag("offload_activations"),
+        negatable=True,  # a recipe (unsloth) turns it on: --no-offload-activations turns it off
     ),
     # how a batch is laid out: padded rows (``none``: each row ``seq`` tokens, the longest of the batch under
     # dynamic padding), ``packed`` rows of exactly ``seq`` tokens holding several documents, or
