@@ -9,8 +9,8 @@ configurations nobody chose.
     .venv/bin/python benchmarks/differential/run.py -n 20 --models gpt-oss-20b,starcoderbase-1b  # a filtered sample
 
 A sampler draws every knob of a training request (method, dtype and autocast — or the precision shorthand —, optimizer and its implementation,
-checkpointing, attention, batch, sequence, LoRA rank and targets, DoRA and LoRA dropout, freeze depth, prompt
-tokens, loss kernel, accumulation, QLoRA's quantization) and a model of every family — up to 8B, and a share at 70B. Each
+checkpointing (selective, offloaded), attention, batch, sequence, LoRA rank and targets, DoRA and LoRA dropout,
+freeze depth, prompt tokens, loss kernel, accumulation, QLoRA's quantization) and a model of every family — up to 8B, and a share at 70B. Each
 configuration cabe refuses (a typed error) is drawn again; each the trace cannot run is recorded as such,
 never hidden. The seed is printed first and is new on every run unless given.
 
@@ -152,6 +152,12 @@ def sample(rng: random.Random, *, small: bool = False, models: list[str] | None 
             kw["galore_rank"] = orng.choice([8, 32, 128, 256])
             kw["galore_targets"] = orng.choice([("attn", "mlp"), ("all-linear",), ("q_proj", "v_proj", "down_proj")])
     _adapter_variants(model, kw)
+    if kw["checkpointing"]:  # the savers (selective checkpointing, offloading), from their own generator too
+        srng = random.Random(f"savers {model} {sorted(kw.items())}")
+        if srng.random() < 0.3:
+            kw["checkpoint_every"] = srng.choice([2, 3, 4])
+        if srng.random() < 0.25:
+            kw["offload_activations"] = True
     return model, kw
 
 
@@ -197,6 +203,10 @@ def _variants(spec: Any, kw: dict[str, Any]) -> dict[str, tuple[dict[str, Any], 
     out: dict[str, tuple[dict[str, Any], str]] = {}
     if not kw.get("checkpointing"):
         out["checkpointing_raises"] = ({**kw, "checkpointing": True}, "down")
+    if kw.get("checkpoint_every", 1) > 1:  # checkpointing every layer keeps less
+        out["all_layers_checkpointed_raises"] = ({**kw, "checkpoint_every": 1}, "down")
+    if kw.get("offload_activations"):  # keeping the inputs on the device holds more
+        out["no_offload_lowers"] = ({**kw, "offload_activations": False}, "up")
     out["batch_lowers"] = ({**kw, "batch": kw["batch"] * 2}, "up")
     if kw["seq"] * 2 <= (spec.max_positions or 1 << 20):
         out["seq_lowers"] = ({**kw, "seq": kw["seq"] * 2}, "up")

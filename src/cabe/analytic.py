@@ -273,7 +273,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
             "out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0, maximum=spec.num_layers
         )
     source = dtype_source(setup, spec.dtype)
-    given = setup.optimizer_given  # an HF Trainer optim name, echoed beside the registry's
+    optimizer_given = setup.optimizer_given  # an HF Trainer optim name, echoed beside the registry's
     setup = resolve(setup, spec.dtype)  # dtype="auto": the checkpoint's, as transformers 5 loads it
     if setup.dtype == "fp16" and setup.autocast == "fp16" and setup.method in ("full", "freeze"):
         # torch.amp.GradScaler.unscale_ refuses fp16 gradients ("Attempting to unscale FP16 gradients"):
@@ -286,6 +286,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         raise InvalidValueError("flash_needs_16bit", "attention", value="flash", dtype=setup.dtype)
     dt = dtypes_for(setup)
     states = _model_states(spec, setup)
+    given, setup = setup, _row_shape(setup)  # padding-free: the batch as one row (the report keeps the request)
     act = _layer_activations(spec, setup, dt)
     copies = _weight_copies(spec, setup, dt)
     head = head_activations(spec, setup, dt)
@@ -314,7 +315,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         components.setdefault(k, 0)
     total = sum(components.values())
     tokens = act.tokens
-    steps = [_precision_step(setup, source)]
+    steps = [_precision_step(setup, source)] + _packing_steps(spec, given, setup)
     steps += _explain_model(spec, setup, dt, states, act, copies_fwd, head, peak, total)
     return Report(
         mode="architecture",
@@ -326,9 +327,9 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         phase_peaks=phase_peaks,
         steps=tuple(steps),
         setup={
-            **setup.to_dict(),
-            "optimizer_given": given,
-            "effective_batch": setup.effective_batch,
+            **given.to_dict(),
+            "optimizer_given": optimizer_given,
+            "effective_batch": given.effective_batch,
             "tokens": tokens,
         },
         model=_model_json(spec, model_meta),
@@ -341,10 +342,48 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         extra={
             "peak_at": peak.where,
             "loss": _recipe_json(setup),
+            **_host_json(spec, act),
             **({"distributed": shard_info} if shard_info else {}),
             "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments],
         },
     )
+
+
+def _row_shape(setup: TrainingSetup) -> TrainingSetup:
+    """The shape the layers see: padding-free flattens the batch to one row of batch × seq tokens (TRL's
+    ``padding_free``, transformers' DataCollatorWithFlattening, data/data_collator.py:1261-1290)."""
+    if setup.packing != "padding-free" or setup.batch == 1:
+        return setup
+    return setup.with_(batch=1, seq=setup.batch * setup.seq)
+
+
+def _packed_mask(spec: ModelSpec, setup: TrainingSetup) -> bool:
+    """Packed or padding-free rows under SDPA: position_ids that restart per document and no attention mask
+    make transformers find the documents (masking_utils.py:862-870, ``find_packed_sequence_indices``) and
+    build a block-diagonal mask, never ``is_causal`` (masking_utils.py:990-1002: ``allow_is_causal_skip =
+    False``); with a mask SDPA cannot run flash (activations.masked_sdpa_kind). flash-attn takes the varlen
+    path instead (modeling_flash_attention_utils.py:564, ``_is_packed_sequence``): no mask, memory per token."""
+    return setup.packing != "none" and setup.attention == "sdpa" and not spec.sdpa_fallback
+
+
+def _masked_layers(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """Layers whose SDPA gets a mask: every one for packed rows, else the sliding / windowed ones."""
+    return spec.num_layers if _packed_mask(spec, setup) else sdpa_masked_layers(spec, setup)
+
+
+def _packing_steps(spec: ModelSpec, given: TrainingSetup, shaped: TrainingSetup) -> list[Step]:
+    """Which sequence length sets the peak: the row the attention spans (``seq``; batch × seq padding-free)."""
+    if given.packing == "none":
+        return []
+    kernel = "sdpa_masked" if _packed_mask(spec, shaped) else shaped.attention
+    return [
+        Step(
+            "setup.packing",
+            "{rows} × {row} tokens, attention over {row} ({kernel})",
+            None,
+            {"packing": given.packing, "rows": shaped.batch, "row": shaped.seq, "kernel": kernel},
+        )
+    ]
 
 
 def _precision_step(setup: TrainingSetup, source: str) -> Step:
@@ -366,6 +405,7 @@ class _RunActivations:
     per_layer: LayerActivations
     full_layer_bytes: int  # what one layer saves without checkpointing
     saved_layer_bytes: int  # what it keeps through the forward (its input, under checkpointing)
+    plain_layer_bytes: int = 0  # what a layer left out of selective checkpointing keeps (its full activations)
 
 
 @dataclass(frozen=True)
@@ -376,16 +416,57 @@ class _Activations:
     runs: tuple[_RunActivations, ...]  # the gradient's path, bottom first (the top run alone when empty)
     rotary: int  # cos and sin tables, shared by every layer
     grad_layers: int
+    first: int = 0  # the model's index of the gradient path's bottom layer
+    every: int = 0  # checkpointing: every ``every``-th layer is checkpointed (1: all; 0: no checkpointing)
+    offload: bool = False  # the checkpointed layers' inputs wait on the host
 
     @property
     def per_layer(self) -> LayerActivations:
         """The top run's layer: the one figure of a model whose layers are alike."""
         return self.runs[-1].per_layer
 
+    def pieces(self) -> list[tuple[_RunActivations, int, bool]]:
+        """The gradient's path, bottom first, as (run, layers, checkpointed) pieces: under selective
+        checkpointing transformers checkpoints the layers whose index is a multiple of ``every``
+        (transformers 5.24 modeling_utils.py:3245-3247, ``layer_index % every_n_layers == 0``)."""
+        out: list[tuple[_RunActivations, int, bool]] = []
+        i = self.first
+        for r in self.runs:
+            for _ in range(r.count):
+                ckpt = self.checkpointed(i)
+                if out and out[-1][0] is r and out[-1][2] == ckpt:
+                    out[-1] = (r, out[-1][1] + 1, ckpt)
+                else:
+                    out.append((r, 1, ckpt))
+                i += 1
+        return out
+
+    def checkpointed(self, i: int) -> bool:
+        """Whether the model's layer ``i`` (from the bottom) is checkpointed."""
+        return self.every > 0 and i % self.every == 0
+
+    def kept(self, r: _RunActivations, ckpt: bool) -> int:
+        """What one layer keeps on the device through the forward: its input when checkpointed (nothing when
+        that input is offloaded), its full activations when left out of selective checkpointing."""
+        if not ckpt:
+            return r.plain_layer_bytes
+        return 0 if self.offload else r.saved_layer_bytes
+
     @property
     def saved_bytes(self) -> int:
-        """What every layer of the gradient's path keeps through the forward."""
-        return sum(r.count * r.saved_layer_bytes for r in self.runs)
+        """What every layer of the gradient's path keeps through the forward (on the device)."""
+        return sum(n * self.kept(r, ckpt) for r, n, ckpt in self.pieces())
+
+    @property
+    def checkpointed_layers(self) -> int:
+        """Layers of the gradient's path that are checkpointed."""
+        return sum(n for _, n, ckpt in self.pieces() if ckpt)
+
+    def offloaded_bytes(self, layers: int) -> int:
+        """Host bytes of the inputs of the checkpointed layers among the model's ``layers`` (offloading)."""
+        if not self.offload:
+            return 0
+        return sum(1 for i in range(layers) if self.checkpointed(i)) * self.runs[-1].saved_layer_bytes
 
     @property
     def saved_layer_bytes(self) -> int:
@@ -420,7 +501,16 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
     # cos and sin tables, (1, s, rotary_dim) in the residual dtype, shared by every layer
     seq_total = tokens // setup.batch
     rotary = 2 * seq_total * spec.rotary_dim * dt.residual if spec.position == "rotary" else 0
-    return _Activations(tokens, runs, rotary, grad_layers)
+    ckpt = setup.checkpointing
+    return _Activations(
+        tokens,
+        runs,
+        rotary,
+        grad_layers,
+        first=layers - grad_layers,
+        every=setup.checkpoint_every if ckpt else 0,
+        offload=ckpt and setup.offload_activations,
+    )
 
 
 def _kind(run: LayerGroup) -> tuple[Any, ...]:
@@ -441,7 +531,7 @@ def _run_activations(
     per_layer = layer_activations(spec, setup, dt, group=run, **kw)
     full_layer_bytes = tokens * per_layer.bytes_per_token + per_layer.constant_bytes
     mean_layer_bytes = full_layer_bytes
-    masked = sdpa_masked_layers(spec, setup)
+    masked = _masked_layers(spec, setup)
     if masked:  # layers whose SDPA gets a mask run another kernel (activations.sdpa_masked_layers)
         # NOTE: each run is given the model's share of masked layers: exact when the model is one run (every
         # family with masked layers today); a model with several runs and masked layers gets their mean
@@ -456,7 +546,7 @@ def _run_activations(
         saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
     else:
         saved_layer_bytes = mean_layer_bytes
-    return _RunActivations(run, count, per_layer, full_layer_bytes, saved_layer_bytes)
+    return _RunActivations(run, count, per_layer, full_layer_bytes, saved_layer_bytes, mean_layer_bytes)
 
 
 @dataclass(frozen=True)
@@ -592,15 +682,15 @@ def _step_parts(
     tokens, grad_layers = act.tokens, act.grad_layers
     grads_head = _grad_bytes(states, lambda t: t.kind == "lm_head" or t.name == "final_norm")
     grads_layer = states.grads - grads_head - _grad_bytes(states, lambda t: t.kind in ("embedding", "prompt"))
-    kinds: dict[tuple[Any, ...], LayerRun] = {}  # per kind of layer, as in _layer_activations
-    for r in act.runs:
-        if r.count and _kind(r.group) not in kinds:
-            kinds[_kind(r.group)] = _layer_run(spec, setup, states, act, r)
+    kinds: dict[tuple[Any, ...], LayerRun] = {}  # per kind of layer (and checkpointed or not)
+    for r, _, ck in act.pieces():
+        if (_kind(r.group), ck) not in kinds:
+            kinds[(_kind(r.group), ck)] = _layer_run(spec, setup, states, act, r, ck)
     ckpt_cached = setup.checkpointing and copies.trained_layers
+    # under selective checkpointing, runs of checkpointed and of plain layers alternate
     runs = tuple(
-        replace(kinds[_kind(r.group)], count=r.count, cached_count=r.count if ckpt_cached else 0)
-        for r in act.runs
-        if r.count
+        replace(kinds[(_kind(r.group), ck)], count=n, cached_count=n if ckpt_cached and ck else 0)
+        for r, n, ck in act.pieces()
     )
 
     def mean(of: Callable[[LayerRun], int]) -> int:  # a per-layer figure (exact when the layers are alike)
@@ -623,7 +713,7 @@ def _step_parts(
         copies_cached_layer=mean(lambda r: r.copies_cached) if runs else (copies.cached if ckpt else 0),
         cached_layers=copies.trained_layers if ckpt else 0,
         copies_recompute=mean(lambda r: r.copies_recompute),
-        frozen_inputs=(spec.num_layers - grad_layers) * act.saved_layer_bytes if ckpt else 0,
+        frozen_inputs=(_frozen_inputs(spec, setup, dt, act) + _offload_leaf(spec, dt, states, act)) if ckpt else 0,
         saved_layer=act.saved_layer_bytes,
         recompute_layer=act.mean(lambda r: r.full_layer_bytes) if ckpt else 0,
         workspace_layer=act.mean(lambda r: tokens * r.per_layer.backward_workspace_per_token),
@@ -662,11 +752,38 @@ def _step_parts(
     )
 
 
+def _frozen_inputs(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, act: _Activations) -> int:
+    """Checkpointing: what the layers below the gradient's path (freeze's frozen bottom) keep on the device.
+
+    transformers' checkpointing makes the embeddings' output require grad (modeling_utils.py:3189-3198,
+    ``enable_input_require_grads``), so every frozen layer is in autograd's graph: a checkpointed one keeps
+    its input (none on the device when offloaded), one left out of selective checkpointing keeps what a
+    layer with frozen weights saves."""
+    ckpt = sum(1 for i in range(act.first) if act.checkpointed(i))
+    plain = act.first - ckpt
+    kept = 0 if act.offload else ckpt * act.runs[0].saved_layer_bytes
+    if plain:
+        # NOTE: the bottom run's layer stands for every frozen one (exact when the layers are alike)
+        kept += plain * _run_activations(spec, setup, dt, spec.runs[0], 0, act.tokens, False).plain_layer_bytes
+    return kept
+
+
+def _offload_leaf(spec: ModelSpec, dt: Dtypes, states: _States, act: _Activations) -> int:
+    """Offloading with frozen embeddings: their output stays on the device though layer 0's saved copy is on
+    the host. ``enable_input_require_grads`` makes it a leaf that requires grad (transformers 5.24
+    modeling_utils.py:2153-2154, ``make_inputs_require_grads``: ``output.requires_grad_(True)``), and the leaf's
+    ``AccumulateGrad`` node holds it until backward reaches it (torch/csrc/autograd/functions/accumulate_grad.h,
+    ``variable``). (Under checkpointing without offloading it is layer 0's saved input, counted there.)"""
+    if not act.offload or _grad_bytes(states, lambda t: t.kind == "embedding"):
+        return 0
+    return act.tokens * dt.residual * spec.hidden_size
+
+
 def _layer_run(
-    spec: ModelSpec, setup: TrainingSetup, states: _States, act: _Activations, r: _RunActivations
+    spec: ModelSpec, setup: TrainingSetup, states: _States, act: _Activations, r: _RunActivations, ckpt: bool
 ) -> LayerRun:
-    """One run of like layers in the gradient's path: its per-layer gradients, copies and saved tensors."""
-    ckpt = setup.checkpointing
+    """One run of like layers in the gradient's path: its per-layer gradients, copies and saved tensors
+    (``ckpt``: the layers are checkpointed)."""
     c = _weight_copies(spec, setup, dtypes_for(setup), r.group)
     trained = setup.method in ("full", "freeze")
     per_role: dict[str, int] = {}
@@ -679,8 +796,10 @@ def _layer_run(
         count=r.count,
         grads=grads,
         copies=0 if ckpt else c.layer,
-        saved=r.saved_layer_bytes,
-        recompute=r.full_layer_bytes if ckpt else 0,
+        saved=act.kept(r, ckpt),
+        # offloaded: the layer's input comes back from the host (a new device tensor: torch/autograd/graph.py,
+        # save_on_cpu.unpack_from_cpu ``tensor.to(device)``) while the layer is recomputed
+        recompute=(r.full_layer_bytes + (r.saved_layer_bytes if act.offload else 0)) if ckpt else 0,
         # checkpointing recomputes each layer's forward in backward: DoRA's weight norms run again there
         workspace=max(
             act.tokens * r.per_layer.backward_workspace_per_token, r.per_layer.dora_norm_bytes if ckpt else 0
@@ -715,6 +834,10 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("optimizer_layerwise")
     if setup.grad_accum > 1:
         notes.append("grad_accum_keeps_grads")
+    if setup.checkpointing and setup.offload_activations:
+        notes.append("activations_offloaded")
+    if setup.packing != "none":
+        notes.append("packing_modelled")
     notes += _loss_notes(setup)
     if setup.dora and setup.method == "qlora":
         notes.append("dora_qlora_modelled")  # the trace cannot dequantize its meta 4-bit weights
@@ -745,6 +868,15 @@ def _loss_notes(setup: TrainingSetup) -> list[str]:
         if recipes.unmodelled(setup.recipe):
             notes.append("recipe_unmodelled")
     return notes
+
+
+def _host_json(spec: ModelSpec, act: _Activations) -> dict[str, Any]:
+    """Activation offloading: the host RAM the offloaded inputs take, all of it pinned (page-locked:
+    ``save_on_cpu(pin_memory=True)``, torch/autograd/graph.py:400-414), held from forward to backward."""
+    host = act.offloaded_bytes(spec.num_layers)
+    if not host:
+        return {}
+    return {"host": {"offloaded_activations_bytes": host, "pinned_bytes": host}}
 
 
 def _recipe_json(setup: TrainingSetup) -> dict[str, Any]:
@@ -917,6 +1049,30 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
     return steps
 
 
+def _checkpointed_steps(spec: ModelSpec, dt: Dtypes, act: _Activations) -> list[Step]:
+    """Checkpointing: the inputs the checkpointed layers keep (on the host when offloaded) and, under
+    selective checkpointing, the full activations of the layers left out."""
+    ckpt_layers = act.checkpointed_layers
+    inputs = sum(n * r.saved_layer_bytes for r, n, ck in act.pieces() if ck)
+    params = {"layers": ckpt_layers, "tokens": act.tokens, "rho": dt.residual, "h": spec.hidden_size}
+    formula = "{layers} × {tokens} tokens × {rho}·{h} = {bytes} B = {gib} GiB"
+    code = "activations.offloaded" if act.offload else "activations.checkpointed"
+    steps = [Step(code, formula, 0 if act.offload else inputs, {**params, "bytes": inputs, "gib": inputs / GiB})]
+    plain = [(r, n) for r, n, ck in act.pieces() if not ck]
+    if plain:
+        layers = sum(n for _, n in plain)
+        kept = sum(n * r.plain_layer_bytes for r, n in plain)
+        steps.append(
+            Step(
+                "activations.selective",
+                "{layers} × {per_layer} B = {bytes} B = {gib} GiB",
+                kept,
+                {"layers": layers, "every": act.every, "per_layer": kept // layers, "bytes": kept, "gib": kept / GiB},
+            )
+        )
+    return steps
+
+
 def _per_layer_step(per_layer: LayerActivations, layers: int | None) -> Step:
     """The saved tensors of one layer, term by term (``layers``: how many such layers, when they differ)."""
     return Step(
@@ -947,21 +1103,7 @@ def _explain_activations(
     sfx = [""] if len(kinds) == 1 else [f"_{i}" for i in range(len(kinds))]
     steps = [_per_layer_step(per_layer, count if len(kinds) > 1 else None) for per_layer, count in kinds.items()]
     if setup.checkpointing:
-        steps.append(
-            Step(
-                "activations.checkpointed",
-                "{layers} × {tokens} tokens × {rho}·{h} = {bytes} B = {gib} GiB",
-                saved,
-                {
-                    "layers": grad_layers,
-                    "tokens": tokens,
-                    "rho": dt.residual,
-                    "h": spec.hidden_size,
-                    "bytes": saved,
-                    "gib": saved / GiB,
-                },
-            )
-        )
+        steps += _checkpointed_steps(spec, dt, act)
     else:
         terms = " + ".join(f"{{layers{x}}} × {{tokens}} tokens × {{per_token{x}}} B" for x in sfx)
         per_kind = {f"layers{x}": n for x, n in zip(sfx, kinds.values())}

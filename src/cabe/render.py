@@ -22,6 +22,8 @@ def format_report(report: Report, *, lang: str = "en", units: str = "GB", explai
     lines += _components(report, lang, units)
     lines += _beside_peak(report, lang, units)
     lines += _distributed(report, lang, units)
+    if (host := report.extra.get("host")) and host.get("offloaded_activations_bytes"):
+        lines.append(fill(t("ui.host_offload", lang), {"host": fmt_bytes(host["pinned_bytes"], lang, units)}, lang))
     if report.paged_bytes:
         lines.append(fill(t("ui.paged", lang), {"paged": fmt_bytes(report.paged_bytes, lang, units)}, lang))
     lines += _lesson(report, lang)
@@ -53,6 +55,7 @@ REPORT_NOTES = (
     "loss_assumed_hf",
     "loss_modelled",
     "seq_beyond_max_positions",
+    "packing_modelled",
 )
 #: Width of the component-label column.
 WIDTH = 44

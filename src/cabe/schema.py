@@ -429,6 +429,44 @@ _SETUP: tuple[Field, ...] = (
         methods=("lora", "qlora"),
         flags=_flag("lora_dropout"),
     ),
+    # ---- memory savers (issue 11) ----
+    # selective checkpointing: with ``checkpointing``, only every k-th decoder layer is checkpointed
+    # (transformers 5.24 modeling_utils.py:3246, ``layer_index % every_n_layers == 0``; torchtune's
+    # ``ac_mode: selective`` / ``ac_option: k``, torchtune/training/activations.py:44-47)
+    _int(
+        "checkpoint_every",
+        "setup",
+        _TRAINING + ("from-config",),
+        1,
+        1,
+        MAX_LAYERS,
+        unit="layers",
+        flags=_flag("checkpoint_every"),
+    ),
+    # activation offloading: saved activations in pinned host memory, back for backward
+    # (transformers 5.24 modeling_utils.py:3161-3167, ``save_on_cpu(pin_memory=True)`` around each checkpoint;
+    # torchtune's OffloadActivations, torchtune/training/_activation_offloading.py)
+    Field(
+        "offload_activations",
+        bool,
+        "setup",
+        _TRAINING + ("from-config",),
+        False,
+        flags=_flag("offload_activations"),
+        negatable=True,  # a recipe (unsloth) turns it on: --no-offload-activations turns it off
+    ),
+    # how a batch is laid out: padded rows (``none``: each row ``seq`` tokens, the longest of the batch under
+    # dynamic padding), ``packed`` rows of exactly ``seq`` tokens holding several documents, or
+    # ``padding-free`` (one row of batch × seq tokens): TRL ``packing`` / ``padding_free``, axolotl
+    # ``sample_packing``; documents told apart by position_ids (transformers 5.24 masking_utils.py:862-870)
+    _choice(
+        "packing",
+        "setup",
+        _TRAINING + ("from-config",),
+        "none",
+        ("none", "packed", "padding-free"),
+        flags=_flag("packing"),
+    ),
 )
 
 _GPUS: tuple[Field, ...] = (

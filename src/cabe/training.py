@@ -28,6 +28,7 @@ Optimizer = str
 OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Attention = Literal["eager", "sdpa", "flash"]
 Quant = Literal["nf4", "fp4"]
+Packing = Literal["none", "packed", "padding-free"]
 ComputeDtype = Literal["bf16", "fp16", "fp32"]
 Shard = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid"]
 Offload = Literal["none", "optimizer", "parameters", "both"]
@@ -91,6 +92,14 @@ class TrainingSetup:
         loss_chunks: ``chunked``: how many pieces the logits are upcast in (torchtune's default 8).
         dora: PEFT's DoRA (``LoraConfig(use_dora=True)``): a trained magnitude vector per adapted module.
         lora_dropout: PEFT's ``lora_dropout``, the probability in [0, 1) of the ``nn.Dropout`` before lora_A.
+        checkpoint_every: with ``checkpointing``, checkpoint only every k-th decoder layer (the bottom one
+            first, as transformers' ``every_n_layers``); the others keep their activations. 1: every layer.
+        offload_activations: with ``checkpointing``, the checkpointed layers' inputs wait in pinned host
+            memory and come back for backward (transformers' ``offload=True``, torchtune's
+            ``enable_activation_offloading``).
+        packing: ``none`` (padded rows of ``seq`` tokens), ``packed`` (rows of exactly ``seq`` tokens holding
+            several documents) or ``padding-free`` (the batch flattened to one row of batch × seq tokens);
+            documents are told apart by position_ids, so SDPA gets a block-diagonal mask.
         gpus: data-parallel world size × tp × pp (total GPUs); memory is reported per GPU.
         shard: ``none`` (one GPU), ``ddp``, DeepSpeed ``zero1``/``zero2``/``zero3``, ``fsdp``
             (full sharding), ``fsdp-hybrid`` (shard within a node, replicate across nodes).
@@ -128,6 +137,9 @@ class TrainingSetup:
     galore_targets: tuple[str, ...] = _D["galore_targets"]
     dora: bool = _D["dora"]
     lora_dropout: float = _D["lora_dropout"]
+    checkpoint_every: int = _D["checkpoint_every"]
+    offload_activations: bool = _D["offload_activations"]
+    packing: Packing = _D["packing"]
     gpus: int = _D["gpus"]
     shard: Shard = _D["shard"]
     offload: Offload = _D["offload"]
@@ -266,8 +278,22 @@ def validate(setup: TrainingSetup) -> None:
             raise InvalidValueError("not_bool", f.name, value=getattr(setup, f.name))
     if setup.lora_dropout >= 1:  # nn.Dropout(p=1) zeroes lora_A's input: PEFT accepts it, nothing would train
         raise InvalidValueError("lora_dropout_not_below_one", "lora_dropout", value=setup.lora_dropout)
+    _check_savers(setup)
     if setup.method == "freeze" and setup.trainable_layers < 1:  # nothing would train: the trace refuses it too
         raise InvalidValueError("freeze_needs_layers", "trainable_layers", value=setup.trainable_layers)
+
+
+def _check_savers(setup: TrainingSetup) -> None:
+    """Selective checkpointing and activation offloading act on checkpointed layers, on one GPU."""
+    if setup.checkpoint_every > 1 and not setup.checkpointing:
+        raise InvalidValueError("savers_need_checkpointing", "checkpoint_every", value=setup.checkpoint_every)
+    if setup.offload_activations and not setup.checkpointing:
+        raise InvalidValueError("savers_need_checkpointing", "offload_activations", value=True)
+    if (setup.checkpoint_every > 1 or setup.offload_activations) and setup.distributed:
+        # NOTE: the per-GPU recount (cabe.parallel) works on one per-layer figure, not on the layer runs
+        raise InvalidValueError(
+            "savers_one_gpu", "checkpoint_every" if setup.checkpoint_every > 1 else "offload_activations"
+        )
 
 
 def _check_group(setup: TrainingSetup, group: str) -> None:

@@ -268,3 +268,40 @@ def test_upload_config_json(page, tmp_path):
     page.set_input_files("#config-file", str(bad))
     page.wait_for_timeout(300)
     assert page.inner_text("#upload-hint") == "That file is not valid JSON."
+
+
+def test_recipe_loss_and_savers_on_the_form(page):
+    """The recipe (with its empty "none" choice), the loss kernel and the savers: the page's figure is the
+    core's for the same request, and the loss follows the recipe (torchtune: chunked)."""
+    page.goto(page.base + "/?lang=en")
+    page.fill("#model", "llama-3.2-1b")
+    page.select_option("#method", "lora")
+    page.fill("#batch", "2")
+    page.fill("#seq", "1024")
+    assert page.locator("#recipe").input_value() == ""  # none given: a plain transformers loop
+    page.select_option("#recipe", "torchtune")
+    assert page.locator("#loss").input_value() == "chunked"  # the recipe's default follows
+    page.check("#checkpointing")
+    page.fill("#checkpoint_every", "3")
+    page.check("#offload_activations")
+    page.select_option("#gpu", "rtx-4090")
+    settle(page)
+    core = estimate_json(
+        {
+            "model": "llama-3.2-1b",
+            "method": "lora",
+            "batch": 2,
+            "seq": 1024,
+            "recipe": "torchtune",
+            "checkpointing": True,
+            "checkpoint_every": 3,
+            "offload_activations": True,
+            "gpu": "rtx-4090",
+        }
+    )
+    assert page.locator("#verdict").get_attribute("data-fits") == str(core["gpu"]["fits"]).lower()
+    shot(page, "planner-recipe-savers-en")
+    # offloading without checkpointing: the core's typed error, in words
+    page.uncheck("#checkpointing")
+    settle(page)
+    assert "checkpointing" in page.locator("#plan-results").inner_text().lower()

@@ -1,5 +1,5 @@
-"""``loss``, ``loss_chunks`` and ``recipe`` on the HTTP API (snake_case) and in OpenAPI. (The page's form lists
-its own fieldsets, web/page.py FIELDSETS: these are not on it yet.)"""
+"""``loss``, ``loss_chunks`` and ``recipe`` on the HTTP API (snake_case) and in OpenAPI. (The page's form has
+them too, with the savers: web/page.py FIELDSETS, tests/web/test_schema_agreement.py.)"""
 
 
 def test_api_takes_loss_and_recipe(client):

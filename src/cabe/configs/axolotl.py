@@ -14,7 +14,6 @@ FORMAT = "axolotl"
 TITLE = "axolotl config"
 
 NOT_MODELED = {
-    "sample_packing",
     "unsloth_lora_mlp",
     "unsloth_lora_qkv",
     "unsloth_lora_o",
@@ -25,6 +24,7 @@ NOT_MODELED = {
     "lora_modules_to_save",
     "gradient_checkpointing_kwargs",
     "activation_offloading",
+    "peft_use_dora",
     "lora_mlp_kernel",
     "lora_qkv_kernel",
     "lora_o_kernel",
@@ -117,6 +117,31 @@ def _checkpointing(value: Any, key: str) -> bool:
     return value if isinstance(value, bool) else str(value).lower() not in ("false", "no", "0")
 
 
+def _gradient_checkpointing(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    """``true``, or ``offload`` / ``unsloth``: checkpointing whose layer inputs go to the host (axolotl's
+    ``Unsloth_Offloaded_Gradient_Checkpointer``, src/axolotl/utils/gradient_checkpointing/__init__.py)."""
+    on = _checkpointing(value, key)
+    c.set("checkpointing", on, key)
+    if on and str(value).lower() in ("offload", "unsloth"):
+        c.set("offload_activations", True, key)
+
+
+def _activation_offloading(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    """``activation_offloading: true``: axolotl's ActivationOffloadingMixin (TRL's OffloadActivations around
+    checkpointed layers); modelled as the layers' inputs on the host."""
+    on = _checkpointing(value, key)
+    c.set("offload_activations", on, key)
+    if on:
+        c.set("checkpointing", True, key)
+
+
+def _checkpointing_kwargs(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    """``gradient_checkpointing_kwargs``: the Trainer's (every_n_layers, offload, use_reentrant)."""
+    from cabe.configs.training_args import HANDLERS as TA
+
+    TA["gradient_checkpointing_kwargs"](c, key, value, data)
+
+
 def _method(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
     c.set("method", _adapter(data), key)
 
@@ -183,7 +208,6 @@ FIELDS: dict[str, _base.Field] = {
     "sequence_len": ("seq", _base.as_int),
     "micro_batch_size": ("batch", _base.as_int),
     "gradient_accumulation_steps": ("grad_accum", _base.as_int),
-    "gradient_checkpointing": ("checkpointing", _checkpointing),  # "unsloth" / "offload" also checkpoint
 }
 #: On/off keys: the request field and its value when on.
 FLAGS: dict[str, _base.Flag] = {
@@ -210,4 +234,11 @@ HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = 
     "fsdp": lambda c, key, value, data: set_fsdp(c, key, value),
     "fsdp_version": lambda c, key, value, data: c.use(key),
     "fsdp_config": _fsdp_config,
+    "gradient_checkpointing": _gradient_checkpointing,
+    "activation_offloading": _activation_offloading,
+    "gradient_checkpointing_kwargs": _checkpointing_kwargs,
+    # multipack: rows of sequence_len holding several samples, told apart by position_ids
+    "sample_packing": lambda c, key, value, data: (
+        c.set("packing", "packed", key) if _checkpointing(value, key) else c.use(key)
+    ),
 }

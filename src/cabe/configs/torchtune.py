@@ -50,7 +50,6 @@ ATTN = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj
 MLP = ("gate_proj", "up_proj", "down_proj")
 DTYPES = {"bf16": "bf16", "fp32": "fp32", "fp16": "fp16"}
 NOT_MODELED = {
-    "enable_activation_offloading",
     "compile",
     "optimizer_in_bwd",
     "fsdp_reshard_after_forward",
@@ -79,6 +78,9 @@ def collect(data: Mapping[str, Any]) -> Collector:
     _model(c, data.get("model") or {})
     for key, value in data.items():
         if key == "model":
+            continue
+        if key == "ac_option":
+            _ac_option(c, key, value, data.get("ac_mode"))
             continue
         if c.convert(FIELDS, key, value):
             continue
@@ -184,6 +186,18 @@ FIELDS: dict[str, _base.Field] = {
 }
 
 
+def _ac_option(c: Collector, key: str, value: Any, mode: Any) -> None:
+    """``ac_mode: selective`` with ``ac_option: k``: every k-th layer checkpointed
+    (torchtune/training/activations.py:44-47). NOTE: torchtune counts from 1 (the k-th, 2k-th ... layer)
+    where transformers counts from 0 (the bottom layer first); cabe places them as transformers does."""
+    if mode != "selective":
+        c.ignore(key, "no_effect")  # read only under ac_mode: selective
+    elif str(value).isdigit():
+        c.set("checkpoint_every", max(1, int(value)), key)
+    else:
+        c.ignore(key, "not_modeled")  # "op": per-operator selective checkpointing
+
+
 #: Top-level keys that need more than a table entry.
 def _loss(c: Collector, key: str, value: Any) -> None:
     """``loss._component_``: CEWithChunkedOutputLoss (modules/loss/ce_chunked_output_loss.py) is cabe's
@@ -202,6 +216,8 @@ HANDLERS: dict[str, Callable[[Collector, str, Any], None]] = {
     "tokenizer": _tokenizer,
     "optimizer": _optimizer_block,
     "fsdp_cpu_offload": _cpu_offload,
+    "enable_activation_offloading": lambda c, key, value: c.set("offload_activations", _base.as_bool(value, key), key),
+    "ac_mode": lambda c, key, value: c.use(key),  # "full" / "selective": ac_option is read with it
 }
 
 

@@ -3,6 +3,7 @@ the YAML ``trl sft --config`` reads, which may also carry TRL's ``ModelConfig`` 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -152,6 +153,45 @@ def _fsdp_config(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) ->
             c.ignore(name, "not_modeled" if kk in FSDP_NOT_MODELED else "no_effect")
 
 
+def _checkpointing_kwargs(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> None:
+    """``activation_checkpointing_kwargs`` (or its old name ``gradient_checkpointing_kwargs``): the Trainer
+    pops ``every_n_layers`` and ``offload`` for ``activation_checkpointing_enable`` and passes the rest to
+    ``torch.utils.checkpoint`` (transformers 5.24 trainer.py:1503-1515)."""
+    if isinstance(value, str):  # the command line gives it as a JSON string
+        try:
+            value = json.loads(value)
+        except ValueError:
+            from cabe.errors import ConfigError
+
+            raise ConfigError("cfg_bad_value", key, value=value[:80], expected="a JSON object") from None
+    if not isinstance(value, Mapping):
+        _unmapped(c, key)
+        return
+    for k, v in value.items():
+        name = f"{key}.{k}"
+        if k == "every_n_layers":
+            c.set("checkpoint_every", _base.as_int(v, name), name)
+        elif k == "offload":
+            c.set("offload_activations", _base.as_bool(v, name), name)
+        elif k == "use_reentrant" and not _base.as_bool(v, name):
+            c.use(name)  # non-reentrant: what cabe models and traces
+        else:
+            c.ignore(name, "not_modeled" if k == "use_reentrant" else "no_effect")
+
+
+def _packing(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> None:
+    """TRL's SFTConfig ``packing`` (rows of max_length holding several documents) and ``padding_free`` (the
+    batch flattened to one row, documents told apart by position_ids); padding-free decides when both are on,
+    and TRL's default ``packing_strategy="bfd"`` turns it on (cabe/data/recipes/trl-sft.json, padding)."""
+    on = _base.as_bool(value, key)
+    bfd = str(all_.get("packing_strategy") or "bfd") == "bfd"
+    free = key == "padding_free" or bfd or _base.as_bool(all_.get("padding_free") or False, "padding_free")
+    if on:
+        c.set("packing", "padding-free" if free else "packed", key)
+    else:
+        c.use(key)
+
+
 def _gpus(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> None:
     if _base.as_int(value, key) > 1:
         c.set("gpus", _base.as_int(value, key), key)
@@ -215,6 +255,11 @@ HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = 
     "fsdp": lambda c, key, value, all_: set_fsdp(c, key, value),
     "fsdp_config": _fsdp_config,
     "world_size": _gpus,
+    "activation_checkpointing_kwargs": _checkpointing_kwargs,
+    "packing": _packing,
+    "padding_free": _packing,
+    "packing_strategy": lambda c, key, value, all_: c.use(key),  # read with packing
+    "gradient_checkpointing_kwargs": _checkpointing_kwargs,
     "n_gpu": _gpus,
 }
 

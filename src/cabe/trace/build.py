@@ -24,7 +24,6 @@ _DROP_KEYS = (
     "attn_implementation",
     "_attn_implementation",
 )
-_GC_KWARGS = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
 
 
 # ---- dependencies and config ------------------------------------------------------------
@@ -207,8 +206,24 @@ def _set_flash_dtype(model: Any, setup: TrainingSetup) -> None:
 
 def _full(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[str]) -> Any:
     if setup.checkpointing:
-        model.gradient_checkpointing_enable(**_GC_KWARGS)
+        _enable_checkpointing(model, setup)
     return model
+
+
+def _enable_checkpointing(model: Any, setup: TrainingSetup) -> None:
+    """Gradient checkpointing as transformers 5.24 applies it: non-reentrant ``torch.utils.checkpoint`` on
+    every ``checkpoint_every``-th decoder layer (modeling_utils.py:3221-3247, ``every_n_layers``: the layers
+    whose index is a multiple of it, the bottom one first), their saved inputs in pinned host memory with
+    ``offload_activations`` (modeling_utils.py:3161-3167: ``save_on_cpu(pin_memory=True)`` around each
+    checkpoint). torchtune wraps its layers the same way (non-reentrant ``checkpoint``,
+    torchtune/training/activations.py:19-57), but counts them from 1: its ``ac_option: k`` checkpoints the
+    k-th, 2k-th ... layer (activations.py:44-47)."""
+    # (the Trainer's call: trainer.py:1503-1515; gradient_checkpointing_enable is its deprecated alias)
+    model.activation_checkpointing_enable(
+        activation_checkpointing_kwargs={"use_reentrant": False},
+        every_n_layers=setup.checkpoint_every,
+        offload=setup.offload_activations,
+    )
 
 
 def _freeze(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[str]) -> Any:
@@ -220,7 +235,7 @@ def _freeze(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[
         for p in layer.parameters():
             p.requires_grad_(True)
     if setup.checkpointing:
-        model.gradient_checkpointing_enable(**_GC_KWARGS)
+        _enable_checkpointing(model, setup)
     return model
 
 
@@ -239,8 +254,10 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
             use_gradient_checkpointing=setup.checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
+        if setup.checkpointing and (setup.checkpoint_every > 1 or setup.offload_activations):
+            _enable_checkpointing(model, setup)  # PEFT enabled it on every layer, without offloading
     elif setup.checkpointing:
-        model.gradient_checkpointing_enable(**_GC_KWARGS)
+        _enable_checkpointing(model, setup)
         model.enable_input_require_grads()
     if setup.dora and setup.method == "qlora":
         # DoRA dequantizes each 4-bit weight in every forward (peft/utils/integrations.py,
@@ -293,7 +310,7 @@ def _prompt_tuning(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes
     from peft import PromptTuningConfig, get_peft_model
 
     if setup.checkpointing:
-        model.gradient_checkpointing_enable(**_GC_KWARGS)
+        _enable_checkpointing(model, setup)
         model.enable_input_require_grads()
     return get_peft_model(model, PromptTuningConfig(task_type=_peft_task(cfg), num_virtual_tokens=setup.prompt_tokens))
 

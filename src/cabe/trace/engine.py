@@ -262,7 +262,7 @@ def layer_inventory(config: dict[str, Any], setup: TrainingSetup, *, mode: str =
     setup = _check_setup(setup, config)
     import_deps(setup)
     if setup.checkpointing:
-        setup = setup.with_(checkpointing=False)
+        setup = setup.with_(checkpointing=False, checkpoint_every=1, offload_activations=False)
     kind = resolve_mode(mode, setup)
     if kind == "fake-subprocess":
         return _subprocess("inventory", config, setup, 1)["rows"]

@@ -37,6 +37,8 @@ FIELDSETS = (
         ("method", "dtype", "autocast", "optimizer", "batch", "seq", "grad_accum", "checkpointing", "attention"),
     ),
     ("web.plan.group_lora", ("lora_rank", "lora_alpha", "lora_targets", "quant", "double_quant")),
+    # the trainer's recipe and loss kernel, and the memory savers (issue 11)
+    ("web.plan.group_recipe", ("recipe", "loss", "loss_chunks", "checkpoint_every", "offload_activations", "packing")),
 )
 PLAN_FIELDS = ("model",) + tuple(n for _, names in FIELDSETS for n in names) + ("gpu",)
 UNITS = schema.field("units", "api.estimate")
@@ -80,8 +82,11 @@ def state(q: Mapping[str, str]) -> dict[str, str]:
     off once the form was submitted."""
     out = {k: str(q.get(k, SEED_DEFAULTS[k])) for k in SEED_DEFAULTS}
     given = {k: str(q[k]) for k in PLAN_FIELDS if k in q}
-    if ("model" in q or "method" in q) and "checkpointing" not in q:
-        given["checkpointing"] = ""
+    if "model" in q or "method" in q:  # a submitted form: its unchecked boxes are off
+        for k in PLAN_FIELDS:
+            f = _field(k)
+            if f.type is bool and not f.default and k not in q:
+                given[k] = ""
     resolved = {**EXAMPLE, **schema.resolve_defaults({**EXAMPLE, **given})}
     for k in PLAN_FIELDS:
         out[k] = given[k] if k in given else form_text(_field(k), resolved[k])
@@ -97,7 +102,9 @@ def dependent_defaults() -> dict[str, dict[str, Any]]:
     for name in PLAN_FIELDS:
         f = _field(name)
         for on in f.depends_on:
-            values = {v: form_text(f, schema.resolve_defaults({on: v})[name]) for v in _field(on).allowed() or ()}
+            # a field with no default (the recipe) also has the form's empty choice: none given
+            choices = (("",) if _field(on).default is None else ()) + tuple(_field(on).allowed() or ())
+            values = {v: form_text(f, schema.resolve_defaults({on: v})[name]) for v in choices}
             out[name] = {"depends_on": on, "values": values}
     return out
 
@@ -249,7 +256,9 @@ def _seed_view(s: Mapping[str, str], lang: str) -> dict[str, Any]:
 
 def _choice_labels(f: schema.Field, lang: str) -> list[tuple[str, str]]:
     prefix = "web." + f.name
-    return [(v, i18n.t(f"{prefix}.{v}", lang) if _has(f"{prefix}.{v}", lang) else v) for v in f.allowed() or ()]
+    # a field with no default (recipe, loss) starts with the empty choice: not given (``web.<name>.none``)
+    empty = [("", i18n.t(f"{prefix}.none", lang))] if f.default is None and _has(f"{prefix}.none", lang) else []
+    return empty + [(v, i18n.t(f"{prefix}.{v}", lang) if _has(f"{prefix}.{v}", lang) else v) for v in f.allowed() or ()]
 
 
 def widget(name: str, lang: str) -> dict[str, Any]:
