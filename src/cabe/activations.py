@@ -65,6 +65,9 @@ class LayerActivations:
     attention_workspace_per_token: int = 0
     # DoRA: the largest transient of one adapted module's weight norm, made in every forward (per layer)
     dora_norm_bytes: int = 0
+    # the block's backward transient while every saved tensor is still alive (the layer's MLP backward); the
+    # attention's own transient comes later, once the MLP's saved tensors are released (step.LayerRun)
+    mlp_workspace_per_token: int = 0
 
     @property
     def constant_bytes(self) -> int:
@@ -152,13 +155,14 @@ def layer_activations(
     fwd = _attention_forward_workspace(attn, a, nh, s)
     attn_bwd = max((4 + 2 * a) * nh * s if attn == "eager" else 0, _math_backward_workspace(attn, nh, s))
     mlp_saved = _freed_before_attention_backward(layer)
+    mlp_bwd = bwd  # the block's own backward transient, while every saved tensor is alive
     bwd = max(bwd, attn_bwd - mlp_saved)
     # flash and memory-efficient attention keep their philox seed and offset: two 512 B blocks
     rng = 2 * 512 if attn in ("flash", "efficient") else 0
     if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
         layer.constant += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
     return LayerActivations(
-        tuple(layer.terms), bwd, fwd, layer.constant, rng, mlp_saved, attn_bwd, layer.dora_norm_bytes
+        tuple(layer.terms), bwd, fwd, layer.constant, rng, mlp_saved, attn_bwd, layer.dora_norm_bytes, mlp_bwd
     )
 
 
@@ -707,7 +711,11 @@ def _attention_core(
     kv_saved = q if gqa else kv  # repeat_kv materialises the expanded keys and values
     add("attn.query", a * q, f"{a}·q")
     add("attn.key", a * kv_saved, f"{a}·{'q' if gqa else 'kv'}")
-    add("attn.value", a * kv_saved, f"{a}·{'q' if gqa else 'kv'}")
+    if fused_view and quantized and not gqa:
+        # QLoRA without autocast: v stays a view of the fused fp32 qkv output, which the second matmul saves
+        add("attn.value_fused_qkv", a * (q + 2 * kv), f"{a}·(q + 2·kv)")
+    else:
+        add("attn.value", a * kv_saved, f"{a}·{'q' if gqa else 'kv'}")
     if not spec.eager_softmax_fp32:  # NOTE: GPT-2's eager attention takes the softmax in the compute dtype
         sm = 4 if autocast else a  # ... but softmax is on autocast's fp32 list
         add("attn.softmax", sm * nh * s, f"{sm}·nh·s")

@@ -716,7 +716,7 @@ def _step_parts(
         frozen_inputs=(_frozen_inputs(spec, setup, dt, act) + _offload_leaf(spec, dt, states, act)) if ckpt else 0,
         saved_layer=act.saved_layer_bytes,
         recompute_layer=act.mean(lambda r: r.full_layer_bytes) if ckpt else 0,
-        workspace_layer=act.mean(lambda r: tokens * r.per_layer.backward_workspace_per_token),
+        workspace_layer=act.mean(lambda r: tokens * r.per_layer.mlp_workspace_per_token),
         forward_transient=max(r.per_layer.dora_norm_bytes for r in act.runs),
         rotary=act.rotary if grad_layers else 0,
         head_saved=tokens * head.saved_logsoftmax,
@@ -801,9 +801,7 @@ def _layer_run(
         # save_on_cpu.unpack_from_cpu ``tensor.to(device)``) while the layer is recomputed
         recompute=(r.full_layer_bytes + (r.saved_layer_bytes if act.offload else 0)) if ckpt else 0,
         # checkpointing recomputes each layer's forward in backward: DoRA's weight norms run again there
-        workspace=max(
-            act.tokens * r.per_layer.backward_workspace_per_token, r.per_layer.dora_norm_bytes if ckpt else 0
-        ),
+        workspace=max(act.tokens * r.per_layer.mlp_workspace_per_token, r.per_layer.dora_norm_bytes if ckpt else 0),
         copies_recompute=c.layer if ckpt else 0,
         copies_cached=c.cached if ckpt else 0,
         cached_count=r.count if ckpt and c.trained_layers else 0,
