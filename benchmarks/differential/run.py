@@ -169,7 +169,7 @@ def _adapter_variants(model: str, kw: dict[str, Any]) -> None:
     if kw["method"] not in ("lora", "qlora"):
         return
     arng = random.Random(f"adapters {model} {sorted(kw.items())}")
-    if arng.random() < 0.3:
+    if arng.random() < 0.3 and kw["method"] == "lora":  # DoRA on QLoRA is modelled, not traced
         kw["dora"] = True
     if arng.random() < 0.3:
         kw["lora_dropout"] = arng.choice([0.05, 0.1])

@@ -13,6 +13,15 @@ from configs import TINY
 
 pytestmark = pytest.mark.trace
 
+
+@pytest.fixture(autouse=True)
+def _no_cublas_workspaces(monkeypatch):
+    """A real CPU run has no cuBLAS: compare the simulated runs without its workspaces (cabe.units)."""
+    import cabe.trace.tracker as tracker
+
+    monkeypatch.setattr(tracker, "WORKSPACES", False)
+
+
 # activations matter here: batch x seq large against the parameter count
 ACT_HEAVY = dict(
     TINY["llama"],

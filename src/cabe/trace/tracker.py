@@ -46,6 +46,7 @@ COMPONENTS = (
 
 #: cuBLAS's workspace (cabe.units.CUBLAS_WORKSPACE: 32 MiB on sm90, once per handle and stream): the first
 #: matmul of the forward and the first of the backward (autograd's device thread, its own handle) each get one.
+WORKSPACES = True  # tests that compare a simulated run with a real CPU run switch them off
 CUBLAS_OPS = frozenset(
     getattr(torch.ops.aten, n).default for n in ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "addmv", "mv")
 )
@@ -214,7 +215,8 @@ class AllocationTracker(TorchDispatchMode):
 
     def _cublas_workspace(self, out: Any) -> None:
         """The first matmul of the forward, and the first of the backward, makes cuBLAS's workspace."""
-        if isinstance(out, torch.Tensor) and out.device.type == self.device_type == "cuda":
+        # (a simulated CUDA run: fake CUDA tensors, or meta ones; a real CPU run has no cuBLAS)
+        if WORKSPACES and isinstance(out, torch.Tensor) and out.device.type == self.device_type in ("cuda", "meta"):
             self.workspace_phases.add(self.phase)
             self.tag[self._new(None, CUBLAS_WORKSPACE, "cublas_workspace")] = "cuda_workspaces"
 
