@@ -17,9 +17,9 @@ pytestmark = pytest.mark.trace
 @pytest.fixture(autouse=True)
 def _no_cublas_workspaces(monkeypatch):
     """A real CPU run has no cuBLAS: compare the simulated runs without its workspaces (cabe.units)."""
-    import cabe.trace.tracker as tracker
+    from cabe.trace.tracker import NO_WORKSPACES_ENV
 
-    monkeypatch.setattr(tracker, "WORKSPACES", False)
+    monkeypatch.setenv(NO_WORKSPACES_ENV, "1")  # inherited by the subprocess fake_trace may use
 
 
 # activations matter here: batch x seq large against the parameter count

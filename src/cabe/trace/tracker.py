@@ -20,6 +20,7 @@ to exactly one component.
 
 from __future__ import annotations
 
+import os
 import weakref
 from array import array
 from collections.abc import Callable
@@ -46,7 +47,8 @@ COMPONENTS = (
 
 #: cuBLAS's workspace (cabe.units.CUBLAS_WORKSPACE: 32 MiB on sm90, once per handle and stream): the first
 #: matmul of the forward and the first of the backward (autograd's device thread, its own handle) each get one.
-WORKSPACES = True  # tests that compare a simulated run with a real CPU run switch them off
+#: set to "1" (tests that compare a simulated run with a real CPU run; inherited by trace subprocesses)
+NO_WORKSPACES_ENV = "CABE_TRACE_NO_CUBLAS_WORKSPACES"
 CUBLAS_OPS = frozenset(
     getattr(torch.ops.aten, n).default for n in ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "addmv", "mv")
 )
@@ -216,7 +218,11 @@ class AllocationTracker(TorchDispatchMode):
     def _cublas_workspace(self, out: Any) -> None:
         """The first matmul of the forward, and the first of the backward, makes cuBLAS's workspace."""
         # (a simulated CUDA run: fake CUDA tensors, or meta ones; a real CPU run has no cuBLAS)
-        if WORKSPACES and isinstance(out, torch.Tensor) and out.device.type == self.device_type in ("cuda", "meta"):
+        if (
+            os.environ.get(NO_WORKSPACES_ENV) != "1"
+            and isinstance(out, torch.Tensor)
+            and out.device.type == self.device_type in ("cuda", "meta")
+        ):
             self.workspace_phases.add(self.phase)
             self.tag[self._new(None, CUBLAS_WORKSPACE, "cublas_workspace")] = "cuda_workspaces"
 

@@ -69,8 +69,18 @@ def request(
     fn: str, config: dict[str, Any], setup: TrainingSetup, steps: int, include_events: bool = False
 ) -> dict[str, Any]:
     """Run one trace in the worker; its cabe errors are raised here, as the same types."""
+    from cabe.trace.tracker import NO_WORKSPACES_ENV
+
     out = _WORKER.request(
-        {"fn": fn, "config": config, "setup": setup.to_dict(), "steps": steps, "include_events": include_events}
+        {
+            "fn": fn,
+            "config": config,
+            "setup": setup.to_dict(),
+            "steps": steps,
+            "include_events": include_events,
+            # the worker lives on between requests: this process's switch travels with each one
+            "no_workspaces": os.environ.get(NO_WORKSPACES_ENV) == "1",
+        }
     )
     if "error" in out:
         err = out["error"]
@@ -104,6 +114,12 @@ def _error(exc: Exception) -> dict[str, Any]:
 
 def handle(payload: dict[str, Any]) -> dict[str, Any]:
     """The answer to one request."""
+    from cabe.trace.tracker import NO_WORKSPACES_ENV
+
+    if payload.get("no_workspaces"):
+        os.environ[NO_WORKSPACES_ENV] = "1"
+    else:
+        os.environ.pop(NO_WORKSPACES_ENV, None)
     try:
         sd = dict(payload["setup"])
         if isinstance(sd.get("lora_targets"), list):
