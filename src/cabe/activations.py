@@ -343,8 +343,8 @@ class _Layer:
         return 3 * self.a * self.f + 2 * self.rho * self.h  # backward workspace per token
 
     def _rms_attention(self) -> None:
-        spec, h, q, kv, nh, s = self.spec, self.h, self.q, self.kv, self.nh, self.s
-        a, rho, quantized, attn, gqa = self.a, self.rho, self.quantized, self.attn, self.gqa
+        spec, h, q, kv, nh = self.spec, self.h, self.q, self.kv, self.nh
+        a, rho = self.a, self.rho
         base_trainable, qkv_names, o_name = self.base_trainable, self.qkv_names, self.o_name
         wf = spec.norm_weight_fp32
         post_norm_only = spec.norm_placement == "post"
@@ -364,22 +364,7 @@ class _Layer:
         elif spec.qk_norm == "full":
             self.rms_norm("q_norm", q, "q", base_trainable, True)
             self.rms_norm("k_norm", kv, "kv", base_trainable, True)
-        _attention_core(
-            self.add,
-            attn,
-            self.a_attn,
-            q,
-            kv,
-            nh,
-            s,
-            gqa,
-            spec,
-            quantized,
-            self.autocast,
-            self.key_cast,
-            self.batch,
-            self.gqa_repeat,
-        )
+        self._core()
         self._o_proj_input()
         self.lora_mid([o_name])
         if sandwich:
@@ -449,6 +434,25 @@ class _Layer:
             self.add("attn.output_for_o_proj", a_attn * vo, f"{a_attn}·nh·d_v")  # the cropped output, copied
         self._o_proj_input()
         self.lora_mid([self.o_name])
+
+    def _core(self) -> None:
+        """The attention kernel's saved tensors (:func:`_attention_core`) with this layer's shapes and flags."""
+        _attention_core(
+            self.add,
+            self.attn,
+            self.a_attn,
+            self.q,
+            self.kv,
+            self.nh,
+            self.s,
+            self.gqa,
+            self.spec,
+            self.quantized,
+            self.autocast,
+            self.key_cast,
+            self.batch,
+            self.gqa_repeat,
+        )
 
     def _o_proj_input(self) -> None:
         """What the output projection's input leaves saved (its LoRA, a contiguous copy, casts)."""
@@ -569,8 +573,7 @@ class _Layer:
         return 2 * self.a * self.f + 2 * self.rho * self.h  # backward workspace per token
 
     def _ln_attention(self) -> None:
-        spec, h, q, kv, nh, s = self.spec, self.h, self.q, self.kv, self.nh, self.s
-        rho, quantized, attn, gqa, qkv_names = self.rho, self.quantized, self.attn, self.gqa, self.qkv_names
+        spec, h, rho, qkv_names = self.spec, self.h, self.rho, self.qkv_names
         ln_stats = 8  # mean and rstd, fp32 per token
         parallel = spec.parallel_block
         n_ln = spec.norms_per_layer
@@ -584,22 +587,7 @@ class _Layer:
         attn_name = qkv_names[0]  # one fused projection
         self.linear_inputs("attn", [(attn_name, h)], rho * h, f"{rho}·h")
         self.lora_mid([attn_name])
-        _attention_core(
-            self.add,
-            attn,
-            self.a_attn,
-            q,
-            kv,
-            nh,
-            s,
-            gqa,
-            spec,
-            quantized,
-            self.autocast,
-            self.key_cast,
-            self.batch,
-            self.gqa_repeat,
-        )
+        self._core()
         self._dense_input()
         if spec.hidden_dropout > 0:
             self.add("attn.resid_dropout_mask", h, "1·h")
