@@ -68,6 +68,9 @@ class LayerActivations:
     # the block's backward transient while every saved tensor is still alive (the layer's MLP backward); the
     # attention's own transient comes later, once the MLP's saved tensors are released (step.LayerRun)
     mlp_workspace_per_token: int = 0
+    # of ``terms``: the bytes per token that are the layer's input itself (a norm that saves its fp32 input
+    # as it is): under checkpointing that tensor is the checkpoint's saved input, not a new one
+    input_alias_per_token: int = 0
 
     @property
     def constant_bytes(self) -> int:
@@ -153,7 +156,7 @@ def layer_activations(
     bwd = layer.rms_norm_block() if spec.norm == "rmsnorm" else layer.layer_norm_block()
     attn, a, nh, s, quantized = layer.attn, layer.a, layer.nh, layer.s, layer.quantized
     fwd = _attention_forward_workspace(attn, a, nh, s)
-    attn_bwd = max((4 + 2 * a) * nh * s if attn == "eager" else 0, _math_backward_workspace(attn, nh, s))
+    attn_bwd = max(_eager_backward_workspace(attn, a, nh, s), _math_backward_workspace(attn, nh, s))
     mlp_saved = _freed_before_attention_backward(layer)
     mlp_bwd = bwd  # the block's own backward transient, while every saved tensor is alive
     bwd = max(bwd, attn_bwd - mlp_saved)
@@ -162,7 +165,16 @@ def layer_activations(
     if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
         layer.constant += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
     return LayerActivations(
-        tuple(layer.terms), bwd, fwd, layer.constant, rng, mlp_saved, attn_bwd, layer.dora_norm_bytes, mlp_bwd
+        tuple(layer.terms),
+        bwd,
+        fwd,
+        layer.constant,
+        rng,
+        mlp_saved,
+        attn_bwd,
+        layer.dora_norm_bytes,
+        mlp_bwd,
+        layer.input_alias,
     )
 
 
@@ -211,6 +223,9 @@ class _Layer:
         self.terms: list[Term] = []
         self.constant = 0  # saved bytes per layer that do not grow with tokens
         self.mlp_from = 0  # the first term of the MLP block
+        self.product_saved = False
+        # a saved term that is the layer's input storage itself (see LayerActivations.input_alias_per_token)
+        self.input_alias = 0  # the gated MLP's product is saved as it is (not a cast of it) by down_proj
 
     def add(self, name: str, nbytes: int, formula: str) -> None:
         if nbytes:
@@ -340,6 +355,15 @@ class _Layer:
             self._rms_attention()
         self.mlp_from = len(self.terms)
         self._rms_mlp()
+        if self.product_saved:
+            # the product itself is what down_proj's backward node saved (its MmBackward0, or lora_A's when no
+            # cast stands between them): autograd releases it once that node has run, before MulBackward0 makes
+            # the gradients of the activation and of up's output beside the product's own — 3 f-sized tensors
+            # with the product gone, and the layer's incoming gradient (ρ·h). Traced: llama-2-7b QLoRA without
+            # autocast (a = 4) keeps gate, act and up plus 8·f and 4·h at the layer's peak, not 12·f + 8·h.
+            return 2 * self.a * self.f + self.rho * self.h
+        # otherwise lora_A saved a cast of the product (autocast's, or PEFT's fp32 one): the LoRA path's
+        # gradient goes through that cast's ToCopyBackward0 while the base's gradient waits for the sum
         return 3 * self.a * self.f + 2 * self.rho * self.h  # backward workspace per token
 
     def _rms_attention(self) -> None:
@@ -355,6 +379,11 @@ class _Layer:
         else:
             self.rms_norm("input_norm", h, "h", base_trainable, wf)
             attn_in_bytes, attn_in_formula = rho * h, f"{rho}·h"
+            if rho == 4:
+                # RMSNorm's ``hidden_states.to(torch.float32)`` returns an fp32 input itself (models/llama/
+                # modeling_llama.py:66, transformers 5.24), and the multiply saves it: the layer's input. A
+                # recomputed layer (checkpointing) re-saves the checkpoint's input tensor, no new memory.
+                self.input_alias = 4 * h
         self.linear_inputs("attn", [(n, h) for n in qkv_names], attn_in_bytes, attn_in_formula)
         self.lora_mid(qkv_names)
         if spec.qk_norm == "head":
@@ -518,6 +547,7 @@ class _Layer:
                     self.add(f"mlp.{down_name}.input_cast", 2 * f, "2·f")
             elif base_trainable or (down_name in targets and not adapter_cast):
                 self.add("mlp.product", a * f, f"{a}·f")
+                self.product_saved = not self.autocast and not self.dropout
             if adapter_cast and down_name in targets:
                 self.add(f"mlp.{down_name}.lora_input_fp32", 4 * f, "4·f")
             self.lora_mid([down_name])
@@ -790,6 +820,19 @@ def _math_attention_core(add, q: int, kv: int, nh: int, s: int, batch: int, gqa_
     add("attn.key_fp32", 4 * wide, f"4·{sym}")
     add("attn.value_fp32", 4 * wide, f"4·{sym}")
     add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
+
+
+def _eager_backward_workspace(attn: str, a: int, nh: int, s: int) -> int:
+    """Eager attention's backward beside its saved softmax: the gradient of the probabilities (``BmmBackward0``,
+    a·nh·s per token) and softmax's backward output (``_softmax_backward_data``, in softmax's input dtype, a).
+    With 16-bit queries the softmax runs in fp32 and is cast back (transformers 5.24,
+    models/llama/modeling_llama.py:197 ``softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)``;
+    autocast's fp32 list does the same for GPT-2's), so ``ToCopyBackward0`` adds an fp32 copy of the gradient
+    (4·nh·s). With fp32 queries ``.to`` returns the tensor itself: no cast, no copy (a QLoRA run without
+    autocast, llama-2-7b eager batch 4 × 1024: 1.07 GiB of s×s gradients in the trace, not 1.61)."""
+    if attn != "eager":
+        return 0
+    return (2 * a + (4 if a != 4 else 0)) * nh * s
 
 
 def _math_backward_workspace(attn: str, nh: int, s: int) -> int:

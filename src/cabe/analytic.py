@@ -406,6 +406,7 @@ class _RunActivations:
     full_layer_bytes: int  # what one layer saves without checkpointing
     saved_layer_bytes: int  # what it keeps through the forward (its input, under checkpointing)
     plain_layer_bytes: int = 0  # what a layer left out of selective checkpointing keeps (its full activations)
+    recompute_bytes: int = 0  # checkpointing: what recomputing one layer allocates (its input is there already)
 
 
 @dataclass(frozen=True)
@@ -546,7 +547,10 @@ def _run_activations(
         saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
     else:
         saved_layer_bytes = mean_layer_bytes
-    return _RunActivations(run, count, per_layer, full_layer_bytes, saved_layer_bytes, mean_layer_bytes)
+    recompute_bytes = full_layer_bytes - tokens * per_layer.input_alias_per_token
+    return _RunActivations(
+        run, count, per_layer, full_layer_bytes, saved_layer_bytes, mean_layer_bytes, recompute_bytes
+    )
 
 
 @dataclass(frozen=True)
@@ -715,7 +719,7 @@ def _step_parts(
         copies_recompute=mean(lambda r: r.copies_recompute),
         frozen_inputs=(_frozen_inputs(spec, setup, dt, act) + _offload_leaf(spec, dt, states, act)) if ckpt else 0,
         saved_layer=act.saved_layer_bytes,
-        recompute_layer=act.mean(lambda r: r.full_layer_bytes) if ckpt else 0,
+        recompute_layer=act.mean(lambda r: r.recompute_bytes) if ckpt else 0,
         workspace_layer=act.mean(lambda r: tokens * r.per_layer.mlp_workspace_per_token),
         forward_transient=max(r.per_layer.dora_norm_bytes for r in act.runs),
         rotary=act.rotary if grad_layers else 0,
@@ -799,7 +803,7 @@ def _layer_run(
         saved=act.kept(r, ckpt),
         # offloaded: the layer's input comes back from the host (a new device tensor: torch/autograd/graph.py,
         # save_on_cpu.unpack_from_cpu ``tensor.to(device)``) while the layer is recomputed
-        recompute=(r.full_layer_bytes + (r.saved_layer_bytes if act.offload else 0)) if ckpt else 0,
+        recompute=(r.recompute_bytes + (r.saved_layer_bytes if act.offload else 0)) if ckpt else 0,
         # checkpointing recomputes each layer's forward in backward: DoRA's weight norms run again there
         workspace=max(act.tokens * r.per_layer.mlp_workspace_per_token, r.per_layer.dora_norm_bytes if ckpt else 0),
         copies_recompute=c.layer if ckpt else 0,
