@@ -483,6 +483,18 @@ class _Layer:
             self.gqa_repeat,
         )
 
+    def _attention_output_copied(self) -> bool:
+        """Whether ``attn_output.transpose(1, 2).contiguous()`` copies the kernel's output before the output
+        projection. Eager and math outputs are (b, heads, s, d) matmul results: always. Flash writes its
+        output like its query (``empty_like``, which keeps the strides of a query that ``torch.cat`` made
+        (b, heads, s, d): partial rotary, GPT-NeoX and Phi-3), so it copies after such a rotary. The
+        memory-efficient kernel (fp32 queries) always allocates (b, s, heads, d) (aten/src/ATen/native/
+        transformers/cuda/attention.cpp, ``_efficient_attention_forward``): the transpose is a view
+        (pythia-1.4b QLoRA without autocast: +6.3% with a copy counted)."""
+        if self.attn in ("eager", "math"):
+            return True
+        return self.spec.rotary_by_cat and self.attn == "flash" and self.a_attn == 2
+
     def _o_proj_input(self) -> None:
         """What the output projection's input leaves saved (its LoRA, a contiguous copy, casts)."""
         a, q, attn, quantized, targets = self.a, self.q, self.attn, self.quantized, self.targets
@@ -492,7 +504,7 @@ class _Layer:
         # an fp32 residual the attention output is already 16-bit: o_proj saves it without a cast; QLoRA's
         # bitsandbytes lora_A saves the 16-bit attention output itself, counted as attn.output.)
         # (the math kernel's output is a (b, heads, s, d) matmul result too)
-        copies_output = attn in ("eager", "math") or self.spec.rotary_by_cat
+        copies_output = self._attention_output_copied()
         if copies_output and (base_trainable or (o_name in targets and not adapter_cast)):
             self.add("attn.output_for_o_proj", a * q, f"{a}·q")
         self._dropout_copy(o_name, copies_output)
@@ -628,7 +640,7 @@ class _Layer:
         base_trainable, adapter_cast, spec = self.base_trainable, self.adapter_cast, self.spec
         out_name = self.o_name
         # eager, and flash after GPT-NeoX's partial rotary (torch.cat): the output is copied before dense
-        copies_output = attn in ("eager", "math") or spec.rotary_by_cat
+        copies_output = self._attention_output_copied()
         if copies_output and (base_trainable or (out_name in targets and not adapter_cast)):
             self.add("attn.output_for_dense", a * q, f"{a}·q")  # (an fp32 LoRA saves its own cast instead)
         self._dropout_copy(out_name, copies_output)
@@ -702,7 +714,7 @@ def _attention_core(
     gqa_repeat: bool = False,
 ) -> None:
     if attn == "math":
-        _math_attention_core(add, q, kv, nh, s, batch, gqa_repeat)
+        _math_attention_core(add, q, kv, nh, s, batch, gqa_repeat, spec.attention_dropout)
         return
     if attn == "eager" and spec.attention_sinks:
         _sink_attention_core(add, a, q, kv, nh, s, gqa, autocast, spec.attention_dropout)
@@ -799,7 +811,9 @@ def _freed_before_attention_backward(layer: _Layer) -> int:
     return sum(t.bytes_per_token for t in layer.terms[layer.mlp_from :])
 
 
-def _math_attention_core(add, q: int, kv: int, nh: int, s: int, batch: int, gqa_repeat: bool = False) -> None:
+def _math_attention_core(
+    add, q: int, kv: int, nh: int, s: int, batch: int, gqa_repeat: bool = False, dropout: float = 0.0
+) -> None:
     """What PyTorch's math SDPA kernel saves (``_scaled_dot_product_attention_math``, aten/src/ATen/native/
     transformers/attention.cpp, torch 2.13): fp32 copies of q (scaled), k and v, and the fp32 softmax.
 
@@ -812,7 +826,11 @@ def _math_attention_core(add, q: int, kv: int, nh: int, s: int, batch: int, gqa_
 
     ``gqa_repeat``: the call had ``enable_gqa`` (:func:`sdpa_gqa_math`); the kernel starts with
     ``key.repeat_interleave(nh / kv_heads, -3)`` and the same for value, copies at the query's width, and
-    the matmuls save the scaled key and that value: 4·q each at any batch."""
+    the matmuls save the scaled key and that value: 4·q each at any batch.
+
+    ``dropout``: the kernel drops the probabilities itself (``at::dropout(attn, dropout_p, true)`` after
+    ``_safe_softmax``): ``native_dropout`` saves its 1-byte mask and the second matmul saves its fp32 output
+    (starcoderbase-1b, attn_pdrop 0.1, QLoRA without autocast: −30.5% without them)."""
     broadcast = kv < q and (batch > 1 or gqa_repeat)
     wide = q if broadcast else kv
     sym = "q" if broadcast else "kv"
@@ -820,6 +838,8 @@ def _math_attention_core(add, q: int, kv: int, nh: int, s: int, batch: int, gqa_
     add("attn.key_fp32", 4 * wide, f"4·{sym}")
     add("attn.value_fp32", 4 * wide, f"4·{sym}")
     add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
+    if dropout > 0:
+        add("attn.dropout", (1 + 4) * nh * s, "(1+4)·nh·s")
 
 
 def _eager_backward_workspace(attn: str, a: int, nh: int, s: int) -> int:
