@@ -497,7 +497,7 @@ class _Layer:
 
     def _o_proj_input(self) -> None:
         """What the output projection's input leaves saved (its LoRA, a contiguous copy, casts)."""
-        a, q, attn, quantized, targets = self.a, self.q, self.attn, self.quantized, self.targets
+        a, q, quantized, targets = self.a, self.q, self.quantized, self.targets
         o_name, adapter_cast, base_trainable = self.o_name, self.adapter_cast, self.base_trainable
         # eager, and flash after a rotary written with torch.cat (Phi-3): the kernel's output is laid out
         # (b, heads, s, d), so transpose(1, 2).contiguous() copies it before o_proj. (Under autocast with
@@ -636,8 +636,8 @@ class _Layer:
 
     def _dense_input(self) -> None:
         """What the LayerNorm blocks' output projection (dense / c_proj) leaves saved."""
-        a, q, attn, quantized, targets = self.a, self.q, self.attn, self.quantized, self.targets
-        base_trainable, adapter_cast, spec = self.base_trainable, self.adapter_cast, self.spec
+        a, q, quantized, targets = self.a, self.q, self.quantized, self.targets
+        base_trainable, adapter_cast = self.base_trainable, self.adapter_cast
         out_name = self.o_name
         # eager, and flash after GPT-NeoX's partial rotary (torch.cat): the output is copied before dense
         copies_output = self._attention_output_copied()
