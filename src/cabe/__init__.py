@@ -47,7 +47,9 @@ def estimate(model: Any = None, **options: Any) -> Report:
 
     Args:
         model: a preset name (``"llama-3.1-8b"``), a path to a config.json, a Hugging Face id, or a
-            config dict. Leave it out and give ``params`` (billions) for the seed's simple mode.
+            config dict. Leave it out and give ``params`` (billions) for the seed's simple mode. An
+            architecture no family module reads is answered from a traced step (the ``[trace]`` extra;
+            :mod:`cabe.via_trace`).
         **options: the CLI's options in snake_case: ``params``, ``bytes_per_param``,
             ``activations_gb``, ``method``, ``precision``, ``optimizer``, ``optimizer_impl``,
             ``batch``, ``seq``, ``grad_accum``, ``checkpointing``, ``attention``, ``lora_rank``,
@@ -68,4 +70,4 @@ def estimate(model: Any = None, **options: Any) -> Report:
         body["config"] = model
     elif model is not None:
         body["model"] = model
-    return api.build(body, allow_files=True)
+    return api.build(body, allow_files=True, trace="process")

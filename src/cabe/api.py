@@ -19,6 +19,7 @@ The fields, their types, ranges and defaults are :mod:`cabe.schema`'s (``api.est
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cabe import gpus as gpu_catalog
@@ -60,8 +61,11 @@ def model_source(body: Mapping[str, Any], *, allow_files: bool) -> models.ModelS
     return models.resolve(model)
 
 
-def build(body: Mapping[str, Any], *, allow_files: bool = False) -> Report:
-    """Validate a request and compute its report. Raises :class:`~cabe.errors.CabeError`."""
+def build(body: Mapping[str, Any], *, allow_files: bool = False, trace: str | None = None) -> Report:
+    """Validate a request and compute its report. Raises :class:`~cabe.errors.CabeError`.
+
+    ``trace``: where to trace a model whose architecture no family module reads (:mod:`cabe.via_trace`:
+    ``process`` here, ``worker`` in the trace worker); None refuses it (``unsupported_architecture``)."""
     if not isinstance(body, Mapping):
         raise InvalidValueError("body_not_object", None)
     unknown = [k for k in body if k not in REQUEST_FIELDS and k not in ("lang", "units")]
@@ -77,9 +81,16 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False) -> Report:
             "source": src.kind,
             **{k: v for k, v in src.meta.items() if k in ("display", "hf_id", "gated", "family")},
         }
-        spec = src.spec
-        report = estimate_model(spec, setup, model_meta=meta)
-        report = _with(report, notes=report.notes + beyond_limits(spec, setup.seq))
+        if not src.known and trace is not None:
+            from cabe import via_trace
+
+            report = via_trace.report(src.config, setup, name=src.name, meta=meta, where=trace)
+            limit = (report.model or {}).get("max_positions")
+            report = _with(report, notes=report.notes + beyond_limits(_Limit(limit or 0), setup.seq))
+        else:
+            spec = src.spec  # unsupported_architecture when no family module reads it and no trace is asked
+            report = estimate_model(spec, setup, model_meta=meta)
+            report = _with(report, notes=report.notes + beyond_limits(spec, setup.seq))
     elif params not in (None, ""):
         bpp = body.get("bytes_per_param")
         act = body.get("activations_gb") or 0.0
@@ -114,15 +125,24 @@ def beyond_limits(spec: Any, seq: int) -> tuple[str, ...]:
     return ("seq_beyond_max_positions",) if limit and seq > limit else ()
 
 
+@dataclass(frozen=True)
+class _Limit:
+    """The one fact :func:`beyond_limits` reads, for a model without a spec (traced)."""
+
+    max_positions: int
+
+
 def _with(report: Report, **changes: Any) -> Report:
     from dataclasses import replace
 
     return replace(report, **changes)
 
 
-def estimate_json(body: Mapping[str, Any], *, allow_files: bool = False, fits: bool = True) -> dict[str, Any]:
-    """The JSON object of ``cabe estimate --json`` and ``POST /api/estimate``."""
-    report = build(body, allow_files=allow_files)
+def estimate_json(
+    body: Mapping[str, Any], *, allow_files: bool = False, fits: bool = True, trace: str | None = None
+) -> dict[str, Any]:
+    """The JSON object of ``cabe estimate --json`` and ``POST /api/estimate`` (``trace``: see :func:`build`)."""
+    report = build(body, allow_files=allow_files, trace=trace)
     out = report.to_json()
     if fits:
         out["fits_on"] = gpu_catalog.fits_on(report)

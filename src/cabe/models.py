@@ -39,6 +39,12 @@ class ModelSource:
     def spec(self) -> ModelSpec:
         return families.from_config(self.config, name=self.name)
 
+    @property
+    def known(self) -> bool:
+        """Whether a family module reads this config's ``model_type`` (the analytic path knows it).
+        A config it does not know is still a model the trace can build (:mod:`cabe.via_trace`)."""
+        return self.config.get("model_type") in families.supported_model_types()
+
 
 def _models_dir() -> Any:
     return resources.files("cabe") / "data" / "models"
@@ -96,7 +102,12 @@ def from_mapping(config: Any, name: str = "config.json") -> ModelSource:
 
 def _check_spec(src: ModelSource) -> None:
     """Build the spec once and bound its size: a number no float can hold, or a model beyond
-    :data:`MAX_PARAMETERS`, is a bad config, not a crash three modules later."""
+    :data:`MAX_PARAMETERS`, is a bad config, not a crash three modules later. A ``model_type`` no family
+    module reads is left to transformers (the trace builds it; :mod:`cabe.via_trace`): asking for its
+    spec raises ``unsupported_architecture`` where the analytic path needs one."""
+    model_type = src.config.get("model_type")
+    if isinstance(model_type, str) and model_type and not src.known:
+        return
     try:
         count = src.spec.parameter_count
     except (OverflowError, RecursionError, MemoryError):

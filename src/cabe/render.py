@@ -28,9 +28,10 @@ def format_report(report: Report, *, lang: str = "en", units: str = "GB", explai
         lines.append(fill(t("ui.paged", lang), {"paged": fmt_bytes(report.paged_bytes, lang, units)}, lang))
     lines += _lesson(report, lang)
     lines += _fit(report, lang, units)
+    facts = {"model_type": (report.model or {}).get("model_type", ""), **report.setup}
     for note in report.notes:
         if note in REPORT_NOTES:
-            lines.append("· " + t("note." + note, lang))
+            lines.append("· " + t("note." + note, lang, **facts))
     if explain:
         lines.append("")
         lines.append(format_explain(report, lang=lang))
@@ -56,6 +57,11 @@ REPORT_NOTES = (
     "loss_modelled",
     "seq_beyond_max_positions",
     "packing_modelled",
+    "analytic_unknown_architecture",
+    "trace_lora_all_linear",
+    "trace_eager_fallback",
+    "trace_grad_accum_simulated",
+    "trace_grad_scaler",
 )
 #: Width of the component-label column.
 WIDTH = 44

@@ -25,6 +25,7 @@ KEYS = [
     "attention_kernels",
     "notes",
     "setup",
+    "model",
     "steps",
     "micro_batches_per_step",
     "events",

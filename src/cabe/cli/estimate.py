@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def gather(args: argparse.Namespace) -> Any:
     from cabe import api
 
-    return api.build(options.request(args, COMMAND), allow_files=True)
+    # an architecture the analytic path does not know is answered from the trace (cabe.via_trace)
+    return api.build(options.request(args, COMMAND), allow_files=True, trace="process")
 
 
 def render(report: Any, args: argparse.Namespace, lang: str, units: str) -> str:

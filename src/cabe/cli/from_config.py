@@ -39,7 +39,7 @@ def gather(args: argparse.Namespace) -> tuple[Any, Any]:
     body = dict(combined.request)
     if args.gpu:
         body["gpu"] = args.gpu
-    return combined, api.build(body, allow_files=True)
+    return combined, api.build(body, allow_files=True, trace="process")  # unknown architectures: traced
 
 
 def render(result: tuple[Any, Any], args: argparse.Namespace, lang: str, units: str) -> str:

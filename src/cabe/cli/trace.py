@@ -9,6 +9,8 @@ from typing import Any
 from cabe import jsonio, schema
 from cabe.cli import options
 from cabe.errors import InvalidValueError, MissingDependencyError
+from cabe.i18n import t
+from cabe.via_trace import NOTE
 
 COMMAND = "trace"
 
@@ -51,6 +53,11 @@ def gather(args: argparse.Namespace) -> dict[str, Any]:
     from cabe import families
     from cabe.analytic import estimate_model
 
+    if config.get("model_type") not in families.supported_model_types():
+        # no family module reads it: the trace alone, and a note that says so (cabe.via_trace.NOTE)
+        out["analytic"] = "unknown_architecture"
+        out["notes"] = [*out.get("notes", []), t("note." + NOTE, "en", model_type=config["model_type"])]
+        return out
     est = estimate_model(families.from_config(config), setup)
     out["estimate_bytes"] = est.total_bytes
     out["estimate_relative_error"] = round((est.total_bytes - out["peak_bytes"]) / out["peak_bytes"], 5)
@@ -77,6 +84,8 @@ def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str)
                 lines.append(f"    {k:<30} {shown}")
         elif isinstance(value, (str, int, float, bool)):
             lines.append(f"  {key:<32} {value}")
+    if out.get("analytic") == "unknown_architecture":
+        lines.append("· " + t("note." + NOTE, lang, model_type=(out.get("model") or {}).get("model_type", "")))
     if out.get("inventory_text"):
         lines += ["", out["inventory_text"]]
     return "\n".join(lines)

@@ -125,11 +125,14 @@ def decoder_layers(model: Any, cfg: Any) -> Any:
 
 
 # ---- the model ----------------------------------------------------------------------------
-def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) -> tuple[Any, Any]:
+def build_model(
+    config: dict[str, Any], setup: TrainingSetup, notes: list[str], facts: dict[str, Any] | None = None
+) -> tuple[Any, Any]:
     """The model on ``meta`` with the training method applied. Returns (model, hf config).
 
     ``notes`` receives the codes of what was done differently from what was asked
-    (:func:`cabe.trace.result.note_text` says them)."""
+    (:func:`cabe.trace.result.note_text` says them); ``facts``, when given, the built model's own facts
+    (:func:`model_facts`, read before the method wraps it)."""
     from cabe.trace.attention import register_flash
 
     cfg = hf_config(config)
@@ -140,12 +143,45 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, notes: list[str]) 
             raise ConfigError("flash_head_dim", "attention", head_dim=head_dim, maximum=256)
     dtype = load_dtype(setup)
     model = _from_config(cfg, setup, attn, dtype, notes, _head_kind(config))
+    if facts is not None:
+        facts.update(model_facts(model, cfg))
     model.train()
     if setup.attention == "flash":
         _set_flash_dtype(model, setup)
     model = _METHODS[setup.method](model, cfg, setup, dtype, notes)
     model.train()
     return model, cfg
+
+
+def model_facts(model: Any, cfg: Any) -> dict[str, Any]:
+    """What the report says about a model, read from the model transformers built (on meta, before any
+    training method wraps it) and its config: what a family module's spec says where none exists.
+
+    ``num_layers`` is the length of the decoder-layer list (:func:`decoder_layers`, what ``freeze`` trains
+    the top of), ``parameters`` the model's own count (``nn.Module.parameters`` lists a tied embedding
+    once), the shape fields the config's (``get_text_config``: the language model of a multimodal one)."""
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    try:
+        num_layers: int | None = len(decoder_layers(model, text))
+    except ConfigError:
+        num_layers = None
+    heads = getattr(text, "num_attention_heads", None)
+    hidden = getattr(text, "hidden_size", None)
+    head_dim = getattr(text, "head_dim", None) or (hidden // heads if hidden and heads else None)
+    return {
+        "model_type": cfg.model_type,
+        "architecture": type(model).__name__,
+        "hidden_size": hidden,
+        "num_layers": num_layers,
+        "num_heads": heads,
+        "num_kv_heads": getattr(text, "num_key_value_heads", None) or heads,
+        "head_dim": head_dim,
+        "intermediate_size": getattr(text, "intermediate_size", None),
+        "vocab_size": getattr(text, "vocab_size", None),
+        "max_positions": getattr(text, "max_position_embeddings", None),
+        "tie_word_embeddings": bool(getattr(text, "tie_word_embeddings", False)),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def _head_kind(config: dict[str, Any]) -> str:

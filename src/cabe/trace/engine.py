@@ -121,12 +121,14 @@ def run_trace(
     device = torch.device(_DEVICES[kind])
     with state.active(AttentionState(device)) as astate, trace_environment(kind, setup):
         notes: list[str] = []
-        model, cfg = build_model(config, setup, notes)
+        facts: dict[str, Any] = {}
+        model, cfg = build_model(config, setup, notes, facts)
         result = _traced(model, cfg, setup, steps, kind, inventory, device, astate, hooks or {})
     if inventory:
         return result
     result.attention_kernels = dict(astate.choices)
     result.notes = notes + result.notes
+    result.model = facts
     result.setup = setup.to_dict()
     result.seconds = time.perf_counter() - t0
     return result

@@ -60,6 +60,7 @@ class TraceResult:
     attention_kernels: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # codes: note_text() says them
     setup: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)  # the built model's facts (build.model_facts)
     steps: int = 2
     micro_batches_per_step: int = 1
     events: int = 0

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from cabe import api, i18n, jsonio, models, schema
+from cabe import api, families, i18n, jsonio, models, schema
 from cabe import gpus as gpu_catalog
 from cabe.errors import CabeError, InvalidValueError
 from cabe.web import page
@@ -129,9 +129,13 @@ def _web_error(code: str, lang: str, http_status: int, field: str | None = None,
 
 
 def _needs_thread(body: Mapping[str, Any]) -> bool:
-    """A Hugging Face id means a network fetch: keep it off the event loop."""
+    """A Hugging Face id means a network fetch, a config no family module reads a trace (seconds, in the
+    trace worker: :mod:`cabe.via_trace`): keep both off the event loop."""
     m = body.get("model")
-    return isinstance(m, str) and "/" in m and m.strip().lower() not in models.preset_names()
+    if isinstance(m, str) and "/" in m and m.strip().lower() not in models.preset_names():
+        return True
+    config = body.get("config")
+    return isinstance(config, Mapping) and config.get("model_type") not in families.supported_model_types()
 
 
 async def _call(fn: Any, body: Any) -> Any:
@@ -196,7 +200,10 @@ def _checked(command: str, fn: Any) -> Any:
 
 
 async def estimate(request: Any) -> Any:
-    return await _guarded(request, _checked("api.estimate", lambda body: api.estimate_json(body, allow_files=False)))
+    """The estimate; an architecture no family module reads is answered from a trace in the trace worker."""
+    return await _guarded(
+        request, _checked("api.estimate", lambda body: api.estimate_json(body, allow_files=False, trace="worker"))
+    )
 
 
 async def fit(request: Any) -> Any:
