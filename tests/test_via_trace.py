@@ -120,3 +120,13 @@ def test_a_known_architecture_never_traces(monkeypatch):
     cfg = {**OLMO3, "model_type": "llama"}
     rep = cabe.estimate(cfg, **SMALL)
     assert via_trace.NOTE not in rep.notes and "answered_by" not in rep.extra
+
+
+def test_a_config_too_deep_to_trace_is_refused_before_tracing():
+    # 10^9 layers would hold the trace (and the server's worker) for hours: refused from the config alone
+    with pytest.raises(CabeError) as e:
+        cabe.estimate({**OLMO3, "num_hidden_layers": 10**9})
+    assert (e.value.code, e.value.params["limit"]) == ("unknown_architecture_too_deep", via_trace.MAX_LAYERS)
+    with pytest.raises(CabeError) as e:  # nested, as a multimodal config holds its language model
+        cabe.estimate({"model_type": "olmo3", "text_config": {"num_hidden_layers": 5000}})
+    assert e.value.code == "unknown_architecture_too_deep"

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cabe import optimizer, schema
-from cabe.errors import InvalidValueError, MissingDependencyError
+from cabe.errors import ConfigError, InvalidValueError, MissingDependencyError
 from cabe.report import Report, Step
 from cabe.training import TrainingSetup
 
@@ -33,6 +33,13 @@ STEPS = 2
 #: Where the trace runs: ``process`` (here: the command line, Python) or ``worker`` (the long-lived
 #: trace subprocess: the HTTP server).
 WHERE = ("process", "worker")
+#: Most decoder layers a config may ask the trace to build: eight times the deepest published LLM (Llama 3.1
+#: 405B, 126 layers). The trace's time grows with the layers (each runs its ops on fake tensors), so a config
+#: of 10^9 layers would hold the trace worker, and the server with it, for hours; no family module bounds it
+#: here (models.MAX_PARAMETERS bounds the analytic path's configs).
+MAX_LAYERS = 1024
+#: The config keys that count layers in transformers' configs (Llama's, GPT-2's, and others').
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers")
 #: Setup fields that make a several-GPU run; the trace runs one process on one GPU.
 _ONE_GPU_FIELDS = ("gpus", "shard", "offload", "tp", "pp", "ep")
 
@@ -58,8 +65,8 @@ def missing_package(setup: TrainingSetup) -> str | None:
 
 
 def check(config: Mapping[str, Any], setup: TrainingSetup) -> None:
-    """Refuse what the trace cannot answer before it starts: the extra missing (``model``), or a
-    several-GPU setup (the trace is one GPU; ``unknown_architecture_one_gpu`` names the first such field)."""
+    """Refuse what the trace cannot answer before it starts: the extra missing (``model``), more than
+    :data:`MAX_LAYERS` layers, or a several-GPU setup (the trace is one GPU; ``unknown_architecture_one_gpu`` names the first such field)."""
     package = missing_package(setup)
     if package is not None:
         raise MissingDependencyError(
@@ -69,6 +76,11 @@ def check(config: Mapping[str, Any], setup: TrainingSetup) -> None:
             extra="trace",
             package=package,
         )
+    layers = max(_layer_counts(config), default=0)
+    if layers > MAX_LAYERS:
+        raise ConfigError(
+            "unknown_architecture_too_deep", "model", model_type=str(config.get("model_type")), limit=MAX_LAYERS
+        )
     for name in _ONE_GPU_FIELDS:
         if getattr(setup, name) != schema.field(name).default:
             raise InvalidValueError(
@@ -77,6 +89,16 @@ def check(config: Mapping[str, Any], setup: TrainingSetup) -> None:
                 value=getattr(setup, name),
                 model_type=str(config.get("model_type")),
             )
+
+
+def _layer_counts(config: Mapping[str, Any], depth: int = 0) -> list[int]:
+    """Every layer count in the config, nested ones (``text_config``) included."""
+    out = [v for k, v in config.items() if k in _LAYER_KEYS and isinstance(v, int) and not isinstance(v, bool)]
+    if depth < 4:
+        for v in config.values():
+            if isinstance(v, Mapping):
+                out += _layer_counts(v, depth + 1)
+    return out
 
 
 def report(
