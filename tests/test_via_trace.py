@@ -53,11 +53,12 @@ def test_full_fine_tuning_is_the_traced_step():
     # the model's facts come from the model transformers built, not from a family module
     m = rep.model or {}
     assert (m["model_type"], m["architecture"], m["num_layers"], m["head_dim"]) == ("olmo3", "Olmo3ForCausalLM", 2, 32)
-    # the figures are the trace's: the same step traced directly peaks at the same byte
+    # the figures are the trace's: the same step traced directly peaks at the same byte (the split into
+    # components can move by a few allocations between runs, benchmarks/house/snapshot.py says; the peak not)
     direct = trace_step(dict(OLMO3), TrainingSetup(**SMALL))
-    assert rep.total_bytes == direct.peak_bytes and rep.components == direct.components
-    assert rep.reserved_bytes == direct.reserved_bytes  # the allocator slack is the trace's replay
-    assert "olmo3" in rep.explain() or rep.steps[0].key == "via_trace"
+    assert rep.total_bytes == direct.peak_bytes == sum(rep.components.values())
+    assert rep.reserved_bytes >= rep.total_bytes  # the allocator slack: the trace's replay, reserved - peak
+    assert [s.key for s in rep.steps] == ["via_trace"] and "Traced:" in rep.explain()
 
 
 def test_lora_on_named_modules_trains_the_adapters_only():

@@ -165,23 +165,34 @@ def model_facts(model: Any, cfg: Any) -> dict[str, Any]:
         num_layers: int | None = len(decoder_layers(model, text))
     except ConfigError:
         num_layers = None
-    heads = getattr(text, "num_attention_heads", None)
-    hidden = getattr(text, "hidden_size", None)
-    head_dim = getattr(text, "head_dim", None) or (hidden // heads if hidden and heads else None)
+    heads = _fact(text, "num_attention_heads")
+    hidden = _fact(text, "hidden_size")
+    head_dim = _fact(text, "head_dim") or (hidden // heads if hidden and heads else None)
     return {
         "model_type": cfg.model_type,
         "architecture": type(model).__name__,
         "hidden_size": hidden,
         "num_layers": num_layers,
         "num_heads": heads,
-        "num_kv_heads": getattr(text, "num_key_value_heads", None) or heads,
+        "num_kv_heads": _fact(text, "num_key_value_heads") or heads,
         "head_dim": head_dim,
-        "intermediate_size": getattr(text, "intermediate_size", None),
-        "vocab_size": getattr(text, "vocab_size", None),
-        "max_positions": getattr(text, "max_position_embeddings", None),
-        "tie_word_embeddings": bool(getattr(text, "tie_word_embeddings", False)),
+        "intermediate_size": _fact(text, "intermediate_size"),
+        "vocab_size": _fact(text, "vocab_size"),
+        "max_positions": _fact(text, "max_position_embeddings"),
+        "tie_word_embeddings": bool(_fact(text, "tie_word_embeddings")),
         "parameters": sum(p.numel() for p in model.parameters()),
     }
+
+
+def _fact(cfg: Any, name: str) -> Any:
+    """A whole number of the config, or None: absent, not one number, or one that varies by layer (transformers
+    5.24's heterogeneous configs raise ``AmbiguousGlobalPerLayerAttributeError``, not an AttributeError, for
+    ``head_dim`` on Gemma 4: integrations/heterogeneity/configuration_utils.py)."""
+    try:
+        value = getattr(cfg, name, None)
+    except Exception:  # the per-layer attribute error, or any property that refuses
+        return None
+    return value if isinstance(value, (int, bool)) else None
 
 
 def _head_kind(config: dict[str, Any]) -> str:

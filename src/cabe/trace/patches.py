@@ -160,6 +160,34 @@ def _fake_cuda(p: _Patch) -> None:
     p.set(torch.cuda, "get_device_properties", lambda *a, **k: _Props())
     p.set(torch.cuda, "synchronize", lambda *a, **k: None)
     p.set(torch.cuda, "empty_cache", lambda *a, **k: None)
+    _tensor_data_to_fake_cuda(p)
+
+
+def _tensor_data_to_fake_cuda(p: _Patch) -> None:
+    """``torch.tensor(data, device="cuda")`` made as the host tensor moved to the device.
+
+    ``torch.tensor`` builds its tensor from Python data in C++ (``internal_new_from_data``, with the Python
+    dispatch keys excluded), so FakeTensorMode never sees it and a CPU-only build has no CUDA kernel to make
+    it: GPT-Neo's eager attention (``torch.tensor(mask_value, device=...)``, modeling_gpt_neo.py:120 in
+    transformers 5.24), XLM and CPM-Ant failed there. Moving the host tensor with ``.to`` does not help: the
+    fake mode keeps a host tensor's values as a constant and runs ops on constants for real
+    (fake_tensor.py:2703-2729, torch 2.13), on a CUDA the build lacks. So the tensor is made with
+    ``torch.empty`` of its shape and dtype on the device: the allocation CUDA makes, through the fake mode
+    and the tracker; its values are lost, as every fake tensor's are."""
+    import torch
+
+    real = torch.tensor
+
+    @functools.wraps(real)
+    def tensor(data: Any, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.get("device")
+        if device is None or torch.device(device).type != "cuda":
+            return real(data, *args, **kwargs)
+        grad = bool(kwargs.pop("requires_grad", False))
+        host = real(data, *args, **{k: v for k, v in kwargs.items() if k not in ("device", "pin_memory")})
+        return torch.empty(host.shape, dtype=host.dtype, device=device, requires_grad=grad)
+
+    p.set(torch, "tensor", tensor)
 
 
 def _bnb_host_side(p: _Patch, bnb_opt: Any) -> None:
