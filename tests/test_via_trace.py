@@ -96,6 +96,14 @@ def test_several_gpus_are_refused_by_name():
     assert e.value.code == "unknown_architecture_one_gpu" and e.value.field == "gpus"
 
 
+def test_packing_is_refused_not_traced_unpacked():
+    # the trace builds whole rows; packed rows change the attention mask (the analytic path models them)
+    with pytest.raises(InvalidValueError) as e:
+        cabe.estimate(dict(OLMO3), packing="packed", **SMALL)
+    assert (e.value.code, e.value.field) == ("unknown_architecture_not_traced", "packing")
+    assert "does not model 'packed'" in e.value.to_dict("en")["message"]
+
+
 def _no_torch(monkeypatch):
     real = importlib.util.find_spec
 

@@ -42,6 +42,8 @@ MAX_LAYERS = 1024
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers")
 #: Setup fields that make a several-GPU run; the trace runs one process on one GPU.
 _ONE_GPU_FIELDS = ("gpus", "shard", "offload", "tp", "pp", "ep")
+#: Setup fields the trace does not act on (the analytic path models them): packed / padding-free rows.
+_NOT_TRACED = ("packing",)
 
 
 def missing_package(setup: TrainingSetup) -> str | None:
@@ -66,7 +68,8 @@ def missing_package(setup: TrainingSetup) -> str | None:
 
 def check(config: Mapping[str, Any], setup: TrainingSetup) -> None:
     """Refuse what the trace cannot answer before it starts: the extra missing (``model``), more than
-    :data:`MAX_LAYERS` layers, or a several-GPU setup (the trace is one GPU; ``unknown_architecture_one_gpu`` names the first such field)."""
+    :data:`MAX_LAYERS` layers, a several-GPU setup (the trace is one GPU; ``unknown_architecture_one_gpu`` names
+    the first such field), or a field the trace does not act on (``unknown_architecture_not_traced``)."""
     package = missing_package(setup)
     if package is not None:
         raise MissingDependencyError(
@@ -81,14 +84,10 @@ def check(config: Mapping[str, Any], setup: TrainingSetup) -> None:
         raise ConfigError(
             "unknown_architecture_too_deep", "model", model_type=str(config.get("model_type")), limit=MAX_LAYERS
         )
-    for name in _ONE_GPU_FIELDS:
+    fields = [(name, "unknown_architecture_one_gpu") for name in _ONE_GPU_FIELDS]
+    for name, code in fields + [(name, "unknown_architecture_not_traced") for name in _NOT_TRACED]:
         if getattr(setup, name) != schema.field(name).default:
-            raise InvalidValueError(
-                "unknown_architecture_one_gpu",
-                name,
-                value=getattr(setup, name),
-                model_type=str(config.get("model_type")),
-            )
+            raise InvalidValueError(code, name, value=getattr(setup, name), model_type=str(config.get("model_type")))
 
 
 def _layer_counts(config: Mapping[str, Any], depth: int = 0) -> list[int]:
