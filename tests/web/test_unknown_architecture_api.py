@@ -67,3 +67,11 @@ def test_what_cannot_be_answered_is_a_4xx(client, monkeypatch):
     assert r.status_code == 422
     err = r.json()["error"]
     assert err["code"] == "unknown_architecture_needs_trace" and "pip install 'cabe[trace]'" in err["message"]
+
+
+def test_a_traced_answer_runs_off_the_event_loop():
+    from cabe.web.app import _needs_thread
+
+    assert _needs_thread({"config": OLMO3}) is True  # a trace: seconds, in the worker
+    assert _needs_thread({"config": {**OLMO3, "model_type": "llama"}}) is False  # analytic: microseconds
+    assert _needs_thread({"model": "llama-3.1-8b"}) is False
