@@ -48,3 +48,32 @@ def test_gpt_neo_freeze_finds_its_layers():
     res = fake_trace(dict(GPT_NEO), TrainingSetup(method="freeze", dtype="bf16", trainable_layers=1, batch=1, seq=32))
     # the top block: 2·2·64 + 3·64·64 + 64·64 + 64 + 64·128 + 128 + 128·64 + 64
     assert res.trainable_parameters == 4 * 64 + 3 * 64 * 64 + 64 * 64 + 64 + 64 * 128 + 128 + 128 * 64 + 64
+
+
+#: Blenderbot's causal LM builds only the decoder: its ``num_hidden_layers`` is the encoder's count (3 here).
+BLENDERBOT = {
+    "model_type": "blenderbot",
+    "d_model": 64,
+    "encoder_layers": 3,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "vocab_size": 256,
+    "max_position_embeddings": 128,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "decoder_start_token_id": 1,
+}
+
+
+def test_freeze_finds_the_decoder_of_a_decoder_only_wrapper():
+    res = fake_trace(
+        dict(BLENDERBOT), TrainingSetup(method="freeze", dtype="bf16", trainable_layers=1, batch=1, seq=32)
+    )
+    assert res.model["num_layers"] == 2  # the decoder's list, found by its ``decoder_layers`` count
+    # one BlenderbotDecoderLayer: self- and cross-attention q, k, v, o with biases 8·(64·64 + 64), fc1 64·128 + 128,
+    # fc2 128·64 + 64, three LayerNorms 3·2·64 (the cross-attention's weights exist, unused without an encoder)
+    assert res.trainable_parameters == 8 * (64 * 64 + 64) + 64 * 128 + 128 + 128 * 64 + 64 + 3 * 2 * 64

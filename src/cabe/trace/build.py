@@ -108,20 +108,36 @@ def load_dtype(setup: TrainingSetup) -> Any:
 
 
 def decoder_layers(model: Any, cfg: Any) -> Any:
-    """The ModuleList of decoder layers (the longest list of the configured length)."""
+    """The ModuleList of decoder layers: the first list of the configured length, else the longest list.
+
+    The length is the config's ``num_hidden_layers`` (``n_layer``), else its text config's, else its
+    ``decoder_layers`` / ``num_decoder_layers`` (Blenderbot's and ProphetNet's causal LMs, whose
+    ``num_hidden_layers`` counts the encoder they do not build). Among lists of that length a vision or
+    audio tower's comes last (Mllama's vision encoder has as many layers as its language model)."""
     import torch
 
-    n = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", None)
-    best = None
-    for _, mod in model.named_modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) > 0:
-            if n is not None and len(mod) != n:
-                continue
-            if best is None or len(mod) > len(best):
-                best = mod
-    if best is None:
+    lists = [(path, mod) for path, mod in model.named_modules() if isinstance(mod, torch.nn.ModuleList) and len(mod)]
+    counts = _layer_counts(cfg)
+    for n in counts:
+        same = [(path, mod) for path, mod in lists if len(mod) == n]
+        if same:
+            return min(same, key=lambda pm: _is_tower(pm[0]))[1]  # min keeps the first of equals
+    if counts or not lists:
         raise ConfigError("no_decoder_layers", None)
-    return best
+    return max(lists, key=lambda pm: len(pm[1]))[1]  # max keeps the first of equals
+
+
+def _layer_counts(cfg: Any) -> list[int]:
+    """The decoder-layer counts a config may give, in the order :func:`decoder_layers` tries them."""
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    own = _fact(cfg, "num_hidden_layers") or _fact(cfg, "n_layer")
+    found = [own, _fact(text, "num_hidden_layers"), _fact(cfg, "decoder_layers"), _fact(cfg, "num_decoder_layers")]
+    return [n for n in dict.fromkeys(found) if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+
+
+def _is_tower(path: str) -> bool:
+    """A module path inside a vision or audio tower."""
+    return any(word in path.lower() for word in ("vision", "visual", "audio", "speech", "image"))
 
 
 # ---- the model ----------------------------------------------------------------------------
