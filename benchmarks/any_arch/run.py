@@ -127,7 +127,9 @@ def summary(rows: list[dict], known: list[str]) -> str:
     """The table of the run: per method, how many architectures answered; then every refusal."""
     import transformers
 
-    methods = list(dict.fromkeys(r["method"] for r in rows))
+    order = ("full", "freeze", "lora", "qlora")
+    methods = sorted(dict.fromkeys(r["method"] for r in rows), key=lambda m: (order + (m,)).index(m))
+    rows = sorted(rows, key=lambda r: (r["model_type"], methods.index(r["method"])))
     types = sorted({r["model_type"] for r in rows})
     lines = [
         f"# Every causal LM of transformers {transformers.__version__} that no cabe family module reads, traced",
