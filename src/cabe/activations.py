@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cabe.architecture import LayerGroup, Linear, ModelSpec
-from cabe.method import lora_targets
+from cabe.method import lora_parameter_targets, lora_targets
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -71,6 +71,8 @@ class LayerActivations:
     # of ``terms``: the bytes per token that are the layer's input itself (a norm that saves its fp32 input
     # as it is): under checkpointing that tensor is the checkpoint's saved input, not a new one
     input_alias_per_token: int = 0
+    # the MLP backward's transient that does not grow with tokens (a LoRA-wrapped expert stack's W' gradient)
+    mlp_workspace_constant: int = 0
 
     @property
     def constant_bytes(self) -> int:
@@ -175,6 +177,7 @@ def layer_activations(
         layer.dora_norm_bytes,
         mlp_bwd,
         layer.input_alias,
+        layer.backward_constant,
     )
 
 
@@ -196,6 +199,13 @@ class _Layer:
         # (layer_norm is on autocast's fp32 list) whatever the residual's dtype
         self.amp = dt.amp or (dt.autocast and spec.norm == "layernorm")
         self.targets = {lin.name for lin in lora_targets(spec, setup.lora_targets, group)} if adapters else set()
+        # bare parameters PEFT wraps (MoE experts, routers: cabe.method.lora_parameter_targets), rank multiplier
+        self.wrapped = (
+            {lin.name: (lin, m) for lin, m in lora_parameter_targets(spec, setup.lora_targets, group)}
+            if adapters
+            else {}
+        )
+        self.backward_constant = 0  # a backward transient that does not grow with tokens (per layer)
         self.r = setup.lora_rank
         self.linear_by_name = {lin.name: lin for lin in group.linears}
         # LoRA variants (peft/tuners/lora/layer.py 0.21, Linear.forward / variants.py DoraLinearVariant.forward)
@@ -453,6 +463,12 @@ class _Layer:
             self.add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
             if a != 4:
                 self.add("attn.probs", a * nh * s, f"{a}·nh·s")
+        elif self.quantized and self.autocast:
+            # QLoRA under autocast: kv_b_proj's 4-bit layer returns fp32, and autocast casts q, k and v to 16 bits
+            # for SDPA: the kernel saves the value's contiguous cast, not kv_b_proj's output
+            self.add("attn.value_cast", a_attn * vo, f"{a_attn}·nh·d_v")
+            self.add("attn.output", a_attn * vo, f"{a_attn}·nh·d_v")
+            self.add("attn.logsumexp", 4 * nh, "4·nh")
         else:
             # the fused kernels take the strided value view: kv_b_proj's whole output stays alive
             self.add("attn.kv_b_output", a * kvb, f"{a}·nh·(d_nope + d_v)")
@@ -541,10 +557,19 @@ class _Layer:
             router_in = 2 if self.autocast else rho  # under autocast F.linear saves its 16-bit cast of the input
             self.constant += _moe_clamped_swiglu(self.add, spec, f, a_experts, a, router_in, base_trainable)
         elif self.group.mlp == "moe":
+            router_grad = base_trainable or any(lin.slot == "router" for lin, _ in self.wrapped.values())
+            experts_grad = base_trainable or any(lin.slot == "experts" for lin, _ in self.wrapped.values())
             if spec.router == "sigmoid_groups":
-                self._sigmoid_group_router()
+                self._sigmoid_group_router(router_grad)
             # transformers' grouped_mm experts run in the experts' own dtype (see _moe)
-            _moe(self.add, spec, f, self.dt_weight if base_trainable else self.dt_frozen, rho, base_trainable)
+            a_experts = self.dt_weight if base_trainable else self.dt_frozen
+            # the router's input kept as it is: a trained base's (shared experts' linears save it too), or a
+            # wrapped router's, unless DeepSeek's router saved its own fp32 cast instead (_sigmoid_group_router)
+            keeps_x = base_trainable or (router_grad and not (spec.router == "sigmoid_groups" and rho != 4))
+            # under autocast the router's F.linear saves its own 16-bit cast of x (autocast's lower-precision list)
+            router_in = (2 if self.autocast else rho) if keeps_x else 0
+            _moe(self.add, spec, f, a_experts, router_in, experts_grad)
+            self._wrapped_parameters(a_experts)
             if self.group.slot_names("shared_up"):
                 self._shared_expert()
         else:
@@ -566,7 +591,27 @@ class _Layer:
         if sandwich or post_norm_only:
             self.rms_norm("post_mlp_norm", h, "h", base_trainable, True)
 
-    def _sigmoid_group_router(self) -> None:
+    def _wrapped_parameters(self, a_experts: int) -> None:
+        """PEFT's LoRA on bare parameters (``ParamWrapper``, peft/tuners/lora/layer.py 0.21.2). While the wrapped
+        module runs, ``nn.utils.parametrize`` swaps the parameter for W' = W + s·ΔW: for an expert stack with one
+        adapter ``_LoraFactorsProxy`` makes it with one ``baddbmm(W, lhs, rhs)`` (the factors cast to W's dtype),
+        for a 2-D router ``_LoraParameterProxy`` adds the materialised delta. W' is a new tensor of the whole
+        stack, and it requires grad: ``grouped_mm`` saves it (and, see :func:`_moe`, its input) for backward,
+        where the gradient of W' — the stack's size again — exists before ``baddbmm``'s backward reduces it to
+        the factors' gradients. Traced on a tiny DeepSeek-V3 (tests/trace/test_deepseek_trace.py)."""
+        for lin, mult in self.wrapped.values():
+            n = lin.in_features * lin.out_features * lin.copies
+            if lin.slot == "experts":
+                self.constant += round_alloc(a_experts * n)  # W', saved by grouped_mm
+                self.backward_constant = max(self.backward_constant, round_alloc(a_experts * n))  # its gradient
+                if self.ad != a_experts:  # lhs / rhs cast to W's dtype, saved by baddbmm
+                    r = self.r * mult * lin.copies
+                    self.constant += round_alloc(a_experts * r * lin.in_features)
+                    self.constant += round_alloc(a_experts * r * lin.out_features)
+            else:  # the router's W' (fp32: F.linear(x.float(), weight.float())) and its delta
+                self.constant += 2 * round_alloc(4 * n)
+
+    def _sigmoid_group_router(self, router_grad: bool) -> None:
         """DeepSeek-V3's router (transformers 5.24 ``DeepseekV3TopkRouter.forward``), beyond what :func:`_moe`
         counts for every router: ``F.linear(x.float(), weight.float())`` (the weight is kept fp32,
         ``_keep_in_fp32_modules_strict``) saves an fp32 cast of a 16-bit input for the weight's gradient
@@ -576,7 +621,7 @@ class _Layer:
         (tests/core_torch/test_saved_tensors.py)."""
         h, e, k, rho = self.h, self.spec.num_experts, self.spec.experts_per_token, self.rho
         groups, kept = self.spec.expert_groups
-        if self.base_trainable and rho != 4:
+        if router_grad and rho != 4:
             cast = 2 if self.autocast else 4
             self.add("moe.router_input_cast", cast * h, f"{cast}·h")
         per = 16 * groups + 8 * kept + e + 8 * k + 4 + 4 * k
@@ -864,22 +909,22 @@ def _math_backward_workspace(attn: str, nh: int, s: int) -> int:
     return 2 * 4 * nh * s if attn == "math" else 0
 
 
-def _moe(add, spec: ModelSpec, f: int, a: int, rho: int, base_trainable: bool) -> None:
+def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: bool) -> None:
     """Routed experts as transformers 5 runs them by default (``grouped_mm``, integrations/moe.py 5.24:
     ``grouped_mm_experts_forward``). ``a`` is the experts' weight dtype, not autocast's: ``_grouped_mm`` casts
     the gathered tokens to ``weight.dtype`` and calls ``torch.nn.functional.grouped_mm``, which is not
     autocast-enabled (its comment cites pytorch#174763) — fp32 experts (fp32 weights under autocast, QLoRA's
     unquantized 3-D experts after prepare_model_for_kbit_training) compute and save in fp32."""
     h, e, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
-    if base_trainable:
-        add("moe.router_input", rho * h, f"{rho}·h")
+    if router_in:  # the router's weight gets a gradient (trained, or LoRA-wrapped): its input is kept
+        add("moe.router_input", router_in * h, f"{router_in}·h")
     add("moe.router_softmax", 4 * e, "4·E")
     add("moe.routing", 8 * k * 3 + 4 * k, "28·k")
-    if base_trainable:
+    if experts_grad:  # the same for the experts' weights
         add("moe.expert_input", k * a * h, f"k·{a}·h")  # gathered tokens, kept for the expert weight grads
     add("moe.gate_up_output", k * 2 * a * f, f"k·2·{a}·f")
     add("moe.act_output", k * a * f, f"k·{a}·f")
-    if base_trainable:
+    if experts_grad:
         add("moe.product", k * a * f, f"k·{a}·f")
     add("moe.expert_output", k * a * h, f"k·{a}·h")
 

@@ -33,7 +33,15 @@ from cabe.activations import (
 )
 from cabe.architecture import LayerGroup, ModelSpec
 from cabe.errors import InvalidValueError
-from cabe.method import Tensor, layer_tensors, lora_targets, parameter_tensors, quantized_bytes, stored_bytes
+from cabe.method import (
+    Tensor,
+    layer_tensors,
+    lora_targets,
+    moved_targets,
+    parameter_tensors,
+    quantized_bytes,
+    stored_bytes,
+)
 from cabe.optimizer import get as optimizer_entry
 from cabe.optimizer import layerwise_figures, optimizer_memory
 from cabe.precision import Dtypes, dtype_source, dtypes_for, resolve
@@ -720,7 +728,9 @@ def _step_parts(
         frozen_inputs=(_frozen_inputs(spec, setup, dt, act) + _offload_leaf(spec, dt, states, act)) if ckpt else 0,
         saved_layer=act.saved_layer_bytes,
         recompute_layer=act.mean(lambda r: r.recompute_bytes) if ckpt else 0,
-        workspace_layer=act.mean(lambda r: tokens * r.per_layer.mlp_workspace_per_token),
+        workspace_layer=act.mean(
+            lambda r: tokens * r.per_layer.mlp_workspace_per_token + r.per_layer.mlp_workspace_constant
+        ),
         forward_transient=max(r.per_layer.dora_norm_bytes for r in act.runs),
         rotary=act.rotary if grad_layers else 0,
         head_saved=tokens * head.saved_logsoftmax,
@@ -805,7 +815,10 @@ def _layer_run(
         # save_on_cpu.unpack_from_cpu ``tensor.to(device)``) while the layer is recomputed
         recompute=(r.recompute_bytes + (r.saved_layer_bytes if act.offload else 0)) if ckpt else 0,
         # checkpointing recomputes each layer's forward in backward: DoRA's weight norms run again there
-        workspace=max(act.tokens * r.per_layer.mlp_workspace_per_token, r.per_layer.dora_norm_bytes if ckpt else 0),
+        workspace=max(
+            act.tokens * r.per_layer.mlp_workspace_per_token + r.per_layer.mlp_workspace_constant,
+            r.per_layer.dora_norm_bytes if ckpt else 0,
+        ),
         copies_recompute=c.layer if ckpt else 0,
         copies_cached=c.cached if ckpt else 0,
         cached_count=r.count if ckpt and c.trained_layers else 0,
@@ -850,9 +863,7 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("qlora_moe_experts_unquantized")
     if spec.vision_parameters:  # Gemma 3's SigLIP tower: weights only, text-only batches never run it
         notes.append("vision_tower_weights_only")
-    targets = set(setup.lora_targets or spec.peft_default_targets)
-    moved = "all-linear" in targets or bool(targets & set(spec.peft_expert_names))
-    if setup.method in ("lora", "qlora") and spec.peft_expert_names and moved:
+    if setup.adapters and moved_targets(spec, setup.lora_targets):
         notes.append("lora_targets_moved_to_experts")
     return tuple(notes)
 

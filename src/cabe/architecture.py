@@ -189,8 +189,9 @@ class ModelSpec:
     expert_groups: tuple[int, int] = (1, 1)
     #: LoRA target names PEFT (0.21) moves onto the fused experts' 3-D parameters and the router for this model
     #: type (its transformers v4 -> v5 MoE conversion: peft/utils/transformers_weight_conversion.py,
-    #: ``_convert_peft_config_moe``, through transformers' ``_MODEL_TO_CONVERSION_PATTERN``); empty when none
-    peft_expert_names: tuple[str, ...] = ()
+    #: ``_convert_peft_config_moe``, through transformers' ``_MODEL_TO_CONVERSION_PATTERN``), each with the bare
+    #: parameter's Linear name in the layer it goes to; empty when none (cabe.method.lora_parameter_targets)
+    peft_parameter_targets: tuple[tuple[str, str], ...] = ()
     # gpt-oss: the eager attention appends one learned logit per head to every row of scores before the
     # softmax (in the scores' dtype) and drops its column after (an "attention sink")
     attention_sinks: bool = False
