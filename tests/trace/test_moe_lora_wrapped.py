@@ -11,13 +11,12 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from configs import DEEPSEEK_V3, TINY
-
 from cabe import families
 from cabe.analytic import estimate_model
 from cabe.errors import InvalidValueError
 from cabe.method import lora_parameter_targets
 from cabe.training import TrainingSetup
+from configs import DEEPSEEK_V3, TINY
 
 pytestmark = pytest.mark.trace
 
