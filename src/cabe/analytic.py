@@ -726,8 +726,12 @@ def _step_parts(
         cached_layers=copies.trained_layers if ckpt else 0,
         copies_recompute=mean(lambda r: r.copies_recompute),
         frozen_inputs=(_frozen_inputs(spec, setup, dt, act) + _offload_leaf(spec, dt, states, act)) if ckpt else 0,
+        frozen_copies=_frozen_copies(spec, setup, dt, act) if ckpt else 0,
         saved_layer=act.saved_layer_bytes,
         recompute_layer=act.mean(lambda r: r.recompute_bytes) if ckpt else 0,
+        recompute_transient_layer=act.mean(lambda r: tokens * r.per_layer.lora_forward_transient_per_token)
+        if ckpt
+        else 0,
         workspace_layer=act.mean(
             lambda r: tokens * r.per_layer.mlp_workspace_per_token + r.per_layer.mlp_workspace_constant
         ),
@@ -782,6 +786,15 @@ def _frozen_inputs(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, act: _Acti
     return kept
 
 
+def _frozen_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, act: _Activations) -> int:
+    """Checkpointing under autocast: the frozen layers left out of selective checkpointing are in autograd's
+    graph (see :func:`_frozen_inputs`), so each of their matmuls saves autocast's 16-bit cast of its frozen weight
+    (not cached: ``cached_cast`` caches only leaves that require grad). olmo-2-7b freeze, fp32 weights under
+    bf16 autocast, every 4th layer checkpointed: 24 frozen plain layers' copies, 5.8 GB (−17% without)."""
+    plain = sum(1 for i in range(act.first) if not act.checkpointed(i))
+    return plain * _weight_copies(spec, setup, dt, spec.runs[0]).layer if plain else 0
+
+
 def _offload_leaf(spec: ModelSpec, dt: Dtypes, states: _States, act: _Activations) -> int:
     """Offloading with frozen embeddings: their output stays on the device though layer 0's saved copy is on
     the host. ``enable_input_require_grads`` makes it a leaf that requires grad (transformers 5.24
@@ -821,6 +834,7 @@ def _layer_run(
         ),
         copies_recompute=c.layer if ckpt else 0,
         copies_cached=c.cached if ckpt else 0,
+        recompute_transient=act.tokens * r.per_layer.lora_forward_transient_per_token if ckpt else 0,
         cached_count=r.count if ckpt and c.trained_layers else 0,
         # the MLP block's gradients: its linears' (router and experts included), not the norms'
         grads_mlp=sum(b for role, b in per_role.items() if role in ("mlp", "router", "expert")),
