@@ -526,7 +526,7 @@ def _kind(run: LayerGroup) -> tuple[Any, ...]:
     """What a run's per-layer figures depend on: its tensors, not its length or attention span."""
     # NOTE: by identity, so as not to hash every Linear of every run: a family builds the runs of one kind
     # from one tuple of linears (two equal tuples only cost a second, equal computation)
-    return (id(run.linears), run.mlp, run.intermediate_size)
+    return (id(run.linears), run.mlp, run.intermediate_size, run.rope)
 
 
 def _run_activations(
@@ -584,12 +584,15 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
     layer = run or spec.runs[-1]
     # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast when
     # it is not in the autocast dtype already
-    # The 3-D experts get no copy: transformers' grouped_mm runs them in their own dtype, outside autocast
-    # (activations._moe)
+    # The 3-D experts get no copy when transformers' grouped_mm runs them in their own dtype, outside autocast
+    # (activations._moe); Llama 4's dense dispatch runs them through torch.bmm, which autocast casts
+    experts_cast = spec.expert_dispatch == "dense"
     base = sum(
         round_alloc(lin.weight_count * 2)
         for lin in layer.linears
-        if dt.weight_copies and not (setup.method == "qlora" and lin.quantized_by_bnb) and lin.slot != "experts"
+        if dt.weight_copies
+        and not (setup.method == "qlora" and lin.quantized_by_bnb)
+        and (lin.slot != "experts" or experts_cast)
     )
     adapters = 0
     if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
