@@ -102,13 +102,15 @@ def sdpa_masked_layers(spec: ModelSpec, setup: TrainingSetup) -> int:
 
     transformers/masking_utils.py (5.24), ``sdpa_mask`` -> ``_ignore_causal_mask_sdpa``: the mask is skipped
     (``is_causal=True`` instead) unless ``local_attention_size is not None and kv_length >=
-    local_attention_size``; sliding layers pass their window as ``local_size``."""
+    local_attention_size``; sliding layers pass their window as ``local_size``, chunked layers their chunk."""
     if setup.attention != "sdpa" or spec.sdpa_fallback:
         return 0
     s = setup.tokens_per_sequence
     if spec.sdpa_mask_window is not None and s >= spec.sdpa_mask_window:
         return spec.num_layers
-    return sum(g.count for g in spec.layer_groups if g.attention == "sliding" and g.window and s >= g.window)
+    # chunked layers (Llama 4) pass their chunk as local_size (masking_utils.py, create_chunked_causal_mask)
+    local = ("sliding", "chunked")
+    return sum(g.count for g in spec.layer_groups if g.attention in local and g.window and s >= g.window)
 
 
 def masked_sdpa_kind(spec: ModelSpec, dt: Dtypes) -> str:

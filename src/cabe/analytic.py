@@ -287,6 +287,10 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         # torch.amp.GradScaler.unscale_ refuses fp16 gradients ("Attempting to unscale FP16 gradients"):
         # the Trainer's fp16=True cannot train weights loaded in fp16
         raise InvalidValueError("fp16_weights_fp16_autocast", "autocast", value="fp16", dtype=setup.dtype)
+    if setup.attention == "flash" and not spec.flash_attention:
+        # the model class sets _supports_flash_attn = False: from_pretrained refuses flash_attention_2
+        # (transformers 5.24 modeling_utils.py:1592, "does not support Flash Attention")
+        raise InvalidValueError("flash_unsupported", "attention", value="flash", model_type=spec.model_type)
     if setup.attention == "flash" and setup.method != "qlora" and setup.dtype == "fp32" and setup.autocast == "none":
         # flash-attn runs fp16 / bf16 only; transformers casts fp32 queries to the autocast dtype, or to a
         # quantized model's dtype, else to the linear layers' dtype (integrations/flash_attention.py,

@@ -199,6 +199,12 @@ class ModelSpec:
     #: ``"dense"`` (Llama 4's ``Llama4TextMoe``: every token through every expert, scaled by its router score,
     #: zero for the experts not picked: E× the activations and FLOPs of the k picked)
     expert_dispatch: str = "grouped"
+    #: transformers can run ``flash_attention_2`` for this model (False: ``_supports_flash_attn = False``, Llama 4)
+    flash_attention: bool = True
+    #: names of ``nn.Linear`` subclasses PEFT wraps (by name, or under ``all-linear``) whose forward LoRA cannot run:
+    #: Llama 4's router returns a tuple, and PEFT 0.21's ``Linear.forward`` reads ``result.dtype``
+    #: (peft/tuners/lora/layer.py:1089)
+    lora_breaks: tuple[str, ...] = ()
     #: Llama 4: the queries of the layers without rotary are scaled per position (``attn_temperature_tuning``)
     nope_temperature_tuning: bool = False
     expert_groups: tuple[int, int] = (1, 1)
