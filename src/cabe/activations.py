@@ -236,6 +236,8 @@ class _Layer:
         self.constant = 0  # saved bytes per layer that do not grow with tokens
         self.mlp_from = 0  # the first term of the MLP block
         self.product_saved = False
+        self.dense_experts_backward = 0  # the routed experts' own backward transient (expert_dispatch "dense")
+        self.copy_before_shared = 0
         # a saved term that is the layer's input storage itself (see LayerActivations.input_alias_per_token)
         self.input_alias = 0  # the gated MLP's product is saved as it is (not a cast of it) by down_proj
 
@@ -367,6 +369,8 @@ class _Layer:
             self._rms_attention()
         self.mlp_from = len(self.terms)
         self._rms_mlp()
+        if self.dense_experts_backward:
+            return self._dense_experts_backward()
         if self.product_saved:
             # the product itself is what down_proj's backward node saved (its MmBackward0, or lora_A's when no
             # cast stands between them): autograd releases it once that node has run, before MulBackward0 makes
@@ -639,6 +643,14 @@ class _Layer:
         per = 16 * groups + 8 * kept + e + 8 * k + 4 + 4 * k
         self.add("moe.group_routing", per, "16·G + 8·G_k + E + 12·k + 4")
 
+    def _dense_experts_backward(self) -> int:
+        """The MoE block's backward workspace per token under dense dispatch: the routed experts' own
+        (:meth:`_dense_experts`), or the shared expert's (a gated MLP's, see :meth:`rms_norm_block`), which runs
+        first (its nodes were made after the experts', autograd runs the later ones first) while the copied
+        gradient of the routed output (E·h) waits."""
+        shared = 3 * self.a * self.f + 2 * self.rho * self.h
+        return max(self.dense_experts_backward, self.copy_before_shared + shared)
+
     def _dense_experts(self) -> None:
         """Llama 4's MoE (``expert_dispatch == "dense"``; transformers 5.24 models/llama4/modeling_llama4.py,
         ``Llama4Router.forward``, ``Llama4TextMoe.forward``, ``Llama4TextExperts.forward``), per token:
@@ -674,6 +686,14 @@ class _Layer:
         if bt:
             self.add("moe.product", e * ae * f, f"E·{ae}·f")
         self._shared_expert(inputs=False)
+        # the routed experts' backward: sum(0)'s gradient is an expanded view, which the reshape back to (E·T, h)
+        # copies (E·h); with it alive, bmm's backward makes the product's gradient (E·f), then MulBackward0 the
+        # gradients of up and of the activation (2·E·f) beside it, once the saved product (when down_proj trains)
+        # is released; later steps (SiluBackward0, the cat of the halves' gradients) release gate_up and the
+        # activation's output as they make theirs. Per token: max(E·h + E·f, 3·E·f - the saved product)
+        eh, ef = e * ae * h, e * ae * f
+        self.dense_experts_backward = max(eh + ef, 3 * ef - (ef if bt else 0))
+        self.copy_before_shared = eh
 
     def _shared_expert(self, inputs: bool = True) -> None:
         """A shared expert beside the routed ones (Qwen2-MoE, transformers 5 Qwen2MoeSparseMoeBlock.forward):
@@ -846,6 +866,11 @@ def _attention_core(
     if not spec.eager_softmax_fp32:  # NOTE: GPT-2's eager attention takes the softmax in the compute dtype
         sm = 4 if autocast else a  # ... but softmax is on autocast's fp32 list
         add("attn.softmax", sm * nh * s, f"{sm}·nh·s")
+        if sm != a and not spec.attention_dropout > 0:
+            # the second matmul (autocast's lower-precision list) casts the fp32 probabilities and saves the cast
+            # (Llama 4's eager_attention_forward; GPT-2's casts them itself, .type(value.dtype)); with dropout the
+            # matmul saves dropout's output instead (counted below)
+            add("attn.probs", a * nh * s, f"{a}·nh·s")
     else:
         add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
         # NOTE: softmax(dtype=fp32).to(query.dtype): the cast is saved by the second matmul, unless dropout
