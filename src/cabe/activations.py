@@ -704,11 +704,9 @@ class _Layer:
         up, down = g.slot_names("shared_up"), g.slot_names("shared_down")[0]
         gate = g.slot_names("shared_gate")
         fs = next(lin.out_features for lin in g.linears if lin.slot == "shared_up")
-        if not inputs:
-            pass
-        elif not self.base_trainable:  # (a trained base saves x once, as the router's input)
-            self.linear_inputs("shared", [(n, h) for n in up + gate], self.rho * h, f"{self.rho}·h")
         if inputs:
+            if not self.base_trainable:  # (a trained base saves x once, as the router's input)
+                self.linear_inputs("shared", [(n, h) for n in up + gate], self.rho * h, f"{self.rho}·h")
             self.lora_mid(up + gate)
         m = 4 if quantized else a  # Linear4bit returns its output in the input's dtype (fp32 here)
         self.add("shared.gate_output", m * fs, f"{m}·{fs}")

@@ -25,6 +25,8 @@ SAMPLE = [
     (LLAMA4, dict(precision="bf16", batch=2, seq=512, attention="eager")),
     (LLAMA4, dict(method="lora", precision="bf16", batch=2, seq=512, lora_targets=QV)),
     (LLAMA4, dict(method="lora", precision="bf16", batch=4, seq=256, checkpointing=True, lora_targets=QV)),
+    # no targets: PEFT keys llama4, not the decoder's llama4_text; the trace takes the family's q_proj, v_proj
+    (LLAMA4, dict(method="lora", precision="bf16", batch=2, seq=256)),
     (LLAMA4, dict(method="qlora", batch=2, seq=512, lora_targets=("q_proj", "v_proj", "down_proj"))),
     (LLAMA4_MEDIUM, dict(precision="bf16", batch=1, seq=1024, attention="sdpa")),
     (LLAMA4_MEDIUM, dict(method="lora", precision="bf16-amp", batch=2, seq=1024, lora_targets=QV)),
