@@ -961,6 +961,7 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
     pos += " + {t}·{h}" if spec.token_type_count else ""
     lm_head = "" if spec.tie_word_embeddings or spec.head != "lm" else " + {v}·{h}"
     lm_head += " + {head}" if spec.classifier_count else ""
+    lm_head += " + {vision}" if spec.vision_parameters else ""  # a vision tower and its projector (Gemma 3, Llama 4)
     steps.append(
         Step(
             "model.parameters",
@@ -976,6 +977,7 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
                 # an encoder's token types and classifier head (BERT), only where the model has them
                 **({"t": spec.token_types} if spec.token_type_count else {}),
                 **({"head": spec.classifier_count} if spec.classifier_count else {}),
+                **({"vision": spec.vision_parameters} if spec.vision_parameters else {}),
             },
         )
     )
