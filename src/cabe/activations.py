@@ -105,13 +105,15 @@ def sdpa_masked_layers(spec: ModelSpec, setup: TrainingSetup) -> int:
 
     transformers/masking_utils.py (5.24), ``sdpa_mask`` -> ``_ignore_causal_mask_sdpa``: the mask is skipped
     (``is_causal=True`` instead) unless ``local_attention_size is not None and kv_length >=
-    local_attention_size``; sliding layers pass their window as ``local_size``."""
+    local_attention_size``; sliding layers pass their window as ``local_size``, chunked layers their chunk."""
     if setup.attention != "sdpa" or spec.sdpa_fallback:
         return 0
     s = setup.tokens_per_sequence
     if spec.sdpa_mask_window is not None and s >= spec.sdpa_mask_window:
         return spec.num_layers
-    return sum(g.count for g in spec.layer_groups if g.attention == "sliding" and g.window and s >= g.window)
+    # chunked layers (Llama 4) pass their chunk as local_size (masking_utils.py, create_chunked_causal_mask)
+    local = ("sliding", "chunked")
+    return sum(g.count for g in spec.layer_groups if g.attention in local and g.window and s >= g.window)
 
 
 def masked_sdpa_kind(spec: ModelSpec, dt: Dtypes) -> str:
@@ -239,6 +241,8 @@ class _Layer:
         self.constant = 0  # saved bytes per layer that do not grow with tokens
         self.mlp_from = 0  # the first term of the MLP block
         self.product_saved = False
+        self.dense_experts_backward = 0  # the routed experts' own backward transient (expert_dispatch "dense")
+        self.copy_before_shared = 0
         # a saved term that is the layer's input storage itself (see LayerActivations.input_alias_per_token)
         self.input_alias = 0  # the gated MLP's product is saved as it is (not a cast of it) by down_proj
 
@@ -400,6 +404,8 @@ class _Layer:
             self._rms_attention()
         self.mlp_from = len(self.terms)
         self._rms_mlp()
+        if self.dense_experts_backward:
+            return self._dense_experts_backward()
         if self.product_saved:
             # the product itself is what down_proj's backward node saved (its MmBackward0, or lora_A's when no
             # cast stands between them): autograd releases it once that node has run, before MulBackward0 makes
@@ -431,6 +437,14 @@ class _Layer:
                 self.input_alias = 4 * h
         self.linear_inputs("attn", [(n, h) for n in qkv_names], attn_in_bytes, attn_in_formula)
         self.lora_mid(qkv_names)
+        if spec.qk_norm == "l2" and self.group.rope:
+            # Llama 4's Llama4TextL2Norm (no weight) after rotary: the fp32 q and k and one rsqrt per head
+            self.rms_norm("q_l2_norm", q, "q", False, False, nh, "nh", in_bytes=a)
+            self.rms_norm("k_l2_norm", kv, "kv", False, False, spec.num_kv_heads, "nkv", in_bytes=a)
+        if spec.nope_temperature_tuning and not self.group.rope:
+            # Llama4TextAttention.forward: query * attn_scales, an fp32 (s,) vector made in each NoPE layer and
+            # saved by the multiply (an expanded view of it); the product is cast back to the query's dtype
+            self.constant += 4 * self.s
         if spec.qk_norm == "head":
             # per-head norms: one rsqrt per head
             self.rms_norm("q_norm", q, "q", base_trainable, wf, nh, "nh", in_bytes=a)
@@ -591,6 +605,8 @@ class _Layer:
             a_experts = self.dt_weight if base_trainable else self.dt_frozen
             router_in = 2 if self.autocast else rho  # under autocast F.linear saves its 16-bit cast of the input
             self.constant += _moe_clamped_swiglu(self.add, spec, f, a_experts, a, router_in, base_trainable)
+        elif self.group.mlp == "moe" and spec.expert_dispatch == "dense":
+            self._dense_experts()
         elif self.group.mlp == "moe":
             router_grad = base_trainable or any(lin.slot == "router" for lin, _ in self.wrapped.values())
             experts_grad = base_trainable or any(lin.slot == "experts" for lin, _ in self.wrapped.values())
@@ -663,17 +679,71 @@ class _Layer:
         per = 16 * groups + 8 * kept + e + 8 * k + 4 + 4 * k
         self.add("moe.group_routing", per, "16·G + 8·G_k + E + 12·k + 4")
 
-    def _shared_expert(self) -> None:
+    def _dense_experts_backward(self) -> int:
+        """The MoE block's backward workspace per token under dense dispatch: the routed experts' own
+        (:meth:`_dense_experts`), or the shared expert's (a gated MLP's, see :meth:`rms_norm_block`), which runs
+        first (its nodes were made after the experts', autograd runs the later ones first) while the copied
+        gradient of the routed output (E·h) waits."""
+        shared = 3 * self.a * self.f + 2 * self.rho * self.h
+        return max(self.dense_experts_backward, self.copy_before_shared + shared)
+
+    def _dense_experts(self) -> None:
+        """Llama 4's MoE (``expert_dispatch == "dense"``; transformers 5.24 models/llama4/modeling_llama4.py,
+        ``Llama4Router.forward``, ``Llama4TextMoe.forward``, ``Llama4TextExperts.forward``), per token:
+
+        * the router (an ``nn.Linear``) and the shared expert's gate_proj and up_proj read the normed input x
+          (saved once, or each its own 16-bit cast under autocast, when their weights train);
+        * ``topk`` saves its int64 indices (8·k); ``sigmoid(scores.float())`` saves its fp32 output (4·E);
+        * ``x.repeat(E, 1) * scores.transpose(0, 1).reshape(-1, 1)``: the multiply saves the repeated input (E·ρ·h)
+          and the transposed scores' copy (E·a_r), both needed since the scores and x require grad;
+        * ``bmm`` with ``gate_up_proj`` saves its input, the product (E·ρ·h, or autocast's 16-bit cast), when the
+          experts train; ``gate_up`` (E·2f, kept whole by the activation's and the product's views of its halves),
+          the activation's output (E·f) and, when ``down_proj`` trains, the product (E·f); ``bmm`` runs under
+          autocast (it is on its lower-precision list), unlike transformers' grouped_mm;
+        * the shared expert: a SwiGLU MLP of width f over the T tokens, no gate (:meth:`_shared_expert`).
+
+        Every token goes through every expert: E× what the k picked experts would save."""
+        spec, h, f, rho = self.spec, self.h, self.f, self.rho
+        e, k, bt = spec.num_experts, spec.experts_per_token, self.base_trainable
+        g = self.group
+        readers = g.slot_names("router") + g.slot_names("shared_up")
+        self.linear_inputs("moe", [(n, h) for n in readers], rho * h, f"{rho}·h")
+        self.lora_mid(g.slot_names("shared_up"))
+        ae = self.a if self.autocast else (self.dt_weight if bt else self.dt_frozen)  # the experts' bmm dtype
+        self.add("moe.topk_indices", 8 * k, "8·k")
+        self.add("moe.sigmoid_fp32", 4 * e, "4·E")
+        self.add("moe.scores_column", ae * e, f"{ae}·E")
+        self.add("moe.repeated_input", e * rho * h, f"E·{rho}·h")
+        if bt:
+            xe = 2 if self.autocast else rho
+            self.add("moe.expert_input", e * xe * h, f"E·{xe}·h")
+        self.add("moe.gate_up_output", e * 2 * ae * f, f"E·2·{ae}·f")
+        self.add("moe.act_output", e * ae * f, f"E·{ae}·f")
+        if bt:
+            self.add("moe.product", e * ae * f, f"E·{ae}·f")
+        self._shared_expert(inputs=False)
+        # the routed experts' backward: sum(0)'s gradient is an expanded view, which the reshape back to (E·T, h)
+        # copies (E·h); with it alive, bmm's backward makes the product's gradient (E·f), then MulBackward0 the
+        # gradients of up and of the activation (2·E·f) beside it, once the saved product (when down_proj trains)
+        # is released; later steps (SiluBackward0, the cat of the halves' gradients) release gate_up and the
+        # activation's output as they make theirs. Per token: max(E·h + E·f, 3·E·f - the saved product)
+        eh, ef = e * ae * h, e * ae * f
+        self.dense_experts_backward = max(eh + ef, 3 * ef - (ef if bt else 0))
+        self.copy_before_shared = eh
+
+    def _shared_expert(self, inputs: bool = True) -> None:
         """A shared expert beside the routed ones (Qwen2-MoE, transformers 5 Qwen2MoeSparseMoeBlock.forward):
         a SwiGLU MLP over every token, times sigmoid(shared_expert_gate(x)); the product saves the MLP's
-        output and the sigmoid's (one value per token). DeepSeek-V3's (``DeepseekV3MoE.forward``) has no gate."""
+        output and the sigmoid's (one value per token). DeepSeek-V3's (``DeepseekV3MoE.forward``) and Llama 4's
+        have no gate. ``inputs``: whether to count what its input projections save (False: counted already)."""
         g, h, a, quantized = self.group, self.h, self.a, self.quantized
         up, down = g.slot_names("shared_up"), g.slot_names("shared_down")[0]
         gate = g.slot_names("shared_gate")
         fs = next(lin.out_features for lin in g.linears if lin.slot == "shared_up")
-        if not self.base_trainable:  # (a trained base saves x once, as the router's input)
-            self.linear_inputs("shared", [(n, h) for n in up + gate], self.rho * h, f"{self.rho}·h")
-        self.lora_mid(up + gate)
+        if inputs:
+            if not self.base_trainable:  # (a trained base saves x once, as the router's input)
+                self.linear_inputs("shared", [(n, h) for n in up + gate], self.rho * h, f"{self.rho}·h")
+            self.lora_mid(up + gate)
         m = 4 if quantized else a  # Linear4bit returns its output in the input's dtype (fp32 here)
         self.add("shared.gate_output", m * fs, f"{m}·{fs}")
         self.add("shared.act_output", m * fs, f"{m}·{fs}")
@@ -830,6 +900,11 @@ def _attention_core(
     if not spec.eager_softmax_fp32:  # NOTE: GPT-2's eager attention takes the softmax in the compute dtype
         sm = 4 if autocast else a  # ... but softmax is on autocast's fp32 list
         add("attn.softmax", sm * nh * s, f"{sm}·nh·s")
+        if sm != a and not spec.attention_dropout > 0:
+            # the second matmul (autocast's lower-precision list) casts the fp32 probabilities and saves the cast
+            # (Llama 4's eager_attention_forward; GPT-2's casts them itself, .type(value.dtype)); with dropout the
+            # matmul saves dropout's output instead (counted below)
+            add("attn.probs", a * nh * s, f"{a}·nh·s")
     else:
         add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
         # NOTE: softmax(dtype=fp32).to(query.dtype): the cast is saved by the second matmul, unless dropout

@@ -287,6 +287,10 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         # torch.amp.GradScaler.unscale_ refuses fp16 gradients ("Attempting to unscale FP16 gradients"):
         # the Trainer's fp16=True cannot train weights loaded in fp16
         raise InvalidValueError("fp16_weights_fp16_autocast", "autocast", value="fp16", dtype=setup.dtype)
+    if setup.attention == "flash" and not spec.flash_attention:
+        # the model class sets _supports_flash_attn = False: from_pretrained refuses flash_attention_2
+        # (transformers 5.24 modeling_utils.py:1592, "does not support Flash Attention")
+        raise InvalidValueError("flash_unsupported", "attention", value="flash", model_type=spec.model_type)
     if setup.attention == "flash" and setup.method != "qlora" and setup.dtype == "fp32" and setup.autocast == "none":
         # flash-attn runs fp16 / bf16 only; transformers casts fp32 queries to the autocast dtype, or to a
         # quantized model's dtype, else to the linear layers' dtype (integrations/flash_attention.py,
@@ -526,7 +530,7 @@ def _kind(run: LayerGroup) -> tuple[Any, ...]:
     """What a run's per-layer figures depend on: its tensors, not its length or attention span."""
     # NOTE: by identity, so as not to hash every Linear of every run: a family builds the runs of one kind
     # from one tuple of linears (two equal tuples only cost a second, equal computation)
-    return (id(run.linears), run.mlp, run.intermediate_size)
+    return (id(run.linears), run.mlp, run.intermediate_size, run.rope)
 
 
 def _run_activations(
@@ -584,12 +588,15 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
     layer = run or spec.runs[-1]
     # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast when
     # it is not in the autocast dtype already
-    # The 3-D experts get no copy: transformers' grouped_mm runs them in their own dtype, outside autocast
-    # (activations._moe)
+    # The 3-D experts get no copy when transformers' grouped_mm runs them in their own dtype, outside autocast
+    # (activations._moe); Llama 4's dense dispatch runs them through torch.bmm, which autocast casts
+    experts_cast = spec.expert_dispatch == "dense"
     base = sum(
         round_alloc(lin.weight_count * 2)
         for lin in layer.linears
-        if dt.weight_copies and not (setup.method == "qlora" and lin.quantized_by_bnb) and lin.slot != "experts"
+        if dt.weight_copies
+        and not (setup.method == "qlora" and lin.quantized_by_bnb)
+        and (lin.slot != "experts" or experts_cast)
     )
     adapters = 0
     if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
@@ -968,6 +975,7 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
     pos += " + {t}·{h}" if spec.token_type_count else ""
     lm_head = "" if spec.tie_word_embeddings or spec.head != "lm" else " + {v}·{h}"
     lm_head += " + {head}" if spec.classifier_count else ""
+    lm_head += " + {vision}" if spec.vision_parameters else ""  # a vision tower and its projector (Gemma 3, Llama 4)
     steps.append(
         Step(
             "model.parameters",
@@ -983,6 +991,7 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
                 # an encoder's token types and classifier head (BERT), only where the model has them
                 **({"t": spec.token_types} if spec.token_type_count else {}),
                 **({"head": spec.classifier_count} if spec.classifier_count else {}),
+                **({"vision": spec.vision_parameters} if spec.vision_parameters else {}),
             },
         )
     )

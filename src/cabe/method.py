@@ -58,6 +58,9 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | 
     names = spec.linear_names
     if not targets:
         targets = spec.peft_default_targets  # PEFT's default for the model type (the family module's)
+    broken = [n for n in spec.lora_breaks if n in targets or "all-linear" in targets]
+    if broken:
+        raise InvalidValueError("lora_target_breaks", "lora_targets", value=", ".join(broken))
     if any(t == "all-linear" for t in targets):
         wanted = set(names)
     else:
