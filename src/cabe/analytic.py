@@ -719,7 +719,7 @@ def _step_parts(
     head_copy_grad, head_weight_grad = _head_weight_grads(spec, states, copies)
     chunk_grads, chunk_logits = _chunked_head_grads(spec, setup, dt, states, copies)
     return StepParts(
-        weights=states.weights + states.quant,
+        weights=states.weights + states.quant + spec.buffer_bytes,
         optimizer=states.opt.state_bytes,
         grads=states.grads,
         grads_head=grads_head,
@@ -1021,6 +1021,15 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
             },
         )
     )
+    if spec.buffer_bytes:
+        steps.append(
+            Step(
+                "weights.buffers",
+                "{bytes} B = {gib} GiB",
+                spec.buffer_bytes,
+                {"bytes": spec.buffer_bytes, "gib": spec.buffer_bytes / GiB},
+            )
+        )
     steps.append(
         Step(
             "gradients",

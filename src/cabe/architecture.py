@@ -239,6 +239,9 @@ class ModelSpec:
     #: parameters of a vision tower and its projector the checkpoint carries (Gemma 3's SigLIP):
     #: held as frozen weights; their activations are not modelled (0 for a text-only model)
     vision_parameters: int = 0
+    #: bytes of the model's buffers on the device that are not parameters (transformers' modules, not vLLM's):
+    #: GPTBigCode's causal mask ``transformer.bias``, n_positions² bools
+    buffer_bytes: int = 0
     name: str = ""
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
