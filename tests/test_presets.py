@@ -72,6 +72,8 @@ REQUIRED_PRESETS = {
     "gemma-3-4b-it",
     "gemma-3-12b-it",
     "gemma-3-27b-it",
+    "llama-4-scout-17b-16e",
+    "llama-4-maverick-17b-128e",
 }
 
 # Published totals (model cards / papers / the Hub's safetensors metadata) for a spot check that
@@ -110,6 +112,9 @@ PUBLISHED_ROUNDED = {
     "qwen3-14b": (14.8, 13.2),
     "qwen3-32b": (32.8, 31.2),
     "qwen3-235b-a22b": (235, 234),
+    # the vision tower included (871,932,416): 108,641,793,536 -> "109B total". Maverick's card says "400B" for
+    # 401,583,781,376 (tests/families/test_llama4.py checks it term by term)
+    "llama-4-scout-17b-16e": (109, None),
 }
 
 CABE_KEYS = {
@@ -171,9 +176,10 @@ def test_config_shape(path: Path):
     archs = cfg.get("architectures")
     assert isinstance(archs, list) and len(archs) == 1
     # causal LMs, and encoders planned with the head their fine-tuning uses (BERT: sequence classification)
-    # (and multimodal Gemma 3 as published: Gemma3ForConditionalGeneration, AutoModelForCausalLM's class for gemma3)
+    # (and multimodal Gemma 3 and Llama 4 as published: Gemma3ForConditionalGeneration, Llama4ForConditionalGeneration)
     causal = ("ForCausalLM", "LMHeadModel", "ForSequenceClassification")
-    assert archs[0].endswith(causal + (("ForConditionalGeneration",) if cfg["model_type"] == "gemma3" else ())), archs
+    multimodal = cfg["model_type"] in ("gemma3", "llama4")
+    assert archs[0].endswith(causal + (("ForConditionalGeneration",) if multimodal else ())), archs
     # Every integer size that exists is positive.
     for key in (
         "hidden_size",
@@ -200,10 +206,16 @@ def _transformers_count(cfg: dict) -> int:
     model_type = fields.pop("model_type")
     config = transformers.AutoConfig.for_model(model_type, **fields)
     auto = transformers.AutoModelForCausalLM
-    if fields.get("architectures", [""])[0].endswith("ForSequenceClassification"):
+    arch = fields.get("architectures", [""])[0]
+    if arch.endswith("ForSequenceClassification"):
         auto = transformers.AutoModelForSequenceClassification
     with torch.device("meta"):
-        model = auto.from_config(config)
+        if arch.endswith("ForConditionalGeneration"):
+            # the published class with its vision tower (AutoModelForCausalLM builds Llama4ForCausalLM from the
+            # text config alone; for gemma3 it is Gemma3ForConditionalGeneration, the same class)
+            model = getattr(transformers, arch)._from_config(config)
+        else:
+            model = auto.from_config(config)
     # parameters() yields tied (shared) tensors once.
     return sum(p.numel() for p in model.parameters())
 

@@ -76,7 +76,18 @@ MID_MODELS = [
     "starcoderbase-3b",
     "starcoderbase-7b",
 ]
-BIG_MODELS = ["llama-2-70b", "llama-3.1-70b", "qwen2.5-72b", "deepseek-v3", "starcoder", "gpt-oss-20b", "gpt-oss-120b"]
+BIG_MODELS = [
+    "llama-2-70b",
+    "llama-3.1-70b",
+    "qwen2.5-72b",
+    "deepseek-v3",
+    "starcoder",
+    "gpt-oss-20b",
+    "gpt-oss-120b",
+    # Llama 4 (issue 13): a trace of either takes 20-30 s on fake tensors (every token through every expert)
+    "llama-4-scout-17b-16e",
+    "llama-4-maverick-17b-128e",
+]
 METHODS = [("full", 3), ("lora", 3), ("qlora", 2), ("freeze", 1), ("prompt-tuning", 1)]
 PRECISIONS = ["fp32", "bf16-amp", "fp16-amp", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
 SEQS = [128, 256, 512, 1024, 2048, 4096]

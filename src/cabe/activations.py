@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cabe.architecture import LayerGroup, Linear, ModelSpec
-from cabe.method import lora_targets
+from cabe.method import lora_parameter_targets, lora_targets
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -71,6 +71,11 @@ class LayerActivations:
     # of ``terms``: the bytes per token that are the layer's input itself (a norm that saves its fp32 input
     # as it is): under checkpointing that tensor is the checkpoint's saved input, not a new one
     input_alias_per_token: int = 0
+    # the MLP backward's transient that does not grow with tokens (a LoRA-wrapped expert stack's W' gradient)
+    mlp_workspace_constant: int = 0
+    # the largest transient of one adapted module's forward: PEFT's cast of its input to the adapters' dtype and
+    # the dropped copy (see _Layer.note_lora_input); under checkpointing it comes back in the layer's recompute
+    lora_forward_transient_per_token: int = 0
 
     @property
     def constant_bytes(self) -> int:
@@ -100,13 +105,15 @@ def sdpa_masked_layers(spec: ModelSpec, setup: TrainingSetup) -> int:
 
     transformers/masking_utils.py (5.24), ``sdpa_mask`` -> ``_ignore_causal_mask_sdpa``: the mask is skipped
     (``is_causal=True`` instead) unless ``local_attention_size is not None and kv_length >=
-    local_attention_size``; sliding layers pass their window as ``local_size``."""
+    local_attention_size``; sliding layers pass their window as ``local_size``, chunked layers their chunk."""
     if setup.attention != "sdpa" or spec.sdpa_fallback:
         return 0
     s = setup.tokens_per_sequence
     if spec.sdpa_mask_window is not None and s >= spec.sdpa_mask_window:
         return spec.num_layers
-    return sum(g.count for g in spec.layer_groups if g.attention == "sliding" and g.window and s >= g.window)
+    # chunked layers (Llama 4) pass their chunk as local_size (masking_utils.py, create_chunked_causal_mask)
+    local = ("sliding", "chunked")
+    return sum(g.count for g in spec.layer_groups if g.attention in local and g.window and s >= g.window)
 
 
 def masked_sdpa_kind(spec: ModelSpec, dt: Dtypes) -> str:
@@ -175,6 +182,8 @@ def layer_activations(
         layer.dora_norm_bytes,
         mlp_bwd,
         layer.input_alias,
+        layer.backward_constant,
+        layer.lora_forward_transient,
     )
 
 
@@ -196,6 +205,14 @@ class _Layer:
         # (layer_norm is on autocast's fp32 list) whatever the residual's dtype
         self.amp = dt.amp or (dt.autocast and spec.norm == "layernorm")
         self.targets = {lin.name for lin in lora_targets(spec, setup.lora_targets, group)} if adapters else set()
+        # bare parameters PEFT wraps (MoE experts, routers: cabe.method.lora_parameter_targets), rank multiplier
+        self.wrapped = (
+            {lin.name: (lin, m) for lin, m in lora_parameter_targets(spec, setup.lora_targets, group)}
+            if adapters
+            else {}
+        )
+        self.backward_constant = 0  # a backward transient that does not grow with tokens (per layer)
+        self.lora_forward_transient = 0  # per token: see note_lora_input
         self.r = setup.lora_rank
         self.linear_by_name = {lin.name: lin for lin in group.linears}
         # LoRA variants (peft/tuners/lora/layer.py 0.21, Linear.forward / variants.py DoraLinearVariant.forward)
@@ -224,6 +241,8 @@ class _Layer:
         self.constant = 0  # saved bytes per layer that do not grow with tokens
         self.mlp_from = 0  # the first term of the MLP block
         self.product_saved = False
+        self.dense_experts_backward = 0  # the routed experts' own backward transient (expert_dispatch "dense")
+        self.copy_before_shared = 0
         # a saved term that is the layer's input storage itself (see LayerActivations.input_alias_per_token)
         self.input_alias = 0  # the gated MLP's product is saved as it is (not a cast of it) by down_proj
 
@@ -234,6 +253,8 @@ class _Layer:
     def linear_inputs(self, group: str, names: list[tuple[str, int]], shared_bytes: int, shared_formula: str) -> None:
         """Inputs saved by the linear layers ``names`` (name, in_features) that read one tensor."""
         spec, targets, adapter_cast = self.spec, self.targets, self.adapter_cast
+        for n, inf in names:
+            self.note_lora_input(n, inf, shared_bytes // inf if inf else 0)
         trained = [n for n, _ in names if self.base_trainable]
         if self.amp or (self.quantized and self.autocast):
             for n, inf in names:
@@ -257,6 +278,29 @@ class _Layer:
             elif self.dropout:  # the dropped copy of the input, lora_A's own (nn.Dropout's output)
                 nb = shared_bytes // self.h if shared_bytes else self.a
                 self.add(f"{group}.{n}.lora_dropout_output", nb * inf, f"{nb}·{_sym(inf, spec)}")
+
+    def note_lora_input(self, n: str, inf: int, x_bytes: int) -> None:
+        """The forward transient of adapted module ``n`` reading ``inf`` values of ``x_bytes`` each per token.
+
+        PEFT 0.21 ``lora.Linear.forward`` (tuners/lora/layer.py): ``x = self._cast_input_dtype(x,
+        lora_A.weight.dtype)`` makes a copy in the adapters' dtype when x's differs, then ``dropout(x)`` a dropped
+        copy. Under autocast lora_A saves its own 16-bit cast, so neither copy is saved: both live until lora_A
+        has cast (x's copy, the dropped copy). Without autocast lora_A saves what it reads (counted in
+        linear_inputs), and only the copy that dropout read is transient. mistral-7b LoRA with dropout, bf16
+        weights under autocast, checkpointing: the recomputed down_proj's two fp32 copies, 8·f per token, set
+        the peak (−5.8% without them)."""
+        if n not in self.targets:
+            return
+        copy = self.ad * inf if x_bytes != self.ad else 0
+        if self.autocast:
+            # ... beside x itself (the call's argument, which nothing saves under autocast) and the base layer's
+            # output (``result = self.base_layer(x)`` comes first)
+            lin = self.linear_by_name.get(n)
+            out = 2 * lin.out_features if lin is not None else 0
+            t = copy + (self.ad * inf if self.dropout else 0) + x_bytes * inf + out
+        else:
+            t = copy if self.dropout else 0
+        self.lora_forward_transient = max(self.lora_forward_transient, t)
 
     def lora_mid(self, names: list[str]) -> None:
         r = self.r
@@ -292,6 +336,11 @@ class _Layer:
             rb = 2 if self.autocast else (self.ad if self.dropout else self.a)
             if self.quantized and lin.quantized_by_bnb and not self.dropout:
                 rb = 4  # Linear4bit's output, in its fp32 input's dtype (peft tuners/lora/bnb.py:533 clones it)
+            if lin.bias and not self.dropout:
+                # ``base_result = base_result - bias`` (dora.py:158): a new tensor in the promoted dtype of the
+                # output and the bias (the frozen weights' dtype; prepare_model_for_kbit_training's fp32 for 4-bit
+                # layers), which the product then saves (pythia-1.4b DoRA, fp32 weights under autocast: -9.2%)
+                rb = max(rb, 4 if self.quantized and lin.quantized_by_bnb else self.dt_frozen)
             rl = 2 if self.autocast else self.ad  # lora_B's output
             self.add(f"dora.{n}.base_result", rb * o, f"{rb}·{_sym(o, self.spec)}")
             self.add(f"dora.{n}.lora_result", rl * o, f"{rl}·{_sym(o, self.spec)}")
@@ -355,6 +404,8 @@ class _Layer:
             self._rms_attention()
         self.mlp_from = len(self.terms)
         self._rms_mlp()
+        if self.dense_experts_backward:
+            return self._dense_experts_backward()
         if self.product_saved:
             # the product itself is what down_proj's backward node saved (its MmBackward0, or lora_A's when no
             # cast stands between them): autograd releases it once that node has run, before MulBackward0 makes
@@ -386,6 +437,14 @@ class _Layer:
                 self.input_alias = 4 * h
         self.linear_inputs("attn", [(n, h) for n in qkv_names], attn_in_bytes, attn_in_formula)
         self.lora_mid(qkv_names)
+        if spec.qk_norm == "l2" and self.group.rope:
+            # Llama 4's Llama4TextL2Norm (no weight) after rotary: the fp32 q and k and one rsqrt per head
+            self.rms_norm("q_l2_norm", q, "q", False, False, nh, "nh", in_bytes=a)
+            self.rms_norm("k_l2_norm", kv, "kv", False, False, spec.num_kv_heads, "nkv", in_bytes=a)
+        if spec.nope_temperature_tuning and not self.group.rope:
+            # Llama4TextAttention.forward: query * attn_scales, an fp32 (s,) vector made in each NoPE layer and
+            # saved by the multiply (an expanded view of it); the product is cast back to the query's dtype
+            self.constant += 4 * self.s
         if spec.qk_norm == "head":
             # per-head norms: one rsqrt per head
             self.rms_norm("q_norm", q, "q", base_trainable, wf, nh, "nh", in_bytes=a)
@@ -453,6 +512,12 @@ class _Layer:
             self.add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
             if a != 4:
                 self.add("attn.probs", a * nh * s, f"{a}·nh·s")
+        elif self.quantized and self.autocast:
+            # QLoRA under autocast: kv_b_proj's 4-bit layer returns fp32, and autocast casts q, k and v to 16 bits
+            # for SDPA: the kernel saves the value's contiguous cast, not kv_b_proj's output
+            self.add("attn.value_cast", a_attn * vo, f"{a_attn}·nh·d_v")
+            self.add("attn.output", a_attn * vo, f"{a_attn}·nh·d_v")
+            self.add("attn.logsumexp", 4 * nh, "4·nh")
         else:
             # the fused kernels take the strided value view: kv_b_proj's whole output stays alive
             self.add("attn.kv_b_output", a * kvb, f"{a}·nh·(d_nope + d_v)")
@@ -540,11 +605,22 @@ class _Layer:
             a_experts = self.dt_weight if base_trainable else self.dt_frozen
             router_in = 2 if self.autocast else rho  # under autocast F.linear saves its 16-bit cast of the input
             self.constant += _moe_clamped_swiglu(self.add, spec, f, a_experts, a, router_in, base_trainable)
+        elif self.group.mlp == "moe" and spec.expert_dispatch == "dense":
+            self._dense_experts()
         elif self.group.mlp == "moe":
+            router_grad = base_trainable or any(lin.slot == "router" for lin, _ in self.wrapped.values())
+            experts_grad = base_trainable or any(lin.slot == "experts" for lin, _ in self.wrapped.values())
             if spec.router == "sigmoid_groups":
-                self._sigmoid_group_router()
+                self._sigmoid_group_router(router_grad)
             # transformers' grouped_mm experts run in the experts' own dtype (see _moe)
-            _moe(self.add, spec, f, self.dt_weight if base_trainable else self.dt_frozen, rho, base_trainable)
+            a_experts = self.dt_weight if base_trainable else self.dt_frozen
+            # the router's input kept as it is: a trained base's (shared experts' linears save it too), or a
+            # wrapped router's, unless DeepSeek's router saved its own fp32 cast instead (_sigmoid_group_router)
+            keeps_x = base_trainable or (router_grad and not (spec.router == "sigmoid_groups" and rho != 4))
+            # under autocast the router's F.linear saves its own 16-bit cast of x (autocast's lower-precision list)
+            router_in = (2 if self.autocast else rho) if keeps_x else 0
+            _moe(self.add, spec, f, a_experts, router_in, experts_grad)
+            self._wrapped_parameters(a_experts)
             if self.group.slot_names("shared_up"):
                 self._shared_expert()
         else:
@@ -562,11 +638,32 @@ class _Layer:
                 self.product_saved = not self.autocast and not self.dropout
             if adapter_cast and down_name in targets:
                 self.add(f"mlp.{down_name}.lora_input_fp32", 4 * f, "4·f")
+            self.note_lora_input(down_name, f, m if not self.autocast or quantized else 2)
             self.lora_mid([down_name])
         if sandwich or post_norm_only:
             self.rms_norm("post_mlp_norm", h, "h", base_trainable, True)
 
-    def _sigmoid_group_router(self) -> None:
+    def _wrapped_parameters(self, a_experts: int) -> None:
+        """PEFT's LoRA on bare parameters (``ParamWrapper``, peft/tuners/lora/layer.py 0.21.2). While the wrapped
+        module runs, ``nn.utils.parametrize`` swaps the parameter for W' = W + s·ΔW: for an expert stack with one
+        adapter ``_LoraFactorsProxy`` makes it with one ``baddbmm(W, lhs, rhs)`` (the factors cast to W's dtype),
+        for a 2-D router ``_LoraParameterProxy`` adds the materialised delta. W' is a new tensor of the whole
+        stack, and it requires grad: ``grouped_mm`` saves it (and, see :func:`_moe`, its input) for backward,
+        where the gradient of W' — the stack's size again — exists before ``baddbmm``'s backward reduces it to
+        the factors' gradients. Traced on a tiny DeepSeek-V3 (tests/trace/test_deepseek_trace.py)."""
+        for lin, mult in self.wrapped.values():
+            n = lin.in_features * lin.out_features * lin.copies
+            if lin.slot == "experts":
+                self.constant += round_alloc(a_experts * n)  # W', saved by grouped_mm
+                self.backward_constant = max(self.backward_constant, round_alloc(a_experts * n))  # its gradient
+                if self.ad != a_experts:  # lhs / rhs cast to W's dtype, saved by baddbmm
+                    r = self.r * mult * lin.copies
+                    self.constant += round_alloc(a_experts * r * lin.in_features)
+                    self.constant += round_alloc(a_experts * r * lin.out_features)
+            else:  # the router's W' (fp32: F.linear(x.float(), weight.float())) and its delta
+                self.constant += 2 * round_alloc(4 * n)
+
+    def _sigmoid_group_router(self, router_grad: bool) -> None:
         """DeepSeek-V3's router (transformers 5.24 ``DeepseekV3TopkRouter.forward``), beyond what :func:`_moe`
         counts for every router: ``F.linear(x.float(), weight.float())`` (the weight is kept fp32,
         ``_keep_in_fp32_modules_strict``) saves an fp32 cast of a 16-bit input for the weight's gradient
@@ -576,23 +673,77 @@ class _Layer:
         (tests/core_torch/test_saved_tensors.py)."""
         h, e, k, rho = self.h, self.spec.num_experts, self.spec.experts_per_token, self.rho
         groups, kept = self.spec.expert_groups
-        if self.base_trainable and rho != 4:
+        if router_grad and rho != 4:
             cast = 2 if self.autocast else 4
             self.add("moe.router_input_cast", cast * h, f"{cast}·h")
         per = 16 * groups + 8 * kept + e + 8 * k + 4 + 4 * k
         self.add("moe.group_routing", per, "16·G + 8·G_k + E + 12·k + 4")
 
-    def _shared_expert(self) -> None:
+    def _dense_experts_backward(self) -> int:
+        """The MoE block's backward workspace per token under dense dispatch: the routed experts' own
+        (:meth:`_dense_experts`), or the shared expert's (a gated MLP's, see :meth:`rms_norm_block`), which runs
+        first (its nodes were made after the experts', autograd runs the later ones first) while the copied
+        gradient of the routed output (E·h) waits."""
+        shared = 3 * self.a * self.f + 2 * self.rho * self.h
+        return max(self.dense_experts_backward, self.copy_before_shared + shared)
+
+    def _dense_experts(self) -> None:
+        """Llama 4's MoE (``expert_dispatch == "dense"``; transformers 5.24 models/llama4/modeling_llama4.py,
+        ``Llama4Router.forward``, ``Llama4TextMoe.forward``, ``Llama4TextExperts.forward``), per token:
+
+        * the router (an ``nn.Linear``) and the shared expert's gate_proj and up_proj read the normed input x
+          (saved once, or each its own 16-bit cast under autocast, when their weights train);
+        * ``topk`` saves its int64 indices (8·k); ``sigmoid(scores.float())`` saves its fp32 output (4·E);
+        * ``x.repeat(E, 1) * scores.transpose(0, 1).reshape(-1, 1)``: the multiply saves the repeated input (E·ρ·h)
+          and the transposed scores' copy (E·a_r), both needed since the scores and x require grad;
+        * ``bmm`` with ``gate_up_proj`` saves its input, the product (E·ρ·h, or autocast's 16-bit cast), when the
+          experts train; ``gate_up`` (E·2f, kept whole by the activation's and the product's views of its halves),
+          the activation's output (E·f) and, when ``down_proj`` trains, the product (E·f); ``bmm`` runs under
+          autocast (it is on its lower-precision list), unlike transformers' grouped_mm;
+        * the shared expert: a SwiGLU MLP of width f over the T tokens, no gate (:meth:`_shared_expert`).
+
+        Every token goes through every expert: E× what the k picked experts would save."""
+        spec, h, f, rho = self.spec, self.h, self.f, self.rho
+        e, k, bt = spec.num_experts, spec.experts_per_token, self.base_trainable
+        g = self.group
+        readers = g.slot_names("router") + g.slot_names("shared_up")
+        self.linear_inputs("moe", [(n, h) for n in readers], rho * h, f"{rho}·h")
+        self.lora_mid(g.slot_names("shared_up"))
+        ae = self.a if self.autocast else (self.dt_weight if bt else self.dt_frozen)  # the experts' bmm dtype
+        self.add("moe.topk_indices", 8 * k, "8·k")
+        self.add("moe.sigmoid_fp32", 4 * e, "4·E")
+        self.add("moe.scores_column", ae * e, f"{ae}·E")
+        self.add("moe.repeated_input", e * rho * h, f"E·{rho}·h")
+        if bt:
+            xe = 2 if self.autocast else rho
+            self.add("moe.expert_input", e * xe * h, f"E·{xe}·h")
+        self.add("moe.gate_up_output", e * 2 * ae * f, f"E·2·{ae}·f")
+        self.add("moe.act_output", e * ae * f, f"E·{ae}·f")
+        if bt:
+            self.add("moe.product", e * ae * f, f"E·{ae}·f")
+        self._shared_expert(inputs=False)
+        # the routed experts' backward: sum(0)'s gradient is an expanded view, which the reshape back to (E·T, h)
+        # copies (E·h); with it alive, bmm's backward makes the product's gradient (E·f), then MulBackward0 the
+        # gradients of up and of the activation (2·E·f) beside it, once the saved product (when down_proj trains)
+        # is released; later steps (SiluBackward0, the cat of the halves' gradients) release gate_up and the
+        # activation's output as they make theirs. Per token: max(E·h + E·f, 3·E·f - the saved product)
+        eh, ef = e * ae * h, e * ae * f
+        self.dense_experts_backward = max(eh + ef, 3 * ef - (ef if bt else 0))
+        self.copy_before_shared = eh
+
+    def _shared_expert(self, inputs: bool = True) -> None:
         """A shared expert beside the routed ones (Qwen2-MoE, transformers 5 Qwen2MoeSparseMoeBlock.forward):
         a SwiGLU MLP over every token, times sigmoid(shared_expert_gate(x)); the product saves the MLP's
-        output and the sigmoid's (one value per token). DeepSeek-V3's (``DeepseekV3MoE.forward``) has no gate."""
+        output and the sigmoid's (one value per token). DeepSeek-V3's (``DeepseekV3MoE.forward``) and Llama 4's
+        have no gate. ``inputs``: whether to count what its input projections save (False: counted already)."""
         g, h, a, quantized = self.group, self.h, self.a, self.quantized
         up, down = g.slot_names("shared_up"), g.slot_names("shared_down")[0]
         gate = g.slot_names("shared_gate")
         fs = next(lin.out_features for lin in g.linears if lin.slot == "shared_up")
-        if not self.base_trainable:  # (a trained base saves x once, as the router's input)
-            self.linear_inputs("shared", [(n, h) for n in up + gate], self.rho * h, f"{self.rho}·h")
-        self.lora_mid(up + gate)
+        if inputs:
+            if not self.base_trainable:  # (a trained base saves x once, as the router's input)
+                self.linear_inputs("shared", [(n, h) for n in up + gate], self.rho * h, f"{self.rho}·h")
+            self.lora_mid(up + gate)
         m = 4 if quantized else a  # Linear4bit returns its output in the input's dtype (fp32 here)
         self.add("shared.gate_output", m * fs, f"{m}·{fs}")
         self.add("shared.act_output", m * fs, f"{m}·{fs}")
@@ -749,6 +900,11 @@ def _attention_core(
     if not spec.eager_softmax_fp32:  # NOTE: GPT-2's eager attention takes the softmax in the compute dtype
         sm = 4 if autocast else a  # ... but softmax is on autocast's fp32 list
         add("attn.softmax", sm * nh * s, f"{sm}·nh·s")
+        if sm != a and not spec.attention_dropout > 0:
+            # the second matmul (autocast's lower-precision list) casts the fp32 probabilities and saves the cast
+            # (Llama 4's eager_attention_forward; GPT-2's casts them itself, .type(value.dtype)); with dropout the
+            # matmul saves dropout's output instead (counted below)
+            add("attn.probs", a * nh * s, f"{a}·nh·s")
     else:
         add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
         # NOTE: softmax(dtype=fp32).to(query.dtype): the cast is saved by the second matmul, unless dropout
@@ -864,22 +1020,22 @@ def _math_backward_workspace(attn: str, nh: int, s: int) -> int:
     return 2 * 4 * nh * s if attn == "math" else 0
 
 
-def _moe(add, spec: ModelSpec, f: int, a: int, rho: int, base_trainable: bool) -> None:
+def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: bool) -> None:
     """Routed experts as transformers 5 runs them by default (``grouped_mm``, integrations/moe.py 5.24:
     ``grouped_mm_experts_forward``). ``a`` is the experts' weight dtype, not autocast's: ``_grouped_mm`` casts
     the gathered tokens to ``weight.dtype`` and calls ``torch.nn.functional.grouped_mm``, which is not
     autocast-enabled (its comment cites pytorch#174763) — fp32 experts (fp32 weights under autocast, QLoRA's
     unquantized 3-D experts after prepare_model_for_kbit_training) compute and save in fp32."""
     h, e, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
-    if base_trainable:
-        add("moe.router_input", rho * h, f"{rho}·h")
+    if router_in:  # the router's weight gets a gradient (trained, or LoRA-wrapped): its input is kept
+        add("moe.router_input", router_in * h, f"{router_in}·h")
     add("moe.router_softmax", 4 * e, "4·E")
     add("moe.routing", 8 * k * 3 + 4 * k, "28·k")
-    if base_trainable:
+    if experts_grad:  # the same for the experts' weights
         add("moe.expert_input", k * a * h, f"k·{a}·h")  # gathered tokens, kept for the expert weight grads
     add("moe.gate_up_output", k * 2 * a * f, f"k·2·{a}·f")
     add("moe.act_output", k * a * f, f"k·{a}·f")
-    if base_trainable:
+    if experts_grad:
         add("moe.product", k * a * f, f"k·{a}·f")
     add("moe.expert_output", k * a * h, f"k·{a}·h")
 

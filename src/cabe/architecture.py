@@ -66,13 +66,16 @@ class Linear:
 class LayerGroup:
     """``count`` decoder layers that are made of the same tensors and attend the same way.
 
-    ``attention``: ``"full"`` (every earlier token) or ``"sliding"`` (the last ``window`` tokens).
+    ``attention``: ``"full"`` (every earlier token), ``"sliding"`` (the last ``window`` tokens) or ``"chunked"``
+    (the earlier tokens of the same ``window``-token chunk: Llama 4's local layers).
     ``mlp``: ``"gated"`` (SwiGLU / GeGLU), ``"plain"`` (one activation between two matrices) or
     ``"moe"`` (routed experts). ``intermediate_size``: the MLP's (or one expert's) width, 0 for the
     model's ``intermediate_size``. A model whose layers differ (sliding and global layers, dense layers
     then MoE layers) is several groups, listed from the bottom layer up: where the groups differ in their
     tensors, each group is a run of consecutive layers (freeze trains the top ones, pipeline stages
-    hold consecutive ones).
+    hold consecutive ones). ``rope``: the layer rotates q and k (False: Llama 4's NoPE layers, whose queries are
+    temperature-tuned instead and whose q and k are not L2-normalised); layers that differ in it save different
+    tensors, so they are separate runs even though their weights are alike.
     """
 
     count: int
@@ -81,17 +84,20 @@ class LayerGroup:
     attention: str = "full"
     window: int | None = None
     intermediate_size: int = 0
+    rope: bool = True
 
     @cached_property
     def linear_count(self) -> int:
         return sum(lin.parameter_count for lin in self.linears)
 
     def same_tensors(self, other: LayerGroup) -> bool:
-        """True when ``other``'s layers are made of the same tensors (only the attention span may differ)."""
-        return (self.linears, self.mlp, self.intermediate_size) == (
+        """True when ``other``'s layers are made of the same tensors and save the same ones (only the attention
+        span may differ)."""
+        return (self.linears, self.mlp, self.intermediate_size, self.rope) == (
             other.linears,
             other.mlp,
             other.intermediate_size,
+            other.rope,
         )
 
     def slot_names(self, slot: str) -> list[str]:
@@ -163,7 +169,9 @@ class ModelSpec:
     norm_placement: str = "pre"
     norm_weight_fp32: bool = False  # the norm multiplies by its weight in fp32 (Gemma, OLMo 2)
     norm_plus_one: bool = False  # Gemma: x · (1 + w), the (1 + w) an fp32 tensor saved per layer
-    qk_norm: str = "none"  # "none" | "head" (over head_dim) | "full" (over heads*head_dim)
+    # "none" | "head" (over head_dim) | "full" (over heads*head_dim) | "l2" (Llama 4: over head_dim, no weight,
+    # in the layers that rotate q and k)
+    qk_norm: str = "none"
     parallel_block: bool = False  # attention and MLP read the same input (Falcon, GPT-NeoX)
     position: str = "rotary"  # "rotary" | "learned"
     # rotary applied with torch.cat (partial rotary, Phi-3's and GPT-NeoX's code): the attention
@@ -185,12 +193,26 @@ class ModelSpec:
     #: ``"sigmoid_groups"`` (DeepSeek-V3: an fp32 router, sigmoid scores, the best ``expert_groups[1]`` of
     #: ``expert_groups[0]`` groups, top-k among their experts, weights renormalised) or ``"topk_softmax"``
     #: (gpt-oss: top-k of the biased logits, then a softmax over the k values in their dtype)
+    #: ``"topk_sigmoid"`` (Llama 4: top-k of the logits, the others set to -inf, a sigmoid over all E in fp32)
     router: str = "softmax"
+    #: how tokens reach the experts: ``"grouped"`` (each token to its k experts: transformers 5's grouped_mm) or
+    #: ``"dense"`` (Llama 4's ``Llama4TextMoe``: every token through every expert, scaled by its router score,
+    #: zero for the experts not picked: E× the activations and FLOPs of the k picked)
+    expert_dispatch: str = "grouped"
+    #: transformers can run ``flash_attention_2`` for this model (False: ``_supports_flash_attn = False``, Llama 4)
+    flash_attention: bool = True
+    #: names of ``nn.Linear`` subclasses PEFT wraps (by name, or under ``all-linear``) whose forward LoRA cannot run:
+    #: Llama 4's router returns a tuple, and PEFT 0.21's ``Linear.forward`` reads ``result.dtype``
+    #: (peft/tuners/lora/layer.py:1089)
+    lora_breaks: tuple[str, ...] = ()
+    #: Llama 4: the queries of the layers without rotary are scaled per position (``attn_temperature_tuning``)
+    nope_temperature_tuning: bool = False
     expert_groups: tuple[int, int] = (1, 1)
     #: LoRA target names PEFT (0.21) moves onto the fused experts' 3-D parameters and the router for this model
     #: type (its transformers v4 -> v5 MoE conversion: peft/utils/transformers_weight_conversion.py,
-    #: ``_convert_peft_config_moe``, through transformers' ``_MODEL_TO_CONVERSION_PATTERN``); empty when none
-    peft_expert_names: tuple[str, ...] = ()
+    #: ``_convert_peft_config_moe``, through transformers' ``_MODEL_TO_CONVERSION_PATTERN``), each with the bare
+    #: parameter's Linear name in the layer it goes to; empty when none (cabe.method.lora_parameter_targets)
+    peft_parameter_targets: tuple[tuple[str, str], ...] = ()
     # gpt-oss: the eager attention appends one learned logit per head to every row of scores before the
     # softmax (in the scores' dtype) and drops its column after (an "attention sink")
     attention_sinks: bool = False
@@ -217,6 +239,9 @@ class ModelSpec:
     #: parameters of a vision tower and its projector the checkpoint carries (Gemma 3's SigLIP):
     #: held as frozen weights; their activations are not modelled (0 for a text-only model)
     vision_parameters: int = 0
+    #: bytes of the model's buffers on the device that are not parameters (transformers' modules, not vLLM's):
+    #: GPTBigCode's causal mask ``transformer.bias``, n_positions² bools
+    buffer_bytes: int = 0
     name: str = ""
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -284,7 +309,8 @@ class ModelSpec:
             kind = "mqa"
         else:
             kind = "gqa" if self.num_kv_heads < self.num_heads else "mha"
-        return kind + ("+sliding" if self.sliding_layers else "")
+        chunked = any(g.attention == "chunked" for g in self.layer_groups)
+        return kind + ("+sliding" if self.sliding_layers else "") + ("+chunked" if chunked else "")
 
     @property
     def mlp_kinds(self) -> str:

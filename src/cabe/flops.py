@@ -3,9 +3,10 @@
 Standard counting (Kaplan et al. 2020; Narayanan et al. 2021; PaLM appendix B), per token:
 
 * forward: 2·N multiply-adds of the weight matrices (N = parameters that multiply activations:
-  all but the embedding lookup; for MoE the *active* ones: shared + k/E of the experts) plus
+  all but the embedding lookup; for MoE the *active* ones: shared + k/E of the experts — all E where the
+  implementation runs every token through every expert, Llama 4's) plus
   attention 2·2·L·s_eff·d_attn (QKᵀ and A·V; s_eff = the attended length, capped by a sliding
-  window; d_attn = heads × head_dim);
+  window or an attention chunk; d_attn = heads × head_dim);
 * full fine-tuning: backward = 2 × forward (activation gradients + weight gradients): 6·N per
   token + 12·L·s·d_attn for attention, the familiar "6ND";
 * LoRA / QLoRA: the frozen base needs activation gradients (2·N) but no weight gradients, so
@@ -39,9 +40,10 @@ def matmul_params(spec: ModelSpec) -> tuple[int, int]:
         dense = sum(lin.weight_count for lin in run.linears if lin.role != "expert")
         experts = sum(lin.weight_count for lin in run.linears if lin.role == "expert")
         total += run.count * (dense + experts)
-        active += run.count * (
-            dense + (experts * spec.experts_per_token // spec.num_experts if spec.num_experts else experts)
-        )
+        # NOTE: Llama 4's dense dispatch (expert_dispatch == "dense") multiplies every token by every expert (the
+        # ones not picked scaled by zero): all E are computed, not k
+        picked = spec.num_experts if spec.expert_dispatch == "dense" else spec.experts_per_token
+        active += run.count * (dense + (experts * picked // spec.num_experts if spec.num_experts else experts))
     head = spec.vocab_size * spec.hidden_size  # lm_head (or the tied embedding used as one)
     return total + head, active + head
 

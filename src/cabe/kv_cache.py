@@ -76,8 +76,11 @@ def kv_cache_bytes(
 
 
 def attended(group: LayerGroup, context: int) -> int:
-    """Tokens one layer of ``group`` keeps of a ``context``-token sequence: all of them, or the window."""
-    if group.attention == "sliding" and group.window:
+    """Tokens one layer of ``group`` keeps of a ``context``-token sequence: all of them, or the window. Chunked
+    layers (Llama 4) keep at most their chunk: transformers caches them in a ``DynamicSlidingWindowLayer`` of
+    ``attention_chunk_size`` (cache_utils.py 5.24, ``LAYER_TYPE_CACHE_MAPPING``: "sliding and chunked are the same
+    in how they should behave, only the mask differs"); a token attends at most its chunk."""
+    if group.attention in ("sliding", "chunked") and group.window:
         return min(context, group.window)
     return context
 

@@ -58,20 +58,79 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | 
     names = spec.linear_names
     if not targets:
         targets = spec.peft_default_targets  # PEFT's default for the model type (the family module's)
+    broken = [n for n in spec.lora_breaks if n in targets or "all-linear" in targets]
+    if broken:
+        raise InvalidValueError("lora_target_breaks", "lora_targets", value=", ".join(broken))
     if any(t == "all-linear" for t in targets):
         wanted = set(names)
     else:
-        unknown = [t for t in targets if t not in names]
+        # (and the names PEFT moves onto bare parameters: a MoE router's ``gate``, Mixtral's v4 ``w1``...)
+        known = list(names) + [old for old, _ in spec.peft_parameter_targets if old not in names]
+        unknown = [t for t in targets if t not in known]
         if unknown:
             raise InvalidValueError(
                 "unknown_lora_target",
                 "lora_targets",
                 value=", ".join(unknown),
-                allowed=", ".join(names) + ", all-linear",
+                allowed=", ".join(known) + ", all-linear",
             )
         wanted = set(targets)
+    wanted -= moved_targets(spec, targets)  # PEFT targets parameters under these names instead
     layer = spec.runs[0] if group is None else group
     return tuple(lin for lin in layer.linears if lin.is_module and lin.name in wanted)
+
+
+def moved_targets(spec: ModelSpec, targets: tuple[str, ...]) -> frozenset[str]:
+    """The target names PEFT moves off ``nn.Linear`` modules onto bare parameters for this model type.
+
+    PEFT 0.21.2 (tuners/tuners_utils.py ``inject_adapter`` -> utils/transformers_weight_conversion.py
+    ``_convert_peft_config_moe``), for a model type transformers 5 converts from its v4 MoE layout: every target
+    named like a v4 expert projection or router (``_MOE_TARGET_MODULE_MAPPING``: gate, gate_proj, up_proj,
+    down_proj) leaves ``target_modules`` — so no ``nn.Linear`` of that name is adapted any more, the dense and
+    shared-expert MLPs included — and its fused parameter joins ``target_parameters``. ``all-linear`` resolves
+    to the attention's linears plus every one of those names (``_resolve_string_target_modules``)."""
+    names = {old for old, _ in spec.peft_parameter_targets}
+    if not names:
+        return frozenset()
+    chosen = set(targets or spec.peft_default_targets)
+    return frozenset(names if "all-linear" in chosen else chosen & names)
+
+
+def lora_parameter_targets(
+    spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | None = None
+) -> tuple[tuple[Linear, int], ...]:
+    """The bare parameters of one layer of ``group`` that PEFT wraps in a ``ParamWrapper`` (tuners/lora/layer.py
+    0.21.2), each with its rank multiplier: a 3-D expert stack of E experts gets lora_A (r·E × in) and lora_B
+    (out × r·E); a fused parameter reached from two names (gate_proj and up_proj -> gate_up_proj) gets twice the
+    rank (``rank_pattern``: ``r * len(required_old_targets)``), and naming only one of them is refused."""
+    moved = moved_targets(spec, targets)
+    if not moved:
+        return ()
+    by_param: dict[str, set[str]] = {}
+    for old, param in spec.peft_parameter_targets:
+        by_param.setdefault(param, set()).add(old)
+    for olds in by_param.values():
+        if 0 < len(olds & moved) < len(olds):
+            raise InvalidValueError(
+                "fused_lora_target",
+                "lora_targets",
+                value=", ".join(sorted(olds & moved)),
+                allowed=", ".join(sorted(olds)),
+            )
+    layer = spec.runs[0] if group is None else group
+    out = []
+    for lin in layer.linears:
+        olds = by_param.get(lin.name, set())
+        if olds and olds <= moved:
+            out.append((lin, len(olds)))
+    return tuple(out)
+
+
+def wrapped_adapter_sizes(lin: Linear, rank: int, multiplier: int) -> tuple[int, int]:
+    """(lora_A, lora_B) element counts of a ``ParamWrapper`` around ``lin`` (``update_layer``:
+    ``nn.Linear(in, r·E)`` and ``nn.Linear(r·E, out)``)."""
+    r = rank * multiplier * lin.copies
+    return r * lin.in_features, r * lin.out_features
 
 
 def lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> list[LoraTarget]:
@@ -80,9 +139,13 @@ def lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> lis
     out: dict[str, LoraTarget] = {}
     for run in spec.runs:
         in_run: dict[str, LoraTarget] = {}
-        for lin in lora_targets(spec, targets, run):
+        sized = [(lin, rank * (lin.in_features + lin.out_features)) for lin in lora_targets(spec, targets, run)]
+        sized += [
+            (lin, sum(wrapped_adapter_sizes(lin, rank, m))) for lin, m in lora_parameter_targets(spec, targets, run)
+        ]
+        for lin, size in sized:
             prev = in_run.get(lin.name)
-            per = rank * (lin.in_features + lin.out_features) * run.count
+            per = size * run.count
             if prev is None:
                 in_run[lin.name] = LoraTarget(lin.name, lin.in_features, lin.out_features, 1, per)
             else:  # e.g. GPT-2's c_proj exists in attention and MLP
@@ -182,6 +245,7 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
                 if setup.dora:  # DoRA's magnitude ‖W + sBA‖ per output row (peft tuners/lora/dora.py:127,
                     # an adapter layer name, variants.py:143): the adapters' dtype, trained
                     add(lin.name + ".lora_magnitude_vector", lin.out_features, run.count, True, "adapter")
+            _wrapped_adapters(add, spec, setup, run, run.count)
     if method == "prompt-tuning":
         add(
             "prompt_embeddings",
@@ -214,7 +278,17 @@ def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, traina
             add(lin.name + ".lora_B", lin.out_features * r, 1, True, "adapter", lin.out_features, r, lin.role)
             if setup.dora:
                 add(lin.name + ".lora_magnitude_vector", lin.out_features, 1, True, "adapter", role=lin.role)
+        _wrapped_adapters(add, spec, setup, run, 1)
     return tensors
+
+
+def _wrapped_adapters(add: Any, spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, count: int) -> None:
+    """The LoRA matrices of the bare parameters PEFT wraps (:func:`lora_parameter_targets`)."""
+    for lin, mult in lora_parameter_targets(spec, setup.lora_targets, run):
+        na, nb = wrapped_adapter_sizes(lin, setup.lora_rank, mult)
+        rank = setup.lora_rank * mult * lin.copies
+        add(lin.name + ".lora_A", na, count, True, "adapter", rank, lin.in_features, lin.role)
+        add(lin.name + ".lora_B", nb, count, True, "adapter", lin.out_features, rank, lin.role)
 
 
 def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, trainable: bool, quantize: bool) -> None:

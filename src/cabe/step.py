@@ -40,6 +40,7 @@ class LayerRun:
     grads_mlp: int = 0  # of ``grads``: what the MLP block's backward makes, before attention's
     mlp_saved: int = 0  # of ``saved`` (or ``recompute``): what the MLP block saved, freed before attention's backward
     attention_workspace: int = 0  # transient extra while attention's backward runs
+    recompute_transient: int = 0  # checkpointing: a transient of the layer's recomputed forward (PEFT's casts)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class StepParts:
     # checkpointing: layers outside the gradient's path (freeze's frozen bottom) still keep their input
     # alive through the step (the checkpoint's saved inputs; seen in the trace)
     frozen_inputs: int = 0
+    # ... and, under autocast, the 16-bit weight copies those frozen layers left out of selective checkpointing
+    # saved (their input requires grad, so each matmul keeps its cast of the frozen weight)
+    frozen_copies: int = 0
     # tied embeddings: the lm_head's gradient waits in autograd's input buffer of the shared weight's
     # AccumulateGrad node until the embedding's gradient arrives at the very end of backward
     tied_grad_pending: int = 0
@@ -104,6 +108,8 @@ class StepParts:
     # a transient of the top layer's forward when every layer below holds its activations (DoRA's weight
     # norms: cabe.activations ``_Layer._dora_norm_transient``); 0: none worth a moment
     forward_transient: int = 0
+    # checkpointing: the largest transient of a recomputed layer's forward (LayerRun.recompute_transient)
+    recompute_transient_layer: int = 0
 
     def layer_runs(self) -> tuple[LayerRun, ...]:
         """The gradient's path as runs of like layers, bottom first."""
@@ -125,6 +131,7 @@ class StepParts:
                 self.grads_mlp_layer,
                 self.mlp_saved_layer,
                 self.attention_workspace_layer,
+                self.recompute_transient_layer,
             ),
         )
 
@@ -140,7 +147,7 @@ def timeline(p: StepParts) -> list[Moment]:
     g_acc = p.grads if p.grads_in_forward else 0
     runs = p.layer_runs()
     saved_all = sum(r.count * r.saved for r in runs)
-    copies_all = sum(r.count * r.copies for r in runs)
+    copies_all = sum(r.count * r.copies for r in runs) + p.frozen_copies
     acts_all = saved_all + p.rotary + p.final_norm_saved + p.frozen_inputs
     moments = [
         Moment(
@@ -209,6 +216,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     **base,
                     "gradients": p.grads,
                     "activations": p.embedding_grad_input + p.frozen_inputs,
+                    "weight_copies": p.frozen_copies,
                     **p.extra_backward,
                 },
             )
@@ -256,8 +264,13 @@ def _layer_moments(
             # gradients are set to None at each step (Trainer: zero_grad(set_to_none=True)).
             # Then attention's backward: the MLP's saved tensors are gone (autograd releases a node's saved
             # tensors once it has run: torch/csrc/autograd/engine.cpp), the MLP's gradients stay.
+            moments_of_layer = [("", before + r.grads_mlp, acts + r.workspace)]
+            if r.recompute_transient:
+                # the recomputed forward's end, before this layer's first gradient: all it saves is back, and
+                # its last adapted module's transient (cabe.activations _Layer.note_lora_input)
+                moments_of_layer.insert(0, (".recompute", before, acts + r.recompute_transient))
             for suffix, grads, activations in (
-                ("", before + r.grads_mlp, acts + r.workspace),
+                *moments_of_layer,
                 (
                     ".attention",
                     before + r.grads,

@@ -78,8 +78,23 @@ FAMILIES = {
         "moe_intermediate_size": 32,
         "first_k_dense_replace": 1,
     },
+    # Llama 4: layer 1 (the measured one) MoE with a shared expert, every token through every expert; rotary with
+    # the q / k L2 norm (chunk 8192 > S: no mask), or (":nope") a NoPE layer with temperature-tuned queries
+    "llama4_text": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "intermediate_size_mlp": 96,
+        "interleave_moe_layer_step": 1,
+    },
+    "llama4_text:nope": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "intermediate_size_mlp": 96,
+        "interleave_moe_layer_step": 1,
+        "no_rope_layer_interval": 2,
+    },
 }
-MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3")
+MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "llama4_text")
 B, S = 2, 24
 
 

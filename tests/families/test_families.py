@@ -58,7 +58,7 @@ def test_preset_spec_is_consistent(path):
     targets = set(spec.peft_default_targets)
     assert targets == {"all-linear"} or targets <= set(spec.linear_names), spec.peft_default_targets
     for g in spec.layer_groups:
-        assert (g.attention == "sliding") == (g.window is not None)
+        assert (g.attention in ("sliding", "chunked")) == (g.window is not None)
 
 
 # Qwen3-MoE layers 0 and 2 dense (decoder_sparse_step=2), or layer 0 alone (mlp_only_layers)

@@ -140,3 +140,43 @@ DEEPSEEK_V3 = dict(
     max_position_embeddings=4096,
     tie_word_embeddings=False,
 )
+
+
+#: a tiny Llama 4 decoder: layers 0 and 2 dense (SwiGLU of intermediate_size_mlp), 1 and 3 MoE (4 experts, top-1,
+#: a shared expert; every token through every expert), layers 0-2 rotary with the q / k L2 norm and chunked
+#: attention (chunk 128), layer 3 NoPE with temperature-tuned queries and global attention. Kept out of TINY: PEFT
+#: 0.21 has no default LoRA targets for llama4_text, and all-linear wraps the router, whose tuple output LoRA
+#: cannot run (cabe refuses it: lora_target_breaks).
+LLAMA4 = dict(
+    model_type="llama4_text",
+    hidden_size=128,
+    intermediate_size=192,
+    intermediate_size_mlp=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=512,
+    max_position_embeddings=4096,
+    num_local_experts=4,
+    num_experts_per_tok=1,
+    interleave_moe_layer_step=2,
+    attention_chunk_size=128,
+)
+
+#: a medium one, Maverick-like: 8 layers alternating dense and MoE (8 experts, top-2), no q / k norm, chunk 256
+LLAMA4_MEDIUM = dict(
+    LLAMA4,
+    hidden_size=512,
+    intermediate_size=768,
+    intermediate_size_mlp=1536,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    attention_chunk_size=256,
+    use_qk_norm=False,
+    vocab_size=4096,
+)

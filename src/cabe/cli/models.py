@@ -35,18 +35,26 @@ def gather(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def kinds(spec: Any) -> dict[str, str]:
     """The attention and MLP kinds of a spec, as codes: ``mha`` / ``gqa`` / ``mqa`` (kv heads against query
-    heads), ``+sliding<window>`` when some layers slide, ``+sinks`` with learned attention sinks; the MLP's kinds
-    over its runs (``gated``, ``plain``, ``moe<E>x<k>`` with the experts' gate when it is not SwiGLU)."""
+    heads), ``+sliding<window>`` when some layers slide, ``+chunked<chunk>`` when some attend within chunks,
+    ``+nope`` when some apply no rotary, ``+sinks`` with learned attention sinks; the MLP's kinds over its runs
+    (``gated``, ``plain``, ``moe<E>x<k>`` with the experts' gate when it is not SwiGLU, ``(every-expert)`` when
+    every token goes through every expert)."""
     nkv, nh = spec.num_kv_heads, spec.num_heads
     attn = "mla" if spec.latent_attention else ("mha" if nkv == nh else ("mqa" if nkv == 1 else "gqa"))
     if spec.sliding_window:
         attn += f"+sliding{spec.sliding_window}"
+    chunk = next((g.window for g in spec.layer_groups if g.attention == "chunked"), None)
+    if chunk:
+        attn += f"+chunked{chunk}"
+    if any(not g.rope for g in spec.layer_groups):
+        attn += "+nope"
     if spec.attention_sinks:
         attn += "+sinks"
     mlps: dict[str, None] = {}
     for run in spec.runs:
         if run.mlp == "moe":
             gate = "" if spec.expert_gate == "swiglu" else f"({spec.expert_gate})"
+            gate += "(every-expert)" if spec.expert_dispatch == "dense" else ""
             shared = "+shared" if run.slot_names("shared_up") else ""
             mlps.setdefault(f"moe{spec.num_experts}x{spec.experts_per_token}{gate}{shared}", None)
         else:
@@ -58,8 +66,9 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, lang: str, unit
     if args.json:
         return jsonio.dumps(rows, indent=2)
     lines = [t("ui.models_header", lang) + ":"]
+    w = max([18] + [len(r["name"]) for r in rows])
     lines += [
-        f"  {r['name']:<18} {fmt_number(r['parameters'], lang):>20}  {r['attention']:<20} {r['mlp']:<24} {r['hf_id'] or ''}"
+        f"  {r['name']:<{w}} {fmt_number(r['parameters'], lang):>20}  {r['attention']:<20} {r['mlp']:<24} {r['hf_id'] or ''}"
         for r in rows
     ]
     return "\n".join(lines)

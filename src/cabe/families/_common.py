@@ -144,3 +144,20 @@ def decoder(
         config=dict(r.c),
         **kinds,
     )
+
+
+#: PEFT 0.21.2's target renames for transformers 5's fused MoE layouts (peft/utils/transformers_weight_conversion.py,
+#: ``_MOE_TARGET_MODULE_MAPPING``): the v4 name a user targets -> the bare parameter's Linear name in cabe's layer.
+#: Which model types get which pattern: transformers' conversion_mapping.py ``_MODEL_TO_CONVERSION_PATTERN``.
+QWEN2_MOE_PEFT_PARAMETERS = (
+    ("gate", "gate"),
+    ("gate_proj", "experts.gate_up_proj"),
+    ("up_proj", "experts.gate_up_proj"),
+    ("down_proj", "experts.down_proj"),
+)
+MIXTRAL_PEFT_PARAMETERS = (
+    ("gate", "router"),
+    ("w1", "experts.gate_up_proj"),
+    ("w3", "experts.gate_up_proj"),
+    ("w2", "experts.down_proj"),
+)

@@ -24,7 +24,7 @@ as a separate model. cabe plans the model transformers trains: without it.
 from __future__ import annotations
 
 from cabe.architecture import LatentAttention, LayerGroup, Linear, ModelSpec
-from cabe.families._common import Reader, decoder, gated_mlp
+from cabe.families._common import QWEN2_MOE_PEFT_PARAMETERS, Reader, decoder, gated_mlp
 
 MODEL_TYPES = ("deepseek_v3",)
 
@@ -114,6 +114,7 @@ def read(r: Reader, name: str) -> ModelSpec:
         peft_default_targets=("all-linear",),
         # NOTE: transformers 5.24 maps deepseek_v3 to qwen2_moe's conversion pattern (conversion_mapping.py), and
         # PEFT 0.21.2 then turns these targets (and all-linear's) into LoRA on experts.gate_up_proj / down_proj and
-        # gate.weight, dropping the dense and shared MLPs' gate/up/down: not modelled, the report says so
-        peft_expert_names=("gate", "gate_proj", "up_proj", "down_proj"),
+        # gate.weight (``_MOE_TARGET_MODULE_MAPPING["qwen2_moe"]``), dropping the dense and shared MLPs'
+        # gate/up/down (cabe.method.lora_parameter_targets)
+        peft_parameter_targets=QWEN2_MOE_PEFT_PARAMETERS,
     )

@@ -7,7 +7,16 @@ nn.Linear that LoRA or bitsandbytes would replace.
 from __future__ import annotations
 
 from cabe.architecture import Linear, ModelSpec
-from cabe.families._common import Reader, attention_shape, decoder, groups, listed_sliding_layers, qkvo, window
+from cabe.families._common import (
+    MIXTRAL_PEFT_PARAMETERS,
+    Reader,
+    attention_shape,
+    decoder,
+    groups,
+    listed_sliding_layers,
+    qkvo,
+    window,
+)
 
 MODEL_TYPES = ("mixtral",)
 
@@ -39,4 +48,6 @@ def read(r: Reader, name: str) -> ModelSpec:
         num_experts=experts,
         experts_per_token=r.int("num_experts_per_tok", default=2),
         attention_dropout=r.dropout("attention_dropout"),
+        # all-linear reaches the experts and the router through PEFT's mixtral conversion (names w1 / w2 / w3)
+        peft_parameter_targets=MIXTRAL_PEFT_PARAMETERS,
     )

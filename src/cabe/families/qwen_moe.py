@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cabe.architecture import LayerGroup, Linear, ModelSpec
-from cabe.families._common import Reader, attention_shape, decoder, gated_mlp, qkvo, window
+from cabe.families._common import QWEN2_MOE_PEFT_PARAMETERS, Reader, attention_shape, decoder, gated_mlp, qkvo, window
 
 MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
 
@@ -113,4 +113,8 @@ def read(r: Reader, name: str) -> ModelSpec:
         attention_dropout=r.dropout("attention_dropout"),
         # NOTE: PEFT has no default target_modules for these model types (peft/utils/constants.py): all-linear
         peft_default_targets=("all-linear",),
+        # transformers 5.24 maps qwen3_moe to qwen2_moe's conversion pattern (conversion_mapping.py); PEFT 0.21.2
+        # looks the model type up in that table (``_MODEL_TO_CONVERSION_PATTERN.get(model_type)``), where
+        # qwen2_moe itself is no key: its all-linear stays on the nn.Linear modules (shared expert included)
+        peft_parameter_targets=() if qwen2 else QWEN2_MOE_PEFT_PARAMETERS,
     )

@@ -121,10 +121,15 @@ def _grad_layers(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, lay: L
 
 def _frozen_inputs(parts: StepParts, spec: ModelSpec, stage_layers: int, grad_layers: int) -> float:
     """The checkpointed inputs this stage's layers outside the gradient's path keep."""
+    return _frozen_share(parts.frozen_inputs, parts, spec, stage_layers, grad_layers)
+
+
+def _frozen_share(total: int, parts: StepParts, spec: ModelSpec, stage_layers: int, grad_layers: int) -> float:
+    """This stage's share of ``total``, held evenly by the layers outside the gradient's path."""
     frozen_all = spec.num_layers - parts.grad_layers
-    if not parts.frozen_inputs or not frozen_all:
+    if not total or not frozen_all:
         return 0.0
-    return parts.frozen_inputs / frozen_all * max(0, stage_layers - grad_layers)
+    return total / frozen_all * max(0, stage_layers - grad_layers)
 
 
 def _grads_split(
@@ -175,7 +180,9 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         copies_recompute=round(parts.copies_recompute * per_tp) if keep and grad_layers else 0,
         saved_layer=round(saved * inflight),
         frozen_inputs=round(_frozen_inputs(parts, spec, lay.stage_layers, grad_layers) * f.checkpointed * inflight),
+        frozen_copies=round(_frozen_share(parts.frozen_copies, parts, spec, lay.stage_layers, grad_layers) * per_tp),
         recompute_layer=round(parts.recompute_layer * f.saved),
+        recompute_transient_layer=round(parts.recompute_transient_layer * f.saved),
         workspace_layer=round(parts.workspace_layer * f.saved),
         # the layer's backward split (step.LayerRun): the MLP's gradients shrink as the layer's do, its saved
         # tensors and attention's workspace as the layer's activations do

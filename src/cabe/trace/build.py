@@ -339,7 +339,7 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
         task_type=_peft_task(cfg),
     )
     try:
-        return _peft_model(model, lcfg, targets, notes)
+        return _peft_model(model, lcfg, targets, notes, _default_targets(cfg))
     except ValueError as exc:
         raise ConfigError(
             "bad_lora_targets",
@@ -349,13 +349,25 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
         ) from None
 
 
+def _default_targets(cfg: Any) -> tuple[str, ...]:
+    """The spec's PEFT default targets for this config, or () when no family module reads it."""
+    from cabe import families
+
+    try:
+        return families.from_config(cfg.to_dict()).peft_default_targets
+    except CabeError:
+        return ()
+
+
 def _peft_task(cfg: Any) -> str:
     """PEFT's task type for the head :func:`_auto_class` built: ``SEQ_CLS`` wraps a classifier (and makes
     its ``classifier`` a trainable module to save, peft/utils/constants.py), ``CAUSAL_LM`` a causal LM."""
     return "SEQ_CLS" if getattr(cfg, "problem_type", None) == "single_label_classification" else "CAUSAL_LM"
 
 
-def _peft_model(model: Any, lcfg: Any, targets: Any, notes: list[str]) -> Any:
+def _peft_model(model: Any, lcfg: Any, targets: Any, notes: list[str], default: tuple[str, ...] = ()) -> Any:
+    """``default``: the family's PEFT targets (``ModelSpec.peft_default_targets``), for a model whose config type
+    PEFT does not key (AutoModelForCausalLM builds Llama 4's decoder as ``llama4_text``, PEFT keys ``llama4``)."""
     from peft import get_peft_model
 
     try:
@@ -363,6 +375,10 @@ def _peft_model(model: Any, lcfg: Any, targets: Any, notes: list[str]) -> Any:
     except ValueError as exc:
         if targets is not None or "target_modules" not in str(exc):
             raise
+        if default and default != ("all-linear",):
+            notes.append("trace_lora_family_default")
+            lcfg.target_modules = list(default)
+            return get_peft_model(model, lcfg)
         # PEFT knows no default targets for this architecture: adapt every linear layer
         notes.append("trace_lora_all_linear")
         lcfg.target_modules = "all-linear"
