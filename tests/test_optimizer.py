@@ -14,7 +14,9 @@ MiB = 1 << 20
 
 
 def _t(rows: int, cols: int, name: str = "q_proj", role: str = "attn", kind: str = "base") -> Tensor:
-    return Tensor(name, rows * cols, 1, True, kind, rows, cols, role)
+    # the module path a Llama layer gives it (cabe.method.linear_path), which GaLore's targets match
+    path = {"attn": "self_attn.", "mlp": "mlp."}.get(role, "") + name if role in ("attn", "mlp") else ""
+    return Tensor(name, rows * cols, 1, True, kind, rows, cols, role, path)
 
 
 # ---- names --------------------------------------------------------------------------------------
@@ -154,8 +156,23 @@ def test_galore_adafactor_works_in_fp32():
 def test_galore_projects_lora_adapters_as_the_trainer_does():
     # PEFT's lora_A / lora_B are nn.Linear under ...self_attn.q_proj: "attn" matches them (traced: qwen2.5-0.5b
     # LoRA r16 + GaLore all-linear rank 8, fp32, estimate within 0.02 % of the trace)
-    a = Tensor("q_proj.lora_A", 16 * 896, 1, True, "adapter", 16, 896, "attn")
+    a = Tensor("q_proj.lora_A", 16 * 896, 1, True, "adapter", 16, 896, "attn", "self_attn.q_proj.lora_A")
     assert optimizer.galore_targeted(a, ("attn",)) and not optimizer.galore_targeted(a, ("mlp",))
+
+
+def test_galore_matches_the_family_module_names():
+    # transformers' names: GPT-NeoX's attention is ``attention.query_key_value`` ("attn" is no substring of it),
+    # GPT-2's matrices are Conv1D, which the Trainer skips (trainer_optimizer.py:143): nothing to project, refused
+    from cabe.errors import InvalidValueError
+    from cabe.method import parameter_tensors
+
+    galore = dict(method="full", optimizer="galore_adamw", galore_targets=("attn", "mlp"))
+    neox = parameter_tensors(preset("pythia-1.4b").spec, TrainingSetup(**galore))
+    targeted = {t.path for t in neox if optimizer.galore_targeted(t, ("attn", "mlp"))}
+    assert targeted == {"mlp.dense_h_to_4h", "mlp.dense_4h_to_h"}
+    with pytest.raises(InvalidValueError) as err:
+        estimate_model(preset("gpt2").spec, TrainingSetup(**galore))
+    assert err.value.code == "galore_no_targets"
 
 
 def test_galore_uses_less_state_than_adamw_on_llama_7b():

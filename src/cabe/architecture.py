@@ -242,6 +242,11 @@ class ModelSpec:
     #: bytes of the model's buffers on the device that are not parameters (transformers' modules, not vLLM's):
     #: GPTBigCode's causal mask ``transformer.bias``, n_positions² bools
     buffer_bytes: int = 0
+    #: where each role's linears sit in a decoder layer, as transformers names the modules (what
+    #: ``optim_target_modules`` is matched against, as substrings: trainer_utils ``check_target_module_exists``)
+    module_prefixes: tuple[tuple[str, str], ...] = (("attn", "self_attn."), ("mlp", "mlp."), ("router", "mlp."))
+    #: the layer's matrices are transformers' Conv1D (GPT-2), not ``nn.Linear``: GaLore cannot target them
+    conv1d: bool = False
     name: str = ""
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

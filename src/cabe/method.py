@@ -33,6 +33,9 @@ class Tensor:
     rows: int = 0  # for 2-D tensors (Adafactor factors rows + cols)
     cols: int = 0
     role: str = ""  # a layer linear's (and its adapters'): attn | mlp | router | expert
+    # the nn.Linear module's path in the layer as transformers names it (``self_attn.q_proj``), or "" when the
+    # tensor is not an nn.Linear weight (Conv1D, bare MoE parameters, norms): what GaLore's targets match
+    path: str = ""
 
     @property
     def total(self) -> int:
@@ -187,17 +190,25 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
     index: dict[tuple[Any, ...], int] = {}
 
     def add(
-        name: str, numel: int, count: int, trainable: bool, kind: str, rows: int = 0, cols: int = 0, role: str = ""
+        name: str,
+        numel: int,
+        count: int,
+        trainable: bool,
+        kind: str,
+        rows: int = 0,
+        cols: int = 0,
+        role: str = "",
+        path: str = "",
     ) -> None:
         if not (numel and count):
             return
-        key = (name, numel, trainable, kind, rows, cols, role)
+        key = (name, numel, trainable, kind, rows, cols, role, path)
         if key in index:  # the same tensor in another run of the same kind of layer (dense, MoE, dense ...)
             t = tensors[index[key]]
             tensors[index[key]] = replace(t, count=t.count + count)
             return
         index[key] = len(tensors)
-        tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role))
+        tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role, path))
 
     if method == "freeze":
         parts = spec.top_split(min(setup.trainable_layers, layers))
@@ -240,8 +251,27 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
         r = setup.lora_rank
         for run in spec.runs:
             for lin in lora_targets(spec, setup.lora_targets, run):
-                add(lin.name + ".lora_A", r * lin.in_features, run.count, True, "adapter", r, lin.in_features)
-                add(lin.name + ".lora_B", lin.out_features * r, run.count, True, "adapter", lin.out_features, r)
+                a_path, b_path = linear_path(spec, lin, ".lora_A"), linear_path(spec, lin, ".lora_B")
+                add(
+                    lin.name + ".lora_A",
+                    r * lin.in_features,
+                    run.count,
+                    True,
+                    "adapter",
+                    r,
+                    lin.in_features,
+                    path=a_path,
+                )
+                add(
+                    lin.name + ".lora_B",
+                    lin.out_features * r,
+                    run.count,
+                    True,
+                    "adapter",
+                    lin.out_features,
+                    r,
+                    path=b_path,
+                )
                 if setup.dora:  # DoRA's magnitude ‖W + sBA‖ per output row (peft tuners/lora/dora.py:127,
                     # an adapter layer name, variants.py:143): the adapters' dtype, trained
                     add(lin.name + ".lora_magnitude_vector", lin.out_features, run.count, True, "adapter")
@@ -265,17 +295,26 @@ def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, traina
     tensors: list[Tensor] = []
 
     def add(
-        name: str, numel: int, count: int, trainable: bool, kind: str, rows: int = 0, cols: int = 0, role: str = ""
+        name: str,
+        numel: int,
+        count: int,
+        trainable: bool,
+        kind: str,
+        rows: int = 0,
+        cols: int = 0,
+        role: str = "",
+        path: str = "",
     ) -> None:
         if numel and count:
-            tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role))
+            tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role, path))
 
     _layer_tensors(add, spec, run, 1, trainable and setup.method in ("full", "freeze"), setup.method == "qlora")
     if setup.adapters:
         r = setup.lora_rank
         for lin in lora_targets(spec, setup.lora_targets, run):
-            add(lin.name + ".lora_A", r * lin.in_features, 1, True, "adapter", r, lin.in_features, lin.role)
-            add(lin.name + ".lora_B", lin.out_features * r, 1, True, "adapter", lin.out_features, r, lin.role)
+            a_path, b_path = linear_path(spec, lin, ".lora_A"), linear_path(spec, lin, ".lora_B")
+            add(lin.name + ".lora_A", r * lin.in_features, 1, True, "adapter", r, lin.in_features, lin.role, a_path)
+            add(lin.name + ".lora_B", lin.out_features * r, 1, True, "adapter", lin.out_features, r, lin.role, b_path)
             if setup.dora:
                 add(lin.name + ".lora_magnitude_vector", lin.out_features, 1, True, "adapter", role=lin.role)
         _wrapped_adapters(add, spec, setup, run, 1)
@@ -307,6 +346,7 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
                 rows,
                 cols,
                 role=lin.role,
+                path=linear_path(spec, lin),
             )
         if lin.bias:
             add(lin.name + ".bias", lin.out_features, count * lin.copies, trainable, "base", role=lin.role)
@@ -325,6 +365,14 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
     if spec.latent_attention:  # multi-head latent attention's q_a_layernorm and kv_a_layernorm
         add("q_a_layernorm", spec.latent_attention.q_lora_rank, count, trainable, "norm")
         add("kv_a_layernorm", spec.latent_attention.kv_lora_rank, count, trainable, "norm")
+
+
+def linear_path(spec: ModelSpec, lin: Linear, suffix: str = "") -> str:
+    """``lin``'s module path in its layer (``self_attn.q_proj``), or "" when it is no ``nn.Linear``: a bare
+    parameter (fused experts, some routers) or GPT-2's Conv1D (its LoRA matrices are nn.Linear: ``suffix``)."""
+    if not lin.is_module or (spec.conv1d and not suffix):
+        return ""
+    return dict(spec.module_prefixes).get(lin.role, "") + lin.name + suffix
 
 
 def stored_bytes(t: Tensor, setup: TrainingSetup, dt: Any) -> int:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from cabe.errors import InvalidValueError
 from cabe.units import round_alloc
 
 if TYPE_CHECKING:
@@ -151,12 +152,13 @@ def galore_targeted(t: Tensor, targets: tuple[str, ...]) -> bool:
     takes every ``nn.Linear`` (trainer_optimizer.py:134, 140-147), the untied ``lm_head`` too, and PEFT's
     ``lora_A`` / ``lora_B`` (``nn.Linear`` modules under ``...self_attn.q_proj``). Fused MoE experts are 3-D
     parameters, not ``nn.Linear``, and stay unprojected."""
-    if not (t.trainable and t.rows and t.cols) or t.kind not in ("base", "lm_head", "adapter") or t.role == "expert":
+    if not (t.trainable and t.rows and t.cols) or t.kind not in ("base", "lm_head", "adapter"):
         return False
     if t.kind == "lm_head":
         return "all-linear" in targets or any(x in t.name for x in targets)
-    path = {"attn": "self_attn.", "mlp": "mlp.", "router": "mlp."}.get(t.role, "") + t.name
-    return "all-linear" in targets or any(x in path for x in targets)
+    # the module's path as the family's transformers code names it (cabe.method.linear_path): GPT-NeoX's
+    # ``attention.query_key_value`` is no match for "attn"; "" for what is not an nn.Linear (GPT-2's Conv1D)
+    return bool(t.path) and ("all-linear" in targets or any(x in t.path for x in targets))
 
 
 def _low_rank(t: Tensor, rank: int) -> tuple[Tensor, int, int]:
@@ -591,6 +593,9 @@ def optimizer_memory(tensors: list[Tensor], setup: TrainingSetup, param_bytes_of
     opt = get(setup.optimizer)
     impl = setup.resolved_optimizer_impl
     trainable = [t for t in tensors if t.trainable]
+    if opt.low_rank and not any(galore_targeted(t, setup.galore_targets) for t in trainable):
+        # the HF Trainer refuses too: trainer_optimizer.py:153-154 "No target modules found for {optimizer_name}"
+        raise InvalidValueError("galore_no_targets", "galore_targets", value=", ".join(setup.galore_targets))
     state = 0
     paged = 0
     largest = 0

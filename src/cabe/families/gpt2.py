@@ -41,4 +41,6 @@ def read(r: Reader, name: str) -> ModelSpec:
         hidden_dropout=r.dropout("resid_pdrop", 0.1),
         embedding_dropout=r.dropout("embd_pdrop", 0.1),
         peft_default_targets=("c_attn",),
+        module_prefixes=(("attn", "attn."), ("mlp", "mlp.")),
+        conv1d=True,  # GaLore (trainer_optimizer.py:143) takes nn.Linear only
     )

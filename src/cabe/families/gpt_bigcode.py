@@ -51,6 +51,7 @@ def read(r: Reader, name: str) -> ModelSpec:
         hidden_dropout=r.dropout("resid_pdrop", 0.1),
         embedding_dropout=r.dropout("embd_pdrop", 0.1),
         peft_default_targets=("c_attn",),
+        module_prefixes=(("attn", "attn."), ("mlp", "mlp.")),  # GPTBigCodeBlock: self.attn, self.mlp
         # models/gpt_bigcode/modeling_gpt_bigcode.py:381 (5.24): ``self.bias = nn.Buffer(torch.tril(torch.ones(
         # (max_positions, max_positions), dtype=torch.bool)), persistent=False)`` — 64 MiB at 8192 positions
         buffer_bytes=round_alloc(r.int("n_positions", "max_position_embeddings", default=1024) ** 2),

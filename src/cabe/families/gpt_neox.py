@@ -46,4 +46,5 @@ def read(r: Reader, name: str) -> ModelSpec:
         attention_dropout=r.dropout("attention_dropout"),
         hidden_dropout=r.dropout("hidden_dropout"),
         peft_default_targets=("query_key_value",),
+        module_prefixes=(("attn", "attention."), ("mlp", "mlp.")),  # GPTNeoXLayer: self.attention, self.mlp
     )

@@ -209,6 +209,8 @@ def read_text(r: Reader, name: str) -> ModelSpec:
         eager_softmax_fp32=False,
         # NOTE: PEFT 0.21 has q_proj, v_proj for llama4 (peft/utils/constants.py) and nothing for llama4_text
         peft_default_targets=("q_proj", "v_proj"),
+        # Llama4TextDecoderLayer: self.self_attn, self.feed_forward (dense MLP or MoE)
+        module_prefixes=(("attn", "self_attn."), ("mlp", "feed_forward."), ("router", "feed_forward.")),
         lora_breaks=("router",),
         flash_attention=False,  # NOTE: Llama4PreTrainedModel._supports_flash_attn = False
     )

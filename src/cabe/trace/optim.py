@@ -147,6 +147,10 @@ def _galore_groups(params: list[Any], kw: dict[str, Any]) -> list[dict[str, Any]
     }
     wanted = {id(p) for n, p in model.named_parameters() if n in names}
     chosen = [p for p in params if id(p) in wanted]
+    if not chosen:  # trainer_optimizer.py:153-154 raises "No target modules found"
+        from cabe.errors import InvalidValueError
+
+        raise InvalidValueError("galore_no_targets", "galore_targets", value=", ".join(targets))
     rest = [p for p in params if id(p) not in wanted]
     low_rank = {"rank": setup.galore_rank, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"}
     return [{"params": rest}, {"params": chosen, **low_rank}]
