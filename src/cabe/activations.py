@@ -650,7 +650,7 @@ class _Layer:
             self.add(f"attn.{out_name}.lora_input_cast", 2 * q, "2·q")  # PEFT's fp32 cast, cast back
         if adapter_cast and out_name in targets:
             self.add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
-        self.lora_variants([out_name])  # (lora_mid is not called for the output projection here)
+        self.lora_mid([out_name])  # lora_A's output, saved by lora_B (peft tuners/lora/layer.py Linear.forward)
 
     def _ln_mlp(self) -> None:
         spec, h, f, a, rho, quantized = self.spec, self.h, self.f, self.a, self.rho, self.quantized
@@ -682,7 +682,7 @@ class _Layer:
                 self.add("mlp.act_output", a * f, f"{a}·f")
         if adapter_cast and down in targets:
             self.add(f"mlp.{down}.lora_input_fp32", 4 * f, "4·f")
-        self.lora_variants([down])  # (lora_mid is not called for down here)
+        self.lora_mid([down])  # lora_A's output, saved by lora_B, as for every other adapted module
         if spec.hidden_dropout > 0:
             self.add("mlp.dropout_mask", h, "1·h")
 
