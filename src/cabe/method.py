@@ -61,17 +61,62 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | 
     if any(t == "all-linear" for t in targets):
         wanted = set(names)
     else:
-        unknown = [t for t in targets if t not in names]
+        heads = head_module_names(spec)
+        unknown = [t for t in targets if t not in names and t not in heads]
         if unknown:
             raise InvalidValueError(
                 "unknown_lora_target",
                 "lora_targets",
                 value=", ".join(unknown),
-                allowed=", ".join(names) + ", all-linear",
+                allowed=", ".join(names + heads) + ", all-linear",
             )
         wanted = set(targets)
     layer = spec.runs[0] if group is None else group
     return tuple(lin for lin in layer.linears if lin.is_module and lin.name in wanted)
+
+
+def head_module_names(spec: ModelSpec) -> tuple[str, ...]:
+    """The modules outside the layers LoRA may target: the token embedding and, over a vocabulary, the
+    lm_head (``all-linear`` takes neither: PEFT leaves the output layer out, tuners_utils.py
+    ``_maybe_include_all_linear_layers``, and matches ``nn.Linear`` / ``Conv1D`` only)."""
+    return (spec.embedding_name, spec.lm_head_name) if spec.head == "lm" else (spec.embedding_name,)
+
+
+@dataclass(frozen=True)
+class HeadTarget:
+    """A LoRA adapter on the token embedding (``kind`` "embedding": peft tuners/lora/layer.py ``Embedding``,
+    ``lora_embedding_A`` r × vocab, ``lora_embedding_B`` hidden × r) or on the lm_head (``kind`` "lm_head": a
+    ``Linear``, lora_A r × hidden, lora_B vocab × r): r · (in + out) parameters either way."""
+
+    name: str
+    kind: str
+    in_features: int
+    out_features: int
+
+
+def head_targets(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[HeadTarget, ...]:
+    """The embedding / lm_head adapters ``targets`` names (validated by :func:`lora_targets`). A tied lm_head
+    is still its own module: PEFT wraps it apart from the embedding (the adapters are not tied)."""
+    h, v = spec.hidden_size, spec.vocab_size
+    out = []
+    if spec.embedding_name in targets:
+        out.append(HeadTarget(spec.embedding_name, "embedding", v, h))
+    if spec.head == "lm" and spec.lm_head_name in targets:
+        out.append(HeadTarget(spec.lm_head_name, "lm_head", h, v))
+    return tuple(out)
+
+
+def checked_head_targets(spec: ModelSpec, setup: TrainingSetup) -> tuple[HeadTarget, ...]:
+    """:func:`head_targets` of a setup, refusing what cabe does not model on them: DoRA (its embedding variant
+    and the weight norm of a vocabulary-wide lm_head, peft tuners/lora/variants.py) and, on the lm_head, a loss
+    other than transformers' own (the fused and chunked losses read the lm_head's weight or call it by chunks)."""
+    found = head_targets(spec, setup.lora_targets) if setup.adapters else ()
+    if found and setup.dora:
+        raise InvalidValueError("lora_head_dora", "dora", value=", ".join(t.name for t in found))
+    lm_head = [t.name for t in found if t.kind == "lm_head"]
+    if lm_head and setup.resolved_loss != "hf":
+        raise InvalidValueError("lora_head_loss", "loss", value=setup.resolved_loss, target=lm_head[0])
+    return found
 
 
 def lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> list[LoraTarget]:
@@ -90,6 +135,10 @@ def lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> lis
         for name, tgt in in_run.items():
             prev = out.get(name)
             out[name] = tgt if prev is None else replace(prev, parameters=prev.parameters + tgt.parameters)
+    for ht in head_targets(spec, targets):
+        out[ht.name] = LoraTarget(
+            ht.name, ht.in_features, ht.out_features, 0, rank * (ht.in_features + ht.out_features)
+        )
     return list(out.values())
 
 
@@ -182,6 +231,9 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
                 if setup.dora:  # DoRA's magnitude ‖W + sBA‖ per output row (peft tuners/lora/dora.py:127,
                     # an adapter layer name, variants.py:143): the adapters' dtype, trained
                     add(lin.name + ".lora_magnitude_vector", lin.out_features, run.count, True, "adapter")
+        for ht in checked_head_targets(spec, setup):
+            add(ht.name + ".lora_A", r * ht.in_features, 1, True, "adapter", r, ht.in_features)
+            add(ht.name + ".lora_B", ht.out_features * r, 1, True, "adapter", ht.out_features, r)
     if method == "prompt-tuning":
         add(
             "prompt_embeddings",

@@ -56,4 +56,5 @@ def read(r: Reader, name: str) -> ModelSpec:
         attention_dropout=r.dropout("attention_dropout"),
         hidden_dropout=r.dropout("hidden_dropout"),
         peft_default_targets=("query_key_value",),
+        embedding_name="word_embeddings",  # the module PEFT targets (transformers' modeling_falcon.py)
     )

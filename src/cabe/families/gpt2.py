@@ -41,4 +41,5 @@ def read(r: Reader, name: str) -> ModelSpec:
         hidden_dropout=r.dropout("resid_pdrop", 0.1),
         embedding_dropout=r.dropout("embd_pdrop", 0.1),
         peft_default_targets=("c_attn",),
+        embedding_name="wte",  # the module PEFT targets (transformers' modeling_gpt2.py)
     )

@@ -46,4 +46,5 @@ def read(r: Reader, name: str) -> ModelSpec:
         attention_dropout=r.dropout("attention_dropout"),
         hidden_dropout=r.dropout("hidden_dropout"),
         peft_default_targets=("query_key_value",),
+        embedding_name="embed_in",  # the module PEFT targets (transformers' modeling_gpt_neox.py)
     )
