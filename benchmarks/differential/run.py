@@ -34,6 +34,7 @@ from typing import Any
 
 from cabe.analytic import estimate_model
 from cabe.errors import CabeError
+from cabe.method import head_module_names
 from cabe.models import preset
 from cabe.optimizer import REGISTRY
 from cabe.training import TrainingSetup
@@ -171,7 +172,25 @@ def sample(rng: random.Random, *, small: bool = False, models: list[str] | None 
             kw["checkpoint_every"] = srng.choice([2, 3, 4])
         if srng.random() < 0.25:
             kw["offload_activations"] = True
+    _head_targets(model, spec, kw)
     return model, kw
+
+
+def _head_targets(model: str, spec: Any, kw: dict[str, Any]) -> None:
+    """LoRA on the token embedding and / or the lm_head (issue 11), a rare draw from the configuration's own
+    generator (after every other knob's, which stay as they were). Not with DoRA or a loss other than
+    transformers' own on the lm_head (cabe refuses them), nor with all-linear (the trace passes that alone)."""
+    if kw["method"] not in ("lora", "qlora") or kw.get("lora_targets") == ("all-linear",):
+        return
+    hrng = random.Random(f"head targets {model} {sorted(kw.items())}")
+    if hrng.random() >= 0.1:
+        return
+    embedding, *head = head_module_names(spec)
+    choices = [(embedding,)]
+    if head and not kw.get("dora") and kw.get("loss", "hf") == "hf":
+        choices += [(head[0],), (embedding, head[0])]
+    targets = kw.get("lora_targets") or spec.peft_default_targets
+    kw["lora_targets"] = tuple(targets) + hrng.choice(choices)
 
 
 def _adapter_variants(model: str, kw: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cabe.architecture import LayerGroup, Linear, ModelSpec
-from cabe.method import lora_parameter_targets, lora_targets
+from cabe.method import head_targets, lora_parameter_targets, lora_targets
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -801,7 +801,7 @@ class _Layer:
             self.add(f"attn.{out_name}.lora_input_cast", 2 * q, "2·q")  # PEFT's fp32 cast, cast back
         if adapter_cast and out_name in targets:
             self.add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
-        self.lora_variants([out_name])  # (lora_mid is not called for the output projection here)
+        self.lora_mid([out_name])  # lora_A's output, saved by lora_B (peft tuners/lora/layer.py Linear.forward)
 
     def _ln_mlp(self) -> None:
         spec, h, f, a, rho, quantized = self.spec, self.h, self.f, self.a, self.rho, self.quantized
@@ -833,7 +833,7 @@ class _Layer:
                 self.add("mlp.act_output", a * f, f"{a}·f")
         if adapter_cast and down in targets:
             self.add(f"mlp.{down}.lora_input_fp32", 4 * f, "4·f")
-        self.lora_variants([down])  # (lora_mid is not called for down here)
+        self.lora_mid([down])  # lora_A's output, saved by lora_B, as for every other adapted module
         if spec.hidden_dropout > 0:
             self.add("mlp.dropout_mask", h, "1·h")
 
@@ -1131,6 +1131,7 @@ def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
     else:
         ln_in = 4 if dt.autocast else rho  # autocast runs layer_norm on an fp32 cast of its input
         final_norm = ln_in * h + 8 + (rho * h if full else 0)
+    final_norm += lm_head_lora_saved(spec, setup, dt)
     # Gemma 2's final soft-capping (logits / cap, tanh, × cap) saves tanh's 16-bit output
     softcap = a * v if spec.final_logit_softcapping else 0
     loss = setup.resolved_loss
@@ -1139,6 +1140,40 @@ def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
     if loss in ("liger", "cce"):
         return _fused_linear_loss(loss, final_norm, rho * h if full else 0, spec, setup, dt)
     return _hf_loss(final_norm, softcap, v, a)
+
+
+def _adapter_input(dt: Dtypes) -> tuple[int, int]:
+    """(bytes per element of what lora_A saves of its input, of lora_A's output that lora_B saves) for an adapted
+    ``Linear`` whose base weight is frozen (peft 0.21 tuners/lora/layer.py ``Linear.forward``: ``x =
+    self._cast_input_dtype(x, lora_A.weight.dtype)``, then ``lora_B(lora_A(dropout(x)))``): under autocast the
+    16-bit casts; else the input in the adapters' dtype (its own copy when that is not the compute dtype)."""
+    if dt.autocast:
+        return 2, 2
+    return (dt.adapter if dt.adapter != dt.compute else dt.compute), dt.adapter
+
+
+def lm_head_lora_saved(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+    """Bytes per token a LoRA on the lm_head saves (the frozen base saves nothing of its input): lora_A's
+    input (the final norm's output, cast as :func:`_adapter_input` says) and lora_A's output (r values);
+    with dropout, CUDA's 1-byte mask and the dropped copy in place of the input."""
+    if not setup.adapters or not any(t.kind == "lm_head" for t in head_targets(spec, setup.lora_targets)):
+        return 0
+    h, r = spec.hidden_size, setup.lora_rank
+    x, mid = _adapter_input(dt)
+    if setup.lora_dropout > 0:
+        x = 2 if dt.autocast else dt.adapter  # nn.Dropout's output in the adapters' dtype (cast under autocast)
+        return x * h + h + mid * r
+    return x * h + mid * r
+
+
+def embedding_lora_saved(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+    """Bytes per token a LoRA on the token embedding saves until backward reaches it (peft 0.21
+    tuners/lora/layer.py ``Embedding.forward``: ``after_A = F.embedding(x, lora_embedding_A.T)``, which saves
+    only the ids the batch already holds, then ``(after_A @ lora_embedding_B.T) * scaling``, whose matmul saves
+    ``after_A``, r values per token, or autocast's 16-bit cast of it)."""
+    if not setup.adapters or not any(t.kind == "embedding" for t in head_targets(spec, setup.lora_targets)):
+        return 0
+    return (2 if dt.autocast else dt.adapter) * setup.lora_rank
 
 
 def _hf_loss(final_norm: int, softcap: int, v: int, a: int) -> HeadActivations:

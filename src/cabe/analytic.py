@@ -26,6 +26,7 @@ from cabe.activations import (
     LayerActivations,
     attention_kind,
     checkpointed_layer_bytes_per_token,
+    embedding_lora_saved,
     head_activations,
     layer_activations,
     sdpa_gqa_math,
@@ -35,6 +36,7 @@ from cabe.architecture import LayerGroup, ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.method import (
     Tensor,
+    head_targets,
     layer_tensors,
     lora_targets,
     moved_targets,
@@ -610,11 +612,26 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
     else:  # LoRA / QLoRA: only the adapters train; prompt tuning: nothing in the layers
         cached, trained = adapters, (spec.num_layers if setup.adapters else 0)
     head = sum(round_alloc(n * 2) for n in _head_matrices(spec)) if dt.weight_copies else 0
+    head += _head_adapter_copies(spec, setup)
     if setup.resolved_loss == "chunked" and not (setup.method == "full" and dt.cached_copies):
         # torchtune's chunked output calls the lm_head once per chunk: autocast casts a weight that is not
         # a trained fp32 leaf anew on each call (cached_cast), and each chunk's mm saves its own copy
         head *= setup.loss_chunks
     return _Copies(base + adapters, cached, trained, head)
+
+
+def _head_adapter_copies(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """Under autocast, the 16-bit casts of the embedding's and the lm_head's LoRA matrices that their matmuls
+    save: lora_A and lora_B of the lm_head (fp32 leaves: cached, peft tuners/lora/layer.py ``Linear``), and the
+    embedding's ``lora_embedding_B.T`` (``Embedding.forward``; ``F.embedding`` is not on autocast's lists, so
+    lora_embedding_A is read as it is)."""
+    if not setup.adapters:
+        return 0
+    r, h, v = setup.lora_rank, spec.hidden_size, spec.vocab_size
+    out = 0
+    for t in head_targets(spec, setup.lora_targets):
+        out += round_alloc(r * h * 2) + (round_alloc(v * r * 2) if t.kind == "lm_head" else 0)
+    return out
 
 
 def _logit_width(spec: ModelSpec) -> int:
@@ -769,6 +786,7 @@ def _step_parts(
         mlp_saved_layer=mean(lambda r: r.mlp_saved),
         attention_workspace_layer=mean(lambda r: r.attention_workspace),
         cuda_workspaces=CUDA_WORKSPACES,
+        embedding_saved=tokens * embedding_lora_saved(spec, setup, dt),
         embedding_grad_input=(
             tokens * dt.residual * spec.hidden_size
             if not spec.tie_word_embeddings and _grad_bytes(states, lambda t: t.kind == "embedding")

@@ -226,6 +226,11 @@ class ModelSpec:
     #: PEFT's default LoRA targets for this model type (peft/utils/constants.py), or all-linear
     #: where PEFT has none and asks for target_modules
     peft_default_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    #: the module names of the token embedding and of the output projection (transformers' attribute names,
+    #: which PEFT's ``target_modules`` match): LoRA may target them (peft tuners/lora/layer.py ``Embedding``,
+    #: ``Linear``)
+    embedding_name: str = "embed_tokens"
+    lm_head_name: str = "lm_head"
     #: what sits on top of the last layer: ``"lm"`` (an lm_head over the vocabulary, logits per token) or
     #: ``"sequence_classification"`` (BERT's pooler, a dense h -> h with tanh on the first token, then a
     #: classifier h -> num_labels: no per-token logits)

@@ -68,7 +68,8 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | 
         wanted = set(names)
     else:
         # (and the names PEFT moves onto bare parameters: a MoE router's ``gate``, Mixtral's v4 ``w1``...)
-        known = list(names) + [old for old, _ in spec.peft_parameter_targets if old not in names]
+        heads = head_module_names(spec)
+        known = list(names) + list(heads) + [old for old, _ in spec.peft_parameter_targets if old not in names]
         unknown = [t for t in targets if t not in known]
         if unknown:
             raise InvalidValueError(
@@ -136,6 +137,50 @@ def wrapped_adapter_sizes(lin: Linear, rank: int, multiplier: int) -> tuple[int,
     return r * lin.in_features, r * lin.out_features
 
 
+def head_module_names(spec: ModelSpec) -> tuple[str, ...]:
+    """The modules outside the layers LoRA may target: the token embedding and, over a vocabulary, the
+    lm_head (``all-linear`` takes neither: PEFT leaves the output layer out, tuners_utils.py
+    ``_maybe_include_all_linear_layers``, and matches ``nn.Linear`` / ``Conv1D`` only)."""
+    return (spec.embedding_name, spec.lm_head_name) if spec.head == "lm" else (spec.embedding_name,)
+
+
+@dataclass(frozen=True)
+class HeadTarget:
+    """A LoRA adapter on the token embedding (``kind`` "embedding": peft tuners/lora/layer.py ``Embedding``,
+    ``lora_embedding_A`` r × vocab, ``lora_embedding_B`` hidden × r) or on the lm_head (``kind`` "lm_head": a
+    ``Linear``, lora_A r × hidden, lora_B vocab × r): r · (in + out) parameters either way."""
+
+    name: str
+    kind: str
+    in_features: int
+    out_features: int
+
+
+def head_targets(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[HeadTarget, ...]:
+    """The embedding / lm_head adapters ``targets`` names (validated by :func:`lora_targets`). A tied lm_head
+    is still its own module: PEFT wraps it apart from the embedding (the adapters are not tied)."""
+    h, v = spec.hidden_size, spec.vocab_size
+    out = []
+    if spec.embedding_name in targets:
+        out.append(HeadTarget(spec.embedding_name, "embedding", v, h))
+    if spec.head == "lm" and spec.lm_head_name in targets:
+        out.append(HeadTarget(spec.lm_head_name, "lm_head", h, v))
+    return tuple(out)
+
+
+def checked_head_targets(spec: ModelSpec, setup: TrainingSetup) -> tuple[HeadTarget, ...]:
+    """:func:`head_targets` of a setup, refusing what cabe does not model on them: DoRA (its embedding variant
+    and the weight norm of a vocabulary-wide lm_head, peft tuners/lora/variants.py) and, on the lm_head, a loss
+    other than transformers' own (the fused and chunked losses read the lm_head's weight or call it by chunks)."""
+    found = head_targets(spec, setup.lora_targets) if setup.adapters else ()
+    if found and setup.dora:
+        raise InvalidValueError("lora_head_dora", "dora", value=", ".join(t.name for t in found))
+    lm_head = [t.name for t in found if t.kind == "lm_head"]
+    if lm_head and setup.resolved_loss != "hf":
+        raise InvalidValueError("lora_head_loss", "loss", value=setup.resolved_loss, target=lm_head[0])
+    return found
+
+
 def lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> list[LoraTarget]:
     """Adapter parameters per target module name: rank × (in + out) per adapted matrix, summed over the
     layers that have it (``per_layer``: how many one layer of the first run that has it holds)."""
@@ -156,6 +201,10 @@ def lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> lis
         for name, tgt in in_run.items():
             prev = out.get(name)
             out[name] = tgt if prev is None else replace(prev, parameters=prev.parameters + tgt.parameters)
+    for ht in head_targets(spec, targets):
+        out[ht.name] = LoraTarget(
+            ht.name, ht.in_features, ht.out_features, 0, rank * (ht.in_features + ht.out_features)
+        )
     return list(out.values())
 
 
@@ -276,6 +325,10 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
                     # an adapter layer name, variants.py:143): the adapters' dtype, trained
                     add(lin.name + ".lora_magnitude_vector", lin.out_features, run.count, True, "adapter")
             _wrapped_adapters(add, spec, setup, run, run.count)
+
+        for ht in checked_head_targets(spec, setup):
+            add(ht.name + ".lora_A", r * ht.in_features, 1, True, "adapter", r, ht.in_features)
+            add(ht.name + ".lora_B", ht.out_features * r, 1, True, "adapter", ht.out_features, r)
     if method == "prompt-tuning":
         add(
             "prompt_embeddings",

@@ -545,6 +545,12 @@ _BY_NAME = {o.name: o for o in REGISTRY}
 HF_NAMES: dict[str, tuple[str, str | None]] = {hf: (o.name, impl) for o in REGISTRY for hf, impl in o.hf_optim}
 #: what ``--optimizer`` accepts: cabe's names, then the HF Trainer's ``optim`` names (modelled or refused by name)
 ACCEPTED: tuple[str, ...] = OPTIMIZERS + tuple(n for n in HF_NAMES if n not in _BY_NAME) + HF_NOT_MODELLED
+#: the accepted names (cabe's and the HF Trainer's) of the low-rank (GaLore) entries: the only ones that read
+#: ``galore_rank`` / ``galore_targets`` (the Trainer reads optim_target_modules / optim_args "rank" for its GaLore
+#: optims only: transformers trainer_optimizer.py:121, 370)
+LOW_RANK_NAMES: frozenset[str] = frozenset(o.name for o in REGISTRY if o.low_rank) | frozenset(
+    hf for hf, (name, _) in HF_NAMES.items() if _BY_NAME[name].low_rank
+)
 
 
 def get(name: str) -> Optimizer:

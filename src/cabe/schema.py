@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cabe.optimizer import ACCEPTED as OPTIMIZER_NAMES
-from cabe.optimizer import GALORE_RANK
+from cabe.optimizer import GALORE_RANK, LOW_RANK_NAMES
 from cabe.recipes import NAMES as RECIPES
 
 # Upper bounds that catch typos (a batch of 10^9) without limiting real use.
@@ -88,6 +88,8 @@ class Field:
         depends_on: the fields its default depends on (decided by :func:`resolve_defaults`).
         methods: the training methods it acts for (empty: every method); given with another method it
             is refused (:func:`inapplicable`), never dropped without a word.
+        low_rank_only: read by the low-rank (GaLore) optimizers only; given with another optimizer it is
+            refused (:func:`inapplicable`, ``galore_only``).
     """
 
     name: str
@@ -113,6 +115,7 @@ class Field:
     metavar: str | None = None
     depends_on: tuple[str, ...] = ()
     methods: tuple[str, ...] = ()
+    low_rank_only: bool = False
 
     @property
     def key(self) -> str:
@@ -405,7 +408,17 @@ _SETUP: tuple[Field, ...] = (
     _int("loss_chunks", "setup", _TRAINING + ("from-config",), 8, 1, MAX_SEQ, flags=_flag("loss_chunks")),
     # GaLore's rank (the Trainer's optim_args "rank", default 128: trainer_optimizer.py:370) and targets (the
     # Trainer's optim_target_modules, which it requires; the default here is the Trainer docs' ["attn", "mlp"])
-    _int("galore_rank", "setup", _TRAINING, GALORE_RANK, 1, MAX_RANK, states=True, flags=_flag("galore_rank")),
+    _int(
+        "galore_rank",
+        "setup",
+        _TRAINING,
+        GALORE_RANK,
+        1,
+        MAX_RANK,
+        states=True,
+        flags=_flag("galore_rank"),
+        low_rank_only=True,
+    ),
     Field(
         "galore_targets",
         tuple,
@@ -414,6 +427,7 @@ _SETUP: tuple[Field, ...] = (
         ("attn", "mlp"),
         states=True,
         flags=_flag("galore_targets"),
+        low_rank_only=True,
     ),
     # ---- LoRA variants (issue 11): PEFT LoraConfig(use_dora=..., lora_dropout=...) ----
     Field("dora", bool, "setup", _TRAINING, False, states=True, methods=("lora", "qlora"), flags=_flag("dora")),
@@ -681,25 +695,48 @@ def _is_default(f: Field, v: Any) -> bool:
             return default is not None and float(str(v).replace(",", ".")) == float(default)
         except (TypeError, ValueError, OverflowError):
             return False
-    if f.type is tuple and isinstance(v, (list, tuple)):
-        return tuple(v) == tuple(f.default or ())
+    if f.type is tuple and isinstance(v, (str, list, tuple)):
+        given = [t.strip() for t in v.split(",")] if isinstance(v, str) else list(v)
+        return tuple(t for t in given if t) == tuple(f.default or ())
     return bool(v == default)
 
 
 def applies(name: str, values: Mapping[str, Any]) -> bool:
     """Does field ``name`` act in the request ``values``? (A method's own fields act with that method
-    only; the simple mode's fields without a model only.)"""
+    only; GaLore's with a GaLore optimizer only; the simple mode's fields without a model only.)"""
     f = field(name)
     method = values.get("method") if _sent(values.get("method")) else field("method").default
     if f.methods and method not in f.methods:
         return False
+    if f.low_rank_only and not _low_rank(values):
+        return False
     return not (name in MODEL_FREE and (_sent(values.get("model")) or _sent(values.get("config"))))
+
+
+def _optimizer_of(values: Mapping[str, Any]) -> Any:
+    """The optimizer a request runs: the one given, else its recipe's, else the default."""
+    if _sent(values.get("optimizer")):
+        return values["optimizer"]
+    recipe = values.get("recipe")
+    if isinstance(recipe, str) and recipe in RECIPES:
+        from cabe import recipes
+
+        return recipes.load(recipe)["sets"].get("optimizer", field("optimizer").default)
+    return field("optimizer").default
+
+
+def _low_rank(values: Mapping[str, Any]) -> bool:
+    """The request's optimizer is a GaLore one (an unknown name counts as one: TrainingSetup refuses it
+    with its own error)."""
+    name = _optimizer_of(values)
+    return not isinstance(name, str) or name in LOW_RANK_NAMES or name not in OPTIMIZER_NAMES
 
 
 def inapplicable(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     """The fields given in ``values`` with a value other than their default that would not act, each as
     ``(field, error code, params)``:
-    ``not_for_method`` (``--lora-rank`` with ``--method full``), ``needs_params`` (``--activations-gb``
+    ``not_for_method`` (``--lora-rank`` with ``--method full``), ``galore_only`` (``--galore-rank`` with
+    ``--optimizer adamw``), ``needs_params`` (``--activations-gb``
     with a model), ``method_needs_model`` (``--method qlora`` with only a parameter count: the lesson
     and simple modes model full fine-tuning), ``needs_model`` (``--batch 8`` with only a parameter count:
     neither formula reads it)."""
@@ -711,6 +748,9 @@ def inapplicable(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, An
             continue
         if f.name in MODEL_FREE:
             out.append((f.name, "needs_params", {}))
+        elif f.low_rank_only:
+            names = sorted(n for n in LOW_RANK_NAMES if n in OPTIMIZER_NAMES and "_" not in n)
+            out.append((f.name, "galore_only", {"optimizer": _optimizer_of(values), "optimizers": ", ".join(names)}))
         else:
             out.append((f.name, "not_for_method", {"method": method, "methods": ", ".join(f.methods)}))
     has_model = _sent(values.get("model")) or _sent(values.get("config"))

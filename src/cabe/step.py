@@ -69,6 +69,7 @@ class StepParts:
     optimizer_temporaries: int
     grads_in_forward: bool  # gradient accumulation: last micro-batch's gradients still live
     embedding_backward_workspace: int = 0  # 16-bit embeddings: CUDA accumulates their gradient in fp32
+    embedding_saved: int = 0  # a LoRA on the embedding: lora_embedding_A's output, until backward ends
     copies_cached_layer: int = 0  # checkpointing: what autocast's cache alone holds of one trained layer
     cached_layers: int = 0  # checkpointing: trained layers whose copies sit in the cache at forward's end
     copies_recompute: int = 0  # checkpointing: the copies of the one layer being recomputed
@@ -148,7 +149,7 @@ def timeline(p: StepParts) -> list[Moment]:
     runs = p.layer_runs()
     saved_all = sum(r.count * r.saved for r in runs)
     copies_all = sum(r.count * r.copies for r in runs) + p.frozen_copies
-    acts_all = saved_all + p.rotary + p.final_norm_saved + p.frozen_inputs
+    acts_all = saved_all + p.rotary + p.final_norm_saved + p.frozen_inputs + p.embedding_saved
     moments = [
         Moment(
             "forward",
@@ -215,7 +216,7 @@ def timeline(p: StepParts) -> list[Moment]:
                 {
                     **base,
                     "gradients": p.grads,
-                    "activations": p.embedding_grad_input + p.frozen_inputs,
+                    "activations": p.embedding_grad_input + p.frozen_inputs + p.embedding_saved,
                     "weight_copies": p.frozen_copies,
                     **p.extra_backward,
                 },
@@ -257,7 +258,7 @@ def _layer_moments(
             remaining = r.count - from_top
             where = _where(i == 0 and end == 0, i == len(runs) - 1 and end == 1, layers_above + from_top)
             before = grads_above + r.grads * from_top  # the gradients of the layers above this one
-            acts = saved + remaining * r.saved + r.recompute + p.rotary + p.frozen_inputs
+            acts = saved + remaining * r.saved + r.recompute + p.rotary + p.frozen_inputs + p.embedding_saved
             weight_copies = copies + r.copies * remaining + r.copies_recompute
             # the layer's MLP backward: all it saved is alive; its MLP gradients are made (taken whole,
             # though autograd frees some saved tensors as it goes). Its attention's gradients come later:

@@ -108,3 +108,66 @@ def test_a_default_sent_with_another_method_changes_nothing(capsys):
     would not act is refused."""
     assert main(["estimate", "--model", "llama-7b", "--lora-rank", "8", "--quant", "nf4", "--json"]) == 0
     capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "argv,field",
+    [
+        (["--galore-rank", "64"], "galore-rank"),
+        (["--galore-targets", "attn"], "galore-targets"),
+        # a recipe's optimizer (axolotl: AdamW) is not GaLore either
+        (["--recipe", "axolotl", "--galore-rank", "32"], "galore-rank"),
+        (["--optimizer", "adamw_8bit", "--galore-targets", "all-linear"], "galore-targets"),
+    ],
+)
+def test_galore_knobs_without_a_galore_optimizer_are_refused(capsys, argv, field):
+    """The HF Trainer reads optim_target_modules / optim_args' rank for its GaLore optims only
+    (transformers trainer_optimizer.py:121, 370): given with another optimizer they would change nothing."""
+    assert main(["estimate", "--model", "llama-7b", "--lang", "en", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"{field} is read by the GaLore optimizers only" in err and "Traceback" not in err
+    assert main(["estimate", "--model", "llama-7b", "--lang", "es", *argv]) == 2
+    assert "solo lo leen los optimizadores GaLore" in capsys.readouterr().err
+
+
+def test_galore_knobs_act_with_galore_and_pass_at_their_default(capsys):
+    argv = ["estimate", "--model", "llama-7b", "--json", "--optimizer", "galore_adamw"]
+    assert main([*argv, "--galore-rank", "64"]) == 0
+    low = json.loads(capsys.readouterr().out)["components"]["optimizer"]
+    assert main([*argv, "--galore-targets", "attn"]) == 0
+    attn_only = json.loads(capsys.readouterr().out)["components"]["optimizer"]
+    assert main(argv) == 0
+    default = json.loads(capsys.readouterr().out)["components"]["optimizer"]
+    # rank 64 keeps less projected state than rank 128; the MLP outside the targets keeps full AdamW state
+    assert low < default < attn_only
+    # the defaults sent as a whole form does (rank 128, "attn,mlp" as a comma string) change nothing: passed
+    assert main(["estimate", "--model", "llama-7b", "--galore-rank", "128", "--galore-targets", "attn,mlp"]) == 0
+    capsys.readouterr()
+
+
+def test_the_api_refuses_galore_knobs_without_galore():
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from cabe.web.app import create_app
+
+    with TestClient(create_app()) as c:
+        r = c.post("/api/estimate", json={"model": "llama-7b", "galore_rank": 64})
+        assert r.status_code == 422
+        assert (r.json()["error"]["code"], r.json()["error"]["field"]) == ("galore_only", "galore_rank")
+        r = c.post("/api/estimate", json={"model": "llama-7b", "optimizer": "adamw", "galore_targets": ["attn"]})
+        assert (r.status_code, r.json()["error"]["code"]) == (422, "galore_only")
+        r = c.post("/api/estimate", json={"model": "llama-7b", "optimizer": "galore_adamw", "galore_rank": 64})
+        assert r.status_code == 200
+        # the page's form holds every field: it sends GaLore's only with a GaLore optimizer, so it still answers
+        r = c.get("/?model=llama-7b&optimizer=adamw&galore_rank=16")
+        assert r.status_code == 200 and "GaLore optimizers only" not in r.text
+
+
+def test_training_arguments_galore_keys_with_another_optim_have_no_effect():
+    from cabe import configs
+
+    data = {"optim": "adamw_torch", "optim_target_modules": ["attn"], "optim_args": "rank=64"}
+    fields, used, ignored = configs.module("training_args").to_request(data)
+    assert used == ["optim"] and "galore_rank" not in fields and "galore_targets" not in fields
+    assert ignored == [("optim_target_modules", "no_effect"), ("optim_args", "no_effect")]

@@ -44,7 +44,9 @@ CONFIGS = {
         pad_token_id=0, eos_token_id=1, bos_token_id=1,
     ),
 }  # fmt: skip
-TARGETS = {"gpt_bigcode": ("c_attn",), "gpt_oss": ("q_proj", "v_proj")}
+CONFIGS["gpt_bigcode:proj"] = CONFIGS["gpt_bigcode"]
+# gpt_bigcode:proj: the output and down projections (attn.c_proj, mlp.c_proj), whose lora_A output lora_B saves
+TARGETS = {"gpt_bigcode": ("c_attn",), "gpt_bigcode:proj": ("c_proj",), "gpt_oss": ("q_proj", "v_proj")}
 
 
 def _measure(case: str, precision: str, method: str, attention: str) -> tuple[int, int, int]:
@@ -58,7 +60,7 @@ def _measure(case: str, precision: str, method: str, attention: str) -> tuple[in
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     if precision == "bf16":
         model = model.to(torch.bfloat16)
-    targets = TARGETS[model_type]
+    targets = TARGETS.get(case, TARGETS[model_type])
     if method == "lora":
         model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(targets)))
     model.train()
@@ -85,6 +87,7 @@ CASES = [
     for m in ("full", "lora")
     for a in ("eager", "sdpa")
 ] + [("gpt_oss", p, m, "eager") for p in ("bf16", "fp32", "bf16-amp") for m in ("full", "lora")]
+CASES += [("gpt_bigcode:proj", p, "lora", a) for p in ("fp32", "bf16-amp") for a in ("eager", "sdpa")]
 
 
 @pytest.mark.parametrize("case,precision,method,attention", CASES)

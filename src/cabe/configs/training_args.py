@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from cabe import optimizer
 from cabe.configs import _base
 from cabe.configs._base import Collector
 
@@ -245,8 +246,8 @@ FSDP_NOT_MODELED = (
 HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = {
     "train_batch_size": _train_batch_size,
     "optim": lambda c, key, value, all_: _base.set_hf_optimizer(c, key, value),
-    "optim_target_modules": lambda c, key, value, all_: _galore_targets(c, key, value),
-    "optim_args": lambda c, key, value, all_: _galore_rank(c, key, value),
+    "optim_target_modules": lambda c, key, value, all_: _low_rank_only(c, key, value, all_, _galore_targets),
+    "optim_args": lambda c, key, value, all_: _low_rank_only(c, key, value, all_, _galore_rank),
     "dtype": _dtype,
     "torch_dtype": _dtype,
     "attn_implementation": lambda c, key, value, all_: c.set_known("attention", ATTENTION.get(str(value)), key),
@@ -262,6 +263,20 @@ HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = 
     "gradient_checkpointing_kwargs": _checkpointing_kwargs,
     "n_gpu": _gpus,
 }
+
+
+def _low_rank_only(
+    c: Collector, key: str, value: Any, all_: Mapping[str, Any], read: Callable[[Collector, str, Any], None]
+) -> None:
+    """GaLore's keys act with a GaLore ``optim`` only: the Trainer reads ``optim_target_modules`` and the "rank"
+    of ``optim_args`` in ``_setup_low_rank_optimizer`` alone (transformers trainer_optimizer.py:121, 370), so with
+    another optimizer (``adamw_torch`` by default) they change nothing, and the request must not carry them
+    (:func:`cabe.schema.inapplicable` refuses them)."""
+    opt = _base.optimizer_from_hf(all_.get("optim", "adamw_torch"))
+    if opt is not None and optimizer.get(opt[0]).low_rank:
+        read(c, key, value)
+    else:
+        c.ignore(key, "no_effect")
 
 
 def _galore_targets(c: Collector, key: str, value: Any) -> None:

@@ -60,6 +60,7 @@ def read(r: Reader, name: str) -> ModelSpec:
         hidden_dropout=r.dropout("hidden_dropout_prob", 0.1),
         embedding_dropout=r.dropout("hidden_dropout_prob", 0.1),
         peft_default_targets=("query", "value"),
+        embedding_name="word_embeddings",  # the module PEFT targets (transformers' modeling_bert.py)
         head="sequence_classification",
         num_labels=labels,
         token_types=r.int("type_vocab_size", default=2),

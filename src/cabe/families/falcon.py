@@ -57,4 +57,5 @@ def read(r: Reader, name: str) -> ModelSpec:
         hidden_dropout=r.dropout("hidden_dropout"),
         peft_default_targets=("query_key_value",),
         module_prefixes=(("attn", "self_attention."), ("mlp", "mlp.")),  # FalconDecoderLayer.self_attention
+        embedding_name="word_embeddings",  # the module PEFT targets (transformers' modeling_falcon.py)
     )

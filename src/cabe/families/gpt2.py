@@ -43,4 +43,5 @@ def read(r: Reader, name: str) -> ModelSpec:
         peft_default_targets=("c_attn",),
         module_prefixes=(("attn", "attn."), ("mlp", "mlp.")),
         conv1d=True,  # GaLore (trainer_optimizer.py:143) takes nn.Linear only
+        embedding_name="wte",  # the module PEFT targets (transformers' modeling_gpt2.py)
     )

@@ -55,4 +55,5 @@ def read(r: Reader, name: str) -> ModelSpec:
         # models/gpt_bigcode/modeling_gpt_bigcode.py:381 (5.24): ``self.bias = nn.Buffer(torch.tril(torch.ones(
         # (max_positions, max_positions), dtype=torch.bool)), persistent=False)`` — 64 MiB at 8192 positions
         buffer_bytes=round_alloc(r.int("n_positions", "max_position_embeddings", default=1024) ** 2),
+        embedding_name="wte",  # the module PEFT targets (transformers' modeling_gpt_bigcode.py)
     )

@@ -47,4 +47,5 @@ def read(r: Reader, name: str) -> ModelSpec:
         hidden_dropout=r.dropout("hidden_dropout"),
         peft_default_targets=("query_key_value",),
         module_prefixes=(("attn", "attention."), ("mlp", "mlp.")),  # GPTNeoXLayer: self.attention, self.mlp
+        embedding_name="embed_in",  # the module PEFT targets (transformers' modeling_gpt_neox.py)
     )
