@@ -215,6 +215,7 @@ class _Layer:
         self.lora_forward_transient = 0  # per token: see note_lora_input
         self.r = setup.lora_rank
         self.linear_by_name = {lin.name: lin for lin in group.linears}
+        self.block = ""  # the block being counted ("attn" / "mlp"): GPT-2's two c_proj share a name
         # LoRA variants (peft/tuners/lora/layer.py 0.21, Linear.forward / variants.py DoraLinearVariant.forward)
         self.dora = adapters and setup.dora
         self.dora_norm_bytes = 0  # the largest of the adapted modules' weight-norm transients
@@ -295,12 +296,18 @@ class _Layer:
         if self.autocast:
             # ... beside x itself (the call's argument, which nothing saves under autocast) and the base layer's
             # output (``result = self.base_layer(x)`` comes first)
-            lin = self.linear_by_name.get(n)
+            lin = self._linear(n)
             out = 2 * lin.out_features if lin is not None else 0
             t = copy + (self.ad * inf if self.dropout else 0) + x_bytes * inf + out
         else:
             t = copy if self.dropout else 0
         self.lora_forward_transient = max(self.lora_forward_transient, t)
+
+    def _linear(self, n: str) -> Linear | None:
+        """The layer's linear named ``n``, the one of the block being counted when two share the name (GPT-2 and
+        GPTBigCode call both output projections ``c_proj``: 768 -> 768 in attention, 3072 -> 768 in the MLP)."""
+        same = [lin for lin in self.group.linears if lin.name == n]
+        return next((lin for lin in same if lin.role == self.block), same[-1] if same else None)
 
     def lora_mid(self, names: list[str]) -> None:
         r = self.r
@@ -323,7 +330,7 @@ class _Layer:
         out-sized ``m/‖·‖`` and ``m/‖·‖ - 1`` and the norm that the division saves (per layer).
         """
         for n in names:
-            lin = self.linear_by_name.get(n)
+            lin = self._linear(n)
             if lin is None or n not in self.targets:
                 continue
             i, o = lin.in_features, lin.out_features
@@ -760,8 +767,10 @@ class _Layer:
     def layer_norm_block(self) -> int:
         """LayerNorm blocks with a plain GELU MLP (GPT-2, GPT-NeoX, Falcon). Returns the backward
         workspace per token."""
+        self.block = "attn"
         self._ln_attention()
         self.mlp_from = len(self.terms)
+        self.block = "mlp"
         self._ln_mlp()
         return 2 * self.a * self.f + 2 * self.rho * self.h  # backward workspace per token
 
