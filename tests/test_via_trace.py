@@ -4,6 +4,8 @@ the trace — the report's figures are the traced step's, its model facts the bu
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 
 import pytest
 
@@ -14,16 +16,8 @@ from cabe.errors import CabeError, InvalidValueError, MissingDependencyError
 pytestmark = pytest.mark.trace
 
 #: olmo3 has no family module (cabe.families); transformers 5.24 builds Olmo3ForCausalLM from it.
-OLMO3 = {
-    "model_type": "olmo3",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-}
+# a tiny olmo3 config.json, shared by the unknown-architecture tests of the CLI, the API and cabe.via_trace
+OLMO3 = json.loads((Path(__file__).resolve().parents[0] / "configs/files/olmo3_tiny_config.json").read_text())
 #: One Olmo3 decoder layer: q, k, v, o 4 × 128·128 = 65,536; gate, up, down 3 × 128·256 = 98,304; q_norm and
 #: k_norm over heads × head_dim = 128 each, post-attention and post-feed-forward RMSNorms 128 each = 512
 #: (transformers/models/olmo3/modeling_olmo3.py: Olmo3Attention, Olmo3MLP, Olmo3DecoderLayer).

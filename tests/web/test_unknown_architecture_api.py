@@ -4,6 +4,8 @@ trace worker (torch stays out of the server); a 4xx when it cannot be answered."
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 
 import pytest
 
@@ -11,16 +13,8 @@ from cabe import via_trace
 
 pytestmark = pytest.mark.trace
 
-OLMO3 = {
-    "model_type": "olmo3",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-}
+# a tiny olmo3 config.json, shared by the unknown-architecture tests of the CLI, the API and cabe.via_trace
+OLMO3 = json.loads((Path(__file__).resolve().parents[1] / "configs/files/olmo3_tiny_config.json").read_text())
 #: tests/test_via_trace.py: 2 · 512·128 (embeddings, untied head) + 128 (final norm) + 2 · 164,352 (layers)
 OLMO3_PARAMETERS = 459_904
 SMALL = {"batch": 1, "seq": 64}
