@@ -5,6 +5,9 @@ tests/trace/test_deepseek_trace.py, parameter counts against transformers' meta 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from cabe import families
 from cabe.activations import layer_activations
 from cabe.kv_cache import kv_bytes_per_token, kv_cache_bytes
@@ -12,30 +15,8 @@ from cabe.models import preset
 from cabe.precision import dtypes_for
 from cabe.training import TrainingSetup
 
-#: a tiny DeepSeek-V3, the same as tests/trace/configs.py DEEPSEEK_V3 (traced in tests/trace/test_deepseek_trace.py)
-TINY = dict(
-    model_type="deepseek_v3",
-    hidden_size=256,
-    intermediate_size=704,
-    moe_intermediate_size=128,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=8,
-    vocab_size=4000,
-    q_lora_rank=96,
-    kv_lora_rank=64,
-    qk_rope_head_dim=32,
-    qk_nope_head_dim=64,
-    v_head_dim=64,
-    n_routed_experts=16,
-    n_shared_experts=1,
-    n_group=4,
-    topk_group=2,
-    num_experts_per_tok=4,
-    first_k_dense_replace=1,
-    max_position_embeddings=4096,
-    tie_word_embeddings=False,
-)
+#: a tiny DeepSeek-V3, shared with tests/trace/configs.py DEEPSEEK_V3 (traced in tests/trace/test_deepseek_trace.py)
+TINY = json.loads((Path(__file__).resolve().parents[1] / "configs/files/deepseek_v3_tiny_config.json").read_text())
 
 
 def test_deepseek_v3_parameters_by_hand():

@@ -1,5 +1,8 @@
 """Tiny configs of several architecture families for trace tests (2 layers, hidden 64-128)."""
 
+import json
+from pathlib import Path
+
 TINY = {
     "llama": dict(
         model_type="llama",
@@ -115,30 +118,10 @@ TINY = {
 
 #: a tiny DeepSeek-V3 (multi-head latent attention, 1 dense layer then 3 MoE layers with a shared expert); kept out
 #: of TINY, whose LoRA tests use PEFT's default targets (all-linear, which PEFT 0.21 turns into LoRA on the fused
-#: experts for this model type: see tests/trace/test_deepseek_trace.py). tests/families/test_deepseek_v3.py has
-#: the same config.
-DEEPSEEK_V3 = dict(
-    model_type="deepseek_v3",
-    hidden_size=256,
-    intermediate_size=704,
-    moe_intermediate_size=128,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=8,
-    vocab_size=4000,
-    q_lora_rank=96,
-    kv_lora_rank=64,
-    qk_rope_head_dim=32,
-    qk_nope_head_dim=64,
-    v_head_dim=64,
-    n_routed_experts=16,
-    n_shared_experts=1,
-    n_group=4,
-    topk_group=2,
-    num_experts_per_tok=4,
-    first_k_dense_replace=1,
-    max_position_embeddings=4096,
-    tie_word_embeddings=False,
+#: experts for this model type: see tests/trace/test_moe_lora_wrapped.py). Read from tests/configs/files, as
+#: tests/families/test_deepseek_v3.py reads it.
+DEEPSEEK_V3 = json.loads(
+    (Path(__file__).resolve().parents[1] / "configs/files/deepseek_v3_tiny_config.json").read_text()
 )
 
 
