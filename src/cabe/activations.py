@@ -645,7 +645,7 @@ class _Layer:
                 self.product_saved = not self.autocast and not self.dropout
             if adapter_cast and down_name in targets:
                 self.add(f"mlp.{down_name}.lora_input_fp32", 4 * f, "4·f")
-            self.note_lora_input(down_name, f, m if not self.autocast or quantized else 2)
+            self.note_lora_input(down_name, f, m)  # the product, in the MLP outputs' dtype
             self.lora_mid([down_name])
         if sandwich or post_norm_only:
             self.rms_norm("post_mlp_norm", h, "h", base_trainable, True)
