@@ -553,6 +553,7 @@ class _Layer:
             self.key_cast,
             self.batch,
             self.gqa_repeat,
+            self.dt_weight if self.base_trainable else self.dt_frozen,
         )
 
     def _attention_output_copied(self) -> bool:
@@ -857,6 +858,12 @@ def _sym(n: int, spec: ModelSpec) -> str:
     return str(n)
 
 
+def fused_view_ok(quantized: bool, a: int, autocast: bool) -> bool:
+    """Whether slices of a fused qkv output reach the attention kernel uncast (so the kernel saves views of
+    it): always off QLoRA; under QLoRA only fp32 outputs without autocast (autocast casts bnb's fp32 output)."""
+    return not quantized or (a == 4 and not autocast)
+
+
 def _attention_core(
     add,
     attn: str,
@@ -872,17 +879,18 @@ def _attention_core(
     key_cast: bool = False,
     batch: int = 1,
     gqa_repeat: bool = False,
+    param_bytes: int = 4,
 ) -> None:
     if attn == "math":
         _math_attention_core(add, q, kv, nh, s, batch, gqa_repeat, spec.attention_dropout)
         return
     if attn == "eager" and spec.attention_sinks:
-        _sink_attention_core(add, a, q, kv, nh, s, gqa, autocast, spec.attention_dropout)
+        _sink_attention_core(add, a, q, kv, nh, s, gqa, param_bytes, spec.attention_dropout)
         return
     # With QLoRA under autocast the fused output is fp32 and SDPA gets a 16-bit cast of v instead of the
     # view; without autocast and with fp32 queries nothing casts: v stays a strided view of the fused fp32
     # output, which the kernel saves (pythia-1.4b QLoRA, sdpa, no autocast: -7.9% without this).
-    fused_view = spec.value_is_qkv_view and (not quantized or (a == 4 and not autocast))
+    fused_view = spec.value_is_qkv_view and fused_view_ok(quantized, a, autocast)
     if attn == "efficient":
         _efficient_attention_core(add, a, q, kv, nh, s, gqa, spec, fused_view, key_cast)
         return
@@ -898,14 +906,31 @@ def _attention_core(
         add("attn.output", a * q, f"{a}·q")
         add("attn.logsumexp", 4 * nh, "4·nh")
         return
-    kv_saved = q if gqa else kv  # repeat_kv materialises the expanded keys and values
-    add("attn.query", a * q, f"{a}·q")
-    add("attn.key", a * kv_saved, f"{a}·{'q' if gqa else 'kv'}")
-    if fused_view and quantized and not gqa:
-        # QLoRA without autocast: v stays a view of the fused fp32 qkv output, which the second matmul saves
+    # What the two matmuls save. torch.matmul folds (b, heads, s, d) into bmm's (b·heads, s, d) with ``reshape``
+    # (aten/src/ATen/native/LinearAlgebra.cpp, ``_matmul_impl``): a view only for one sequence (the strided
+    # heads of a fused qkv, or the stride-0 heads of an expanded key, cannot merge with a batch dimension),
+    # else a compact copy of every head. ``repeat_kv``'s ``expand(...).reshape(...)`` is a view for one kv head
+    # (the size-1 kv dimension merges with the stride-0 repeat), a copy for more. So with b = 1 and one kv head
+    # (or no grouping) the kernel keeps views: of the fused qkv output's whole storage where q / v are its
+    # slices. (phi-3-mini QLoRA eager b8 s256 was +7.8% with the view at every batch; starcoderbase-3b QLoRA
+    # eager b1 +5.8% with copies of k and v at b = 1.)
+    # (an autocast cast of an expanded key is a full copy: ``_to_copy`` cannot keep stride-0 heads)
+    uncast = fused_view_ok(quantized, a, autocast)
+    shared = batch == 1 and (not gqa or (spec.num_kv_heads == 1 and uncast))
+    kv_saved = kv if shared else q if gqa else kv
+    kv_sym = "q" if kv_saved == q and kv != q else "kv"
+    qkv_views = spec.qkv_views and uncast
+    if qkv_views and shared:
+        add("attn.qkv_fused", a * (q + 2 * kv), f"{a}·(q + 2·kv)")
+    else:
+        add("attn.query", a * q, f"{a}·q")
+        add("attn.key", a * kv_saved, f"{a}·{kv_sym}")
+    if qkv_views and shared:
+        pass
+    elif fused_view and shared:
         add("attn.value_fused_qkv", a * (q + 2 * kv), f"{a}·(q + 2·kv)")
     else:
-        add("attn.value", a * kv_saved, f"{a}·{'q' if gqa else 'kv'}")
+        add("attn.value", a * kv_saved, f"{a}·{kv_sym}")
     if not spec.eager_softmax_fp32:  # NOTE: GPT-2's eager attention takes the softmax in the compute dtype
         sm = 4 if autocast else a  # ... but softmax is on autocast's fp32 list
         add("attn.softmax", sm * nh * s, f"{sm}·nh·s")
@@ -1050,22 +1075,25 @@ def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: boo
 
 
 def _sink_attention_core(
-    add, a: int, q: int, kv: int, nh: int, s: int, gqa: bool, autocast: bool, dropout: float
+    add, a: int, q: int, kv: int, nh: int, s: int, gqa: bool, sink_bytes: int, dropout: float
 ) -> None:
     """Eager attention with learned sinks (``attention_sinks``; transformers 5.24,
     models/gpt_oss/modeling_gpt_oss.py, ``eager_attention_forward``): ``repeat_kv`` copies k and v to every
     query head (``expand(...).reshape(...)``); the scores get the sink logits as one more column
     (``torch.cat([attn_weights, sinks])``), minus their row maximum (``max(dim=-1)`` saves its int64 indices),
     and ``softmax(..., dtype=combined_logits.dtype)`` saves its output with that column: s + 1 values per
-    head, in the scores' dtype — fp32 under autocast, where ``cat`` promotes the bf16 scores to the fp32 sinks'
-    dtype (autocast's promote list). The second matmul saves the probabilities without the sink column: a view
+    head, in the wider of the scores' and the sinks' dtypes: ``cat`` promotes (autocast's promote list, and
+    ``torch.cat``'s own type promotion without it), so 16-bit scores become fp32 with fp32 sinks (fp32 weights
+    under autocast, or QLoRA's k-bit preparation) and stay 16-bit with 16-bit sinks (bf16 weights under
+    autocast: gpt-oss-20b prompt tuning, ``--dtype auto --autocast bf16``, was +12.6% when this was read as
+    fp32 under any autocast). ``sink_bytes`` is the sinks' parameter dtype. The second matmul saves the probabilities without the sink column: a view
     of the softmax output, or, under autocast, the ``.to(value_states.dtype)`` cast of it (a·nh·s)."""
     kv_saved, sym = (q, "q") if gqa else (kv, "kv")
     add("attn.query", a * q, f"{a}·q")
     add("attn.key", a * kv_saved, f"{a}·{sym}")
     add("attn.value", a * kv_saved, f"{a}·{sym}")
     add("attn.sink_max_indices", 8 * nh, "8·nh")
-    sm = 4 if autocast else a
+    sm = max(a, sink_bytes)
     add("attn.softmax_with_sink", sm * nh * (s + 1), f"{sm}·nh·(s+1)")
     if dropout > 0:  # dropout(probs[..., :-1]).to(v's dtype): the mask, and the matmul's input
         add("attn.dropout", (1 + a) * nh * s, f"(1+{a})·nh·s")

@@ -179,6 +179,8 @@ class ModelSpec:
     rotary_by_cat: bool = False
     # v is a view of one fused qkv output, whose whole storage stays alive while v is saved
     value_is_qkv_view: bool = False
+    # q, k and v are all split views of one fused qkv output (no rotary makes new q and k: GPTBigCode)
+    qkv_views: bool = False
     eager_softmax_fp32: bool = True  # GPT-2's eager attention takes softmax in the compute dtype
     sdpa_fallback: str = ""  # what attn_implementation="sdpa" really runs, when not a fused kernel
     # transformers builds a sliding-window mask for SDPA on every layer from this window, whatever the layer

@@ -1,5 +1,5 @@
 """Falcon: LayerNorm blocks (attention and MLP in parallel by default), fused query_key_value with
-multi-query or grouped kv heads, v a view of the fused qkv output. FalconLinear subclasses nn.Linear,
+multi-query or grouped kv heads (v a view of the fused qkv output only in the classic layout). FalconLinear subclasses nn.Linear,
 which transformers' bitsandbytes integration does not replace (``type(module) is nn.Linear``): under
 QLoRA Falcon keeps its weights. With one kv head, SDPA's call (a broadcast k/v head and a mask)
 makes PyTorch pick its math kernel. PEFT targets query_key_value by default.
@@ -49,7 +49,14 @@ def read(r: Reader, name: str) -> ModelSpec:
         rotary_dim=d,
         max_positions=r.int("max_position_embeddings", default=2048),
         layer_groups=groups(r.int("num_hidden_layers", "n_layer"), linears, "plain", None, 0),
-        value_is_qkv_view=True,
+        # FalconAttention._split_heads (models/falcon/modeling_falcon.py, 5.24): the classic layout returns
+        # slices of the fused output (views); multi-query and the new decoder architecture index k and v with
+        # ``[..., [-1], :]`` (advanced indexing: copies)
+        value_is_qkv_view=not (new_arch or multi_query),
+        # FalconAttention.forward (non-alibi): ``F.softmax(scores + mask, dim=-1, dtype=hidden_states.dtype)``
+        # — the LayerNorm output's dtype: fp32 under autocast (layer_norm is on its fp32 list), else the
+        # weights' — not an fp32 softmax cast back (falcon-7b LoRA bf16 eager was +7.4% with it)
+        eager_softmax_fp32=False,
         # NOTE: Falcon-7B's multi-query SDPA call makes PyTorch pick its math kernel, which upcasts q,
         # k, v to fp32 and keeps the s×s softmax (seen in the trace)
         sdpa_fallback="math" if nkv == 1 else "",

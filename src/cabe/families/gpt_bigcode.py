@@ -44,6 +44,9 @@ def read(r: Reader, name: str) -> ModelSpec:
         norm_bias=True,
         activation=r.str("activation_function", default="gelu_pytorch_tanh"),
         position="learned",
+        # models/gpt_bigcode/modeling_gpt_bigcode.py:203 (5.24): ``c_attn(hidden_states).unsqueeze(1).split(...)``
+        # — query, key and value are views of the fused output (nothing rotates them)
+        qkv_views=True,
         rotary_dim=0,
         max_positions=r.int("n_positions", "max_position_embeddings", default=1024),
         layer_groups=groups(r.int("n_layer", "num_hidden_layers"), linears, "plain", None, 0),
