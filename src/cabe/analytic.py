@@ -26,6 +26,7 @@ from cabe.activations import (
     LayerActivations,
     attention_kind,
     checkpointed_layer_bytes_per_token,
+    dora_stray_parameter,
     embedding_lora_saved,
     head_activations,
     layer_activations,
@@ -611,6 +612,16 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
         trained = spec.num_layers if setup.method == "full" else min(setup.trainable_layers, spec.num_layers)
     else:  # LoRA / QLoRA: only the adapters train; prompt tuning: nothing in the layers
         cached, trained = adapters, (spec.num_layers if setup.adapters else 0)
+        if setup.dora and setup.lora_dropout > 0 and dt.cached_copies:
+            # DoRA + dropout on Conv1D: PEFT's throwaway Parameter(W.T) is an fp32 leaf that requires grad, so
+            # autocast caches its cast until forward ends (activations.dora_stray_parameter); without
+            # checkpointing that cast is the one the matmul saves (counted with the layer's saved tensors)
+            quantized = setup.method == "qlora"
+            cached += sum(
+                round_alloc(lin.weight_count * 2)
+                for lin in lora_targets(spec, setup.lora_targets, layer)
+                if dora_stray_parameter(spec, quantized, dt.adapter, dt.frozen, lin)
+            )
     head = sum(round_alloc(n * 2) for n in _head_matrices(spec)) if dt.weight_copies else 0
     head += _head_adapter_copies(spec, setup)
     if setup.resolved_loss == "chunked" and not (setup.method == "full" and dt.cached_copies):
@@ -865,6 +876,8 @@ def _layer_run(
         grads_mlp=sum(b for role, b in per_role.items() if role in ("mlp", "router", "expert")),
         mlp_saved=tokens * r.per_layer.mlp_saved_per_token,
         attention_workspace=tokens * r.per_layer.attention_workspace_per_token,
+        stray_grads=r.per_layer.stray_grad_bytes,
+        stray_grads_mlp=r.per_layer.stray_grad_mlp_bytes,
     )
 
 

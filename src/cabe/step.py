@@ -41,6 +41,10 @@ class LayerRun:
     mlp_saved: int = 0  # of ``saved`` (or ``recompute``): what the MLP block saved, freed before attention's backward
     attention_workspace: int = 0  # transient extra while attention's backward runs
     recompute_transient: int = 0  # checkpointing: a transient of the layer's recomputed forward (PEFT's casts)
+    # gradients of throwaway parameters (DoRA + dropout on Conv1D: cabe.activations _dora_stray_parameter) one
+    # layer's backward makes, alive until the graph is freed after backward; of them, the MLP block's
+    stray_grads: int = 0
+    stray_grads_mlp: int = 0
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,7 @@ def timeline(p: StepParts) -> list[Moment]:
             )
         )
     moments += _layer_moments(p, runs, base, g_acc, saved_all, copies_all)
+    strays_all = sum(r.count * r.stray_grads for r in runs)  # freed with the graph, after backward
     if p.embedding_grad_input:
         moments.append(
             Moment(
@@ -215,7 +220,7 @@ def timeline(p: StepParts) -> list[Moment]:
                 "embedding",
                 {
                     **base,
-                    "gradients": p.grads,
+                    "gradients": p.grads + strays_all,
                     "activations": p.embedding_grad_input + p.frozen_inputs + p.embedding_saved,
                     "weight_copies": p.frozen_copies,
                     **p.extra_backward,
@@ -227,7 +232,12 @@ def timeline(p: StepParts) -> list[Moment]:
             Moment(
                 "backward",
                 "embedding",
-                {**base, "gradients": p.grads, "activations": p.embedding_backward_workspace, **p.extra_backward},
+                {
+                    **base,
+                    "gradients": p.grads + strays_all,
+                    "activations": p.embedding_backward_workspace,
+                    **p.extra_backward,
+                },
             )
         )
     moments.append(
@@ -250,6 +260,7 @@ def _layer_moments(
     ``saved`` and ``copies``: what every layer of the gradient's path saves and copies."""
     out: list[Moment] = []
     grads_above = p.grads_head  # gradients made above the run being walked
+    stray_above = 0  # throwaway parameters' gradients made above it (LayerRun.stray_grads)
     layers_above = 0
     for i, r in enumerate(reversed(runs)):
         saved -= r.count * r.saved  # now what the runs below this one save
@@ -265,17 +276,19 @@ def _layer_moments(
             # gradients are set to None at each step (Trainer: zero_grad(set_to_none=True)).
             # Then attention's backward: the MLP's saved tensors are gone (autograd releases a node's saved
             # tensors once it has run: torch/csrc/autograd/engine.cpp), the MLP's gradients stay.
-            moments_of_layer = [("", before + r.grads_mlp, acts + r.workspace)]
+            stray = stray_above + r.stray_grads * from_top
+            moments_of_layer = [("", before + r.grads_mlp, acts + r.workspace, stray + r.stray_grads_mlp)]
             if r.recompute_transient:
                 # the recomputed forward's end, before this layer's first gradient: all it saves is back, and
                 # its last adapted module's transient (cabe.activations _Layer.note_lora_input)
-                moments_of_layer.insert(0, (".recompute", before, acts + r.recompute_transient))
-            for suffix, grads, activations in (
+                moments_of_layer.insert(0, (".recompute", before, acts + r.recompute_transient, stray))
+            for suffix, grads, activations, strays in (
                 *moments_of_layer,
                 (
                     ".attention",
                     before + r.grads,
                     acts - r.mlp_saved + r.attention_workspace,
+                    stray + r.stray_grads,
                 ),
             ):
                 out.append(
@@ -284,7 +297,7 @@ def _layer_moments(
                         where + suffix,
                         {
                             **base,
-                            "gradients": (g_acc or grads) + p.tied_grad_pending,
+                            "gradients": (g_acc or grads) + p.tied_grad_pending + strays,
                             "weight_copies": weight_copies,
                             "activations": activations,
                             **p.extra_backward,
@@ -292,6 +305,7 @@ def _layer_moments(
                     )
                 )
         grads_above += r.grads * r.count
+        stray_above += r.stray_grads * r.count
         layers_above += r.count
     return out
 
