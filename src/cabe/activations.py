@@ -202,7 +202,7 @@ class _Layer:
         self, spec: ModelSpec, group: LayerGroup, setup: TrainingSetup, dt: Dtypes, base_trainable: bool, adapters: bool
     ) -> None:
         # the layer groups: what this layer is made of (its linears, MLP kind and width) is its group's
-        self.spec, self.group, self.base_trainable = spec, group, base_trainable
+        self.spec, self.group, self.base_trainable, self.setup = spec, group, base_trainable, setup
         self.h, self.q, self.kv = spec.hidden_size, spec.q_dim, spec.kv_dim
         self.f, self.nh = spec.ffn_size(group), spec.num_heads
         self.s, self.batch = setup.tokens_per_sequence, setup.batch
@@ -581,8 +581,15 @@ class _Layer:
             self.key_cast,
             self.batch,
             self.gqa_repeat,
-            self.dt_weight if self.base_trainable else self.dt_frozen,
+            self._sink_bytes(),
         )
+
+    def _sink_bytes(self) -> int:
+        """The bytes of gpt-oss's sink parameters, for ``cat``'s promotion: their dtype, or fp32 when they are
+        16-bit in the other 16-bit dtype than autocast's (bf16 with fp16 promotes to fp32)."""
+        b = self.dt_weight if self.base_trainable else self.dt_frozen
+        other16 = self.autocast and {self.setup.dtype, self.setup.autocast} == {"bf16", "fp16"}
+        return 4 if b == 2 and other16 else b
 
     def _attention_output_copied(self) -> bool:
         """Whether ``attn_output.transpose(1, 2).contiguous()`` copies the kernel's output before the output

@@ -7,7 +7,8 @@ rows and their neighbours), each held against the fake-tensor trace of the same 
   one kv head expanded by ``repeat_kv`` stays a stride-0 view at b = 1 (starcoderbase QLoRA eager b1 +5.8%,
   with GPTBigCode's q, k and v all views of c_attn's output).
 - gpt-oss's sink logits are concatenated in the sinks' dtype: bf16 weights under autocast keep a bf16 softmax
-  (gpt-oss-20b prompt tuning, ``--dtype auto`` (bf16) ``--autocast bf16``, +12.6% when read as fp32).
+  (gpt-oss-20b prompt tuning, ``--dtype auto`` (bf16) ``--autocast bf16``, +12.6% when read as fp32), and fp16
+  sinks with bf16 scores promote to fp32 (``--dtype fp16 --autocast bf16``: -14.2% when read as 16-bit).
 - Falcon's eager softmax runs in the LayerNorm output's dtype, not fp32 cast back (falcon-7b LoRA bf16 eager
   +7.4% before); its multi-query k and v are copies (advanced indexing), not views of the fused output.
 """
@@ -43,6 +44,10 @@ CASES = {
     "gpt-oss-prompt-bf16-autocast": (
         "gpt-oss-20b",
         EAGER | dict(method="prompt-tuning", dtype="bf16", autocast="bf16", batch=1, prompt_tokens=20),
+    ),
+    "gpt-oss-prompt-fp16-under-bf16": (
+        "gpt-oss-20b",
+        EAGER | dict(method="prompt-tuning", dtype="fp16", autocast="bf16", batch=2, prompt_tokens=16),
     ),
     "falcon-lora-bf16-b2": ("falcon-7b", EAGER | dict(method="lora", dtype="bf16", autocast="none", batch=2)),
     "falcon-lora-fp32-b1": ("falcon-7b", EAGER | dict(method="lora", dtype="fp32", autocast="none", batch=1)),
