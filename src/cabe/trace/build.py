@@ -165,8 +165,25 @@ def build_model(
     if setup.attention == "flash":
         _set_flash_dtype(model, setup)
     model = _METHODS[setup.method](model, cfg, setup, dtype, notes)
+    unmatched = _unmatched_targets(model) if setup.adapters else ()
+    if unmatched:  # PEFT dropped them without a word (cabe.method.unmatched_lora_targets says the same)
+        notes.append("lora_target_unmatched")
+        if facts is not None:
+            facts["lora_unmatched"] = ", ".join(unmatched)
     model.train()
     return model, cfg
+
+
+def _unmatched_targets(model: Any) -> tuple[str, ...]:
+    """The names of the adapter's ``target_modules`` (as PEFT kept them: the MoE names it moved onto parameters are
+    gone) that no module matched: PEFT matches a name as the module path or its last part
+    (tuners_utils.py ``check_target_module_exists``) and raises only when nothing matches."""
+    config = getattr(model, "peft_config", {}).get("default")
+    targets = getattr(config, "target_modules", None)
+    if not targets or isinstance(targets, str):  # "all-linear" or a regex
+        return ()
+    names = list(getattr(model, "targeted_module_names", []))
+    return tuple(sorted(t for t in targets if not any(n == t or n.endswith("." + t) for n in names)))
 
 
 def model_facts(model: Any, cfg: Any) -> dict[str, Any]:

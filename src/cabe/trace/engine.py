@@ -128,8 +128,10 @@ def run_trace(
         return result
     result.attention_kernels = dict(astate.choices)
     result.notes = notes + result.notes
+    unmatched = facts.pop("lora_unmatched", None)
     result.model = facts
-    result.setup = setup.to_dict()
+    # the LoRA targets PEFT dropped, for the note lora_target_unmatched (placeholders come from the setup)
+    result.setup = {**setup.to_dict(), **({"lora_unmatched": unmatched} if unmatched else {})}
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -221,6 +223,10 @@ def _check_setup(setup: Any, config: Any) -> TrainingSetup:
     """The setup, with ``dtype="auto"`` read from the config as transformers 5 does."""
     if not isinstance(setup, TrainingSetup):
         raise ConfigError("bad_setup", "setup")
+    if setup.packing != "none":
+        # the trace builds padded rows (cabe.trace.step): a packed or padding-free batch (position_ids restarting per
+        # document, flash-attn's varlen path) is modelled by the estimate, never traced; refused, not run unpacked
+        raise ConfigError("packing_not_traced", "packing", value=setup.packing)
     from cabe.families import config_dtype
     from cabe.precision import resolve
 
