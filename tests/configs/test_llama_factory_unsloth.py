@@ -151,6 +151,7 @@ def test_llama_factory_default_method_is_lora():
 def test_unsloth_notebook():
     s = source("unsloth_llama31_8b_alpaca.json")
     r = configs.combine([s]).request
+    assert r["model"] == "llama-3.1-8b"  # unsloth/Meta-Llama-3.1-8B: Meta's Llama-3.1-8B under its older name
     assert r["method"] == "qlora" and (r["quant"], r["double_quant"]) == ("nf4", True)  # llama.py:2620-2626
     assert (r["lora_rank"], r["lora_alpha"]) == (16, 16.0)
     assert r["lora_targets"] == unsloth.DEFAULT_TARGETS
@@ -208,3 +209,17 @@ def test_unsloth_autocast_turned_on_without_flags():
     # rl.py:2414-2420: neither bf16 nor fp16 -> autocast in the model's 16-bit dtype
     r = configs.combine([configs.read_source({"from_pretrained": {"dtype": "float16"}, "get_peft_model": {}})])
     assert (r.request["dtype"], r.request["autocast"]) == ("fp16", "fp16")
+
+
+@pytest.mark.parametrize(
+    ("hub_id", "name"),
+    [
+        ("unsloth/Meta-Llama-3.1-8B-bnb-4bit", "llama-3.1-8b"),
+        ("unsloth/Llama-3.2-1B-Instruct", "llama-3.2-1b"),
+        ("unsloth/Qwen3-8B-unsloth-bnb-4bit", "qwen3-8b"),
+        ("unsloth/no-such-model", "unsloth/no-such-model"),  # left as given: the Hub resolves it
+    ],
+)
+def test_unsloth_mirrors_map_to_presets(hub_id, name):
+    s = configs.read_source({"from_pretrained": {"model_name": hub_id}, "get_peft_model": {}})
+    assert s.fields["model"] == name

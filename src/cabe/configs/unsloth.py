@@ -177,7 +177,7 @@ def _from_pretrained(c: Collector, name: str, pre: Mapping[str, Any], full: bool
     for key, value in pre.items():
         source = p + key
         if key in ("model_name", "model"):
-            c.set("model", _base.as_model(value, source), source)
+            c.set("model", _model_name(value), source)
         elif key == "max_seq_length":
             max_seq = _base.as_int(value, source)
             c.use(source)
@@ -190,6 +190,25 @@ def _from_pretrained(c: Collector, name: str, pre: Mapping[str, Any], full: bool
         else:
             c.ignore(source, "no_effect")
     return max_seq
+
+
+#: the suffixes of unsloth's own uploads of a model (pre-quantized 4-bit weights: the same architecture)
+UPLOAD_SUFFIXES = ("-unsloth-bnb-4bit", "-bnb-4bit", "-unsloth")
+
+
+def _model_name(value: Any) -> str:
+    """A preset for unsloth's mirrors of a model: ``unsloth/Meta-Llama-3.1-8B-bnb-4bit`` is Meta's
+    ``Llama-3.1-8B`` (the Hub's older ``Meta-Llama-3.1`` name), 4-bit weights of the same architecture."""
+    from cabe import models
+
+    name = _base.model_name(str(value))
+    org, _, repo = str(value).strip().partition("/")
+    if name != str(value).strip() or org.lower() != "unsloth" or not repo:
+        return name
+    repo = repo.lower()
+    for suffix in UPLOAD_SUFFIXES:
+        repo = repo.removesuffix(suffix)
+    return models.preset_for_repo(repo) or models.preset_for_repo(repo.removeprefix("meta-")) or name
 
 
 def _quantization_config(c: Collector, source: str, value: Mapping[str, Any]) -> None:
