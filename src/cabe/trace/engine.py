@@ -223,10 +223,6 @@ def _check_setup(setup: Any, config: Any) -> TrainingSetup:
     """The setup, with ``dtype="auto"`` read from the config as transformers 5 does."""
     if not isinstance(setup, TrainingSetup):
         raise ConfigError("bad_setup", "setup")
-    if setup.packing != "none":
-        # the trace builds padded rows (cabe.trace.step): a packed or padding-free batch (position_ids restarting per
-        # document, flash-attn's varlen path) is modelled by the estimate, never traced; refused, not run unpacked
-        raise ConfigError("packing_not_traced", "packing", value=setup.packing)
     from cabe.families import config_dtype
     from cabe.precision import resolve
 
