@@ -62,3 +62,15 @@ def test_an_unmatched_lora_target_beside_matched_ones_is_named():
     with pytest.raises(InvalidValueError) as e:  # none matches: PEFT refuses, so does cabe
         estimate_model(LLAMA, TrainingSetup(**kw, lora_targets=("c_attn",)))
     assert e.value.code == "unknown_lora_target"
+
+
+def test_one_sequence_padding_free_is_a_plain_row():
+    # DataCollatorWithFlattening on one sequence: position_ids 0..s-1 never restart, transformers finds no documents
+    # (masking_utils.py:761-762) and SDPA keeps is_causal (flash); traced 2026-12-04 on qwen2.5-0.5b LoRA s512:
+    # 2,538,651,648 B both ways, the flash kernel
+    kw = dict(method="lora", batch=1, seq=512)
+    free = estimate_model(preset("qwen2.5-0.5b").spec, TrainingSetup(**kw, packing="padding-free"))
+    plain = estimate_model(preset("qwen2.5-0.5b").spec, TrainingSetup(**kw))
+    packed = estimate_model(preset("qwen2.5-0.5b").spec, TrainingSetup(**kw, packing="packed"))
+    assert free.total_bytes == plain.total_bytes < packed.total_bytes
+    assert free.setup["packing"] == "padding-free"  # the report keeps the request

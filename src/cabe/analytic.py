@@ -367,9 +367,13 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
 
 def _row_shape(setup: TrainingSetup) -> TrainingSetup:
     """The shape the layers see: padding-free flattens the batch to one row of batch × seq tokens (TRL's
-    ``padding_free``, transformers' DataCollatorWithFlattening, data/data_collator.py:1261-1290)."""
-    if setup.packing != "padding-free" or setup.batch == 1:
+    ``padding_free``, transformers' DataCollatorWithFlattening, data/data_collator.py:1261-1290). One sequence
+    flattened is a plain row: its position_ids never restart, transformers finds no documents
+    (masking_utils.py:761-762) and SDPA keeps ``is_causal`` (flash), as unpacked."""
+    if setup.packing != "padding-free":
         return setup
+    if setup.batch == 1:
+        return setup.with_(packing="none")
     return setup.with_(batch=1, seq=setup.batch * setup.seq)
 
 

@@ -165,7 +165,7 @@ def build_model(
     if setup.attention == "flash":
         _set_flash_dtype(model, setup)
     model = _METHODS[setup.method](model, cfg, setup, dtype, notes)
-    if setup.packing != "none" and setup.attention == "flash":
+    if has_documents(setup) and setup.attention == "flash":
         notes.append("trace_packed_flash_dense")  # flash-attn's varlen kernel is not on this machine
     unmatched = _unmatched_targets(model) if setup.adapters else ()
     if unmatched:  # PEFT dropped them without a word (cabe.method.unmatched_lora_targets says the same)
@@ -459,11 +459,17 @@ def make_inputs(cfg: Any, setup: TrainingSetup, device: Any) -> tuple[Any, Any, 
 PACKED_DOCUMENTS = 4
 
 
+def has_documents(setup: TrainingSetup) -> bool:
+    """Rows holding several documents told apart by position_ids: packed rows, or a padding-free batch of more than
+    one sequence (one sequence flattened is a plain row: its position_ids never restart)."""
+    return setup.packing == "packed" or (setup.packing == "padding-free" and setup.batch > 1)
+
+
 def packed_positions(setup: TrainingSetup, device: Any) -> Any:
     """position_ids restarting at every document (None for padded rows)."""
     import torch
 
-    if setup.packing == "none":
+    if not has_documents(setup):
         return None
     doc = setup.seq if setup.packing == "padding-free" else max(1, -(-setup.seq // PACKED_DOCUMENTS))
     rows, row = (1, setup.batch * setup.seq) if setup.packing == "padding-free" else (setup.batch, setup.seq)

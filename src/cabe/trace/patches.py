@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cabe.trace import _native, state
-from cabe.trace.build import needs_bitsandbytes, needs_peft
+from cabe.trace.build import has_documents, needs_bitsandbytes, needs_peft
 from cabe.training import TrainingSetup
 
 
@@ -241,7 +241,7 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
             _cuda_dropout(p)
         # transformers reads position_ids to detect packed sequences (a data-dependent branch);
         # a batch of whole sequences has none. Same tensor ops as the original, answer None.
-        packed = setup.packing != "none"
+        packed = has_documents(setup)
         p.set(mu, "find_packed_sequence_indices", _packed_sequence_indices if packed else _find_packed_sequence_indices)
         _patch_falcon_split_heads(p)
         if kind == "fake" and not torch.cuda.is_available() and _native.available():
