@@ -74,3 +74,13 @@ def test_one_sequence_padding_free_is_a_plain_row():
     packed = estimate_model(preset("qwen2.5-0.5b").spec, TrainingSetup(**kw, packing="packed"))
     assert free.total_bytes == plain.total_bytes < packed.total_bytes
     assert free.setup["packing"] == "padding-free"  # the report keeps the request
+
+
+def test_the_page_names_the_unmatched_target():
+    pytest.importorskip("jinja2")
+    from cabe.web.page import render_plan_results
+
+    html = render_plan_results(
+        {"model": "llama-3.2-1b", "method": "lora", "lora_targets": "q_proj,c_attn", "seq": "256"}, "en"
+    )
+    assert "LoRA targets c_attn match no module" in html
