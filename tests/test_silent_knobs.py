@@ -84,3 +84,10 @@ def test_the_page_names_the_unmatched_target():
         {"model": "llama-3.2-1b", "method": "lora", "lora_targets": "q_proj,c_attn", "seq": "256"}, "en"
     )
     assert "LoRA targets c_attn match no module" in html
+
+
+def test_packing_with_prompt_tuning_is_refused():
+    # peft 0.21.2 peft_model.py:1668-1674: prompt tuning drops position_ids, so no document is told apart
+    with pytest.raises(InvalidValueError) as e:
+        TrainingSetup(method="prompt-tuning", packing="padding-free", batch=2)
+    assert (e.value.code, e.value.field) == ("packing_prompt_tuning", "packing")
