@@ -236,3 +236,12 @@ def test_training_arguments_galore_keys():
     assert fields["optimizer"] == "galore-adamw-layerwise" and set(used) == set(data)
     assert (fields["galore_targets"], fields["galore_rank"]) == (("attn", "mlp"), 64)
     assert ignored == []
+
+
+def test_galore_all_but_lm_head_is_llama_factorys_all():
+    # LLaMA-Factory's galore_target "all": find_all_linear_modules, lm_head forbidden
+    # (src/llamafactory/model/model_utils/misc.py:28-52); transformers' all-linear takes the lm_head too
+    head = _t(32000, 4096, "lm_head", "", "lm_head")
+    assert not optimizer.galore_targeted(head, (optimizer.ALL_BUT_HEAD,))
+    assert optimizer.galore_targeted(_t(4096, 4096, "q_proj"), (optimizer.ALL_BUT_HEAD,))
+    assert optimizer.galore_targeted(_t(4096, 11008, "up_proj", "mlp"), (optimizer.ALL_BUT_HEAD,))

@@ -174,7 +174,19 @@ def sample(rng: random.Random, *, small: bool = False, models: list[str] | None 
         if srng.random() < 0.25:
             kw["offload_activations"] = True
     _head_targets(model, spec, kw)
+    _packing(model, kw)
     return model, kw
+
+
+def _packing(model: str, kw: dict[str, Any]) -> None:
+    """Packed rows or a padding-free batch (issue 11: the trace runs them since position_ids restart per document,
+    cabe.trace.build.packed_positions), a rare draw from the configuration's own generator, after every other
+    knob's (which stay as they were)."""
+    if kw["method"] == "prompt-tuning":  # PEFT drops position_ids there: cabe refuses it (packing_prompt_tuning)
+        return
+    prng = random.Random(f"packing {model} {sorted(kw.items())}")
+    if prng.random() < 0.15:
+        kw["packing"] = prng.choice(["packed", "padding-free"])
 
 
 def _head_targets(model: str, spec: Any, kw: dict[str, Any]) -> None:

@@ -44,6 +44,7 @@ from cabe.method import (
     parameter_tensors,
     quantized_bytes,
     stored_bytes,
+    unmatched_lora_targets,
 )
 from cabe.optimizer import get as optimizer_entry
 from cabe.optimizer import layerwise_figures, optimizer_memory
@@ -357,6 +358,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         extra={
             "peak_at": peak.where,
             "loss": _recipe_json(setup),
+            **_unmatched_json(spec, setup),
             **_host_json(spec, act),
             **({"distributed": shard_info} if shard_info else {}),
             "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments],
@@ -366,9 +368,13 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
 
 def _row_shape(setup: TrainingSetup) -> TrainingSetup:
     """The shape the layers see: padding-free flattens the batch to one row of batch × seq tokens (TRL's
-    ``padding_free``, transformers' DataCollatorWithFlattening, data/data_collator.py:1261-1290)."""
-    if setup.packing != "padding-free" or setup.batch == 1:
+    ``padding_free``, transformers' DataCollatorWithFlattening, data/data_collator.py:1261-1290). One sequence
+    flattened is a plain row: its position_ids never restart, transformers finds no documents
+    (masking_utils.py:761-762) and SDPA keeps ``is_causal`` (flash), as unpacked."""
+    if setup.packing != "padding-free":
         return setup
+    if setup.batch == 1:
+        return setup.with_(packing="none")
     return setup.with_(batch=1, seq=setup.batch * setup.seq)
 
 
@@ -915,6 +921,8 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("qlora_moe_experts_unquantized")
     if spec.vision_parameters:  # Gemma 3's SigLIP tower: weights only, text-only batches never run it
         notes.append("vision_tower_weights_only")
+    if setup.adapters and unmatched_lora_targets(spec, setup.lora_targets):
+        notes.append("lora_target_unmatched")  # the names: extra["lora_unmatched"] (render fills the note)
     if setup.adapters and moved_targets(spec, setup.lora_targets):
         notes.append("lora_targets_moved_to_experts")
     return tuple(notes)
@@ -942,6 +950,12 @@ def _host_json(spec: ModelSpec, act: _Activations) -> dict[str, Any]:
     if not host:
         return {}
     return {"host": {"offloaded_activations_bytes": host, "pinned_bytes": host}}
+
+
+def _unmatched_json(spec: ModelSpec, setup: TrainingSetup) -> dict[str, Any]:
+    """The LoRA targets that match no module (PEFT drops them), named for the note ``lora_target_unmatched``."""
+    unmatched = unmatched_lora_targets(spec, setup.lora_targets) if setup.adapters else ()
+    return {"lora_unmatched": ", ".join(unmatched)} if unmatched else {}
 
 
 def _recipe_json(setup: TrainingSetup) -> dict[str, Any]:

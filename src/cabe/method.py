@@ -71,7 +71,10 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | 
         heads = head_module_names(spec)
         known = list(names) + list(heads) + [old for old, _ in spec.peft_parameter_targets if old not in names]
         unknown = [t for t in targets if t not in known]
-        if unknown:
+        # PEFT refuses target_modules only when none of them matches (tuners_utils.py inject_adapter: "Target
+        # modules ... not found in the base model"); one that matches nothing beside others that do is dropped
+        # without a word: cabe drops it too, with a note naming it (lora_target_unmatched, unmatched_lora_targets)
+        if unknown and len(unknown) == len(targets):
             raise InvalidValueError(
                 "unknown_lora_target",
                 "lora_targets",
@@ -82,6 +85,17 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | 
     wanted -= moved_targets(spec, targets)  # PEFT targets parameters under these names instead
     layer = spec.runs[0] if group is None else group
     return tuple(lin for lin in layer.linears if lin.is_module and lin.name in wanted)
+
+
+def unmatched_lora_targets(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[str, ...]:
+    """The names of ``targets`` no module of the model has, given beside names it has (PEFT adapts those and
+    drops these; :func:`lora_targets` refuses a list where none matches)."""
+    if not targets or "all-linear" in targets:
+        return ()
+    heads = head_module_names(spec)
+    known = set(spec.linear_names) | set(heads) | {old for old, _ in spec.peft_parameter_targets}
+    unknown = tuple(t for t in targets if t not in known)
+    return unknown if len(unknown) < len(targets) else ()
 
 
 def moved_targets(spec: ModelSpec, targets: tuple[str, ...]) -> frozenset[str]:

@@ -239,6 +239,19 @@ def preset_for_id(text: str) -> str | None:
     return None
 
 
+def preset_for_repo(repo: str) -> str | None:
+    """The bundled preset whose Hub repo name (without its organisation) is ``repo``, or its sibling's (as
+    :func:`preset_for_id`): for mirrors that keep the name under another organisation (unsloth's
+    ``unsloth/Llama-3.2-1B-Instruct``). None when no preset has that name."""
+    key = str(repo).strip().lower()
+    for hid in _hub_ids():
+        org, _, name = hid.partition("/")
+        for candidate in (key, *(key.removesuffix(s) for s in _SIBLING_SUFFIXES if key.endswith(s))):
+            if name == candidate:
+                return preset_for_id(f"{org}/{key}")
+    return None
+
+
 @contextmanager
 def hub_scope(fetch: Callable[[str], ModelSource]) -> Iterator[None]:
     token = _HUB.set(fetch)

@@ -145,6 +145,11 @@ def _torchao(bits: str, block: int) -> StateRule:
     return rule
 
 
+#: a ``galore_targets`` entry for every ``nn.Linear`` but the output layer: LLaMA-Factory's ``galore_target: all``
+#: (``find_all_linear_modules``, src/llamafactory/model/model_utils/misc.py:28-52, lm_head forbidden)
+ALL_BUT_HEAD = "all-but-lm-head"
+
+
 def galore_targeted(t: Tensor, targets: tuple[str, ...]) -> bool:
     """Whether GaLore projects ``t``: a trainable ``nn.Linear`` weight whose module name matches
     ``optim_target_modules`` as transformers matches a list (trainer_utils.py:1042-1048, ``check_target_module_exists``:
@@ -158,7 +163,8 @@ def galore_targeted(t: Tensor, targets: tuple[str, ...]) -> bool:
         return "all-linear" in targets or any(x in t.name for x in targets)
     # the module's path as the family's transformers code names it (cabe.method.linear_path): GPT-NeoX's
     # ``attention.query_key_value`` is no match for "attn"; "" for what is not an nn.Linear (GPT-2's Conv1D)
-    return bool(t.path) and ("all-linear" in targets or any(x in t.path for x in targets))
+    # ALL_BUT_HEAD: LLaMA-Factory's galore_target "all" (model/model_utils/misc.py:28-52, every Linear but lm_head)
+    return bool(t.path) and ("all-linear" in targets or ALL_BUT_HEAD in targets or any(x in t.path for x in targets))
 
 
 def _low_rank(t: Tensor, rank: int) -> tuple[Tensor, int, int]:

@@ -28,7 +28,11 @@ def format_report(report: Report, *, lang: str = "en", units: str = "GB", explai
         lines.append(fill(t("ui.paged", lang), {"paged": fmt_bytes(report.paged_bytes, lang, units)}, lang))
     lines += _lesson(report, lang)
     lines += _fit(report, lang, units)
-    facts = {"model_type": (report.model or {}).get("model_type", ""), **report.setup}
+    facts = {
+        "model_type": (report.model or {}).get("model_type", ""),
+        **report.setup,
+        "lora_unmatched": report.extra.get("lora_unmatched", ""),
+    }
     for note in report.notes:
         if note in REPORT_NOTES:
             lines.append("· " + t("note." + note, lang, **facts))
@@ -53,6 +57,7 @@ REPORT_NOTES = (
     "qlora_moe_experts_unquantized",
     "vision_tower_weights_only",
     "lora_targets_moved_to_experts",
+    "lora_target_unmatched",
     "loss_assumed_hf",
     "loss_modelled",
     "seq_beyond_max_positions",

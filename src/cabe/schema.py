@@ -753,11 +753,47 @@ def inapplicable(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, An
             out.append((f.name, "galore_only", {"optimizer": _optimizer_of(values), "optimizers": ", ".join(names)}))
         else:
             out.append((f.name, "not_for_method", {"method": method, "methods": ", ".join(f.methods)}))
+    out += _companions(values)
     has_model = _sent(values.get("model")) or _sent(values.get("config"))
     if not has_model and _sent(values.get("params")):
         if method != "full":
             out.append(("method", "method_needs_model", {"value": method}))
         out += _model_only(values, [name for name, _, _ in out])
+    return out
+
+
+def _loss_of(values: Mapping[str, Any]) -> Any:
+    """The loss kernel a request runs: the one given, else its recipe's, else transformers' own (hf)."""
+    if _sent(values.get("loss")):
+        return values["loss"]
+    recipe = values.get("recipe")
+    if isinstance(recipe, str) and recipe in RECIPES:
+        from cabe import recipes
+
+        return recipes.load(recipe)["sets"].get("loss", "hf")
+    return "hf"
+
+
+def _companions(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """Fields that act only beside another field's value, given without it: ``loss_chunks`` with a loss that does
+    not chunk (``chunked_only``: only torchtune's chunked loss reads it), ``optimizer_impl`` with an optimizer that
+    has no foreach / fused / for-loop variants to tell apart (``impl_not_read``: bitsandbytes', torchao's, Lion's
+    ... one kernel each). Unknown names are left to :class:`~cabe.training.TrainingSetup`'s own errors."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    chunks = values.get("loss_chunks")
+    if _sent(chunks) and not _is_default(field("loss_chunks"), chunks):
+        loss = _loss_of(values)
+        if loss in (field("loss").choices or ()) and loss != "chunked":
+            out.append(("loss_chunks", "chunked_only", {"loss": loss}))
+    if _sent(values.get("optimizer_impl")):
+        name = _optimizer_of(values)
+        if isinstance(name, str) and name in OPTIMIZER_NAMES:
+            from cabe import optimizer
+
+            known = name in optimizer.OPTIMIZERS or name in optimizer.HF_NAMES
+            entry = optimizer.get(name) if known else None
+            if entry is not None and not (entry.temporaries or entry.impl_flags):
+                out.append(("optimizer_impl", "impl_not_read", {"optimizer": name}))
     return out
 
 

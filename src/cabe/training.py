@@ -279,6 +279,10 @@ def validate(setup: TrainingSetup) -> None:
     if setup.lora_dropout >= 1:  # nn.Dropout(p=1) zeroes lora_A's input: PEFT accepts it, nothing would train
         raise InvalidValueError("lora_dropout_not_below_one", "lora_dropout", value=setup.lora_dropout)
     _check_savers(setup)
+    if setup.method == "prompt-tuning" and setup.packing != "none":
+        # PEFT drops position_ids under prompt tuning (peft 0.21.2 peft_model.py:1668-1674, "Position ids are not
+        # supported ... Ignoring position ids"): no document would be told apart, the packing would do nothing
+        raise InvalidValueError("packing_prompt_tuning", "packing", value=setup.packing)
     if setup.method == "freeze" and setup.trainable_layers < 1:  # nothing would train: the trace refuses it too
         raise InvalidValueError("freeze_needs_layers", "trainable_layers", value=setup.trainable_layers)
 

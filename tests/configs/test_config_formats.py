@@ -62,6 +62,8 @@ def test_every_module_has_the_same_functions():
                 "accelerate": "accelerate_fsdp.yaml",
                 "axolotl": "axolotl_llama3_qlora.yml",
                 "torchtune": "torchtune_70B_lora.yaml",
+                "llama_factory": "llamafactory_train_lora_qwen3_lora_sft.yaml",
+                "unsloth": "unsloth_llama31_8b_alpaca.json",
             }[fmt]
         )
         fields, used, ignored = mod.to_request(data)

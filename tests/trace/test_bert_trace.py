@@ -38,6 +38,6 @@ def test_classification_inputs_are_one_label_per_sequence():
 
     cfg = hf_config({k: v for k, v in preset("bert-base-uncased").config.items() if k != "_cabe"})
     cfg.problem_type = "single_label_classification"
-    ids, labels = make_inputs(cfg, TrainingSetup(batch=3, seq=16), "cpu")
-    assert tuple(ids.shape) == (3, 16) and tuple(labels.shape) == (3,)
+    ids, labels, positions = make_inputs(cfg, TrainingSetup(batch=3, seq=16), "cpu")
+    assert tuple(ids.shape) == (3, 16) and tuple(labels.shape) == (3,) and positions is None
     assert int(labels.max()) < cfg.num_labels

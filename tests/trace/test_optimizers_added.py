@@ -71,3 +71,18 @@ def test_estimate_matches_the_trace(given, kw):
     est = estimate_model(source.spec, setup)
     assert abs(est.total_bytes - res.peak_bytes) <= 2e-4 * res.peak_bytes
     assert est.paged_bytes == res.paged_bytes
+
+
+@pytest.mark.slow
+def test_galore_all_but_lm_head_matches_the_trace():
+    # pythia-1.4b's output layer (embed_out) is untied: LLaMA-Factory's galore_target "all" leaves it to plain
+    # AdamW (cabe.optimizer.ALL_BUT_HEAD), where transformers' all-linear would project it too
+    pytest.importorskip("galore_torch")
+    source = preset("pythia-1.4b")
+    kw = dict(method="full", optimizer="galore_adamw", batch=1, seq=128, precision="bf16", galore_rank=32)
+    setup = TrainingSetup(galore_targets=("all-but-lm-head",), **kw)
+    res = trace_step(dict(source.config), setup, mode="fake")
+    est = estimate_model(source.spec, setup)
+    assert abs(est.total_bytes - res.peak_bytes) <= 2e-4 * res.peak_bytes
+    every = estimate_model(source.spec, TrainingSetup(galore_targets=("all-linear",), **kw))
+    assert every.components["optimizer"] < est.components["optimizer"]  # embed_out projected to rank 32

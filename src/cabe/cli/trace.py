@@ -84,6 +84,10 @@ def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str)
                 lines.append(f"    {k:<30} {shown}")
         elif isinstance(value, (str, int, float, bool)):
             lines.append(f"  {key:<32} {value}")
+    notes = list(out.get("notes", []))
+    if out.get("analytic") == "unknown_architecture":
+        notes = notes[:-1]  # gather's English sentence of NOTE, said below in the asked language
+    lines += ["· " + n for n in notes]  # what the trace did differently from what was asked (TraceResult.notes)
     if out.get("analytic") == "unknown_architecture":
         lines.append("· " + t("note." + NOTE, lang, model_type=(out.get("model") or {}).get("model_type", "")))
     if out.get("inventory_text"):

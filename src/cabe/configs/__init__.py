@@ -11,6 +11,8 @@ One module per input format, each with ``read(path_or_dict) -> Mapping`` and
 ``accelerate``            ``accelerate config`` YAML (FSDP, DeepSpeed, multi-GPU)
 ``axolotl``               axolotl YAML
 ``torchtune``             torchtune recipe YAML
+``llama_factory``         LLaMA-Factory training YAML
+``unsloth``               an unsloth training script's arguments (YAML / JSON, docs/unsloth-config.md)
 ========================  ================================================================
 
 :func:`from_files` reads several at once (``cabe from-config train.json adapter_config.json``),
@@ -33,7 +35,17 @@ from cabe import schema
 from cabe.errors import ConfigError
 
 #: Formats in detection order (the most specific content markers first).
-FORMATS: tuple[str, ...] = ("torchtune", "accelerate", "deepspeed", "axolotl", "training_args", "peft_config", "bnb")
+FORMATS: tuple[str, ...] = (
+    "torchtune",
+    "accelerate",
+    "deepspeed",
+    "axolotl",
+    "llama_factory",
+    "unsloth",
+    "training_args",
+    "peft_config",
+    "bnb",
+)
 
 #: File-name hints, used when the content says nothing.
 NAME_HINTS = (
@@ -66,6 +78,8 @@ ALIASES = {
     "bitsandbytes": "bnb",
     "ds": "deepspeed",
     "fsdp": "accelerate",
+    "llamafactory": "llama_factory",
+    "lf": "llama_factory",
 }
 
 

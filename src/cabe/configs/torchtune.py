@@ -54,7 +54,7 @@ NOT_MODELED = {
     "optimizer_in_bwd",
     "fsdp_reshard_after_forward",
     "custom_sharded_layers",
-    "activation_offloading_use_streams",
+    "activation_offloading_use_streams",  # the forward stash of 5 tensors (_check_offloading)
     "clip_grad_norm",
 }
 
@@ -89,8 +89,34 @@ def collect(data: Mapping[str, Any]) -> Collector:
             handler(c, key, value)
         else:
             _unmapped(c, key, value)
+    _check_offloading(c, data)
     c.fields.setdefault("recipe", "torchtune")  # a torchtune config is a torchtune run (data/recipes/torchtune.json)
     return c
+
+
+def _check_offloading(c: Collector, data: Mapping[str, Any]) -> None:
+    """``enable_activation_offloading`` without ``enable_activation_checkpointing``: torchtune's recipes refuse it
+    ("enable_activation_offloading should only be True when enable_activation_checkpointing is True",
+    recipes/lora_finetune_single_device.py:186-193, full_finetune_single_device.py:172-180, commit bd2a0fc), and so
+    does cabe, naming both keys.
+
+    With checkpointing, torchtune's ``OffloadActivations`` (torchtune/training/_activation_offloading.py:24-211, a
+    ``saved_tensors_hooks`` around the model's forward) sees what is saved outside the checkpointed layers: each
+    layer's input (torch.utils.checkpoint saves it through the outer hooks, torch 2.13 checkpoint.py:842-847
+    ``save_inputs``), which is what cabe's ``offload_activations`` moves to the host, and the final norm's saved
+    tensors (``min_offload_size`` 1024 B; the output projection is left alone, l. 412-434), which cabe keeps on the
+    device. NOTE: with streams (``activation_offloading_use_streams``, the default) the last
+    ``max_fwd_stash_size`` = 5 offloaded tensors stay on the device until backward uses them (l. 165-204, 282-284):
+    one or two layer inputs beside the norm's, which cabe does not count."""
+    on = c.fields.get("offload_activations") is True
+    if on and not c.fields.get("checkpointing"):
+        raise ConfigError(
+            "cfg_contradiction",
+            "offload_activations",
+            first="enable_activation_offloading: True",
+            second=f"enable_activation_checkpointing: {data.get('enable_activation_checkpointing', False)}",
+            source="enable_activation_offloading, enable_activation_checkpointing",
+        )
 
 
 def _model(c: Collector, model: Mapping[str, Any]) -> None:

@@ -165,8 +165,27 @@ def build_model(
     if setup.attention == "flash":
         _set_flash_dtype(model, setup)
     model = _METHODS[setup.method](model, cfg, setup, dtype, notes)
+    if has_documents(setup) and setup.attention == "flash":
+        notes.append("trace_packed_flash_dense")  # flash-attn's varlen kernel is not on this machine
+    unmatched = _unmatched_targets(model) if setup.adapters else ()
+    if unmatched:  # PEFT dropped them without a word (cabe.method.unmatched_lora_targets says the same)
+        notes.append("lora_target_unmatched")
+        if facts is not None:
+            facts["lora_unmatched"] = ", ".join(unmatched)
     model.train()
     return model, cfg
+
+
+def _unmatched_targets(model: Any) -> tuple[str, ...]:
+    """The names of the adapter's ``target_modules`` (as PEFT kept them: the MoE names it moved onto parameters are
+    gone) that no module matched: PEFT matches a name as the module path or its last part
+    (tuners_utils.py ``check_target_module_exists``) and raises only when nothing matches."""
+    config = getattr(model, "peft_config", {}).get("default")
+    targets = getattr(config, "target_modules", None)
+    if not targets or isinstance(targets, str):  # "all-linear" or a regex
+        return ()
+    names = list(getattr(model, "targeted_module_names", []))
+    return tuple(sorted(t for t in targets if not any(n == t or n.endswith("." + t) for n in names)))
 
 
 def model_facts(model: Any, cfg: Any) -> dict[str, Any]:
@@ -417,17 +436,45 @@ def make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any, kind: 
 
 
 # ---- the batch ------------------------------------------------------------------------------
-def make_inputs(cfg: Any, setup: TrainingSetup, device: Any) -> tuple[Any, Any]:
-    """A batch of random token ids and its labels (the same tensor, cloned; one class per sequence for a
-    sequence-classification head)."""
+def make_inputs(cfg: Any, setup: TrainingSetup, device: Any) -> tuple[Any, Any, Any]:
+    """A batch of random token ids, its labels (the same tensor, cloned; one class per sequence for a
+    sequence-classification head) and its position_ids (None for padded rows: transformers counts them itself).
+
+    Packed rows (``packing: packed``) hold :data:`PACKED_DOCUMENTS` documents each, their position_ids restarting
+    at every document; a padding-free batch (``packing: padding-free``, TRL's ``DataCollatorWithFlattening``) is
+    one row of batch × seq tokens whose position_ids restart at every sequence. Without an attention mask,
+    transformers finds the documents from them (masking_utils.py:862-870, ``find_packed_sequence_indices``)."""
     import torch
 
     vocab = int(getattr(cfg, "vocab_size", 32000) or 32000)
-    ids = torch.randint(0, vocab, (setup.batch, setup.seq), device=device)
+    rows, row = (1, setup.batch * setup.seq) if setup.packing == "padding-free" else (setup.batch, setup.seq)
+    ids = torch.randint(0, vocab, (rows, row), device=device)
     if getattr(cfg, "problem_type", None) == "single_label_classification":  # one class per sequence
-        return ids, torch.randint(0, int(cfg.num_labels), (setup.batch,), device=device)
+        return ids, torch.randint(0, int(cfg.num_labels), (setup.batch,), device=device), None
     labels = ids.clone()
-    return ids, labels
+    return ids, labels, packed_positions(setup, device)
+
+
+#: documents per packed row the trace builds (its memory does not depend on the count: the mask spans the row)
+PACKED_DOCUMENTS = 4
+
+
+def has_documents(setup: TrainingSetup) -> bool:
+    """Rows holding several documents told apart by position_ids: packed rows, or a padding-free batch of more than
+    one sequence (one sequence flattened is a plain row: its position_ids never restart)."""
+    return setup.packing == "packed" or (setup.packing == "padding-free" and setup.batch > 1)
+
+
+def packed_positions(setup: TrainingSetup, device: Any) -> Any:
+    """position_ids restarting at every document (None for padded rows)."""
+    import torch
+
+    if not has_documents(setup):
+        return None
+    doc = setup.seq if setup.packing == "padding-free" else max(1, -(-setup.seq // PACKED_DOCUMENTS))
+    rows, row = (1, setup.batch * setup.seq) if setup.packing == "padding-free" else (setup.batch, setup.seq)
+    pos = torch.arange(row, device=device) % doc
+    return pos.unsqueeze(0).expand(rows, row)
 
 
 def autocast(setup: TrainingSetup) -> Any:

@@ -128,8 +128,10 @@ def run_trace(
         return result
     result.attention_kernels = dict(astate.choices)
     result.notes = notes + result.notes
+    unmatched = facts.pop("lora_unmatched", None)
     result.model = facts
-    result.setup = setup.to_dict()
+    # the LoRA targets PEFT dropped, for the note lora_target_unmatched (placeholders come from the setup)
+    result.setup = {**setup.to_dict(), **({"lora_unmatched": unmatched} if unmatched else {})}
     result.seconds = time.perf_counter() - t0
     return result
 

@@ -100,11 +100,12 @@ def collect(model: Any, cfg: Any, setup: TrainingSetup, device: Any, tracker: An
     for m in layer0.modules():
         handles.append(m.register_forward_pre_hook(rows.pre))
         handles.append(m.register_forward_hook(rows.post))
-    ids, labels = make_inputs(cfg, setup, device)
+    ids, labels, positions = make_inputs(cfg, setup, device)
+    extra = {} if positions is None else {"position_ids": positions}
     tracker.set_phase("forward")
     try:
         with torch.autograd.graph.saved_tensors_hooks(rows.pack, lambda t: t), autocast(setup):
-            out = model(input_ids=ids, labels=labels, use_cache=False)
+            out = model(input_ids=ids, labels=labels, use_cache=False, **extra)
         saved_by = _saved_by(out.loss, device)
         del out
     finally:

@@ -138,12 +138,16 @@ def _galore_groups(params: list[Any], kw: dict[str, Any]) -> list[dict[str, Any]
     model, setup = kw["model"], kw["setup"]
     targets = list(setup.galore_targets)
     all_linear = "all-linear" in targets
+    # LLaMA-Factory's "all" (cabe.optimizer.ALL_BUT_HEAD): every nn.Linear but the output layer
+    but_head = "all-but-lm-head" in targets
+    head = model.get_output_embeddings() if but_head else None
     # by name, as the Trainer does: a tied lm_head's weight is listed by named_parameters() under the embedding's
     # name only, so it is never targeted
     names = {
         name + ".weight"
         for name, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and (all_linear or check_target_module_exists(targets, name))
+        if isinstance(m, torch.nn.Linear)
+        and (all_linear or (but_head and m is not head) or check_target_module_exists(targets, name))
     }
     wanted = {id(p) for n, p in model.named_parameters() if n in names}
     chosen = [p for p in params if id(p) in wanted]

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cabe.trace import _native, state
-from cabe.trace.build import needs_bitsandbytes, needs_peft
+from cabe.trace.build import has_documents, needs_bitsandbytes, needs_peft
 from cabe.training import TrainingSetup
 
 
@@ -109,6 +109,17 @@ def _find_packed_sequence_indices(position_ids: Any) -> None:
     packed_sequence_mask = (position_diff != 1).cumsum(-1)
     _ = (packed_sequence_mask[:, -1] == 0).all()  # True for a batch of whole sequences
     return None
+
+
+def _packed_sequence_indices(position_ids: Any) -> Any:
+    """``transformers.masking_utils.find_packed_sequence_indices`` for packed rows (masking_utils.py:756-764):
+    the documents' indices, without the data-dependent test for "no document starts inside a row" (the trace's
+    packed rows always have some, cabe.trace.build.packed_positions)."""
+    import torch
+
+    first_dummy_value = position_ids[:, :1] - 1
+    position_diff = torch.diff(position_ids, prepend=first_dummy_value, dim=-1)
+    return (position_diff != 1).cumsum(-1)
 
 
 def _route_sdpa(p: _Patch) -> None:
@@ -230,7 +241,8 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
             _cuda_dropout(p)
         # transformers reads position_ids to detect packed sequences (a data-dependent branch);
         # a batch of whole sequences has none. Same tensor ops as the original, answer None.
-        p.set(mu, "find_packed_sequence_indices", _find_packed_sequence_indices)
+        packed = has_documents(setup)
+        p.set(mu, "find_packed_sequence_indices", _packed_sequence_indices if packed else _find_packed_sequence_indices)
         _patch_falcon_split_heads(p)
         if kind == "fake" and not torch.cuda.is_available() and _native.available():
             _fake_cuda(p)

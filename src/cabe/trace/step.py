@@ -117,10 +117,11 @@ def _micro_batch(
     """One forward and backward (the loss scaled by ``grad_accum`` when there are micro-batches)."""
     tracker.set_phase("setup")
     tracker.region = None
-    ids, labels = make_inputs(cfg, setup, device)
+    ids, labels, positions = make_inputs(cfg, setup, device)
+    extra = {} if positions is None else {"position_ids": positions}  # packed rows: documents by position_ids
     tracker.set_phase("forward")
     with autocast(setup), loss_kernel(model, setup):
-        loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+        loss = model(input_ids=ids, labels=labels, use_cache=False, **extra).loss
     if micro > 1:
         loss = loss / setup.grad_accum
     tracker.set_phase("backward")
@@ -128,7 +129,7 @@ def _micro_batch(
         scaler.scale(loss).backward()
     else:
         loss.backward()
-    del loss, ids, labels
+    del loss, ids, labels, positions, extra
     tracker.region = None
 
 

@@ -397,7 +397,13 @@ def _steps(out: Mapping[str, Any], u: Units, lang: str) -> list[tuple[str, str, 
 
 
 def _notes(out: Mapping[str, Any], lang: str) -> list[str]:
-    return [i18n.t("note." + n, lang) if _has("note." + n, lang) else n for n in out.get("notes", [])]
+    # the placeholders some notes fill, as the text report fills them (cabe.render.format_report)
+    facts = {
+        "model_type": (out.get("model") or {}).get("model_type", ""),
+        **(out.get("setup") or {}),
+        "lora_unmatched": out.get("lora_unmatched", ""),
+    }
+    return [i18n.t("note." + n, lang, **facts) if _has("note." + n, lang) else n for n in out.get("notes", [])]
 
 
 def _fits_on(out: Mapping[str, Any], u: Units) -> list[tuple[str, str, str]]:
