@@ -348,6 +348,8 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
     targets: Any = list(setup.lora_targets) or None  # None: PEFT's default for the model type
     if targets == ["all-linear"]:
         targets = "all-linear"
+    elif targets and "all-linear" in targets:
+        targets = _all_linear_and(model, cfg, targets)
     lcfg = LoraConfig(
         r=setup.lora_rank,
         lora_alpha=setup.lora_alpha,  # type: ignore[arg-type]  # PEFT annotates int, uses it as a float scale
@@ -366,6 +368,19 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
             targets=",".join(setup.lora_targets) or "(peft default)",
             reason=str(exc)[:300],
         ) from None
+
+
+def _all_linear_and(model: Any, cfg: Any, targets: list[str]) -> list[str]:
+    """``all-linear`` beside other names (``all-linear,lm_head``): PEFT reads the shorthand only as the whole
+    ``target_modules`` string (peft tuners/tuners_utils.py, ``_maybe_include_all_linear_layers``); in a list it is
+    one more module name that matches nothing. The user means every linear layer and the others, so the
+    shorthand is expanded here with PEFT's own function and the other names added."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
+
+    probe = LoraConfig(target_modules="all-linear", task_type=_peft_task(cfg))
+    linear = set(_maybe_include_all_linear_layers(probe, model).target_modules)
+    return sorted(linear | {t for t in targets if t != "all-linear"})
 
 
 def _default_targets(cfg: Any) -> tuple[str, ...]:
