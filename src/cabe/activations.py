@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cabe import ssm
 from cabe.architecture import LayerGroup, Linear, ModelSpec
 from cabe.method import head_targets, lora_parameter_targets, lora_targets
 from cabe.precision import Dtypes
@@ -164,11 +165,14 @@ def layer_activations(
     attn, a, nh, s, quantized = layer.attn, layer.a, layer.nh, layer.s, layer.quantized
     fwd = _attention_forward_workspace(attn, a, nh, s)
     attn_bwd = max(_eager_backward_workspace(attn, a, nh, s), _math_backward_workspace(attn, nh, s))
+    if layer.group.mixer == "mamba2":  # the fused Mamba-2 kernel's own transients (cabe.ssm)
+        x = ssm.in_proj_dtype(layer)
+        fwd, attn_bwd = ssm.forward_workspace(spec, s, x, a), ssm.backward_workspace(spec, s, x, a)
     mlp_saved = _freed_before_attention_backward(layer)
     mlp_bwd = bwd  # the block's own backward transient, while every saved tensor is alive
     bwd = max(bwd, attn_bwd - mlp_saved)
     # flash and memory-efficient attention keep their philox seed and offset: two 512 B blocks
-    rng = 2 * 512 if attn in ("flash", "efficient") else 0
+    rng = 2 * 512 if attn in ("flash", "efficient") and layer.group.mixer == "attention" else 0
     if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
         layer.constant += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
     return LayerActivations(
@@ -405,7 +409,9 @@ class _Layer:
     def rms_norm_block(self) -> int:
         """RMSNorm blocks (Llama, Gemma, Phi-3, Mixtral, OLMo 2): attention, then a gated or MoE MLP.
         Returns the backward workspace per token."""
-        if self.spec.latent_attention:
+        if self.group.mixer == "mamba2":
+            ssm.mixer_terms(self)
+        elif self.spec.latent_attention:
             self._latent_attention()
         else:
             self._rms_attention()
@@ -627,6 +633,8 @@ class _Layer:
             # under autocast the router's F.linear saves its own 16-bit cast of x (autocast's lower-precision list)
             router_in = (2 if self.autocast else rho) if keeps_x else 0
             _moe(self.add, spec, f, a_experts, router_in, experts_grad)
+            if spec.router == "topk_softmax_fp32":  # the routing weights gathered per pair, in the input's dtype
+                self.add("moe.routing_weights", rho * spec.experts_per_token, f"{rho}·k")
             self._wrapped_parameters(a_experts)
             if self.group.slot_names("shared_up"):
                 self._shared_expert()
@@ -746,7 +754,9 @@ class _Layer:
         g, h, a, quantized = self.group, self.h, self.a, self.quantized
         up, down = g.slot_names("shared_up"), g.slot_names("shared_down")[0]
         gate = g.slot_names("shared_gate")
-        fs = next(lin.out_features for lin in g.linears if lin.slot == "shared_up")
+        # the width of one of gate and up: two linears of fs (gate_proj, up_proj), or one fused 2·fs (Granite's
+        # shared_mlp.input_linear, chunked in two)
+        fs = sum(lin.out_features for lin in g.linears if lin.slot == "shared_up") // 2
         if inputs:
             if not self.base_trainable:  # (a trained base saves x once, as the router's input)
                 self.linear_inputs("shared", [(n, h) for n in up + gate], self.rho * h, f"{self.rho}·h")
@@ -1038,8 +1048,14 @@ def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: boo
     h, e, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
     if router_in:  # the router's weight gets a gradient (trained, or LoRA-wrapped): its input is kept
         add("moe.router_input", router_in * h, f"{router_in}·h")
-    add("moe.router_softmax", 4 * e, "4·E")
-    add("moe.routing", 8 * k * 3 + 4 * k, "28·k")
+    if spec.router == "topk_softmax_fp32":
+        # Granite's GraniteMoeHybridTopKRouter (transformers 5.24): top-k of the fp32 logits (int64 indices), a
+        # softmax over the k in fp32 (saved), its cast to the input's dtype (the routing weights); grouped_mm's
+        # dispatch saves the pairs' token index (``// k``), the sort permutation and its inverse (int64 each)
+        add("moe.routing", 8 * k * 4 + 4 * k, "36·k")
+    else:
+        add("moe.router_softmax", 4 * e, "4·E")
+        add("moe.routing", 8 * k * 3 + 4 * k, "28·k")
     if experts_grad:  # the same for the experts' weights
         add("moe.expert_input", k * a * h, f"k·{a}·h")  # gathered tokens, kept for the expert weight grads
     add("moe.gate_up_output", k * 2 * a * f, f"k·2·{a}·f")
