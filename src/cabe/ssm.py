@@ -99,10 +99,8 @@ def mixer_terms(layer: Any) -> None:
     # A = -exp(A_log.float()) (modeling_granitemoehybrid.py): the function saves A (fp32, heads); exp saves its
     # output when A_log trains
     layer.constant += round_alloc(4 * m.heads) * (2 if bt else 1)
-    if layer.autocast and (layer.dt_weight if bt else layer.dt_frozen) != 2:
-        # custom_fwd keeps autocast on: ``outproj_weight.to(dtype)`` (ssd_combined.py:883) is a new 16-bit copy of
-        # an fp32 weight, trained or not, which the function saves (:888)
-        layer.constant += round_alloc(2 * h * m.d_inner)
+    # NOTE: under autocast the function casts an fp32 out_proj weight to 16 bits and saves the copy (:881-888); that
+    # is the one copy the estimate's weight copies already count for out_proj (as autocast's cast of any linear)
 
 
 def in_proj_dtype(layer: Any) -> int:
