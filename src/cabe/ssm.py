@@ -137,6 +137,19 @@ def backward_workspace(spec: ModelSpec, s: int, x: int, a: int) -> int:
     return max(at_norm, at_state_pass, at_db, at_conv)
 
 
+def scan_flops_forward_per_token(spec: ModelSpec) -> int:
+    """Forward FLOPs per token of the Mamba-2 layers' chunked scan (SSD; Dao & Gu 2024, section 6), beside their
+    in_proj / out_proj / conv1d matmuls (counted with the weights): within a chunk C·Bᵀ (groups × chunk × state) and
+    its product with x (heads × chunk × head_dim); across chunks the states Bᵀ·x and their read-out C·h (heads ×
+    head_dim × state each); 2 FLOPs per multiply-add."""
+    m = spec.mamba2
+    if m is None:
+        return 0
+    layers = sum(g.count for g in spec.layer_groups if g.mixer == "mamba2")
+    per_layer = 2 * m.chunk * (m.groups * m.state + m.d_inner) + 2 * 2 * m.d_inner * m.state
+    return layers * per_layer
+
+
 def state_bytes_per_sequence(spec: ModelSpec, weight_bytes: float) -> int:
     """Serving: what every Mamba-2 layer keeps for one sequence (conv state in the weights' dtype, SSM state in
     fp32), over all such layers."""
