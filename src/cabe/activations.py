@@ -632,9 +632,7 @@ class _Layer:
             keeps_x = base_trainable or (router_grad and not (spec.router == "sigmoid_groups" and rho != 4))
             # under autocast the router's F.linear saves its own 16-bit cast of x (autocast's lower-precision list)
             router_in = (2 if self.autocast else rho) if keeps_x else 0
-            _moe(self.add, spec, f, a_experts, router_in, experts_grad)
-            if spec.router == "topk_softmax_fp32":  # the routing weights gathered per pair, in the input's dtype
-                self.add("moe.routing_weights", rho * spec.experts_per_token, f"{rho}·k")
+            _moe(self.add, spec, f, a_experts, router_in, experts_grad, rho)
             self._wrapped_parameters(a_experts)
             if self.group.slot_names("shared_up"):
                 self._shared_expert()
@@ -1039,7 +1037,7 @@ def _math_backward_workspace(attn: str, nh: int, s: int) -> int:
     return 2 * 4 * nh * s if attn == "math" else 0
 
 
-def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: bool) -> None:
+def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: bool, rho: int = 0) -> None:
     """Routed experts as transformers 5 runs them by default (``grouped_mm``, integrations/moe.py 5.24:
     ``grouped_mm_experts_forward``). ``a`` is the experts' weight dtype, not autocast's: ``_grouped_mm`` casts
     the gathered tokens to ``weight.dtype`` and calls ``torch.nn.functional.grouped_mm``, which is not
@@ -1053,6 +1051,7 @@ def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: boo
         # softmax over the k in fp32 (saved), its cast to the input's dtype (the routing weights); grouped_mm's
         # dispatch saves the pairs' token index (``// k``), the sort permutation and its inverse (int64 each)
         add("moe.routing", 8 * k * 4 + 4 * k, "36·k")
+        add("moe.routing_weights", rho * k, f"{rho}·k")  # gathered per pair, in the input's dtype (ρ)
     else:
         add("moe.router_softmax", 4 * e, "4·E")
         add("moe.routing", 8 * k * 3 + 4 * k, "28·k")

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cabe import ssm
 from cabe.activations import (
     HeadActivations,
     LayerActivations,
@@ -33,18 +34,16 @@ from cabe.activations import (
     sdpa_masked_layers,
 )
 from cabe.architecture import LayerGroup, ModelSpec
-from cabe import ssm
 from cabe.errors import InvalidValueError
 from cabe.method import (
     Tensor,
-    adapter_runs,
     head_targets,
     layer_tensors,
     lora_parameter_targets,
-    lora_targets,
     moved_targets,
     parameter_tensors,
     quantized_bytes,
+    running_lora_targets,
     stored_bytes,
 )
 from cabe.optimizer import get as optimizer_entry
@@ -543,8 +542,7 @@ def _below_adapters(spec: ModelSpec, setup: TrainingSetup) -> int:
         return 0
     below = 0
     for run in spec.runs:
-        adapted = [lin for lin in lora_targets(spec, setup.lora_targets, run) if adapter_runs(run, lin)]
-        if adapted or lora_parameter_targets(spec, setup.lora_targets, run):
+        if running_lora_targets(spec, setup.lora_targets, run) or lora_parameter_targets(spec, setup.lora_targets, run):
             return below
         below += run.count
     return below
@@ -615,20 +613,18 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
     # The 3-D experts get no copy when transformers' grouped_mm runs them in their own dtype, outside autocast
     # (activations._moe); Llama 4's dense dispatch runs them through torch.bmm, which autocast casts
     experts_cast = spec.expert_dispatch == "dense"
+    # nor are a Mamba-2 mixer's conv1d, dt_bias, A_log, D and norm weights: the fused kernel reads them as they are
+    uncast = ("ssm",) if experts_cast else ("ssm", "experts")
     base = sum(
         round_alloc(lin.weight_count * 2)
         for lin in layer.linears
-        if dt.weight_copies
-        and not (setup.method == "qlora" and lin.quantized_by_bnb)
-        and (lin.slot != "experts" or experts_cast)
-        and lin.slot != "ssm"  # a Mamba-2 mixer's conv1d, dt_bias, A_log, D, norm: read as they are (cabe.ssm)
+        if dt.weight_copies and not (setup.method == "qlora" and lin.quantized_by_bnb) and lin.slot not in uncast
     )
     adapters = 0
     if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
         adapters = sum(
             round_alloc(setup.lora_rank * lin.in_features * 2) + round_alloc(setup.lora_rank * lin.out_features * 2)
-            for lin in lora_targets(spec, setup.lora_targets, layer)
-            if adapter_runs(layer, lin)
+            for lin in running_lora_targets(spec, setup.lora_targets, layer)
         )
     if setup.method in ("full", "freeze"):  # the trained layers' weights, when they are fp32 leaves
         cached = base if dt.cached_copies else 0
@@ -928,9 +924,7 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("vision_tower_weights_only")
     if setup.adapters and moved_targets(spec, setup.lora_targets):
         notes.append("lora_targets_moved_to_experts")
-    if ssm.has_mamba2(spec):
-        notes.append("mamba2_kernel_modelled")
-    return tuple(notes)
+    return tuple(notes + ssm.notes(spec))
 
 
 def _loss_notes(setup: TrainingSetup) -> list[str]:

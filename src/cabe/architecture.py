@@ -371,7 +371,10 @@ class ModelSpec:
         chunked = any(g.attention == "chunked" for g in self.layer_groups)
         mamba = any(g.mixer == "mamba2" for g in self.layer_groups)
         return (
-            kind + ("+sliding" if self.sliding_layers else "") + ("+chunked" if chunked else "") + ("+mamba2" if mamba else "")
+            kind
+            + ("+sliding" if self.sliding_layers else "")
+            + ("+chunked" if chunked else "")
+            + ("+mamba2" if mamba else "")
         )
 
     @property

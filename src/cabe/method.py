@@ -189,6 +189,11 @@ def adapter_runs(run: LayerGroup, lin: Linear) -> bool:
     return not (run.mixer == "mamba2" and lin.slot == "o")
 
 
+def running_lora_targets(spec: ModelSpec, targets: tuple[str, ...], run: LayerGroup) -> tuple[Linear, ...]:
+    """The adapted matrices of one layer of ``run`` whose adapter runs (:func:`adapter_runs`)."""
+    return tuple(lin for lin in lora_targets(spec, targets, run) if adapter_runs(run, lin))
+
+
 def lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> list[LoraTarget]:
     """Adapter parameters per target module name: rank × (in + out) per adapted matrix, summed over the
     layers that have it (``per_layer``: how many one layer of the first run that has it holds)."""

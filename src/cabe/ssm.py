@@ -47,6 +47,11 @@ def has_mamba2(spec: ModelSpec) -> bool:
     return spec.mamba2 is not None and any(g.mixer == "mamba2" for g in spec.layer_groups)
 
 
+def notes(spec: ModelSpec) -> list[str]:
+    """The report's note codes for a model with Mamba-2 layers."""
+    return ["mamba2_kernel_modelled"] if has_mamba2(spec) else []
+
+
 def refusal(spec: ModelSpec, method: str) -> None:
     """QLoRA cannot run the fused kernel: it multiplies ``out_proj.weight`` itself (ssd_combined.py:885,
     ``F.linear(out, outproj_weight)``), which bitsandbytes' Linear4bit stores as packed uint8 (``Params4bit``

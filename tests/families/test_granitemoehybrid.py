@@ -49,8 +49,12 @@ def test_published_totals_and_active():
         spec = preset(name).spec
         assert round(spec.parameter_count / 1e9) == total
         # the experts a token does not use: (E - k) of E, in every layer
-        idle = spec.num_layers * (spec.num_experts - spec.experts_per_token) * 3 * spec.hidden_size * spec.ffn_size(
-            spec.runs[0]
+        idle = (
+            spec.num_layers
+            * (spec.num_experts - spec.experts_per_token)
+            * 3
+            * spec.hidden_size
+            * spec.ffn_size(spec.runs[0])
         )
         assert round((spec.parameter_count - idle) / 1e9) == active
     assert preset("granite-4.0-h-1b").spec.mlp_kinds == "gated"
@@ -93,9 +97,7 @@ def test_fused_kernel_workspaces_by_hand():
     states32, states_x = 4 * 16_384 * 4 // s, 2 * 16_384 * 4 // s  # 1,024 and 512 per token
     da_dt, cb, final = 2 * 4 * 8, 4 * 64, 4 * 16_384 // s  # fp32 each
     held = x * conv + da_dt + states_x + final
-    assert ssm.forward_workspace(spec, s, x, 2) == max(
-        held + states32, held + cb, held + x * d_inner + 2 * 256
-    )
+    assert ssm.forward_workspace(spec, s, x, 2) == max(held + states32, held + cb, held + x * d_inner + 2 * 256)
     base = x * (d_inner + conv + width + conv)  # out_recompute, xBC, dzxbcdt, dxBC
     scan = base + x * d_inner + x * 8 + da_dt + cb
     assert ssm.backward_workspace(spec, s, x, 2) == max(

@@ -63,14 +63,17 @@ def mamba_linears(h: int, m: Mamba2, proj_bias: bool, conv_bias: bool) -> tuple[
     """The mixer's tensors in the order the forward reads them: in_proj, the convolution, the scan's
     dt_bias / A_log / D, the gated norm's weight, out_proj (``nn.Conv1d`` and bare parameters: no LoRA or
     4-bit module)."""
-    small = dict(is_module=False, quantizable=False, slot="ssm", role="ssm")
+
+    def small(name: str, rows: int, cols: int, bias: bool = False) -> Linear:
+        return Linear(name, rows, cols, bias, is_module=False, quantizable=False, slot="ssm", role="ssm")
+
     return (
         Linear("in_proj", h, m.in_proj_width, proj_bias, role="ssm"),
-        Linear("conv1d", m.conv_kernel, m.conv_dim, conv_bias, **small),  # weight conv_dim × 1 × kernel
-        Linear("dt_bias", 1, m.heads, **small),
-        Linear("A_log", 1, m.heads, **small),
-        Linear("D", 1, m.heads, **small),
-        Linear("norm", 1, m.d_inner, **small),
+        small("conv1d", m.conv_kernel, m.conv_dim, conv_bias),  # weight conv_dim × 1 × kernel
+        small("dt_bias", 1, m.heads),
+        small("A_log", 1, m.heads),
+        small("D", 1, m.heads),
+        small("norm", 1, m.d_inner),
         Linear("out_proj", m.d_inner, h, proj_bias, role="ssm", slot="o"),
     )
 
@@ -166,4 +169,3 @@ def read(r: Reader, name: str) -> ModelSpec:
             ("expert", "block_sparse_moe."),
         ),
     )
-

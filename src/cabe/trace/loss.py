@@ -39,7 +39,7 @@ def _causal_lm(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-class Chunks(list):  # type: ignore[type-arg]
+class Chunks(list[Any]):
     """The logits chunks; Granite's forward divides the logits by ``logits_scaling``
     (modeling_granitemoehybrid.py, ``logits / self.config.logits_scaling``): each chunk is divided (a new chunk
     each, the old one freed), as a chunked output scaled per chunk would be."""

@@ -24,15 +24,15 @@ MODULES = ("transformers.models.granitemoehybrid.modeling_granitemoehybrid",)
 NAME = "mamba2_split_conv1d_scan_combined"
 
 
-def _chunks(s: int, chunk: int) -> tuple[int, int]:
-    n = -(-s // chunk)
-    return n, n * chunk
+def _chunks(s: int, chunk: int) -> int:
+    """Chunks of ``chunk`` tokens over a sequence of ``s`` (the last one padded)."""
+    return -(-s // chunk)
 
 
 class _FusedScan(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         zxbcdt: torch.Tensor,
         conv_w: torch.Tensor,
@@ -50,7 +50,7 @@ class _FusedScan(torch.autograd.Function):
         nheads = D.shape[0]
         dim, conv_dim = nheads * headdim, conv_w.shape[0]
         x, dev = zxbcdt.dtype, zxbcdt.device
-        nchunks, padded = _chunks(s, chunk)
+        nchunks = _chunks(s, chunk)
         # ssd_combined.py:844 causal_conv1d_fwd -> xBC (b, s, conv_dim)
         xbc = torch.empty(b, s, conv_dim, dtype=x, device=dev)
         # :374 _chunk_cumsum_fwd -> dA_cumsum, dt (fp32, b × heads × chunks × chunk)
@@ -82,14 +82,14 @@ class _FusedScan(torch.autograd.Function):
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
-    def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        zxbcdt, conv_w, conv_b, y, A, D, dt_bias, norm_w, rstd, w, bias = ctx.saved_tensors
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
+        zxbcdt, conv_w, conv_b, _y, A, D, dt_bias, norm_w, _rstd, w, bias = ctx.saved_tensors
         chunk, headdim, ngroups, dstate = ctx.shape
         b, s, _ = zxbcdt.shape
         nheads = D.shape[0]
         dim, conv_dim = nheads * headdim, conv_w.shape[0]
         x, dev = zxbcdt.dtype, zxbcdt.device
-        nchunks, padded = _chunks(s, chunk)
+        nchunks = _chunks(s, chunk)
         f32 = torch.float32
         # :915 out_recompute, :919 xBC recomputed, :928 dzxbcdt, :930 dxBC
         out_recompute = torch.empty(b, s, dim, dtype=x, device=dev)
