@@ -4,7 +4,8 @@ Each :class:`Term` is one saved tensor (or a group of equal ones), with its size
 token and its formula in the config's symbols: h = hidden size, q = heads × head_dim,
 kv = kv heads × head_dim, f = intermediate (MLP) size, nh = attention heads, s = sequence,
 V = vocabulary, E = experts, k = experts per token, r = LoRA rank, a = bytes of the compute
-dtype (2 for bf16/fp16, 4 for fp32), ρ = bytes of the residual stream (4 under autocast).
+dtype (2 for bf16/fp16, 4 for fp32), ρ = bytes of the residual stream (4 under autocast); in a Mamba-2 layer
+(:mod:`cabe.ssm`) d_inner = its heads × head_dim, H = its heads, N = its state size, g = its groups.
 
 Where the terms come from (each checked against saved-tensor hooks on transformers 5 models):
 
