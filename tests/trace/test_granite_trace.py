@@ -35,6 +35,11 @@ def test_granite_hybrid_estimate_within_1_percent_of_trace(kw):
     assert traced.parameters - (traced.trainable_parameters if setup.method == "lora" else 0) == spec.parameter_count
     estimated = estimate_model(spec, setup).total_bytes
     assert abs(estimated - traced.peak_bytes) / traced.peak_bytes <= 0.01, (estimated, traced.peak_bytes)
+    # the three Mamba-2 layers ran the kernel's stand-in in both steps (again when recomputed), and the result says so
+    assert (
+        traced.attention_kernels["mamba2_fused_stand_in"] == (12 if setup.checkpointing else 6)
+        and "trace_mamba2_stand_in" in traced.notes
+    )
 
 
 def test_the_fallback_saves_more_than_the_kernel(monkeypatch):

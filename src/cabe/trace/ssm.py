@@ -12,6 +12,7 @@ modelled from the kernels' source (``mamba2_kernel_modelled``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from typing import Any
@@ -22,6 +23,8 @@ import torch.nn.functional as F
 #: transformers modules whose Mamba-2 layers call the fused function by this module-level name
 MODULES = ("transformers.models.granitemoehybrid.modeling_granitemoehybrid",)
 NAME = "mamba2_split_conv1d_scan_combined"
+#: the kernel name the trace's state notes each time the stand-in runs (its ``attention_kernels``)
+KERNEL = "mamba2_fused_stand_in"
 
 
 def _chunks(s: int, chunk: int) -> int:
@@ -149,6 +152,10 @@ def fused_scan(
     the one the stand-in models (no norm or out_proj weight, a 4-bit out_proj)."""
     if rmsnorm_weight is None or outproj_weight is None or not outproj_weight.is_floating_point() or headdim is None:
         return None
+    from cabe.trace import state
+
+    with contextlib.suppress(IndexError):  # (outside a trace: no state to note it in)
+        state.current().note(KERNEL)
     dim = D.shape[0] * headdim
     dstate = (conv1d_weight.shape[0] - dim) // ngroups // 2
     return _FusedScan.apply(
