@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -172,8 +173,15 @@ def fused_scan(
     )
 
 
+#: set (to anything) to trace transformers' PyTorch fallback instead, as a machine without mamba-ssm runs it (an
+#: environment variable, so that the trace worker's process sees it too)
+FALLBACK_ENV = "CABE_TRACE_MAMBA2_FALLBACK"
+
+
 def install(p: Any) -> None:
     """Route every known Mamba-2 modeling module's fused call to the stand-in (``p``: the trace's patch set)."""
+    if os.environ.get(FALLBACK_ENV):
+        return
     for name in MODULES:
         try:
             mod = sys.modules.get(name) or importlib.import_module(name)
