@@ -74,6 +74,10 @@ REQUIRED_PRESETS = {
     "gemma-3-27b-it",
     "llama-4-scout-17b-16e",
     "llama-4-maverick-17b-128e",
+    "granite-4.0-h-small",
+    "granite-4.0-h-tiny",
+    "granite-4.0-h-1b",
+    "granite-4.0-h-350m",
 }
 
 # Published totals (model cards / papers / the Hub's safetensors metadata) for a spot check that
@@ -115,6 +119,12 @@ PUBLISHED_ROUNDED = {
     # the vision tower included (871,932,416): 108,641,793,536 -> "109B total". Maverick's card says "400B" for
     # 401,583,781,376 (tests/families/test_llama4.py checks it term by term)
     "llama-4-scout-17b-16e": (109, None),
+    # Granite 4.0 H (IBM's model cards and the Granite 4.0 Nano announcement): "32B total", "7B total",
+    # "1.5B", "340M" (the meta-device builds: 32,207,337,984; 6,939,037,248; 1,461,538,368; 340,332,224)
+    "granite-4.0-h-small": (32, None),
+    "granite-4.0-h-tiny": (7, None),
+    "granite-4.0-h-1b": (1.5, None),
+    "granite-4.0-h-350m": (0.34, None),
 }
 
 CABE_KEYS = {

@@ -4,7 +4,8 @@ Each :class:`Term` is one saved tensor (or a group of equal ones), with its size
 token and its formula in the config's symbols: h = hidden size, q = heads × head_dim,
 kv = kv heads × head_dim, f = intermediate (MLP) size, nh = attention heads, s = sequence,
 V = vocabulary, E = experts, k = experts per token, r = LoRA rank, a = bytes of the compute
-dtype (2 for bf16/fp16, 4 for fp32), ρ = bytes of the residual stream (4 under autocast).
+dtype (2 for bf16/fp16, 4 for fp32), ρ = bytes of the residual stream (4 under autocast); in a Mamba-2 layer
+(:mod:`cabe.ssm`) d_inner = its heads × head_dim, H = its heads, N = its state size, g = its groups.
 
 Where the terms come from (each checked against saved-tensor hooks on transformers 5 models):
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cabe import ssm
 from cabe.architecture import LayerGroup, Linear, ModelSpec
 from cabe.method import head_targets, lora_parameter_targets, lora_targets
 from cabe.precision import Dtypes
@@ -169,11 +171,14 @@ def layer_activations(
     attn, a, nh, s, quantized = layer.attn, layer.a, layer.nh, layer.s, layer.quantized
     fwd = _attention_forward_workspace(attn, a, nh, s)
     attn_bwd = max(_eager_backward_workspace(attn, a, nh, s), _math_backward_workspace(attn, nh, s))
+    if layer.group.mixer == "mamba2":  # the fused Mamba-2 kernel's own transients (cabe.ssm)
+        x = ssm.in_proj_dtype(layer)
+        fwd, attn_bwd = ssm.forward_workspace(spec, s, x, a), ssm.backward_workspace(spec, s, x, a)
     mlp_saved = _freed_before_attention_backward(layer)
     mlp_bwd = bwd  # the block's own backward transient, while every saved tensor is alive
     bwd = max(bwd, attn_bwd - mlp_saved)
     # flash and memory-efficient attention keep their philox seed and offset: two 512 B blocks
-    rng = 2 * 512 if attn in ("flash", "efficient") else 0
+    rng = 2 * 512 if attn in ("flash", "efficient") and layer.group.mixer == "attention" else 0
     if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
         layer.constant += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
     return LayerActivations(
@@ -433,7 +438,9 @@ class _Layer:
     def rms_norm_block(self) -> int:
         """RMSNorm blocks (Llama, Gemma, Phi-3, Mixtral, OLMo 2): attention, then a gated or MoE MLP.
         Returns the backward workspace per token."""
-        if self.spec.latent_attention:
+        if self.group.mixer == "mamba2":
+            ssm.mixer_terms(self)
+        elif self.spec.latent_attention:
             self._latent_attention()
         else:
             self._rms_attention()
@@ -662,7 +669,7 @@ class _Layer:
             keeps_x = base_trainable or (router_grad and not (spec.router == "sigmoid_groups" and rho != 4))
             # under autocast the router's F.linear saves its own 16-bit cast of x (autocast's lower-precision list)
             router_in = (2 if self.autocast else rho) if keeps_x else 0
-            _moe(self.add, spec, f, a_experts, router_in, experts_grad)
+            _moe(self.add, spec, f, a_experts, router_in, experts_grad, rho)
             self._wrapped_parameters(a_experts)
             if self.group.slot_names("shared_up"):
                 self._shared_expert()
@@ -782,7 +789,9 @@ class _Layer:
         g, h, a, quantized = self.group, self.h, self.a, self.quantized
         up, down = g.slot_names("shared_up"), g.slot_names("shared_down")[0]
         gate = g.slot_names("shared_gate")
-        fs = next(lin.out_features for lin in g.linears if lin.slot == "shared_up")
+        # the width of one of gate and up: two linears of fs (gate_proj, up_proj), or one fused 2·fs (Granite's
+        # shared_mlp.input_linear, chunked in two)
+        fs = sum(lin.out_features for lin in g.linears if lin.slot == "shared_up") // 2
         if inputs:
             if not self.base_trainable:  # (a trained base saves x once, as the router's input)
                 self.linear_inputs("shared", [(n, h) for n in up + gate], self.rho * h, f"{self.rho}·h")
@@ -1095,7 +1104,7 @@ def _math_backward_workspace(attn: str, nh: int, s: int) -> int:
     return 2 * 4 * nh * s if attn == "math" else 0
 
 
-def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: bool) -> None:
+def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: bool, rho: int = 0) -> None:
     """Routed experts as transformers 5 runs them by default (``grouped_mm``, integrations/moe.py 5.24:
     ``grouped_mm_experts_forward``). ``a`` is the experts' weight dtype, not autocast's: ``_grouped_mm`` casts
     the gathered tokens to ``weight.dtype`` and calls ``torch.nn.functional.grouped_mm``, which is not
@@ -1104,8 +1113,15 @@ def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: boo
     h, e, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
     if router_in:  # the router's weight gets a gradient (trained, or LoRA-wrapped): its input is kept
         add("moe.router_input", router_in * h, f"{router_in}·h")
-    add("moe.router_softmax", 4 * e, "4·E")
-    add("moe.routing", 8 * k * 3 + 4 * k, "28·k")
+    if spec.router == "topk_softmax_fp32":
+        # Granite's GraniteMoeHybridTopKRouter (transformers 5.24): top-k of the fp32 logits (int64 indices), a
+        # softmax over the k in fp32 (saved), its cast to the input's dtype (the routing weights); grouped_mm's
+        # dispatch saves the pairs' token index (``// k``), the sort permutation and its inverse (int64 each)
+        add("moe.routing", 8 * k * 4 + 4 * k, "36·k")
+        add("moe.routing_weights", rho * k, f"{rho}·k")  # gathered per pair, in the input's dtype (ρ)
+    else:
+        add("moe.router_softmax", 4 * e, "4·E")
+        add("moe.routing", 8 * k * 3 + 4 * k, "28·k")
     if experts_grad:  # the same for the experts' weights
         add("moe.expert_input", k * a * h, f"k·{a}·h")  # gathered tokens, kept for the expert weight grads
     add("moe.gate_up_output", k * 2 * a * f, f"k·2·{a}·f")

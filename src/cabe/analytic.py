@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cabe import ssm
 from cabe.activations import (
     HeadActivations,
     LayerActivations,
@@ -39,10 +40,11 @@ from cabe.method import (
     Tensor,
     head_targets,
     layer_tensors,
-    lora_targets,
+    lora_parameter_targets,
     moved_targets,
     parameter_tensors,
     quantized_bytes,
+    running_lora_targets,
     stored_bytes,
     unmatched_lora_targets,
 )
@@ -300,6 +302,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         # quantized model's dtype, else to the linear layers' dtype (integrations/flash_attention.py,
         # get_target_dtype): fp32 here, which the kernel refuses
         raise InvalidValueError("flash_needs_16bit", "attention", value="flash", dtype=setup.dtype)
+    ssm.refusal(spec, setup.method)
     dt = dtypes_for(setup)
     states = _model_states(spec, setup)
     given, setup = setup, _row_shape(setup)  # padding-free: the batch as one row (the report keeps the request)
@@ -508,7 +511,7 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
         grad_layers = min(setup.trainable_layers, layers)
         trainable_layers = grad_layers
     else:
-        grad_layers = layers
+        grad_layers = layers - _below_adapters(spec, setup)
         trainable_layers = layers if setup.method == "full" else 0
     tokens = setup.batch * setup.tokens_per_sequence
     path = [(run, n) for run, n, trained in spec.top_split(grad_layers) if trained]
@@ -533,6 +536,23 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
         every=setup.checkpoint_every if ckpt else 0,
         offload=ckpt and setup.offload_activations,
     )
+
+
+def _below_adapters(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """LoRA without checkpointing: the bottom layers with no adapter that runs carry no gradient (no tensor in
+    them requires grad, so autograd records nothing there). A hybrid whose targets sit only in some layers
+    (q_proj, v_proj: Granite-4.0-H's attention layers) trains from its lowest adapted layer. With checkpointing
+    ``enable_input_require_grads`` makes every layer's input require grad (transformers' Trainer, PEFT's
+    prepare_model_for_kbit_training); an adapted embedding does the same. A Mamba-2 layer's out_proj (slot ``o``)
+    runs inside the fused kernel, which multiplies its base weight: its adapter never runs (cabe.ssm)."""
+    if not setup.adapters or setup.checkpointing or head_targets(spec, setup.lora_targets):
+        return 0
+    below = 0
+    for run in spec.runs:
+        if running_lora_targets(spec, setup.lora_targets, run) or lora_parameter_targets(spec, setup.lora_targets, run):
+            return below
+        below += run.count
+    return below
 
 
 def _kind(run: LayerGroup) -> tuple[Any, ...]:
@@ -600,18 +620,18 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
     # The 3-D experts get no copy when transformers' grouped_mm runs them in their own dtype, outside autocast
     # (activations._moe); Llama 4's dense dispatch runs them through torch.bmm, which autocast casts
     experts_cast = spec.expert_dispatch == "dense"
+    # nor are a Mamba-2 mixer's conv1d, dt_bias, A_log, D and norm weights: the fused kernel reads them as they are
+    uncast = ("ssm",) if experts_cast else ("ssm", "experts")
     base = sum(
         round_alloc(lin.weight_count * 2)
         for lin in layer.linears
-        if dt.weight_copies
-        and not (setup.method == "qlora" and lin.quantized_by_bnb)
-        and (lin.slot != "experts" or experts_cast)
+        if dt.weight_copies and not (setup.method == "qlora" and lin.quantized_by_bnb) and lin.slot not in uncast
     )
     adapters = 0
     if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
         adapters = sum(
             round_alloc(setup.lora_rank * lin.in_features * 2) + round_alloc(setup.lora_rank * lin.out_features * 2)
-            for lin in lora_targets(spec, setup.lora_targets, layer)
+            for lin in running_lora_targets(spec, setup.lora_targets, layer)
         )
     if setup.method in ("full", "freeze"):  # the trained layers' weights, when they are fp32 leaves
         cached = base if dt.cached_copies else 0
@@ -925,7 +945,7 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("lora_target_unmatched")  # the names: extra["lora_unmatched"] (render fills the note)
     if setup.adapters and moved_targets(spec, setup.lora_targets):
         notes.append("lora_targets_moved_to_experts")
-    return tuple(notes)
+    return tuple(notes + ssm.notes(spec))
 
 
 def _loss_notes(setup: TrainingSetup) -> list[str]:

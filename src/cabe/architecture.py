@@ -24,8 +24,10 @@ from typing import Any
 #: output; ``router`` and ``experts`` are a mixture-of-experts' bare parameters; ``shared_up``,
 #: ``shared_down`` and ``shared_gate`` are a shared expert beside the routed ones (Qwen2-MoE: a SwiGLU MLP
 #: every token goes through, scaled by a sigmoid of one linear output); ``sinks`` is gpt-oss's learned per-head
-#: attention-sink logit (a bare ``nn.Parameter`` of num_heads, counted as a 1 -> num_heads matrix).
-SLOTS = ("qkv", "o", "up", "down", "router", "experts", "shared_up", "shared_down", "shared_gate", "sinks")
+#: attention-sink logit (a bare ``nn.Parameter`` of num_heads, counted as a 1 -> num_heads matrix); ``ssm`` is a
+#: Mamba-2 mixer's small tensors beside its in_proj / out_proj (conv1d weight and bias, dt_bias, A_log, D, the gated
+#: norm's weight: counted as matrices, never LoRA's or bitsandbytes' modules).
+SLOTS = ("qkv", "o", "up", "down", "router", "experts", "shared_up", "shared_down", "shared_gate", "sinks", "ssm")
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,9 @@ class LayerGroup:
     window: int | None = None
     intermediate_size: int = 0
     rope: bool = True
+    #: the token mixer: ``"attention"``, or ``"mamba2"`` (a Mamba-2 SSD mixer, :class:`Mamba2`: in_proj in the
+    #: ``qkv`` slot, out_proj in ``o``, its small tensors in ``ssm``; no KV cache, a fixed state per sequence)
+    mixer: str = "attention"
 
     @cached_property
     def linear_count(self) -> int:
@@ -93,11 +98,12 @@ class LayerGroup:
     def same_tensors(self, other: LayerGroup) -> bool:
         """True when ``other``'s layers are made of the same tensors and save the same ones (only the attention
         span may differ)."""
-        return (self.linears, self.mlp, self.intermediate_size, self.rope) == (
+        return (self.linears, self.mlp, self.intermediate_size, self.rope, self.mixer) == (
             other.linears,
             other.mlp,
             other.intermediate_size,
             other.rope,
+            other.mixer,
         )
 
     def slot_names(self, slot: str) -> list[str]:
@@ -136,6 +142,47 @@ class LatentAttention:
         """Elements cached per token per layer: the normalised latent and the rotary key (transformers 5.24
         ``DeepseekV3Attention.forward`` calls ``cache.update(kv_nope, k_rot, ...)`` before ``expand_kv``)."""
         return self.kv_lora_rank + self.rope_dim
+
+
+@dataclass(frozen=True)
+class Mamba2:
+    """A Mamba-2 (SSD) mixer's shape (transformers 5.24 ``GraniteMoeHybridMambaLayer`` / ``Mamba2Mixer``).
+
+    ``in_proj`` (h -> d_inner + conv_dim + heads) makes the gate z, the convolved x, B, C and dt; ``conv1d`` is
+    depthwise over ``conv_dim = d_inner + 2 · groups · state`` channels with a ``conv_kernel``-tap window;
+    ``d_inner = heads · head_dim``; the scan runs in chunks of ``chunk`` tokens; a gated RMSNorm over groups of
+    ``d_inner / groups``, then ``out_proj`` (d_inner -> h).
+    """
+
+    heads: int
+    head_dim: int
+    state: int
+    groups: int
+    conv_kernel: int
+    chunk: int
+
+    @property
+    def d_inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.groups * self.state
+
+    @property
+    def in_proj_width(self) -> int:
+        return self.d_inner + self.conv_dim + self.heads
+
+    @property
+    def conv_state_elements(self) -> int:
+        """One sequence's convolution state: ``conv_dim × conv_kernel`` (transformers 5.24 cache_utils.py,
+        ``LinearAttentionLayer.update_conv_state`` pads to ``conv_kernel_size``; vLLM keeps ``conv_kernel - 1``)."""
+        return self.conv_dim * self.conv_kernel
+
+    @property
+    def ssm_state_elements(self) -> int:
+        """One sequence's SSM state: ``heads × head_dim × state``."""
+        return self.heads * self.head_dim * self.state
 
 
 @dataclass(frozen=True)
@@ -189,6 +236,8 @@ class ModelSpec:
     attn_logit_softcapping: float | None = None
     #: multi-head latent attention (DeepSeek-V3); None for attention with separate q, k, v projections
     latent_attention: LatentAttention | None = None
+    #: the Mamba-2 mixer of the layers whose ``mixer`` is ``"mamba2"`` (Granite-4.0-H); None without one
+    mamba2: Mamba2 | None = None
     num_experts: int = 0
     experts_per_token: int = 0
     #: how the router picks experts: ``"softmax"`` (a softmax over the router's logits, top-k; Mixtral, Qwen),
@@ -322,7 +371,18 @@ class ModelSpec:
         else:
             kind = "gqa" if self.num_kv_heads < self.num_heads else "mha"
         chunked = any(g.attention == "chunked" for g in self.layer_groups)
-        return kind + ("+sliding" if self.sliding_layers else "") + ("+chunked" if chunked else "")
+        mamba = any(g.mixer == "mamba2" for g in self.layer_groups)
+        return (
+            kind
+            + ("+sliding" if self.sliding_layers else "")
+            + ("+chunked" if chunked else "")
+            + ("+mamba2" if mamba else "")
+        )
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers that attend (and keep a KV cache): all but the state-space mixers'."""
+        return sum(g.count for g in self.layer_groups if g.mixer == "attention")
 
     @property
     def mlp_kinds(self) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cabe import ssm
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
@@ -55,7 +56,9 @@ def attention_flops_forward_per_token(spec: ModelSpec, seq: int) -> float:
     la = spec.latent_attention
     # multi-head latent attention: QKᵀ over heads × (nope + rope), A·V over heads × v_head_dim
     width = spec.num_heads * (la.qk_head_dim + la.v_head_dim) if la else 2 * spec.q_dim
-    return 2 * width * sum(g.count * attended(g, seq) for g in spec.layer_groups)
+    # a Mamba-2 layer attends nothing: its chunked scan instead (cabe.ssm.scan_flops_forward_per_token)
+    attention = 2 * width * sum(g.count * attended(g, seq) for g in spec.layer_groups if g.mixer == "attention")
+    return attention + ssm.scan_flops_forward_per_token(spec)
 
 
 def step_flops(spec: ModelSpec, setup: TrainingSetup) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cabe import gpus as gpu_catalog
+from cabe import ssm
 from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers)
 from cabe.architecture import Linear, ModelSpec
 from cabe.errors import InvalidValueError
@@ -61,6 +62,9 @@ FORMATS = (
 )
 
 BLOCK_SIZE = 16
+#: bytes of one Mamba-2 conv-state element when serving: the model's 16-bit dtype (transformers 5.24 cache_utils.py
+#: ``LinearAttentionLayer.lazy_initialization`` makes it in the conv input's dtype); the SSM state is fp32 (cabe.ssm)
+SSM_CONV_BYTES = 2
 
 
 def _check_format(fmt: str) -> str:
@@ -154,6 +158,9 @@ def forward_bytes(spec: ModelSpec, tokens: int, act_bytes: int = 2) -> int:
     (gate, up, activation; ×k routed copies for MoE)."""
     h, q, kv = spec.hidden_size, spec.q_dim, spec.kv_dim
     attn = q + 2 * kv + q
+    if spec.mamba2:  # a Mamba-2 mixer: in_proj's output, the convolved xBC, the scan's and the norm's outputs
+        m = spec.mamba2
+        attn = max(attn, m.in_proj_width + m.conv_dim + 2 * m.d_inner)
     mlp = 0
     for run in spec.runs:  # one layer runs at a time: the widest MLP
         f = spec.ffn_size(run)
@@ -199,6 +206,9 @@ def estimate_inference(
     act = forward_bytes(spec, batch * chunk)
     logits = logits_bytes(spec, batch * (context if mode == "prefill" else 1))
     comps = {"weights": w["total_bytes"], "kv_cache": kv, "activations": act, "logits": logits}
+    state = batch * ssm.state_bytes_per_sequence(spec, SSM_CONV_BYTES)
+    if state:  # Mamba-2 layers: the conv and SSM states of every sequence, whatever its length
+        comps["ssm_state"] = state
     total = sum(comps.values())
     return {
         "mode": mode,
@@ -231,7 +241,7 @@ def estimate_inference(
 
 
 def _kv_step(spec: ModelSpec, kv: int, kv_dtype: str, context: int, batch: int) -> dict[str, Any]:
-    params = {"layers": spec.num_layers, "b": kv_dtype_bytes(kv_dtype), "tokens": context, "batch": batch}
+    params = {"layers": spec.attention_layers, "b": kv_dtype_bytes(kv_dtype), "tokens": context, "batch": batch}
     la = spec.latent_attention
     if la:  # multi-head latent attention caches the latent and the rotary key (cabe.kv_cache.latent_token_elements)
         return {
@@ -292,10 +302,14 @@ def serving(
     pool = int(budget - w - act - card.cuda_context_bytes)
     per_layer = per_layer_token_bytes(spec, kv_dtype)
 
+    state = ssm.state_bytes_per_sequence(spec, SSM_CONV_BYTES)  # Mamba-2 layers: fixed per sequence
+
     def seq_bytes(length: int) -> float:
-        # the blocks of every layer group: a sliding group's layers hold at most its window
-        blocks = sum(g.count * math.ceil(attended(g, length) / block_size) for g in spec.layer_groups)
-        return block_size * per_layer * blocks
+        # the blocks of every attention group: a sliding group's layers hold at most its window
+        blocks = sum(
+            g.count * math.ceil(attended(g, length) / block_size) for g in spec.layer_groups if g.mixer == "attention"
+        )
+        return block_size * per_layer * blocks + state
 
     out: dict[str, Any] = {
         "gpu": card.name,
@@ -306,7 +320,7 @@ def serving(
         "non_torch_bytes": card.cuda_context_bytes,
         "kv_pool_bytes": max(pool, 0),
         "block_size": block_size,
-        "block_bytes": block_size * per_layer * spec.num_layers,
+        "block_bytes": block_size * per_layer * spec.attention_layers,
         "context": context,
         "kv_dtype": kv_dtype,
         "weights_format": weights,
@@ -314,7 +328,7 @@ def serving(
     if pool <= 0:
         out.update({"fits": False, "max_concurrent_sequences": 0, "max_context": 0, "total_blocks": 0})
         return out
-    out["total_blocks"] = int(pool // out["block_bytes"])
+    out["total_blocks"] = int(pool // out["block_bytes"]) if out["block_bytes"] else 0
     out["bytes_per_sequence"] = round(seq_bytes(context))
     out["max_concurrent_sequences"] = int(pool // seq_bytes(context))
     # the longest single sequence: the pool's bytes are monotone in the length, bisect

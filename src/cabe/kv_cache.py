@@ -1,7 +1,8 @@
 """The KV cache: 2 (K and V) × layers × kv_heads × head_dim × tokens × bytes per element.
 
 GQA and MQA are in ``num_kv_heads`` (Llama-3.1-8B: 8 KV heads for 32 query heads; MQA: 1).
-Sliding-window layers (Mistral-7B-v0.1, Gemma 2/3) keep at most ``sliding_window`` tokens: a
+State-space layers (Granite-4.0-H's Mamba-2 mixers) keep no KV cache: a fixed state per sequence instead
+(:func:`cabe.ssm.state_bytes_per_sequence`). Sliding-window layers (Mistral-7B-v0.1, Gemma 2/3) keep at most ``sliding_window`` tokens: a
 serving engine with a sliding-window-aware cache (vLLM's hybrid allocator, HF's
 ``HybridCache``) caps those layers at the window; the global layers grow with the context.
 """
@@ -52,8 +53,8 @@ def latent_token_elements(spec: ModelSpec) -> int:
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "fp16") -> float:
-    """Every layer's K and V for one token (while the context is within every window)."""
-    return spec.num_layers * per_layer_token_bytes(spec, kv_dtype)
+    """Every attention layer's K and V for one token (while the context is within every window)."""
+    return spec.attention_layers * per_layer_token_bytes(spec, kv_dtype)
 
 
 def kv_cache_bytes(
@@ -71,7 +72,11 @@ def kv_cache_bytes(
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise InvalidValueError("out_of_range", "batch", value=batch, minimum=1, maximum=1 << 20)
     per = per_layer_token_bytes(spec, kv_dtype)
-    tokens = sum(g.count * (attended(g, context) if cap_sliding else context) for g in spec.layer_groups)
+    tokens = sum(
+        g.count * (attended(g, context) if cap_sliding else context)
+        for g in spec.layer_groups
+        if g.mixer == "attention"  # a Mamba-2 layer keeps a fixed state instead (cabe.ssm)
+    )
     return round(batch * per * tokens)
 
 
@@ -90,8 +95,8 @@ def breakdown(spec: ModelSpec, context: int, batch: int, kv_dtype: str) -> dict[
     sliding = spec.sliding_layers if spec.sliding_window else 0
     return {
         "bytes_per_token_per_layer": per,
-        "bytes_per_token": per * spec.num_layers,
-        "full_layers": spec.num_layers - sliding,
+        "bytes_per_token": per * spec.attention_layers,
+        "full_layers": spec.attention_layers - sliding,
         "sliding_layers": sliding,
         "sliding_window": spec.sliding_window,
         "formula": _formula(spec, kv_dtype),
@@ -103,5 +108,5 @@ def _formula(spec: ModelSpec, kv_dtype: str) -> str:
     b = kv_dtype_bytes(kv_dtype)
     if spec.latent_attention:
         la = spec.latent_attention
-        return f"{spec.num_layers} × ({la.kv_lora_rank} + {la.rope_dim}) × {b} B"
-    return f"2 × {spec.num_layers} × {spec.num_kv_heads} × {spec.head_dim} × {b} B"
+        return f"{spec.attention_layers} × ({la.kv_lora_rank} + {la.rope_dim}) × {b} B"
+    return f"2 × {spec.attention_layers} × {spec.num_kv_heads} × {spec.head_dim} × {b} B"

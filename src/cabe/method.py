@@ -195,6 +195,19 @@ def checked_head_targets(spec: ModelSpec, setup: TrainingSetup) -> tuple[HeadTar
     return found
 
 
+def adapter_runs(run: LayerGroup, lin: Linear) -> bool:
+    """Whether the LoRA adapter PEFT puts on ``lin`` ever runs. A Mamba-2 mixer's out_proj (slot ``o``) is
+    multiplied inside mamba-ssm's fused kernel, which takes ``out_proj.weight`` — the base weight — and never calls
+    the module (transformers 5.24 ``GraniteMoeHybridMambaLayer.forward``): its adapter exists, gets no gradient and
+    so no optimizer state (torch's optimizers skip parameters whose grad is None), and makes no cast."""
+    return not (run.mixer == "mamba2" and lin.slot == "o")
+
+
+def running_lora_targets(spec: ModelSpec, targets: tuple[str, ...], run: LayerGroup) -> tuple[Linear, ...]:
+    """The adapted matrices of one layer of ``run`` whose adapter runs (:func:`adapter_runs`)."""
+    return tuple(lin for lin in lora_targets(spec, targets, run) if adapter_runs(run, lin))
+
+
 def lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> list[LoraTarget]:
     """Adapter parameters per target module name: rank × (in + out) per adapted matrix, summed over the
     layers that have it (``per_layer``: how many one layer of the first run that has it holds)."""
@@ -315,11 +328,12 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
         for run in spec.runs:
             for lin in lora_targets(spec, setup.lora_targets, run):
                 a_path, b_path = linear_path(spec, lin, ".lora_A"), linear_path(spec, lin, ".lora_B")
+                runs = adapter_runs(run, lin)  # (False: trainable but never given a gradient)
                 add(
                     lin.name + ".lora_A",
                     r * lin.in_features,
                     run.count,
-                    True,
+                    runs,
                     "adapter",
                     r,
                     lin.in_features,
@@ -329,7 +343,7 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
                     lin.name + ".lora_B",
                     lin.out_features * r,
                     run.count,
-                    True,
+                    runs,
                     "adapter",
                     lin.out_features,
                     r,
@@ -380,8 +394,9 @@ def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, traina
         r = setup.lora_rank
         for lin in lora_targets(spec, setup.lora_targets, run):
             a_path, b_path = linear_path(spec, lin, ".lora_A"), linear_path(spec, lin, ".lora_B")
-            add(lin.name + ".lora_A", r * lin.in_features, 1, True, "adapter", r, lin.in_features, lin.role, a_path)
-            add(lin.name + ".lora_B", lin.out_features * r, 1, True, "adapter", lin.out_features, r, lin.role, b_path)
+            runs = adapter_runs(run, lin)
+            add(lin.name + ".lora_A", r * lin.in_features, 1, runs, "adapter", r, lin.in_features, lin.role, a_path)
+            add(lin.name + ".lora_B", lin.out_features * r, 1, runs, "adapter", lin.out_features, r, lin.role, b_path)
             if setup.dora:
                 add(lin.name + ".lora_magnitude_vector", lin.out_features, 1, True, "adapter", role=lin.role)
         _wrapped_adapters(add, spec, setup, run, 1)

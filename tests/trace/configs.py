@@ -163,3 +163,11 @@ LLAMA4_MEDIUM = dict(
     use_qk_norm=False,
     vocab_size=4096,
 )
+
+
+#: a tiny Granite-4.0-H: Mamba-2 layers 0, 1 and 3 (8 heads of 64, state 32, chunk 64), attention layer 2 without
+#: position embedding, every layer an MoE of 4 experts (top-2) beside a shared MLP. Read from tests/configs/files, as
+#: tests/families/test_granitemoehybrid.py reads it.
+GRANITE_HYBRID = json.loads(
+    (Path(__file__).resolve().parents[1] / "configs/files/granitemoehybrid_tiny_config.json").read_text()
+)

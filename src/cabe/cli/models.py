@@ -36,7 +36,8 @@ def gather(args: argparse.Namespace) -> list[dict[str, Any]]:
 def kinds(spec: Any) -> dict[str, str]:
     """The attention and MLP kinds of a spec, as codes: ``mha`` / ``gqa`` / ``mqa`` (kv heads against query
     heads), ``+sliding<window>`` when some layers slide, ``+chunked<chunk>`` when some attend within chunks,
-    ``+nope`` when some apply no rotary, ``+sinks`` with learned attention sinks; the MLP's kinds over its runs
+    ``+nope`` when some apply no rotary, ``+sinks`` with learned attention sinks, ``+mamba2x<n>`` when n layers
+    mix with a Mamba-2 SSM instead of attention; the MLP's kinds over its runs
     (``gated``, ``plain``, ``moe<E>x<k>`` with the experts' gate when it is not SwiGLU, ``(every-expert)`` when
     every token goes through every expert)."""
     nkv, nh = spec.num_kv_heads, spec.num_heads
@@ -46,8 +47,11 @@ def kinds(spec: Any) -> dict[str, str]:
     chunk = next((g.window for g in spec.layer_groups if g.attention == "chunked"), None)
     if chunk:
         attn += f"+chunked{chunk}"
-    if any(not g.rope for g in spec.layer_groups):
+    if any(not g.rope for g in spec.layer_groups if g.mixer == "attention"):
         attn += "+nope"
+    mamba = sum(g.count for g in spec.layer_groups if g.mixer == "mamba2")
+    if mamba:  # Mamba-2 mixers in that many of the layers (cabe.ssm)
+        attn += f"+mamba2x{mamba}"
     if spec.attention_sinks:
         attn += "+sinks"
     mlps: dict[str, None] = {}

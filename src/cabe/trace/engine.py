@@ -127,6 +127,8 @@ def run_trace(
     if inventory:
         return result
     result.attention_kernels = dict(astate.choices)
+    if "mamba2_fused_stand_in" in astate.choices:  # cabe.trace.ssm ran in place of mamba-ssm's kernel
+        notes.append("trace_mamba2_stand_in")
     result.notes = notes + result.notes
     unmatched = facts.pop("lora_unmatched", None)
     result.model = facts

@@ -39,6 +39,15 @@ def _causal_lm(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+class Chunks(list[Any]):
+    """The logits chunks; Granite's forward divides the logits by ``logits_scaling``
+    (modeling_granitemoehybrid.py, ``logits / self.config.logits_scaling``): each chunk is divided (a new chunk
+    each, the old one freed), as a chunked output scaled per chunk would be."""
+
+    def __truediv__(self, d: Any) -> Chunks:
+        return Chunks(c / d for c in self)
+
+
 def chunked_cross_entropy(chunks: list[Any], labels: Any, n: int) -> Any:
     """torchtune's ``CEWithChunkedOutputLoss.forward`` on the logits chunks and unshifted labels."""
     import torch
@@ -73,7 +82,7 @@ def loss_kernel(model: Any, setup: TrainingSetup) -> Iterator[None]:
     config = lm.config
     cap = getattr(config, "final_logit_softcapping", None)
 
-    def chunked_output(hidden: Any) -> list[Any]:
+    def chunked_output(hidden: Any) -> Chunks:
         # NOTE: torchtune splits the hidden states with ``chunk`` and the labels with ``tensor_split``;
         # they agree when n divides the sequence (else torchtune's loss fails on mismatched chunks), so
         # both are ``tensor_split`` here
@@ -82,7 +91,7 @@ def loss_kernel(model: Any, setup: TrainingSetup) -> Iterator[None]:
             import torch
 
             chunks = [torch.tanh(c / cap) * cap for c in chunks]
-        return chunks
+        return Chunks(chunks)
 
     def loss_function(logits: Any, labels: Any, vocab_size: int, **kwargs: Any) -> Any:
         return chunked_cross_entropy(logits, labels, n)

@@ -237,6 +237,9 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
     try:
         if kind in ("fake", "meta"):
             _route_sdpa(p)
+            from cabe.trace import ssm
+
+            ssm.install(p)  # mamba-ssm's fused Mamba-2 kernel, as a GPU with the package runs it
         if kind == "meta":
             _cuda_dropout(p)
         # transformers reads position_ids to detect packed sequences (a data-dependent branch);
