@@ -545,8 +545,12 @@ def _below_adapters(spec: ModelSpec, setup: TrainingSetup) -> int:
     ``enable_input_require_grads`` makes every layer's input require grad (transformers' Trainer, PEFT's
     prepare_model_for_kbit_training); an adapted embedding does the same. A Mamba-2 layer's out_proj (slot ``o``)
     runs inside the fused kernel, which multiplies its base weight: its adapter never runs (cabe.ssm)."""
-    if not setup.adapters or setup.checkpointing or head_targets(spec, setup.lora_targets):
+    if not setup.adapters or setup.checkpointing:
         return 0
+    if any(t.kind == "embedding" for t in head_targets(spec, setup.lora_targets)):
+        return 0
+    # an adapted lm_head alone trains above every layer: none of them carries a gradient (phi-3-mini LoRA on
+    # lm_head only, no checkpointing: +23% with every layer in the gradient's path)
     below = 0
     for run in spec.runs:
         if running_lora_targets(spec, setup.lora_targets, run) or lora_parameter_targets(spec, setup.lora_targets, run):
