@@ -41,6 +41,7 @@ from cabe.method import (
     head_targets,
     layer_tensors,
     lora_parameter_targets,
+    lora_targets,
     moved_targets,
     parameter_tensors,
     quantized_bytes,
