@@ -379,7 +379,7 @@ def _all_linear_and(model: Any, cfg: Any, targets: list[str]) -> list[str]:
     from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
 
     probe = LoraConfig(target_modules="all-linear", task_type=_peft_task(cfg))
-    linear = set(_maybe_include_all_linear_layers(probe, model).target_modules)
+    linear = set(_maybe_include_all_linear_layers(probe, model).target_modules)  # type: ignore[attr-defined]
     return sorted(linear | {t for t in targets if t != "all-linear"})
 
 
