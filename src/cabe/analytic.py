@@ -904,6 +904,8 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("vision_tower_weights_only")
     if setup.adapters and moved_targets(spec, setup.lora_targets):
         notes.append("lora_targets_moved_to_experts")
+    if any(g.mixer == "gated_deltanet" for g in spec.layer_groups):  # fla's / causal-conv1d's saved tensors
+        notes.append("gated_deltanet_kernels_modelled")
     return tuple(notes)
 
 

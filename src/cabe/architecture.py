@@ -25,7 +25,21 @@ from typing import Any
 #: ``shared_down`` and ``shared_gate`` are a shared expert beside the routed ones (Qwen2-MoE: a SwiGLU MLP
 #: every token goes through, scaled by a sigmoid of one linear output); ``sinks`` is gpt-oss's learned per-head
 #: attention-sink logit (a bare ``nn.Parameter`` of num_heads, counted as a 1 -> num_heads matrix).
-SLOTS = ("qkv", "o", "up", "down", "router", "experts", "shared_up", "shared_down", "shared_gate", "sinks")
+SLOTS: tuple[str, ...] = (
+    "qkv",
+    "o",
+    "up",
+    "down",
+    "router",
+    "experts",
+    "shared_up",
+    "shared_down",
+    "shared_gate",
+    "sinks",
+)
+#: ``mixer``: the bare parameters of a linear-attention token mixer (a gated DeltaNet's depthwise conv1d weight,
+#: ``dt_bias``, ``A_log`` and its gated norm's weight), none of them an ``nn.Linear``
+SLOTS += ("mixer",)
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,9 @@ class LayerGroup:
     window: int | None = None
     intermediate_size: int = 0
     rope: bool = True
+    #: the token mixer: ``"attention"`` (softmax attention over q, k, v) or ``"gated_deltanet"`` (Qwen3-Next's
+    #: linear attention, :class:`GatedDeltaNet`: a recurrent state, no KV cache, no q / k norms)
+    mixer: str = "attention"
 
     @cached_property
     def linear_count(self) -> int:
@@ -93,11 +110,12 @@ class LayerGroup:
     def same_tensors(self, other: LayerGroup) -> bool:
         """True when ``other``'s layers are made of the same tensors and save the same ones (only the attention
         span may differ)."""
-        return (self.linears, self.mlp, self.intermediate_size, self.rope) == (
+        return (self.linears, self.mlp, self.intermediate_size, self.rope, self.mixer) == (
             other.linears,
             other.mlp,
             other.intermediate_size,
             other.rope,
+            other.mixer,
         )
 
     def slot_names(self, slot: str) -> list[str]:
@@ -136,6 +154,45 @@ class LatentAttention:
         """Elements cached per token per layer: the normalised latent and the rotary key (transformers 5.24
         ``DeepseekV3Attention.forward`` calls ``cache.update(kv_nope, k_rot, ...)`` before ``expand_kv``)."""
         return self.kv_lora_rank + self.rope_dim
+
+
+@dataclass(frozen=True)
+class GatedDeltaNet:
+    """Gated DeltaNet linear attention (transformers 5.24, models/qwen3_next/modeling_qwen3_next.py,
+    ``Qwen3NextGatedDeltaNet``): ``num_k_heads`` query / key heads of ``head_k_dim``, ``num_v_heads`` value heads
+    of ``head_v_dim``; q, k and v go through a depthwise causal conv1d of ``conv_kernel`` taps, then the gated
+    delta rule keeps one ``head_k_dim × head_v_dim`` state per value head."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv1d: q, k and v (``key_dim * 2 + value_dim``)."""
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def conv_state_elements(self) -> int:
+        """Elements of one sequence's conv state in one layer: the last ``conv_kernel`` inputs of every channel
+        (transformers 5.24 cache_utils.py ``LinearAttentionLayer.update_conv_state`` pads / keeps
+        ``conv_kernel_size`` positions; vLLM keeps ``conv_kernel - 1``: see cabe.linear_attention)."""
+        return self.conv_dim * self.conv_kernel
+
+    @property
+    def recurrent_state_elements(self) -> int:
+        """Elements of one sequence's recurrent state in one layer: ``num_v_heads × head_k_dim × head_v_dim``."""
+        return self.num_v_heads * self.head_k_dim * self.head_v_dim
 
 
 @dataclass(frozen=True)
@@ -189,6 +246,10 @@ class ModelSpec:
     attn_logit_softcapping: float | None = None
     #: multi-head latent attention (DeepSeek-V3); None for attention with separate q, k, v projections
     latent_attention: LatentAttention | None = None
+    #: the shape of the gated DeltaNet layers (groups whose ``mixer`` is ``"gated_deltanet"``); None when none
+    gated_deltanet: GatedDeltaNet | None = None
+    #: the attention layers' q_proj also makes a per-channel gate: ``o_proj(attn * sigmoid(gate))`` (Qwen3-Next)
+    attention_output_gate: bool = False
     num_experts: int = 0
     experts_per_token: int = 0
     #: how the router picks experts: ``"softmax"`` (a softmax over the router's logits, top-k; Mixtral, Qwen),
@@ -322,7 +383,9 @@ class ModelSpec:
         else:
             kind = "gqa" if self.num_kv_heads < self.num_heads else "mha"
         chunked = any(g.attention == "chunked" for g in self.layer_groups)
-        return kind + ("+sliding" if self.sliding_layers else "") + ("+chunked" if chunked else "")
+        kind += ("+sliding" if self.sliding_layers else "") + ("+chunked" if chunked else "")
+        mixers = dict.fromkeys(g.mixer for g in self.layer_groups if g.mixer != "attention")
+        return kind + ("+gated" if self.attention_output_gate else "") + "".join("+" + m for m in mixers)
 
     @property
     def mlp_kinds(self) -> str:
@@ -392,9 +455,16 @@ class ModelSpec:
     def layer_norm_count(self) -> int:
         return self.norms_per_layer * self.norm_param_count + self.qk_norm_count + self.latent_norm_count
 
+    def group_norm_count(self, group: LayerGroup) -> int:
+        """Norm parameters in one layer of ``group``: a linear-attention layer has no q / k norms (its gated norm's
+        weight is one of its bare ``mixer`` parameters)."""
+        if group.mixer == "attention":
+            return self.layer_norm_count
+        return self.norms_per_layer * self.norm_param_count
+
     def layer_count(self, group: LayerGroup) -> int:
         """Parameters in one decoder layer of ``group``."""
-        return group.linear_count + self.layer_norm_count
+        return group.linear_count + self.group_norm_count(group)
 
     @cached_property
     def parameter_count(self) -> int:
@@ -404,7 +474,7 @@ class ModelSpec:
             + self.position_embedding_count
             + self.token_type_count
             + sum(g.count * g.linear_count for g in self.layer_groups)
-            + self.num_layers * self.layer_norm_count
+            + sum(g.count * self.group_norm_count(g) for g in self.layer_groups)
             + self.norm_param_count  # final norm (BERT: the embeddings' LayerNorm, the same size)
             + self.lm_head_count
             + self.classifier_count
@@ -418,7 +488,7 @@ class ModelSpec:
             "position_embedding": self.position_embedding_count,
             "token_type_embedding": self.token_type_count,
             "layers_linear": sum(g.count * g.linear_count for g in self.layer_groups),
-            "layers_norm": self.num_layers * self.layer_norm_count,
+            "layers_norm": sum(g.count * self.group_norm_count(g) for g in self.layer_groups),
             "final_norm": self.norm_param_count,
             "lm_head": self.lm_head_count,
             "classifier": self.classifier_count,

@@ -28,11 +28,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from cabe import gpus as gpu_catalog
+from cabe import linear_attention
 from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers)
 from cabe.architecture import Linear, ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
-from cabe.kv_cache import attended, breakdown, kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes
+from cabe.kv_cache import attended, breakdown, cached_layers, kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes
 from cabe.method import quantized_bytes
 
 GGUF_BPW: dict[str, float] = {
@@ -231,7 +232,7 @@ def estimate_inference(
 
 
 def _kv_step(spec: ModelSpec, kv: int, kv_dtype: str, context: int, batch: int) -> dict[str, Any]:
-    params = {"layers": spec.num_layers, "b": kv_dtype_bytes(kv_dtype), "tokens": context, "batch": batch}
+    params = {"layers": cached_layers(spec), "b": kv_dtype_bytes(kv_dtype), "tokens": context, "batch": batch}
     la = spec.latent_attention
     if la:  # multi-head latent attention caches the latent and the rotary key (cabe.kv_cache.latent_token_elements)
         return {
@@ -295,7 +296,8 @@ def serving(
     def seq_bytes(length: int) -> float:
         # the blocks of every layer group: a sliding group's layers hold at most its window
         blocks = sum(g.count * math.ceil(attended(g, length) / block_size) for g in spec.layer_groups)
-        return block_size * per_layer * blocks
+        # linear-attention layers keep a fixed state per sequence (cabe.linear_attention), no blocks
+        return block_size * per_layer * blocks + linear_attention.state_bytes(spec)
 
     out: dict[str, Any] = {
         "gpu": card.name,
@@ -306,7 +308,7 @@ def serving(
         "non_torch_bytes": card.cuda_context_bytes,
         "kv_pool_bytes": max(pool, 0),
         "block_size": block_size,
-        "block_bytes": block_size * per_layer * spec.num_layers,
+        "block_bytes": block_size * per_layer * cached_layers(spec),
         "context": context,
         "kv_dtype": kv_dtype,
         "weights_format": weights,

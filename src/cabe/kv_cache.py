@@ -8,6 +8,7 @@ serving engine with a sliding-window-aware cache (vLLM's hybrid allocator, HF's
 
 from __future__ import annotations
 
+from cabe import linear_attention
 from cabe.architecture import LayerGroup, ModelSpec
 from cabe.errors import InvalidValueError
 
@@ -52,8 +53,14 @@ def latent_token_elements(spec: ModelSpec) -> int:
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "fp16") -> float:
-    """Every layer's K and V for one token (while the context is within every window)."""
-    return spec.num_layers * per_layer_token_bytes(spec, kv_dtype)
+    """Every attention layer's K and V for one token (while the context is within every window); linear-attention
+    layers cache no tokens (:func:`cabe.linear_attention.state_bytes`)."""
+    return cached_layers(spec) * per_layer_token_bytes(spec, kv_dtype)
+
+
+def cached_layers(spec: ModelSpec) -> int:
+    """Layers that keep a KV cache: every layer but the linear-attention ones."""
+    return sum(g.count for g in spec.layer_groups if g.mixer == "attention")
 
 
 def kv_cache_bytes(
@@ -72,14 +79,18 @@ def kv_cache_bytes(
         raise InvalidValueError("out_of_range", "batch", value=batch, minimum=1, maximum=1 << 20)
     per = per_layer_token_bytes(spec, kv_dtype)
     tokens = sum(g.count * (attended(g, context) if cap_sliding else context) for g in spec.layer_groups)
-    return round(batch * per * tokens)
+    # linear-attention layers keep a fixed state per sequence instead (cabe.linear_attention)
+    return round(batch * per * tokens) + batch * linear_attention.state_bytes(spec)
 
 
 def attended(group: LayerGroup, context: int) -> int:
     """Tokens one layer of ``group`` keeps of a ``context``-token sequence: all of them, or the window. Chunked
     layers (Llama 4) keep at most their chunk: transformers caches them in a ``DynamicSlidingWindowLayer`` of
     ``attention_chunk_size`` (cache_utils.py 5.24, ``LAYER_TYPE_CACHE_MAPPING``: "sliding and chunked are the same
-    in how they should behave, only the mask differs"); a token attends at most its chunk."""
+    in how they should behave, only the mask differs"); a token attends at most its chunk. A linear-attention layer
+    (gated DeltaNet) keeps no token: its fixed state is counted per sequence (cabe.linear_attention)."""
+    if group.mixer != "attention":
+        return 0
     if group.attention in ("sliding", "chunked") and group.window:
         return min(context, group.window)
     return context
@@ -88,15 +99,18 @@ def attended(group: LayerGroup, context: int) -> int:
 def breakdown(spec: ModelSpec, context: int, batch: int, kv_dtype: str) -> dict[str, object]:
     per = per_layer_token_bytes(spec, kv_dtype)
     sliding = spec.sliding_layers if spec.sliding_window else 0
-    return {
+    out: dict[str, object] = {
         "bytes_per_token_per_layer": per,
-        "bytes_per_token": per * spec.num_layers,
-        "full_layers": spec.num_layers - sliding,
+        "bytes_per_token": per * cached_layers(spec),
+        "full_layers": cached_layers(spec) - sliding,
         "sliding_layers": sliding,
         "sliding_window": spec.sliding_window,
         "formula": _formula(spec, kv_dtype),
         "total_bytes": kv_cache_bytes(spec, context, batch, kv_dtype),
     }
+    if spec.num_layers > cached_layers(spec):
+        out.update(linear_attention.state_breakdown(spec, batch))
+    return out
 
 
 def _formula(spec: ModelSpec, kv_dtype: str) -> str:
@@ -104,4 +118,4 @@ def _formula(spec: ModelSpec, kv_dtype: str) -> str:
     if spec.latent_attention:
         la = spec.latent_attention
         return f"{spec.num_layers} × ({la.kv_lora_rank} + {la.rope_dim}) × {b} B"
-    return f"2 × {spec.num_layers} × {spec.num_kv_heads} × {spec.head_dim} × {b} B"
+    return f"2 × {cached_layers(spec)} × {spec.num_kv_heads} × {spec.head_dim} × {b} B"

@@ -53,6 +53,7 @@ REPORT_NOTES = (
     "qlora_moe_experts_unquantized",
     "vision_tower_weights_only",
     "lora_targets_moved_to_experts",
+    "gated_deltanet_kernels_modelled",
     "loss_assumed_hf",
     "loss_modelled",
     "seq_beyond_max_positions",

@@ -36,7 +36,8 @@ def gather(args: argparse.Namespace) -> list[dict[str, Any]]:
 def kinds(spec: Any) -> dict[str, str]:
     """The attention and MLP kinds of a spec, as codes: ``mha`` / ``gqa`` / ``mqa`` (kv heads against query
     heads), ``+sliding<window>`` when some layers slide, ``+chunked<chunk>`` when some attend within chunks,
-    ``+nope`` when some apply no rotary, ``+sinks`` with learned attention sinks; the MLP's kinds over its runs
+    ``+nope`` when some apply no rotary, ``+sinks`` with learned attention sinks, ``+gated`` with an output gate,
+    ``+gated_deltanet<n>`` for ``n`` linear-attention layers; the MLP's kinds over its runs
     (``gated``, ``plain``, ``moe<E>x<k>`` with the experts' gate when it is not SwiGLU, ``(every-expert)`` when
     every token goes through every expert)."""
     nkv, nh = spec.num_kv_heads, spec.num_heads
@@ -50,6 +51,12 @@ def kinds(spec: Any) -> dict[str, str]:
         attn += "+nope"
     if spec.attention_sinks:
         attn += "+sinks"
+    if spec.attention_output_gate:
+        attn += "+gated"
+    linear = sum(g.count for g in spec.layer_groups if g.mixer != "attention")
+    if linear:  # linear-attention layers among the attention ones: ``+gated_deltanet36`` (their kind and count)
+        attn += "".join(f"+{m}" for m in dict.fromkeys(g.mixer for g in spec.layer_groups if g.mixer != "attention"))
+        attn += str(linear)
     mlps: dict[str, None] = {}
     for run in spec.runs:
         if run.mlp == "moe":
