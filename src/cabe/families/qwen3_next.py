@@ -76,13 +76,16 @@ def deltanet_linears(r: Reader, h: int, dn: GatedDeltaNet) -> tuple[Linear, ...]
             Linear("in_proj_b", h, nv),
             Linear("in_proj_a", h, nv),
         )
-    bare = dict(is_module=False, quantizable=False, slot="mixer")
+
+    def bare(name: str, rows: int, cols: int) -> Linear:
+        return Linear(name, rows, cols, is_module=False, quantizable=False, slot="mixer")
+
     return projections + (
         # nn.Conv1d(conv_dim, conv_dim, kernel, groups=conv_dim, bias=False): a (conv_dim, 1, kernel) weight
-        Linear("conv1d", dn.conv_kernel, dn.conv_dim, **bare),  # type: ignore[arg-type]
-        Linear("dt_bias", 1, nv, **bare),  # type: ignore[arg-type]
-        Linear("A_log", 1, nv, **bare),  # type: ignore[arg-type]
-        Linear("norm", 1, dn.head_v_dim, **bare),  # type: ignore[arg-type]  # the gated RMSNorm's weight
+        bare("conv1d", dn.conv_kernel, dn.conv_dim),
+        bare("dt_bias", 1, nv),
+        bare("A_log", 1, nv),
+        bare("norm", 1, dn.head_v_dim),  # the gated RMSNorm's weight
         Linear("out_proj", dn.value_dim, h, slot="o"),
     )
 
