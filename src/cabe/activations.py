@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cabe import ssm
+from cabe import linear_attention, ssm
 from cabe.architecture import LayerGroup, Linear, ModelSpec
 from cabe.method import head_targets, lora_parameter_targets, lora_targets
 from cabe.precision import Dtypes
@@ -163,14 +163,19 @@ def layer_activations(
     gradients flow. A model whose layers differ asks once per run (:attr:`ModelSpec.runs`). ``masked``: a
     layer whose SDPA call gets a mask (see :func:`sdpa_masked_layers`)."""
     layer = _Layer(spec, group or spec.runs[0], setup, dt, base_trainable, adapters)
+    if (
+        layer.group.mixer == "gated_deltanet"
+    ):  # a linear-attention layer runs no attention kernel (cabe.linear_attention)
+        layer.attn = layer.group.mixer
     if masked and layer.attn == "flash":
         layer.attn = masked_sdpa_kind(spec, dt)
     elif sdpa_gqa_math(spec, setup, layer.a_attn) and layer.attn == "flash":
         layer.attn, layer.gqa_repeat = "math", True
     bwd = layer.rms_norm_block() if spec.norm == "rmsnorm" else layer.layer_norm_block()
     attn, a, nh, s, quantized = layer.attn, layer.a, layer.nh, layer.s, layer.quantized
-    fwd = _attention_forward_workspace(attn, a, nh, s)
+    fwd = max(_attention_forward_workspace(attn, a, nh, s), layer.mixer_forward)
     attn_bwd = max(_eager_backward_workspace(attn, a, nh, s), _math_backward_workspace(attn, nh, s))
+    attn_bwd = max(attn_bwd, layer.mixer_backward)
     if layer.group.mixer == "mamba2":  # the fused Mamba-2 kernel's own transients (cabe.ssm)
         x = ssm.in_proj_dtype(layer)
         fwd, attn_bwd = ssm.forward_workspace(spec, s, x, a), ssm.backward_workspace(spec, s, x, a)
@@ -259,6 +264,8 @@ class _Layer:
         self.copy_before_shared = 0
         # a saved term that is the layer's input storage itself (see LayerActivations.input_alias_per_token)
         self.input_alias = 0  # the gated MLP's product is saved as it is (not a cast of it) by down_proj
+        # a linear-attention mixer's kernel transients per token, forward and backward (cabe.linear_attention)
+        self.mixer_forward = self.mixer_backward = 0
 
     def add(self, name: str, nbytes: int, formula: str) -> None:
         if nbytes:
@@ -440,6 +447,8 @@ class _Layer:
         Returns the backward workspace per token."""
         if self.group.mixer == "mamba2":
             ssm.mixer_terms(self)
+        elif self.group.mixer == "gated_deltanet":
+            linear_attention.add_block(self)
         elif self.spec.latent_attention:
             self._latent_attention()
         else:
@@ -620,8 +629,11 @@ class _Layer:
         # bitsandbytes lora_A saves the 16-bit attention output itself, counted as attn.output.)
         # (the math kernel's output is a (b, heads, s, d) matmul result too)
         copies_output = self._attention_output_copied()
-        if copies_output and (base_trainable or (o_name in targets and not adapter_cast)):
+        output_counted = copies_output and (base_trainable or (o_name in targets and not adapter_cast))
+        if output_counted:
             self.add("attn.output_for_o_proj", a * q, f"{a}·q")
+        if self.spec.attention_output_gate:  # o_proj(attn · sigmoid(gate)): Qwen3-Next (cabe.linear_attention)
+            linear_attention.add_output_gate(self, copies_output, output_counted)
         self._dropout_copy(o_name, copies_output)
         if self.a_attn != a and not copies_output and (base_trainable or o_name in targets):
             self.add("attn.output_cast_back", a * q, f"{a}·q")  # flash_attention_2's output, back to fp32
@@ -793,7 +805,9 @@ class _Layer:
         # shared_mlp.input_linear, chunked in two)
         fs = sum(lin.out_features for lin in g.linears if lin.slot == "shared_up") // 2
         if inputs:
-            if not self.base_trainable:  # (a trained base saves x once, as the router's input)
+            # a trained base saves x once, as the router's input; under autocast each linear saves its own 16-bit
+            # cast of x (traced: Qwen3-Next's gate_proj, up_proj and shared_expert_gate, 3 × 2·h per token)
+            if not self.base_trainable or self.amp or (self.quantized and self.autocast):
                 self.linear_inputs("shared", [(n, h) for n in up + gate], self.rho * h, f"{self.rho}·h")
             self.lora_mid(up + gate)
         m = 4 if quantized else a  # Linear4bit returns its output in the input's dtype (fp32 here)

@@ -950,6 +950,8 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("lora_target_unmatched")  # the names: extra["lora_unmatched"] (render fills the note)
     if setup.adapters and moved_targets(spec, setup.lora_targets):
         notes.append("lora_targets_moved_to_experts")
+    if any(g.mixer == "gated_deltanet" for g in spec.layer_groups):  # fla's / causal-conv1d's saved tensors
+        notes.append("gated_deltanet_kernels_modelled")
     return tuple(notes + ssm.notes(spec))
 
 

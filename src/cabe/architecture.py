@@ -27,7 +27,22 @@ from typing import Any
 #: attention-sink logit (a bare ``nn.Parameter`` of num_heads, counted as a 1 -> num_heads matrix); ``ssm`` is a
 #: Mamba-2 mixer's small tensors beside its in_proj / out_proj (conv1d weight and bias, dt_bias, A_log, D, the gated
 #: norm's weight: counted as matrices, never LoRA's or bitsandbytes' modules).
-SLOTS = ("qkv", "o", "up", "down", "router", "experts", "shared_up", "shared_down", "shared_gate", "sinks", "ssm")
+SLOTS = (
+    "qkv",
+    "o",
+    "up",
+    "down",
+    "router",
+    "experts",
+    "shared_up",
+    "shared_down",
+    "shared_gate",
+    "sinks",
+    "ssm",
+    "mixer",
+)
+#: ``mixer``: the bare parameters of a linear-attention token mixer (a gated DeltaNet's depthwise conv1d weight,
+#: ``dt_bias``, ``A_log`` and its gated norm's weight), none of them an ``nn.Linear``
 
 
 @dataclass(frozen=True)
@@ -87,8 +102,10 @@ class LayerGroup:
     window: int | None = None
     intermediate_size: int = 0
     rope: bool = True
-    #: the token mixer: ``"attention"``, or ``"mamba2"`` (a Mamba-2 SSD mixer, :class:`Mamba2`: in_proj in the
-    #: ``qkv`` slot, out_proj in ``o``, its small tensors in ``ssm``; no KV cache, a fixed state per sequence)
+    #: the token mixer: ``"attention"`` (softmax attention over q, k, v), ``"mamba2"`` (a Mamba-2 SSD mixer,
+    #: :class:`Mamba2`: in_proj in the ``qkv`` slot, out_proj in ``o``, its small tensors in ``ssm``) or
+    #: ``"gated_deltanet"`` (Qwen3-Next's linear attention, :class:`GatedDeltaNet`); the last two keep a fixed
+    #: state per sequence, no KV cache
     mixer: str = "attention"
 
     @cached_property
@@ -186,6 +203,45 @@ class Mamba2:
 
 
 @dataclass(frozen=True)
+class GatedDeltaNet:
+    """Gated DeltaNet linear attention (transformers 5.24, models/qwen3_next/modeling_qwen3_next.py,
+    ``Qwen3NextGatedDeltaNet``): ``num_k_heads`` query / key heads of ``head_k_dim``, ``num_v_heads`` value heads
+    of ``head_v_dim``; q, k and v go through a depthwise causal conv1d of ``conv_kernel`` taps, then the gated
+    delta rule keeps one ``head_k_dim × head_v_dim`` state per value head."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv1d: q, k and v (``key_dim * 2 + value_dim``)."""
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def conv_state_elements(self) -> int:
+        """Elements of one sequence's conv state in one layer: the last ``conv_kernel`` inputs of every channel
+        (transformers 5.24 cache_utils.py ``LinearAttentionLayer.update_conv_state`` pads / keeps
+        ``conv_kernel_size`` positions; vLLM keeps ``conv_kernel - 1``: see cabe.linear_attention)."""
+        return self.conv_dim * self.conv_kernel
+
+    @property
+    def recurrent_state_elements(self) -> int:
+        """Elements of one sequence's recurrent state in one layer: ``num_v_heads × head_k_dim × head_v_dim``."""
+        return self.num_v_heads * self.head_k_dim * self.head_v_dim
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """An exact, torch-free description of a decoder-only transformer.
 
@@ -238,6 +294,10 @@ class ModelSpec:
     latent_attention: LatentAttention | None = None
     #: the Mamba-2 mixer of the layers whose ``mixer`` is ``"mamba2"`` (Granite-4.0-H); None without one
     mamba2: Mamba2 | None = None
+    #: the shape of the gated DeltaNet layers (groups whose ``mixer`` is ``"gated_deltanet"``); None when none
+    gated_deltanet: GatedDeltaNet | None = None
+    #: the attention layers' q_proj also makes a per-channel gate: ``o_proj(attn * sigmoid(gate))`` (Qwen3-Next)
+    attention_output_gate: bool = False
     num_experts: int = 0
     experts_per_token: int = 0
     #: how the router picks experts: ``"softmax"`` (a softmax over the router's logits, top-k; Mixtral, Qwen),
@@ -371,13 +431,9 @@ class ModelSpec:
         else:
             kind = "gqa" if self.num_kv_heads < self.num_heads else "mha"
         chunked = any(g.attention == "chunked" for g in self.layer_groups)
-        mamba = any(g.mixer == "mamba2" for g in self.layer_groups)
-        return (
-            kind
-            + ("+sliding" if self.sliding_layers else "")
-            + ("+chunked" if chunked else "")
-            + ("+mamba2" if mamba else "")
-        )
+        kind += ("+sliding" if self.sliding_layers else "") + ("+chunked" if chunked else "")
+        mixers = dict.fromkeys(g.mixer for g in self.layer_groups if g.mixer != "attention")
+        return kind + ("+gated" if self.attention_output_gate else "") + "".join("+" + m for m in mixers)
 
     @property
     def attention_layers(self) -> int:
@@ -452,9 +508,16 @@ class ModelSpec:
     def layer_norm_count(self) -> int:
         return self.norms_per_layer * self.norm_param_count + self.qk_norm_count + self.latent_norm_count
 
+    def group_norm_count(self, group: LayerGroup) -> int:
+        """Norm parameters in one layer of ``group``: a linear-attention layer has no q / k norms (its gated norm's
+        weight is one of its bare ``mixer`` parameters)."""
+        if group.mixer == "attention":
+            return self.layer_norm_count
+        return self.norms_per_layer * self.norm_param_count
+
     def layer_count(self, group: LayerGroup) -> int:
         """Parameters in one decoder layer of ``group``."""
-        return group.linear_count + self.layer_norm_count
+        return group.linear_count + self.group_norm_count(group)
 
     @cached_property
     def parameter_count(self) -> int:
@@ -464,7 +527,7 @@ class ModelSpec:
             + self.position_embedding_count
             + self.token_type_count
             + sum(g.count * g.linear_count for g in self.layer_groups)
-            + self.num_layers * self.layer_norm_count
+            + sum(g.count * self.group_norm_count(g) for g in self.layer_groups)
             + self.norm_param_count  # final norm (BERT: the embeddings' LayerNorm, the same size)
             + self.lm_head_count
             + self.classifier_count
@@ -478,7 +541,7 @@ class ModelSpec:
             "position_embedding": self.position_embedding_count,
             "token_type_embedding": self.token_type_count,
             "layers_linear": sum(g.count * g.linear_count for g in self.layer_groups),
-            "layers_norm": self.num_layers * self.layer_norm_count,
+            "layers_norm": sum(g.count * self.group_norm_count(g) for g in self.layer_groups),
             "final_norm": self.norm_param_count,
             "lm_head": self.lm_head_count,
             "classifier": self.classifier_count,

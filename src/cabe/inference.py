@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cabe import gpus as gpu_catalog
-from cabe import ssm
+from cabe import linear_attention, ssm
 from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers)
 from cabe.architecture import Linear, ModelSpec
 from cabe.errors import InvalidValueError
@@ -309,7 +309,8 @@ def serving(
         blocks = sum(
             g.count * math.ceil(attended(g, length) / block_size) for g in spec.layer_groups if g.mixer == "attention"
         )
-        return block_size * per_layer * blocks + state
+        # linear-attention layers keep a fixed state per sequence (cabe.linear_attention), no blocks
+        return block_size * per_layer * blocks + state + linear_attention.state_bytes(spec)
 
     out: dict[str, Any] = {
         "gpu": card.name,

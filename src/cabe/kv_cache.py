@@ -9,6 +9,7 @@ serving engine with a sliding-window-aware cache (vLLM's hybrid allocator, HF's
 
 from __future__ import annotations
 
+from cabe import linear_attention
 from cabe.architecture import LayerGroup, ModelSpec
 from cabe.errors import InvalidValueError
 
@@ -53,8 +54,14 @@ def latent_token_elements(spec: ModelSpec) -> int:
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "fp16") -> float:
-    """Every attention layer's K and V for one token (while the context is within every window)."""
+    """Every attention layer's K and V for one token (while the context is within every window); Mamba-2 and
+    linear-attention layers cache no tokens (:mod:`cabe.ssm`, :func:`cabe.linear_attention.state_bytes`)."""
     return spec.attention_layers * per_layer_token_bytes(spec, kv_dtype)
+
+
+def cached_layers(spec: ModelSpec) -> int:
+    """Layers that keep a KV cache: every layer but the Mamba-2 and linear-attention ones."""
+    return spec.attention_layers
 
 
 def kv_cache_bytes(
@@ -77,14 +84,18 @@ def kv_cache_bytes(
         for g in spec.layer_groups
         if g.mixer == "attention"  # a Mamba-2 layer keeps a fixed state instead (cabe.ssm)
     )
-    return round(batch * per * tokens)
+    # linear-attention layers keep a fixed state per sequence instead (cabe.linear_attention)
+    return round(batch * per * tokens) + batch * linear_attention.state_bytes(spec)
 
 
 def attended(group: LayerGroup, context: int) -> int:
     """Tokens one layer of ``group`` keeps of a ``context``-token sequence: all of them, or the window. Chunked
     layers (Llama 4) keep at most their chunk: transformers caches them in a ``DynamicSlidingWindowLayer`` of
     ``attention_chunk_size`` (cache_utils.py 5.24, ``LAYER_TYPE_CACHE_MAPPING``: "sliding and chunked are the same
-    in how they should behave, only the mask differs"); a token attends at most its chunk."""
+    in how they should behave, only the mask differs"); a token attends at most its chunk. A linear-attention layer
+    (gated DeltaNet) keeps no token: its fixed state is counted per sequence (cabe.linear_attention)."""
+    if group.mixer != "attention":
+        return 0
     if group.attention in ("sliding", "chunked") and group.window:
         return min(context, group.window)
     return context
@@ -93,7 +104,7 @@ def attended(group: LayerGroup, context: int) -> int:
 def breakdown(spec: ModelSpec, context: int, batch: int, kv_dtype: str) -> dict[str, object]:
     per = per_layer_token_bytes(spec, kv_dtype)
     sliding = spec.sliding_layers if spec.sliding_window else 0
-    return {
+    out: dict[str, object] = {
         "bytes_per_token_per_layer": per,
         "bytes_per_token": per * spec.attention_layers,
         "full_layers": spec.attention_layers - sliding,
@@ -102,6 +113,9 @@ def breakdown(spec: ModelSpec, context: int, batch: int, kv_dtype: str) -> dict[
         "formula": _formula(spec, kv_dtype),
         "total_bytes": kv_cache_bytes(spec, context, batch, kv_dtype),
     }
+    if spec.gated_deltanet is not None:  # Mamba-2 layers' states: cabe.ssm, a component of their own
+        out.update(linear_attention.state_breakdown(spec, batch))
+    return out
 
 
 def _formula(spec: ModelSpec, kv_dtype: str) -> str:

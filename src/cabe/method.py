@@ -439,6 +439,8 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
         trainable,
         "norm",
     )
+    if run.mixer != "attention":  # a linear-attention layer: no q / k norms (its gated norm is a mixer parameter)
+        return
     if spec.qk_norm == "head":
         add("qk_norm", spec.head_dim, 2 * count, trainable, "norm")
     elif spec.qk_norm == "full":

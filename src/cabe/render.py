@@ -58,6 +58,7 @@ REPORT_NOTES = (
     "vision_tower_weights_only",
     "lora_targets_moved_to_experts",
     "lora_target_unmatched",
+    "gated_deltanet_kernels_modelled",
     "loss_assumed_hf",
     "loss_modelled",
     "seq_beyond_max_positions",

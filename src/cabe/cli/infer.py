@@ -67,6 +67,17 @@ def format_infer(out: dict, lang: str, units: str) -> str:
     kv = out["kv"]
     lines.append("")
     lines.append(t("infer.kv_per_token", lang, formula=kv["formula"], bytes=round(kv["bytes_per_token"])))
+    if kv.get("linear_attention_layers"):  # gated DeltaNet layers: a fixed state per sequence (cabe.linear_attention)
+        lines.append(
+            t(
+                "infer.linear_state",
+                lang,
+                layers=kv["linear_attention_layers"],
+                conv=b(kv["conv_state_bytes_per_sequence"]),
+                recurrent=b(kv["recurrent_state_bytes_per_sequence"]),
+                total=b(kv["linear_state_bytes"]),
+            )
+        )
     if kv["sliding_layers"]:
         lines.append(
             t(

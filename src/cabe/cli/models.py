@@ -36,8 +36,9 @@ def gather(args: argparse.Namespace) -> list[dict[str, Any]]:
 def kinds(spec: Any) -> dict[str, str]:
     """The attention and MLP kinds of a spec, as codes: ``mha`` / ``gqa`` / ``mqa`` (kv heads against query
     heads), ``+sliding<window>`` when some layers slide, ``+chunked<chunk>`` when some attend within chunks,
-    ``+nope`` when some apply no rotary, ``+sinks`` with learned attention sinks, ``+mamba2x<n>`` when n layers
-    mix with a Mamba-2 SSM instead of attention; the MLP's kinds over its runs
+    ``+nope`` when some apply no rotary, ``+sinks`` with learned attention sinks, ``+gated`` with an output gate,
+    ``+mamba2x<n>`` / ``+gated_deltanetx<n>`` for ``n`` layers that mix with a Mamba-2 SSM or a gated DeltaNet
+    instead of attention; the MLP's kinds over its runs
     (``gated``, ``plain``, ``moe<E>x<k>`` with the experts' gate when it is not SwiGLU, ``(every-expert)`` when
     every token goes through every expert)."""
     nkv, nh = spec.num_kv_heads, spec.num_heads
@@ -54,6 +55,12 @@ def kinds(spec: Any) -> dict[str, str]:
         attn += f"+mamba2x{mamba}"
     if spec.attention_sinks:
         attn += "+sinks"
+    if spec.attention_output_gate:
+        attn += "+gated"
+    linear = sum(g.count for g in spec.layer_groups if g.mixer != "attention")
+    if linear:  # linear-attention layers among the attention ones: ``+gated_deltanet36`` (their kind and count)
+        attn += "".join(f"+{m}" for m in dict.fromkeys(g.mixer for g in spec.layer_groups if g.mixer != "attention"))
+        attn += str(linear)
     mlps: dict[str, None] = {}
     for run in spec.runs:
         if run.mlp == "moe":

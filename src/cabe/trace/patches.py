@@ -9,7 +9,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from cabe.trace import _native, state
+from cabe.trace import _native, linear_attention, state
 from cabe.trace.build import has_documents, needs_bitsandbytes, needs_peft
 from cabe.training import TrainingSetup
 
@@ -240,6 +240,8 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
             from cabe.trace import ssm
 
             ssm.install(p)  # mamba-ssm's fused Mamba-2 kernel, as a GPU with the package runs it
+            # gated DeltaNet layers: flash-linear-attention's and causal-conv1d's allocations, not the PyTorch fallback
+            linear_attention.patch(p)
         if kind == "meta":
             _cuda_dropout(p)
         # transformers reads position_ids to detect packed sequences (a data-dependent branch);
