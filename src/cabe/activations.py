@@ -76,6 +76,16 @@ class LayerActivations:
     # the largest transient of one adapted module's forward: PEFT's cast of its input to the adapters' dtype and
     # the dropped copy (see _Layer.note_lora_input); under checkpointing it comes back in the layer's recompute
     lora_forward_transient_per_token: int = 0
+    # DeepSeek-V3.2's lightning indexer (no_grad): its largest transient while it scores (see
+    # _Layer._indexer_transient), and the bytes per token the layer saves after it ran (not yet alive then)
+    indexer_transient_per_token: int = 0
+    indexer_after_per_token: int = 0
+
+    @property
+    def indexer_moment_per_token(self) -> int:
+        """What the indexer adds on top of every saved tensor of the layer it runs in: its transient less what the
+        layer saves only after it (a moment inside the layer's forward, or inside a checkpointed recompute)."""
+        return max(0, self.indexer_transient_per_token - self.indexer_after_per_token)
 
     @property
     def constant_bytes(self) -> int:
@@ -184,7 +194,16 @@ def layer_activations(
         layer.input_alias,
         layer.backward_constant,
         layer.lora_forward_transient,
+        layer.indexer_transient,
+        sum(t.bytes_per_token for t in layer.terms[layer.indexer_from :] if t.name not in _BEFORE_INDEXER)
+        if layer.indexer_transient
+        else 0,
     )
+
+
+#: saved terms of a DeepSeek-V3.2 layer counted after the indexer's point but made before it ran: expand_kv's value
+#: (kv_b_proj's output, or flash's padded copy of it) exists when ``DeepseekV32Attention.forward`` calls the indexer
+_BEFORE_INDEXER = frozenset(("attn.kv_b_output", "attn.value", "attn.value_cast", "attn.value_padded"))
 
 
 class _Layer:
@@ -246,6 +265,8 @@ class _Layer:
         self.copy_before_shared = 0
         # a saved term that is the layer's input storage itself (see LayerActivations.input_alias_per_token)
         self.input_alias = 0  # the gated MLP's product is saved as it is (not a cast of it) by down_proj
+        self.indexer_transient = 0  # per token: DeepSeek-V3.2's indexer (see _indexer_transient)
+        self.indexer_from = 0  # the first term saved after the indexer ran
 
     def add(self, name: str, nbytes: int, formula: str) -> None:
         if nbytes:
@@ -507,6 +528,13 @@ class _Layer:
         qk, kvb, vo = nh * la.qk_head_dim, nh * (la.nope_dim + la.v_head_dim), nh * la.v_head_dim
         self.add("attn.query", a_attn * qk, f"{a_attn}·nh·(d_nope + d_rope)")
         self.add("attn.key", a_attn * qk, f"{a_attn}·nh·(d_nope + d_rope)")
+        if la.index_heads:
+            self._indexer_transient()
+        if la.index_heads and self.attn != "eager":
+            # DeepseekV32Attention.forward folds the indexer's top-k into a boolean mask for SDPA; PyTorch's CUDA
+            # branch turns it into an additive one of the query's dtype (convert_boolean_attn_mask), which the
+            # memory-efficient kernel saves, padded to a multiple of 8 (see _efficient_attention_core)
+            self.add("attn.mask_bias", a_attn * (-(-s // 8) * 8), f"{a_attn}·s")
         if self.setup_attention == "flash":
             # flash_attention_2 (integrations/flash_attention.py, 5.24) pads v to the q / k head dim and crops the
             # kernel's output, which reshape then copies for o_proj (counted by _o_proj_input)
@@ -535,6 +563,44 @@ class _Layer:
             self.add("attn.output_for_o_proj", a_attn * vo, f"{a_attn}·nh·d_v")  # the cropped output, copied
         self._o_proj_input()
         self.lora_mid([self.o_name])
+
+    def _indexer_transient(self) -> None:
+        """DeepSeek-V3.2's lightning indexer (transformers 5.24 models/deepseek_v32/modeling_deepseek_v32.py,
+        ``DeepseekV32Indexer.forward``, under ``torch.no_grad``: nothing saved) scores every query against every key
+        with ``torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1))``: q is (b, s, H_I, D_I), k
+        (b, 1, D_I, s). ``at::matmul`` broadcasts the batch dimensions with ``expand(...).reshape(...)``
+        (``_matmul_impl``, aten/src/ATen/native/LinearAlgebra.cpp), which copies k once per query: a (b·s, D_I, s)
+        tensor, beside the (b·s, H_I, s) scores ``bmm`` writes. The matmul runs in fp32 (the ``.float()`` casts) or,
+        under autocast, in 16 bits (matmul is on autocast's lower-precision list: it casts both again). Per token,
+        at that moment: the rotated q and k (the compute dtype), their ``.float()`` copies (none when already fp32),
+        autocast's 16-bit casts, the broadcast copy of k and the scores; then the scaled scores beside the scores.
+        Traced on fake CUDA
+        (tests/trace/test_deepseek_trace.py): a 2 × 512-token tiny V3.2 shows the 128 MiB clone at the forward peak.
+        """
+        la = self.spec.latent_attention
+        assert la is not None
+        a, s, hi, di = self.a, self.s, la.index_heads, la.index_head_dim
+        mm = 2 if self.autocast else 4  # the dtype the scoring matmul runs in
+        # the rotated q and k, torch.cat'd (locals until the end): rotary multiplies by cos and sin in the residual's
+        # dtype, so an fp32 residual promotes them to fp32
+        qd = max(a, self.rho)
+        qk = qd * (hi * di + di)
+        casts = (4 * (hi * di + di) if qd != 4 else 0) + (mm * (hi * di + di) if mm != 4 else 0)
+        # with one sequence the expanded k reshapes to a view (a size-1 dimension merges with the stride-0 one):
+        # bmm reads it as it is, nothing is copied (as in _math_attention_core)
+        broadcast = mm * di * s if self.batch > 1 else 0
+        # the matmul's moment (its operands' casts, the broadcast k, the scores), or the next one: the scores
+        # times softmax_scale beside the scores (then relu's output beside those: the same two)
+        self.indexer_transient = qk + max(casts + broadcast + mm * hi * s, 2 * mm * hi * s)
+        # the attention's query is still the torch.cat of the rotated halves there (promoted to the residual's
+        # dtype): autocast casts it to 16 bits for SDPA only after the indexer, and SDPA saves that cast (which is
+        # then counted after the indexer)
+        qm = self.nh * la.qk_head_dim
+        self.indexer_from = len(self.terms)
+        if qd > self.a_attn:
+            self.indexer_transient += qd * qm
+            self.indexer_from -= 2  # attn.query, attn.key: made before the indexer, but the query's cast after it
+            self.indexer_transient += self.terms[-1].bytes_per_token  # the key (no cast) exists already
 
     def _core(self) -> None:
         """The attention kernel's saved tensors (:func:`_attention_core`) with this layer's shapes and flags."""

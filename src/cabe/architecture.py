@@ -24,8 +24,9 @@ from typing import Any
 #: output; ``router`` and ``experts`` are a mixture-of-experts' bare parameters; ``shared_up``,
 #: ``shared_down`` and ``shared_gate`` are a shared expert beside the routed ones (Qwen2-MoE: a SwiGLU MLP
 #: every token goes through, scaled by a sigmoid of one linear output); ``sinks`` is gpt-oss's learned per-head
-#: attention-sink logit (a bare ``nn.Parameter`` of num_heads, counted as a 1 -> num_heads matrix).
-SLOTS = ("qkv", "o", "up", "down", "router", "experts", "shared_up", "shared_down", "shared_gate", "sinks")
+#: attention-sink logit (a bare ``nn.Parameter`` of num_heads, counted as a 1 -> num_heads matrix); ``indexer`` is
+#: DeepSeek-V3.2's lightning indexer (``wq_b``, ``wk``, ``weights_proj``), which runs under ``torch.no_grad``.
+SLOTS = ("qkv", "o", "up", "down", "router", "experts", "shared_up", "shared_down", "shared_gate", "sinks", "indexer")
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,12 @@ class LatentAttention:
     rope_dim: int
     nope_dim: int
     v_head_dim: int
+    #: DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2, transformers 5.24
+    #: models/deepseek_v32/modeling_deepseek_v32.py ``DeepseekV32Indexer``): its query heads, head width and the
+    #: tokens it keeps per query; 0 heads when the attention has no indexer
+    index_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
 
     @property
     def qk_head_dim(self) -> int:
@@ -128,14 +135,17 @@ class LatentAttention:
 
     @property
     def norm_count(self) -> int:
-        """Parameters of the latent norms in one layer: q_a_layernorm (when q is low-rank) and kv_a_layernorm."""
-        return self.q_lora_rank + self.kv_lora_rank
+        """Parameters of the latent norms in one layer: q_a_layernorm (when q is low-rank) and kv_a_layernorm;
+        with an indexer, its ``k_norm`` (an ``nn.LayerNorm(index_head_dim)``: weight and bias)."""
+        return self.q_lora_rank + self.kv_lora_rank + 2 * self.index_head_dim
 
     @property
     def cache_width(self) -> int:
         """Elements cached per token per layer: the normalised latent and the rotary key (transformers 5.24
-        ``DeepseekV3Attention.forward`` calls ``cache.update(kv_nope, k_rot, ...)`` before ``expand_kv``)."""
-        return self.kv_lora_rank + self.rope_dim
+        ``DeepseekV3Attention.forward`` calls ``cache.update(kv_nope, k_rot, ...)`` before ``expand_kv``), and
+        with an indexer its key (``cache.update_indexer(k)``: ``DynamicIndexedLayer.indexer_keys``, (b, s,
+        index_head_dim), cache_utils.py 5.24)."""
+        return self.kv_lora_rank + self.rope_dim + self.index_head_dim
 
 
 @dataclass(frozen=True)

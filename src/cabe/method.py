@@ -418,6 +418,8 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
     if spec.latent_attention:  # multi-head latent attention's q_a_layernorm and kv_a_layernorm
         add("q_a_layernorm", spec.latent_attention.q_lora_rank, count, trainable, "norm")
         add("kv_a_layernorm", spec.latent_attention.kv_lora_rank, count, trainable, "norm")
+        if spec.latent_attention.index_heads:  # DeepSeek-V3.2's indexer.k_norm, an nn.LayerNorm: weight and bias
+            add("indexer.k_norm", spec.latent_attention.index_head_dim, 2 * count, trainable, "norm")
 
 
 def linear_path(spec: ModelSpec, lin: Linear, suffix: str = "") -> str:

@@ -163,3 +163,7 @@ LLAMA4_MEDIUM = dict(
     use_qk_norm=False,
     vocab_size=4096,
 )
+
+DEEPSEEK_V32 = json.loads(
+    (Path(__file__).resolve().parents[1] / "configs/files/deepseek_v32_tiny_config.json").read_text()
+)

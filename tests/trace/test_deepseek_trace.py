@@ -33,3 +33,28 @@ def test_deepseek_v3_estimate_within_3_percent_of_trace(kw):
     assert traced.parameters - (traced.trainable_parameters if setup.method == "lora" else 0) == spec.parameter_count
     estimated = estimate_model(spec, setup).total_bytes
     assert abs(estimated - traced.peak_bytes) / traced.peak_bytes <= 0.03, (estimated, traced.peak_bytes)
+
+
+# DeepSeek-V3.2: the indexer's transient (broadcast key and fp32 scores at batch > 1, the scores only at batch 1), the
+# SDPA mask saved in every layer, fp32 weights under autocast (the rotated q promoted to fp32), checkpointing (the
+# indexer again in the recompute)
+SAMPLE_V32 = [
+    dict(precision="bf16", batch=2, seq=512, attention="sdpa"),
+    dict(precision="bf16", batch=1, seq=1024, attention="sdpa"),
+    dict(precision="bf16-amp", batch=2, seq=512, attention="sdpa"),
+    dict(dtype="fp32", autocast="bf16", batch=4, seq=1024, attention="sdpa", checkpointing=True),
+    dict(precision="bf16", batch=4, seq=256, attention="eager"),
+    dict(method="qlora", precision="bf16-amp", batch=2, seq=1024),
+]
+
+
+@pytest.mark.parametrize("kw", SAMPLE_V32, ids=[str(i) for i in range(len(SAMPLE_V32))])
+def test_deepseek_v32_estimate_within_3_percent_of_trace(kw):
+    from cabe.trace import trace_step
+    from configs import DEEPSEEK_V32
+
+    spec = families.from_config(DEEPSEEK_V32)
+    setup = TrainingSetup(**kw)
+    traced = trace_step(dict(DEEPSEEK_V32), setup)
+    estimated = estimate_model(spec, setup).total_bytes
+    assert abs(estimated - traced.peak_bytes) / traced.peak_bytes <= 0.03, (estimated, traced.peak_bytes)
