@@ -59,7 +59,7 @@ def test_indexer_transient_and_mask_by_hand():
     hi, di, s = 4, 64, 512
     qk = 2 * (hi * di + di) + 4 * (hi * di + di)  # rotated q and k (bf16) and their .float() copies
     assert la.indexer_transient_per_token == qk + 4 * di * s + 4 * hi * s == 141_184
-    assert dict((t.name, t.bytes_per_token) for t in la.terms)["attn.mask_bias"] == 2 * 512
+    assert {t.name: t.bytes_per_token for t in la.terms}["attn.mask_bias"] == 2 * 512
     # with one sequence the broadcast key is a view: the scores and the scaled scores only
     one = TrainingSetup(precision="bf16", batch=1, seq=512, attention="sdpa")
     la1 = layer_activations(spec, one, dtypes_for(one), base_trainable=True, adapters=False, group=spec.runs[0])
