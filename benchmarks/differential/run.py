@@ -35,7 +35,7 @@ from typing import Any
 from cabe.analytic import estimate_model
 from cabe.errors import CabeError
 from cabe.method import head_module_names
-from cabe.models import preset
+from cabe.models import ModelSource, from_mapping, preset
 from cabe.optimizer import REGISTRY
 from cabe.training import TrainingSetup
 
@@ -90,6 +90,25 @@ BIG_MODELS = [
     "llama-4-scout-17b-16e",
     "llama-4-maverick-17b-128e",
 ]
+#: models of the benchmark's own, no preset: a preset's config at its real widths with fewer layers, for families
+#: whose presets take minutes per trace (DeepSeek-V3's 61 layers: 15-365 s each on fake tensors). Drawn only with
+#: ``--models`` (their own sample: the unfiltered draws of every earlier seed stay the same).
+DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
+    # DeepSeek-V3 / V3.2-Exp at their widths (hidden 7168, 128 heads, MLA ranks 1536 / 512, 256 experts top-8 in 4
+    # of 8 groups, a shared expert), 1 dense layer then 3 MoE layers
+    "deepseek-v3-4l": ("deepseek-v3", {"num_hidden_layers": 4, "first_k_dense_replace": 1}),
+    "deepseek-v3.2-exp-4l": ("deepseek-v3.2-exp", {"num_hidden_layers": 4, "first_k_dense_replace": 1}),
+}
+
+
+def source(model: str) -> ModelSource:
+    """A preset, or one of :data:`DERIVED` built from its preset's config."""
+    if model in DERIVED:
+        base, changes = DERIVED[model]
+        return from_mapping({**preset(base).config, **changes}, model)
+    return preset(model)
+
+
 METHODS = [("full", 3), ("lora", 3), ("qlora", 2), ("freeze", 1), ("prompt-tuning", 1)]
 PRECISIONS = ["fp32", "bf16-amp", "fp16-amp", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
 SEQS = [128, 256, 512, 1024, 2048, 4096]
@@ -110,7 +129,7 @@ def sample(rng: random.Random, *, small: bool = False, models: list[str] | None 
         model = rng.choice(MID_MODELS)
     else:
         model = rng.choice(BIG_MODELS)
-    spec = preset(model).spec
+    spec = source(model).spec
     method = _weighted(rng, METHODS)
     kw: dict[str, Any] = {"method": method}
     if rng.random() < 0.25:  # a shorthand, as users type it
@@ -224,7 +243,7 @@ def draw(
         if (knobs and not any(kw.get(k) for k in knobs)) or (models and model not in models):
             continue
         try:
-            estimate_model(preset(model).spec, TrainingSetup(**kw))
+            estimate_model(source(model).spec, TrainingSetup(**kw))
         except CabeError:
             continue  # a setup cabe refuses with a typed error: not a configuration, draw again
         out.append((model, kw))
@@ -251,7 +270,7 @@ def invariants(model: str, kw: dict[str, Any], *, traced: int | None = None) -> 
     checkpointing on never raises memory, a larger batch or a longer sequence never lowers it. A break
     the trace shows too (freeze with checkpointing keeps the frozen layers' inputs) is PyTorch's, not
     cabe's; when ``traced`` (this configuration's trace peak) is given such breaks are checked there."""
-    spec = preset(model).spec
+    spec = source(model).spec
     base = estimate_model(spec, TrainingSetup(**kw)).total_bytes
     broken = []
     for name, (changed, way) in _variants(spec, kw).items():
@@ -260,7 +279,7 @@ def invariants(model: str, kw: dict[str, Any], *, traced: int | None = None) -> 
             if traced is not None:
                 from cabe.trace import trace_step
 
-                t = trace_step(dict(preset(model).config), TrainingSetup(**changed)).peak_bytes
+                t = trace_step(dict(source(model).config), TrainingSetup(**changed)).peak_bytes
                 if (t > traced) if way == "down" else (t < traced):
                     continue  # the trace does the same: PyTorch's behaviour
             broken.append(name)
@@ -303,7 +322,7 @@ def _one(config: tuple[str, dict[str, Any]]) -> dict[str, Any]:
     from cabe.trace import trace_step
 
     model, kw = config
-    src = preset(model)
+    src = source(model)
     setup = TrainingSetup(**kw)
     est = estimate_model(src.spec, setup)
     t0 = time.perf_counter()
@@ -385,7 +404,7 @@ def rescore(seed: int) -> list[dict[str, Any]]:
             rows += run([(r["model"], kw)], quiet=True)
             continue
         try:
-            est = estimate_model(preset(r["model"]).spec, TrainingSetup(**kw))
+            est = estimate_model(source(r["model"]).spec, TrainingSetup(**kw))
         except CabeError as e:  # refused by today's code (as the real trainer refuses it): no longer scored
             rows.append({**r, "estimate_bytes": None, "relative_error": None, "refused_now": e.code})
             continue

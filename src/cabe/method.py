@@ -375,8 +375,19 @@ def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, traina
 
 
 def _wrapped_adapters(add: Any, spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, count: int) -> None:
-    """The LoRA matrices of the bare parameters PEFT wraps (:func:`lora_parameter_targets`)."""
-    for lin, mult in lora_parameter_targets(spec, setup.lora_targets, run):
+    """The LoRA matrices of the bare parameters PEFT wraps (:func:`lora_parameter_targets`). PEFT refuses to wrap
+    them with a LoRA dropout ("lora.ParamWrapper does not work with lora_dropout != 0", peft/tuners/lora/layer.py
+    0.21.2, ``ParamWrapper.__init__`` and ``update_layer``: dropout cannot be factored out of lora_B(lora_A(x)) when
+    x is not the layer's input): so does cabe."""
+    wrapped = lora_parameter_targets(spec, setup.lora_targets, run)
+    if wrapped and setup.lora_dropout > 0:
+        raise InvalidValueError(
+            "lora_dropout_wrapped",
+            "lora_dropout",
+            value=setup.lora_dropout,
+            targets=", ".join(lin.name for lin, _ in wrapped),
+        )
+    for lin, mult in wrapped:
         na, nb = wrapped_adapter_sizes(lin, setup.lora_rank, mult)
         rank = setup.lora_rank * mult * lin.copies
         add(lin.name + ".lora_A", na, count, True, "adapter", rank, lin.in_features, lin.role)

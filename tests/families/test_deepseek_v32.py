@@ -64,3 +64,17 @@ def test_indexer_transient_and_mask_by_hand():
     one = TrainingSetup(precision="bf16", batch=1, seq=512, attention="sdpa")
     la1 = layer_activations(spec, one, dtypes_for(one), base_trainable=True, adapters=False, group=spec.runs[0])
     assert la1.indexer_transient_per_token == 2 * (hi * di + di) + max(4 * (hi * di + di) + 4 * hi * s, 8 * hi * s)
+
+
+def test_lora_dropout_on_wrapped_parameters_is_refused_as_peft_refuses_it():
+    from cabe.analytic import estimate_model
+    from cabe.errors import InvalidValueError
+
+    spec = families.from_config(TINY)
+    # PEFT's default (all-linear) moves onto the fused experts and the router: ParamWrapper raises
+    # "lora.ParamWrapper does not work with lora_dropout != 0" (peft/tuners/lora/layer.py 0.21.2)
+    with pytest.raises(InvalidValueError) as e:
+        estimate_model(spec, TrainingSetup(method="lora", lora_dropout=0.05))
+    assert e.value.code == "lora_dropout_wrapped"
+    # attention projections only are plain nn.Linear modules: dropout is fine
+    estimate_model(spec, TrainingSetup(method="lora", lora_dropout=0.05, lora_targets=("q_b_proj", "o_proj")))
