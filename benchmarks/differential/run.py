@@ -210,6 +210,8 @@ def _head_targets(model: str, spec: Any, kw: dict[str, Any]) -> None:
     if head and not kw.get("dora") and kw.get("loss", "hf") == "hf":
         choices += [(head[0],), (embedding, head[0])]
     targets = kw.get("lora_targets") or spec.peft_default_targets
+    if "all-linear" in targets:  # a family whose PEFT default is all-linear: PEFT reads it only alone
+        return
     kw["lora_targets"] = tuple(targets) + hrng.choice(choices)
 
 

@@ -841,10 +841,19 @@ def _layer_run(
     c = _weight_copies(spec, setup, dtypes_for(setup), r.group)
     trained = setup.method in ("full", "freeze")
     per_role: dict[str, int] = {}
+    largest: dict[bool, int] = {}  # the largest single gradient of the MLP block (True) and of attention (False)
     for t in layer_tensors(spec, setup, r.group, trained):
         if t.trainable:
             per_role[t.role] = per_role.get(t.role, 0) + round_alloc(t.numel * states.bytes_of[t.kind]) * t.count
+            # a fused expert stack is one 3-D parameter (its count is the experts): one gradient of all of them
+            one = round_alloc(t.numel * (t.count if t.role == "expert" else 1) * states.bytes_of[t.kind])
+            mlp = t.role in ("mlp", "router", "expert")
+            largest[mlp] = max(largest.get(mlp, 0), one)
     grads = sum(per_role.values())
+    # gradient accumulation: AccumulateGrad adds each new gradient into the previous micro-batch's .grad in place
+    # (torch/csrc/autograd/functions/accumulate_grad.h, accumulateGrad: ``variable_grad += new_grad`` when it cannot
+    # steal it), so the new one lives beside it until then
+    accum = setup.grad_accum > 1
     tokens = act.tokens
     return LayerRun(
         count=r.count,
@@ -867,6 +876,8 @@ def _layer_run(
         grads_mlp=sum(b for role, b in per_role.items() if role in ("mlp", "router", "expert")),
         mlp_saved=tokens * r.per_layer.mlp_saved_per_token,
         attention_workspace=tokens * r.per_layer.attention_workspace_per_token,
+        accum_grad_mlp=largest.get(True, 0) if accum else 0,
+        accum_grad_attention=largest.get(False, 0) if accum else 0,
     )
 
 

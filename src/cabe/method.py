@@ -61,6 +61,13 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | 
     names = spec.linear_names
     if not targets:
         targets = spec.peft_default_targets  # PEFT's default for the model type (the family module's)
+    if "all-linear" in targets and len(targets) > 1:
+        # PEFT expands the shorthand only when target_modules is that one string (peft/tuners/tuners_utils.py 0.21.2,
+        # _maybe_include_all_linear_layers): in a list it is a module name nothing matches, and only the other
+        # names get adapters
+        raise InvalidValueError(
+            "all_linear_alone", "lora_targets", value=", ".join(t for t in targets if t != "all-linear")
+        )
     broken = [n for n in spec.lora_breaks if n in targets or "all-linear" in targets]
     if broken:
         raise InvalidValueError("lora_target_breaks", "lora_targets", value=", ".join(broken))
@@ -301,11 +308,12 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
         for run in spec.runs:
             for lin in lora_targets(spec, setup.lora_targets, run):
                 a_path, b_path = linear_path(spec, lin, ".lora_A"), linear_path(spec, lin, ".lora_B")
+                learns = adapter_learns(lin)
                 add(
                     lin.name + ".lora_A",
                     r * lin.in_features,
                     run.count,
-                    True,
+                    learns,
                     "adapter",
                     r,
                     lin.in_features,
@@ -315,7 +323,7 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
                     lin.name + ".lora_B",
                     lin.out_features * r,
                     run.count,
-                    True,
+                    learns,
                     "adapter",
                     lin.out_features,
                     r,
@@ -323,7 +331,7 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
                 )
                 if setup.dora:  # DoRA's magnitude ‖W + sBA‖ per output row (peft tuners/lora/dora.py:127,
                     # an adapter layer name, variants.py:143): the adapters' dtype, trained
-                    add(lin.name + ".lora_magnitude_vector", lin.out_features, run.count, True, "adapter")
+                    add(lin.name + ".lora_magnitude_vector", lin.out_features, run.count, learns, "adapter")
             _wrapped_adapters(add, spec, setup, run, run.count)
 
         for ht in checked_head_targets(spec, setup):
@@ -340,6 +348,14 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
             spec.hidden_size,
         )
     return tensors
+
+
+def adapter_learns(lin: Linear) -> bool:
+    """Whether LoRA adapters on ``lin`` ever get a gradient. DeepSeek-V3.2's indexer runs under ``torch.no_grad``
+    (transformers 5.24 ``DeepseekV32Indexer.forward``): PEFT wraps its wq_b, wk and weights_proj (all-linear, or by
+    name) and marks the adapters trainable, but their ``.grad`` stays None, so no gradient is made and the
+    optimizers, which skip parameters without one, never make their state. cabe holds them as frozen adapters."""
+    return lin.slot != "indexer"
 
 
 def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, trainable: bool) -> list[Tensor]:
@@ -366,10 +382,11 @@ def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, traina
         r = setup.lora_rank
         for lin in lora_targets(spec, setup.lora_targets, run):
             a_path, b_path = linear_path(spec, lin, ".lora_A"), linear_path(spec, lin, ".lora_B")
-            add(lin.name + ".lora_A", r * lin.in_features, 1, True, "adapter", r, lin.in_features, lin.role, a_path)
-            add(lin.name + ".lora_B", lin.out_features * r, 1, True, "adapter", lin.out_features, r, lin.role, b_path)
+            learns = adapter_learns(lin)
+            add(lin.name + ".lora_A", r * lin.in_features, 1, learns, "adapter", r, lin.in_features, lin.role, a_path)
+            add(lin.name + ".lora_B", lin.out_features * r, 1, learns, "adapter", lin.out_features, r, lin.role, b_path)
             if setup.dora:
-                add(lin.name + ".lora_magnitude_vector", lin.out_features, 1, True, "adapter", role=lin.role)
+                add(lin.name + ".lora_magnitude_vector", lin.out_features, 1, learns, "adapter", role=lin.role)
         _wrapped_adapters(add, spec, setup, run, 1)
     return tensors
 
@@ -380,6 +397,8 @@ def _wrapped_adapters(add: Any, spec: ModelSpec, setup: TrainingSetup, run: Laye
     0.21.2, ``ParamWrapper.__init__`` and ``update_layer``: dropout cannot be factored out of lora_B(lora_A(x)) when
     x is not the layer's input): so does cabe."""
     wrapped = lora_parameter_targets(spec, setup.lora_targets, run)
+    if wrapped and setup.dora:  # "lora.ParamWrapper does not work with use_dora=True." (the same __init__)
+        raise InvalidValueError("dora_wrapped", "dora", targets=", ".join(lin.name for lin, _ in wrapped))
     if wrapped and setup.lora_dropout > 0:
         raise InvalidValueError(
             "lora_dropout_wrapped",

@@ -41,6 +41,10 @@ class LayerRun:
     mlp_saved: int = 0  # of ``saved`` (or ``recompute``): what the MLP block saved, freed before attention's backward
     attention_workspace: int = 0  # transient extra while attention's backward runs
     recompute_transient: int = 0  # checkpointing: a transient of the layer's recomputed forward (PEFT's casts)
+    # gradient accumulation: the largest new gradient of the MLP block / of attention, made beside the .grad the
+    # previous micro-batch left (AccumulateGrad adds it in place, then frees it: a MoE's expert stack is GBs)
+    accum_grad_mlp: int = 0
+    accum_grad_attention: int = 0
 
 
 @dataclass(frozen=True)
@@ -265,7 +269,7 @@ def _layer_moments(
             # gradients are set to None at each step (Trainer: zero_grad(set_to_none=True)).
             # Then attention's backward: the MLP's saved tensors are gone (autograd releases a node's saved
             # tensors once it has run: torch/csrc/autograd/engine.cpp), the MLP's gradients stay.
-            moments_of_layer = [("", before + r.grads_mlp, acts + r.workspace)]
+            moments_of_layer = [("", before + r.grads_mlp, acts + max(r.workspace, r.accum_grad_mlp))]
             if r.recompute_transient:
                 # the recomputed forward's end, before this layer's first gradient: all it saves is back, and
                 # its last adapted module's transient (cabe.activations _Layer.note_lora_input)
@@ -275,7 +279,7 @@ def _layer_moments(
                 (
                     ".attention",
                     before + r.grads,
-                    acts - r.mlp_saved + r.attention_workspace,
+                    acts - r.mlp_saved + max(r.attention_workspace, r.accum_grad_attention),
                 ),
             ):
                 out.append(
