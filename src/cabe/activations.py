@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cabe.architecture import LayerGroup, Linear, ModelSpec
-from cabe.method import head_targets, lora_parameter_targets, lora_targets
+from cabe.method import head_targets, lora_parameter_targets, lora_targets, wrapped_adapter_sizes
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -724,11 +724,21 @@ class _Layer:
         stack, and it requires grad: ``grouped_mm`` saves it (and, see :func:`_moe`, its input) for backward,
         where the gradient of W' — the stack's size again — exists before ``baddbmm``'s backward reduces it to
         the factors' gradients. Traced on a tiny DeepSeek-V3 (tests/trace/test_deepseek_trace.py)."""
+        # in backward the stacks come in reverse order: down_proj's W' gradient first, while every W' is saved;
+        # then gate_up's, once down_proj's grouped_mm has run and released its W' and down_proj's factors have
+        # their gradients (autograd frees a node's saved tensors after it ran, torch/csrc/autograd/engine.cpp). The
+        # layer's MLP moment counts every factor's gradient already (grads_mlp): the W' moments come before them
+        stacks = [(lin, m) for lin, m in self.wrapped.values() if lin.slot == "experts"]
+        factors = [round_alloc(self.ad * sum(wrapped_adapter_sizes(lin, self.r, m))) for lin, m in stacks]
+        released = made = 0
+        for (lin, _), grads in zip(reversed(stacks), reversed(factors), strict=True):
+            w = round_alloc(a_experts * lin.in_features * lin.out_features * lin.copies)
+            self.backward_constant = max(self.backward_constant, w - released + made - sum(factors))
+            released, made = released + w, made + grads
         for lin, mult in self.wrapped.values():
             n = lin.in_features * lin.out_features * lin.copies
             if lin.slot == "experts":
                 self.constant += round_alloc(a_experts * n)  # W', saved by grouped_mm
-                self.backward_constant = max(self.backward_constant, round_alloc(a_experts * n))  # its gradient
                 if self.ad != a_experts:  # lhs / rhs cast to W's dtype, saved by baddbmm
                     r = self.r * mult * lin.copies
                     self.constant += round_alloc(a_experts * r * lin.in_features)
