@@ -36,10 +36,23 @@ class Tensor:
     # the nn.Linear module's path in the layer as transformers names it (``self_attn.q_proj``), or "" when the
     # tensor is not an nn.Linear weight (Conv1D, bare MoE parameters, norms): what GaLore's targets match
     path: str = ""
+    #: a fused MoE expert stack (transformers 5's 3-D ``gate_up_proj`` / ``down_proj``): this many of the ``count``
+    #: tensors of ``numel`` are one parameter, which is what an optimizer's step sees (its temporaries)
+    stack: int = 1
 
     @property
     def total(self) -> int:
         return self.numel * self.count
+
+    @property
+    def param_numel(self) -> int:
+        """Elements of one parameter as PyTorch holds it (a whole expert stack)."""
+        return self.numel * self.stack
+
+    @property
+    def params(self) -> int:
+        """How many parameters as PyTorch holds them."""
+        return self.count // self.stack
 
 
 @dataclass(frozen=True)
@@ -255,16 +268,17 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
         cols: int = 0,
         role: str = "",
         path: str = "",
+        stack: int = 1,
     ) -> None:
         if not (numel and count):
             return
-        key = (name, numel, trainable, kind, rows, cols, role, path)
+        key = (name, numel, trainable, kind, rows, cols, role, path, stack)
         if key in index:  # the same tensor in another run of the same kind of layer (dense, MoE, dense ...)
             t = tensors[index[key]]
             tensors[index[key]] = replace(t, count=t.count + count)
             return
         index[key] = len(tensors)
-        tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role, path))
+        tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role, path, stack))
 
     if method == "freeze":
         parts = spec.top_split(min(setup.trainable_layers, layers))
@@ -373,9 +387,10 @@ def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, traina
         cols: int = 0,
         role: str = "",
         path: str = "",
+        stack: int = 1,
     ) -> None:
         if numel and count:
-            tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role, path))
+            tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role, path, stack))
 
     _layer_tensors(add, spec, run, 1, trainable and setup.method in ("full", "freeze"), setup.method == "qlora")
     if setup.adapters:
@@ -430,9 +445,18 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
                 cols,
                 role=lin.role,
                 path=linear_path(spec, lin),
+                stack=lin.copies,
             )
         if lin.bias:
-            add(lin.name + ".bias", lin.out_features, count * lin.copies, trainable, "base", role=lin.role)
+            add(
+                lin.name + ".bias",
+                lin.out_features,
+                count * lin.copies,
+                trainable,
+                "base",
+                role=lin.role,
+                stack=lin.copies,
+            )
     add(
         "norm",
         spec.norm_param_count // (2 if spec.norm_bias else 1),

@@ -203,9 +203,10 @@ def galore_step_temporaries(o: Optimizer, t: Tensor, b: int, rank: int, targeted
     the projected update and ``project_back`` with its ``* self.scale`` (galore_projector.py:51-67, two
     full-size tensors)."""
     g = 4 if o.step_upcasts else b  # the gradient as the step computes with it
-    upcast = 2 * round_alloc(t.numel * 4) if o.step_upcasts and b != 4 else 0
+    # a fused expert stack is one parameter: the step's copies are of all of it (Tensor.param_numel)
+    upcast = 2 * round_alloc(t.param_numel * 4) if o.step_upcasts and b != 4 else 0
     if not targeted:
-        return 0 if o.clones_weight else upcast + 2 * round_alloc(t.numel * g)
+        return 0 if o.clones_weight else upcast + 2 * round_alloc(t.param_numel * g)
     low, r, k = _low_rank(t, rank)
     svd = _svd_temporaries(t, g, r, k) + (round_alloc(t.numel * 4) if o.step_upcasts and b != 4 else 0)
     update = upcast + 3 * round_alloc(low.numel * g) + 2 * round_alloc(t.numel * g)
@@ -625,10 +626,11 @@ def step_temporaries(opt: Optimizer, impl: str, items: list[tuple[Tensor, int]])
     """What ``optimizer.step()`` allocates for the trainable ``(tensor, bytes per element)``: a copy of every
     tensor (``"all"``), two copies of the largest (``"largest"``), one (``"one"``) or nothing."""
     temps = dict(opt.temporaries).get(impl)
+    # per parameter as PyTorch holds it: a fused expert stack is one tensor (Tensor.param_numel)
     if temps == "all":
-        return sum(round_alloc(t.numel * b) * t.count for t, b in items)
+        return sum(round_alloc(t.param_numel * b) * t.params for t, b in items)
     if temps in ("largest", "one"):
-        return (2 if temps == "largest" else 1) * round_alloc(max((t.numel * b for t, b in items), default=0))
+        return (2 if temps == "largest" else 1) * round_alloc(max((t.param_numel * b for t, b in items), default=0))
     return 0
 
 
@@ -648,7 +650,7 @@ def layerwise_figures(tensors: list[Tensor], param_bytes_of: dict[str, int], set
     inside = [(t, b) for t, b in items if t.kind not in ("embedding", "lm_head", "prompt")]
 
     def largest(of: list[tuple[Tensor, int]]) -> tuple[int, int]:
-        grad = max((round_alloc(t.numel * b) for t, b in of), default=0)
+        grad = max((round_alloc(t.param_numel * b) for t, b in of), default=0)
         return grad, low_rank_temporaries(of, opt, setup) if opt.low_rank else 0
 
     (gradient, temporaries), (layer_gradient, layer_temporaries) = largest(items), largest(inside)
