@@ -74,6 +74,8 @@ REQUIRED_PRESETS = {
     "gemma-3-27b-it",
     "llama-4-scout-17b-16e",
     "llama-4-maverick-17b-128e",
+    "deepseek-v3.2-exp",
+    "smollm3-3b",
 }
 
 # Published totals (model cards / papers / the Hub's safetensors metadata) for a spot check that
@@ -115,6 +117,7 @@ PUBLISHED_ROUNDED = {
     # the vision tower included (871,932,416): 108,641,793,536 -> "109B total". Maverick's card says "400B" for
     # 401,583,781,376 (tests/families/test_llama4.py checks it term by term)
     "llama-4-scout-17b-16e": (109, None),
+    "smollm3-3b": (3, None),  # "SmolLM3 is a 3B parameter language model": 3,075,098,624
 }
 
 CABE_KEYS = {

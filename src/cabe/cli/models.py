@@ -50,6 +50,8 @@ def kinds(spec: Any) -> dict[str, str]:
         attn += "+nope"
     if spec.attention_sinks:
         attn += "+sinks"
+    if spec.latent_attention and spec.latent_attention.index_heads:  # DeepSeek-V3.2's lightning indexer, its top-k
+        attn += f"+indexer{spec.latent_attention.index_topk}"
     mlps: dict[str, None] = {}
     for run in spec.runs:
         if run.mlp == "moe":
