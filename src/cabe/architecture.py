@@ -254,6 +254,9 @@ class ModelSpec:
     #: parameters of a vision tower and its projector the checkpoint carries (Gemma 3's SigLIP):
     #: held as frozen weights; their activations are not modelled (0 for a text-only model)
     vision_parameters: int = 0
+    #: of ``vision_parameters``: the weights of the tower's and projector's ``nn.Linear`` layers, which QLoRA's
+    #: bitsandbytes quantizes with the decoder's (every nn.Linear but the LM head); 0 when not known
+    vision_linear_parameters: int = 0
     #: bytes of the model's buffers on the device that are not parameters (transformers' modules, not vLLM's):
     #: GPTBigCode's causal mask ``transformer.bias``, n_positions² bools
     buffer_bytes: int = 0

@@ -310,7 +310,9 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
     add("lm_head", spec.lm_head_count, 1, method == "full", "lm_head", spec.vocab_size, spec.hidden_size)
     # NOTE: a vision tower (Gemma 3's SigLIP + projector) on text-only batches never runs, so it gets no
     # gradient and AdamW no state for it (torch/optim/adamw.py _init_group skips p.grad is None): frozen weights
-    add("vision_tower", spec.vision_parameters, 1, False, "base")
+    quantized_vision = spec.vision_linear_parameters if method == "qlora" else 0
+    add("vision_tower", spec.vision_parameters - quantized_vision, 1, False, "base")
+    add("vision_tower.linear", quantized_vision, 1, False, "quantized")  # QLoRA: bitsandbytes' 4-bit layers
     if spec.classifier_count:  # BertForSequenceClassification: pooler.dense and classifier, with biases
         h, n = spec.hidden_size, spec.num_labels
         add("pooler", h * h, 1, method == "full", "lm_head", h, h)

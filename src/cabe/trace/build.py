@@ -253,10 +253,28 @@ def _from_config(cfg: Any, setup: TrainingSetup, attn: str, dtype: Any, notes: l
     except ValueError as exc:
         msg = str(exc)
         if "Unrecognized configuration class" in msg:
+            published = _published_class(cfg, dtype, attn)
+            if published is not None:
+                return published
             raise ConfigError("not_causal_lm", "model_type", model_type=cfg.model_type) from None
         raise ConfigError("bad_config", None, model_type=cfg.model_type, reason=msg[:300]) from None
     except (TypeError, AttributeError, RuntimeError, KeyError, ImportError) as exc:
         raise ConfigError("bad_config", None, model_type=cfg.model_type, reason=str(exc)[:300]) from None
+
+
+def _published_class(cfg: Any, dtype: Any, attn: str) -> Any:
+    """The config's own ``...ForConditionalGeneration`` class (its ``architectures``), for a vision-language model
+    ``AutoModelForCausalLM`` does not map (Mistral Small 3.x, ``mistral3``: only AutoModelForImageTextToText builds
+    it): the model people load, with its vision tower, fed text alone; None when there is no such class."""
+    import torch
+    import transformers
+
+    arch = (getattr(cfg, "architectures", None) or [""])[0]
+    cls = getattr(transformers, arch, None) if arch.endswith("ForConditionalGeneration") else None
+    if cls is None:
+        return None
+    with torch.device("meta"):
+        return cls._from_config(cfg, dtype=dtype, attn_implementation=attn)
 
 
 def _set_flash_dtype(model: Any, setup: TrainingSetup) -> None:
