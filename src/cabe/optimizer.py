@@ -214,8 +214,8 @@ def galore_step_temporaries(o: Optimizer, t: Tensor, b: int, rank: int, targeted
 
 
 # ---- temporaries of optimizer.step(), by implementation ------------------------------------------
-#: ``impl -> "all"`` (a copy of every trainable tensor at once), ``"largest"`` (two copies of the
-#: largest tensor), ``"one"`` (one copy of the largest) or nothing.
+#: ``impl -> "all"`` (a copy of every trainable tensor at once), ``"largest"`` (two copies of a tensor beside the
+#: previous tensor's one), ``"one"`` (one copy beside the previous tensor's) or nothing (see step_temporaries).
 _ADAMW_TEMPS = {"foreach": "all", "for-loop": "largest"}  # torch._foreach_sqrt / exp_avg_sq.sqrt()
 _ADAFACTOR_TEMPS = {"foreach": "all", "fused": "largest", "for-loop": "largest"}
 # torch/optim/rmsprop.py (2.13): foreach avg = torch._foreach_sqrt(square_avgs), a copy of every state; for-loop
@@ -630,7 +630,16 @@ def step_temporaries(opt: Optimizer, impl: str, items: list[tuple[Tensor, int]])
     if temps == "all":
         return sum(round_alloc(t.param_numel * b) * t.params for t, b in items)
     if temps in ("largest", "one"):
-        return (2 if temps == "largest" else 1) * round_alloc(max((t.param_numel * b for t, b in items), default=0))
+        # a for-loop step keeps the previous parameter's temporary bound to its local name until this parameter's
+        # replaces it (torch/optim/adam.py 2.13 ``_single_tensor_adam``: ``denom = (exp_avg_sq.sqrt() / ...)
+        # .add_(eps)``, sqrt and quotient beside the old denom; rmsprop.py ``_single_tensor_rmsprop``: ``avg =
+        # square_avg.sqrt()`` beside the old avg): the previous tensor in the layer's order, plus this one's own
+        own = 2 if temps == "largest" else 1
+        best = prev = 0
+        for t, b in items:
+            cur = round_alloc(t.param_numel * b)
+            best, prev = max(best, prev + own * cur), cur
+        return best
     return 0
 
 

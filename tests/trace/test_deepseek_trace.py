@@ -81,5 +81,7 @@ def test_deepseek_v4_lora_on_its_grouped_output_projection_is_refused_with_the_r
     with pytest.raises(ConfigError) as e:
         trace_step(dict(cfg), TrainingSetup(method="lora", precision="bf16", batch=1, seq=128))
     assert e.value.code == "lora_target_not_linear" and "o_a_proj" in str(e.value.params)
-    traced = trace_step(dict(cfg), TrainingSetup(method="lora", precision="bf16", batch=1, seq=128, lora_targets=("o_b_proj",)))
+    traced = trace_step(
+        dict(cfg), TrainingSetup(method="lora", precision="bf16", batch=1, seq=128, lora_targets=("o_b_proj",))
+    )
     assert traced.peak_bytes > 0
