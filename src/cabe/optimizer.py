@@ -647,7 +647,22 @@ def low_rank_temporaries(items: list[tuple[Tensor, int]], opt: Optimizer, setup:
     """GaLore's step (a for-loop, one parameter at a time): the most one parameter's step holds
     (:func:`galore_step_temporaries`)."""
     targets, rank = setup.galore_targets, setup.galore_rank
-    return max((galore_step_temporaries(opt, t, b, rank, galore_targeted(t, targets)) for t, b in items), default=0)
+    if opt.step_upcasts or opt.clones_weight:  # GaLore's Adafactor and 8-bit AdamW
+        return max((galore_step_temporaries(opt, t, b, rank, galore_targeted(t, targets)) for t, b in items), default=0)
+    # GaLore AdamW (galore_torch/adamw.py:115-123): ``denom`` and ``norm_grad`` stay bound from one parameter to the
+    # next, so each step runs beside the previous parameter's: both until this one's sqrt replaces denom, then its
+    # norm_grad (full-size after ``project_back``). The Trainer's groups step the untargeted parameters first, then
+    # the targeted ones (trainer_optimizer.py, ``param_groups``)
+    ordered = [(t, b, False) for t, b in items if not galore_targeted(t, targets)]
+    ordered += [(t, b, True) for t, b in items if galore_targeted(t, targets)]
+    best = prev_denom = prev_norm = 0
+    for t, b, targeted in ordered:
+        full = round_alloc(t.param_numel * b)
+        denom = round_alloc(_low_rank(t, rank)[0].numel * b) if targeted else full
+        own = galore_step_temporaries(opt, t, b, rank, targeted)
+        best = max(best, prev_denom + prev_norm + denom, prev_norm + own)
+        prev_denom, prev_norm = denom, full
+    return best
 
 
 def layerwise_figures(tensors: list[Tensor], param_bytes_of: dict[str, int], setup: TrainingSetup) -> LayerwiseStep:
@@ -660,7 +675,9 @@ def layerwise_figures(tensors: list[Tensor], param_bytes_of: dict[str, int], set
 
     def largest(of: list[tuple[Tensor, int]]) -> tuple[int, int]:
         grad = max((round_alloc(t.param_numel * b) for t, b in of), default=0)
-        return grad, low_rank_temporaries(of, opt, setup) if opt.low_rank else 0
+        # one optimizer per parameter: nothing of one step outlives it (no loop-carried temporaries)
+        temps = max((low_rank_temporaries([item], opt, setup) for item in of), default=0) if opt.low_rank else 0
+        return grad, temps
 
     (gradient, temporaries), (layer_gradient, layer_temporaries) = largest(items), largest(inside)
     return LayerwiseStep(gradient, temporaries, layer_gradient, layer_temporaries)
