@@ -78,6 +78,10 @@ REQUIRED_PRESETS = {
     "granite-4.0-h-tiny",
     "granite-4.0-h-1b",
     "granite-4.0-h-350m",
+    "deepseek-v3.2-exp",
+    "smollm3-3b",
+    "mistral-small-3.1-24b",
+    "mistral-small-3.2-24b",
 }
 
 # Published totals (model cards / papers / the Hub's safetensors metadata) for a spot check that
@@ -125,6 +129,9 @@ PUBLISHED_ROUNDED = {
     "granite-4.0-h-tiny": (7, None),
     "granite-4.0-h-1b": (1.5, None),
     "granite-4.0-h-350m": (0.34, None),
+    "smollm3-3b": (3, None),  # "SmolLM3 is a 3B parameter language model": 3,075,098,624
+    "mistral-small-3.1-24b": (24, None),  # 24,011,361,280 with the Pixtral tower and projector
+    "mistral-small-3.2-24b": (24, None),
 }
 
 CABE_KEYS = {
@@ -186,9 +193,10 @@ def test_config_shape(path: Path):
     archs = cfg.get("architectures")
     assert isinstance(archs, list) and len(archs) == 1
     # causal LMs, and encoders planned with the head their fine-tuning uses (BERT: sequence classification)
-    # (and multimodal Gemma 3 and Llama 4 as published: Gemma3ForConditionalGeneration, Llama4ForConditionalGeneration)
+    # (and multimodal Gemma 3, Llama 4 and Mistral Small 3.x as published: Gemma3ForConditionalGeneration,
+    # Llama4ForConditionalGeneration, Mistral3ForConditionalGeneration)
     causal = ("ForCausalLM", "LMHeadModel", "ForSequenceClassification")
-    multimodal = cfg["model_type"] in ("gemma3", "llama4")
+    multimodal = cfg["model_type"] in ("gemma3", "llama4", "mistral3")
     assert archs[0].endswith(causal + (("ForConditionalGeneration",) if multimodal else ())), archs
     # Every integer size that exists is positive.
     for key in (

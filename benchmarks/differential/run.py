@@ -35,7 +35,7 @@ from typing import Any
 from cabe.analytic import estimate_model
 from cabe.errors import CabeError
 from cabe.method import head_module_names
-from cabe.models import from_file, preset
+from cabe.models import ModelSource, from_file, from_mapping, preset
 from cabe.optimizer import REGISTRY
 from cabe.training import TrainingSetup
 
@@ -97,14 +97,28 @@ BIG_MODELS = [
 #: earlier seed keeps every draw but the few this one replaces (the traces take 5-60 s: their fused Mamba-2 kernel
 #: runs as cabe.trace.ssm's stand-in)
 HYBRID_MODELS = ["granite-4.0-h-350m", "granite-4.0-h-1b", "granite-4.0-h-tiny", "granite-4.0-h-small"]
+#: models of the benchmark's own, no preset: a preset's config at its real widths with fewer layers, for families
+#: whose presets take minutes per trace (DeepSeek-V3's 61 layers: 15-365 s each on fake tensors). Drawn only with
+#: ``--models`` (their own sample: the unfiltered draws of every earlier seed stay the same).
+DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
+    # DeepSeek-V3 / V3.2-Exp at their widths (hidden 7168, 128 heads, MLA ranks 1536 / 512, 256 experts top-8 in 4
+    # of 8 groups, a shared expert), 1 dense layer then 3 MoE layers
+    "deepseek-v3-4l": ("deepseek-v3", {"num_hidden_layers": 4, "first_k_dense_replace": 1}),
+    "deepseek-v3.2-exp-4l": ("deepseek-v3.2-exp", {"num_hidden_layers": 4, "first_k_dense_replace": 1}),
+}
+
+
 METHODS = [("full", 3), ("lora", 3), ("qlora", 2), ("freeze", 1), ("prompt-tuning", 1)]
 PRECISIONS = ["fp32", "bf16-amp", "fp16-amp", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
 SEQS = [128, 256, 512, 1024, 2048, 4096]
 
 
-def source(model: str) -> Any:
-    """A preset by name, or a ``config.json`` file (``--models tests/configs/files/qwen3_next_tiny_config.json``: a
+def source(model: str) -> ModelSource:
+    """A preset by name, one of :data:`DERIVED`, or a ``config.json`` file (``--models tests/configs/files/qwen3_next_tiny_config.json``: a
     family's tiny config, whose traces take seconds where its preset's take minutes on two shared cores)."""
+    if model in DERIVED:  # one of DERIVED: its preset's config with fewer layers
+        base, changes = DERIVED[model]
+        return from_mapping({**preset(base).config, **changes}, model)
     return from_file(model) if model.endswith(".json") else preset(model)
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from cabe import linear_attention, ssm
 from cabe.architecture import LayerGroup, Linear, ModelSpec
-from cabe.method import head_targets, lora_parameter_targets, lora_targets
+from cabe.method import head_targets, lora_parameter_targets, lora_targets, wrapped_adapter_sizes
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -83,6 +83,16 @@ class LayerActivations:
     # MLP block's
     stray_grad_bytes: int = 0
     stray_grad_mlp_bytes: int = 0
+    # DeepSeek-V3.2's lightning indexer (no_grad): its largest transient while it scores (see
+    # _Layer._indexer_transient), and the bytes per token the layer saves after it ran (not yet alive then)
+    indexer_transient_per_token: int = 0
+    indexer_after_per_token: int = 0
+
+    @property
+    def indexer_moment_per_token(self) -> int:
+        """What the indexer adds on top of every saved tensor of the layer it runs in: its transient less what the
+        layer saves only after it (a moment inside the layer's forward, or inside a checkpointed recompute)."""
+        return max(0, self.indexer_transient_per_token - self.indexer_after_per_token)
 
     @property
     def constant_bytes(self) -> int:
@@ -201,7 +211,16 @@ def layer_activations(
         layer.lora_forward_transient,
         layer.stray_grads,
         layer.stray_grads_mlp,
+        layer.indexer_transient,
+        sum(t.bytes_per_token for t in layer.terms[layer.indexer_from :] if t.name not in _BEFORE_INDEXER)
+        if layer.indexer_transient
+        else 0,
     )
+
+
+#: saved terms of a DeepSeek-V3.2 layer counted after the indexer's point but made before it ran: expand_kv's value
+#: (kv_b_proj's output, or flash's padded copy of it) exists when ``DeepseekV32Attention.forward`` calls the indexer
+_BEFORE_INDEXER = frozenset(("attn.kv_b_output", "attn.value", "attn.value_cast", "attn.value_padded"))
 
 
 class _Layer:
@@ -266,6 +285,8 @@ class _Layer:
         self.input_alias = 0  # the gated MLP's product is saved as it is (not a cast of it) by down_proj
         # a linear-attention mixer's kernel transients per token, forward and backward (cabe.linear_attention)
         self.mixer_forward = self.mixer_backward = 0
+        self.indexer_transient = 0  # per token: DeepSeek-V3.2's indexer (see _indexer_transient)
+        self.indexer_from = 0  # the first term saved after the indexer ran
 
     def add(self, name: str, nbytes: int, formula: str) -> None:
         if nbytes:
@@ -551,6 +572,13 @@ class _Layer:
         qk, kvb, vo = nh * la.qk_head_dim, nh * (la.nope_dim + la.v_head_dim), nh * la.v_head_dim
         self.add("attn.query", a_attn * qk, f"{a_attn}·nh·(d_nope + d_rope)")
         self.add("attn.key", a_attn * qk, f"{a_attn}·nh·(d_nope + d_rope)")
+        if la.index_heads:
+            self._indexer_transient()
+        if la.index_heads and self.attn != "eager":
+            # DeepseekV32Attention.forward folds the indexer's top-k into a boolean mask for SDPA; PyTorch's CUDA
+            # branch turns it into an additive one of the query's dtype (convert_boolean_attn_mask), which the
+            # memory-efficient kernel saves, padded to a multiple of 8 (see _efficient_attention_core)
+            self.add("attn.mask_bias", a_attn * (-(-s // 8) * 8), f"{a_attn}·s")
         if self.setup_attention == "flash":
             # flash_attention_2 (integrations/flash_attention.py, 5.24) pads v to the q / k head dim and crops the
             # kernel's output, which reshape then copies for o_proj (counted by _o_proj_input)
@@ -579,6 +607,44 @@ class _Layer:
             self.add("attn.output_for_o_proj", a_attn * vo, f"{a_attn}·nh·d_v")  # the cropped output, copied
         self._o_proj_input()
         self.lora_mid([self.o_name])
+
+    def _indexer_transient(self) -> None:
+        """DeepSeek-V3.2's lightning indexer (transformers 5.24 models/deepseek_v32/modeling_deepseek_v32.py,
+        ``DeepseekV32Indexer.forward``, under ``torch.no_grad``: nothing saved) scores every query against every key
+        with ``torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1))``: q is (b, s, H_I, D_I), k
+        (b, 1, D_I, s). ``at::matmul`` broadcasts the batch dimensions with ``expand(...).reshape(...)``
+        (``_matmul_impl``, aten/src/ATen/native/LinearAlgebra.cpp), which copies k once per query: a (b·s, D_I, s)
+        tensor, beside the (b·s, H_I, s) scores ``bmm`` writes. The matmul runs in fp32 (the ``.float()`` casts) or,
+        under autocast, in 16 bits (matmul is on autocast's lower-precision list: it casts both again). Per token,
+        at that moment: the rotated q and k (the compute dtype), their ``.float()`` copies (none when already fp32),
+        autocast's 16-bit casts, the broadcast copy of k and the scores; then the scaled scores beside the scores.
+        Traced on fake CUDA
+        (tests/trace/test_deepseek_trace.py): a 2 × 512-token tiny V3.2 shows the 128 MiB clone at the forward peak.
+        """
+        la = self.spec.latent_attention
+        assert la is not None
+        a, s, hi, di = self.a, self.s, la.index_heads, la.index_head_dim
+        mm = 2 if self.autocast else 4  # the dtype the scoring matmul runs in
+        # the rotated q and k, torch.cat'd (locals until the end): rotary multiplies by cos and sin in the residual's
+        # dtype, so an fp32 residual promotes them to fp32
+        qd = max(a, self.rho)
+        qk = qd * (hi * di + di)
+        casts = (4 * (hi * di + di) if qd != 4 else 0) + (mm * (hi * di + di) if mm != 4 else 0)
+        # with one sequence the expanded k reshapes to a view (a size-1 dimension merges with the stride-0 one):
+        # bmm reads it as it is, nothing is copied (as in _math_attention_core)
+        broadcast = mm * di * s if self.batch > 1 else 0
+        # the matmul's moment (its operands' casts, the broadcast k, the scores), or the next one: the scores
+        # times softmax_scale beside the scores (then relu's output beside those: the same two)
+        self.indexer_transient = qk + max(casts + broadcast + mm * hi * s, 2 * mm * hi * s)
+        # the attention's query is still the torch.cat of the rotated halves there (promoted to the residual's
+        # dtype): autocast casts it to 16 bits for SDPA only after the indexer, and SDPA saves that cast (which is
+        # then counted after the indexer)
+        qm = self.nh * la.qk_head_dim
+        self.indexer_from = len(self.terms)
+        if qd > self.a_attn:
+            self.indexer_transient += qd * qm
+            self.indexer_from -= 2  # attn.query, attn.key: made before the indexer, but the query's cast after it
+            self.indexer_transient += self.terms[-1].bytes_per_token  # the key (no cast) exists already
 
     def _core(self) -> None:
         """The attention kernel's saved tensors (:func:`_attention_core`) with this layer's shapes and flags."""
@@ -713,11 +779,21 @@ class _Layer:
         stack, and it requires grad: ``grouped_mm`` saves it (and, see :func:`_moe`, its input) for backward,
         where the gradient of W' — the stack's size again — exists before ``baddbmm``'s backward reduces it to
         the factors' gradients. Traced on a tiny DeepSeek-V3 (tests/trace/test_deepseek_trace.py)."""
+        # in backward the stacks come in reverse order: down_proj's W' gradient first, while every W' is saved;
+        # then gate_up's, once down_proj's grouped_mm has run and released its W' and down_proj's factors have
+        # their gradients (autograd frees a node's saved tensors after it ran, torch/csrc/autograd/engine.cpp). The
+        # layer's MLP moment counts every factor's gradient already (grads_mlp): the W' moments come before them
+        stacks = [(lin, m) for lin, m in self.wrapped.values() if lin.slot == "experts"]
+        factors = [round_alloc(self.ad * sum(wrapped_adapter_sizes(lin, self.r, m))) for lin, m in stacks]
+        released = made = 0
+        for (lin, _), grads in zip(reversed(stacks), reversed(factors), strict=True):
+            w = round_alloc(a_experts * lin.in_features * lin.out_features * lin.copies)
+            self.backward_constant = max(self.backward_constant, w - released + made - sum(factors))
+            released, made = released + w, made + grads
         for lin, mult in self.wrapped.values():
             n = lin.in_features * lin.out_features * lin.copies
             if lin.slot == "experts":
                 self.constant += round_alloc(a_experts * n)  # W', saved by grouped_mm
-                self.backward_constant = max(self.backward_constant, round_alloc(a_experts * n))  # its gradient
                 if self.ad != a_experts:  # lhs / rhs cast to W's dtype, saved by baddbmm
                     r = self.r * mult * lin.copies
                     self.constant += round_alloc(a_experts * r * lin.in_features)

@@ -795,13 +795,15 @@ def _step_parts(
         frozen_copies=_frozen_copies(spec, setup, dt, act) if ckpt else 0,
         saved_layer=act.saved_layer_bytes,
         recompute_layer=act.mean(lambda r: r.recompute_bytes) if ckpt else 0,
-        recompute_transient_layer=act.mean(lambda r: tokens * r.per_layer.lora_forward_transient_per_token)
+        recompute_transient_layer=act.mean(lambda r: tokens * _recompute_transient_per_token(r.per_layer))
         if ckpt
         else 0,
         workspace_layer=act.mean(
             lambda r: tokens * r.per_layer.mlp_workspace_per_token + r.per_layer.mlp_workspace_constant
         ),
-        forward_transient=max(r.per_layer.dora_norm_bytes for r in act.runs),
+        forward_transient=max(
+            max(r.per_layer.dora_norm_bytes, tokens * r.per_layer.indexer_moment_per_token) for r in act.runs
+        ),
         rotary=act.rotary if grad_layers else 0,
         head_saved=tokens * head.saved_logsoftmax,
         final_norm_saved=tokens * head.final_norm,
@@ -881,10 +883,19 @@ def _layer_run(
     c = _weight_copies(spec, setup, dtypes_for(setup), r.group)
     trained = setup.method in ("full", "freeze")
     per_role: dict[str, int] = {}
+    largest: dict[bool, int] = {}  # the largest single gradient of the MLP block (True) and of attention (False)
     for t in layer_tensors(spec, setup, r.group, trained):
         if t.trainable:
             per_role[t.role] = per_role.get(t.role, 0) + round_alloc(t.numel * states.bytes_of[t.kind]) * t.count
+            # a fused expert stack is one 3-D parameter (its count is the experts): one gradient of all of them
+            one = round_alloc(t.numel * (t.count if t.role == "expert" else 1) * states.bytes_of[t.kind])
+            mlp = t.role in ("mlp", "router", "expert")
+            largest[mlp] = max(largest.get(mlp, 0), one)
     grads = sum(per_role.values())
+    # gradient accumulation: AccumulateGrad adds each new gradient into the previous micro-batch's .grad in place
+    # (torch/csrc/autograd/functions/accumulate_grad.h, accumulateGrad: ``variable_grad += new_grad`` when it cannot
+    # steal it), so the new one lives beside it until then
+    accum = setup.grad_accum > 1
     tokens = act.tokens
     return LayerRun(
         count=r.count,
@@ -901,7 +912,7 @@ def _layer_run(
         ),
         copies_recompute=c.layer if ckpt else 0,
         copies_cached=c.cached if ckpt else 0,
-        recompute_transient=act.tokens * r.per_layer.lora_forward_transient_per_token if ckpt else 0,
+        recompute_transient=act.tokens * _recompute_transient_per_token(r.per_layer) if ckpt else 0,
         cached_count=r.count if ckpt and c.trained_layers else 0,
         # the MLP block's gradients: its linears' (router and experts included), not the norms'
         grads_mlp=sum(b for role, b in per_role.items() if role in ("mlp", "router", "expert")),
@@ -909,7 +920,16 @@ def _layer_run(
         attention_workspace=tokens * r.per_layer.attention_workspace_per_token,
         stray_grads=r.per_layer.stray_grad_bytes,
         stray_grads_mlp=r.per_layer.stray_grad_mlp_bytes,
+        accum_grad_mlp=largest.get(True, 0) if accum else 0,
+        accum_grad_attention=largest.get(False, 0) if accum else 0,
     )
+
+
+def _recompute_transient_per_token(per_layer: LayerActivations) -> int:
+    """A checkpointed layer's largest transient while it is recomputed: PEFT's casts of an adapted module's input
+    (at the end of the recompute, all the layer saves is back) or DeepSeek-V3.2's indexer (inside it: less what the
+    layer saves after it)."""
+    return max(per_layer.lora_forward_transient_per_token, per_layer.indexer_moment_per_token)
 
 
 def _temporaries_key(setup: TrainingSetup) -> str:

@@ -40,9 +40,12 @@ SLOTS = (
     "sinks",
     "ssm",
     "mixer",
+    "indexer",
 )
 #: ``mixer``: the bare parameters of a linear-attention token mixer (a gated DeltaNet's depthwise conv1d weight,
 #: ``dt_bias``, ``A_log`` and its gated norm's weight), none of them an ``nn.Linear``
+#: ``indexer`` is DeepSeek-V3.2's lightning indexer (``wq_b``, ``wk``, ``weights_proj``), which runs under
+#: ``torch.no_grad``.
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,12 @@ class LatentAttention:
     rope_dim: int
     nope_dim: int
     v_head_dim: int
+    #: DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2, transformers 5.24
+    #: models/deepseek_v32/modeling_deepseek_v32.py ``DeepseekV32Indexer``): its query heads, head width and the
+    #: tokens it keeps per query; 0 heads when the attention has no indexer
+    index_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
 
     @property
     def qk_head_dim(self) -> int:
@@ -151,14 +160,17 @@ class LatentAttention:
 
     @property
     def norm_count(self) -> int:
-        """Parameters of the latent norms in one layer: q_a_layernorm (when q is low-rank) and kv_a_layernorm."""
-        return self.q_lora_rank + self.kv_lora_rank
+        """Parameters of the latent norms in one layer: q_a_layernorm (when q is low-rank) and kv_a_layernorm;
+        with an indexer, its ``k_norm`` (an ``nn.LayerNorm(index_head_dim)``: weight and bias)."""
+        return self.q_lora_rank + self.kv_lora_rank + 2 * self.index_head_dim
 
     @property
     def cache_width(self) -> int:
         """Elements cached per token per layer: the normalised latent and the rotary key (transformers 5.24
-        ``DeepseekV3Attention.forward`` calls ``cache.update(kv_nope, k_rot, ...)`` before ``expand_kv``)."""
-        return self.kv_lora_rank + self.rope_dim
+        ``DeepseekV3Attention.forward`` calls ``cache.update(kv_nope, k_rot, ...)`` before ``expand_kv``), and
+        with an indexer its key (``cache.update_indexer(k)``: ``DynamicIndexedLayer.indexer_keys``, (b, s,
+        index_head_dim), cache_utils.py 5.24)."""
+        return self.kv_lora_rank + self.rope_dim + self.index_head_dim
 
 
 @dataclass(frozen=True)
@@ -355,6 +367,9 @@ class ModelSpec:
     #: parameters of a vision tower and its projector the checkpoint carries (Gemma 3's SigLIP):
     #: held as frozen weights; their activations are not modelled (0 for a text-only model)
     vision_parameters: int = 0
+    #: of ``vision_parameters``: the weights of the tower's and projector's ``nn.Linear`` layers, which QLoRA's
+    #: bitsandbytes quantizes with the decoder's (every nn.Linear but the LM head); 0 when not known
+    vision_linear_parameters: int = 0
     #: bytes of the model's buffers on the device that are not parameters (transformers' modules, not vLLM's):
     #: GPTBigCode's causal mask ``transformer.bias``, n_positions² bools
     buffer_bytes: int = 0

@@ -246,9 +246,10 @@ def _kv_step(spec: ModelSpec, kv: int, kv_dtype: str, context: int, batch: int) 
     if la:  # multi-head latent attention caches the latent and the rotary key (cabe.kv_cache.latent_token_elements)
         return {
             "key": "infer.kv",
+            # DeepSeek-V3.2: + the indexer's key (index_head_dim), folded into d
             "formula": "{layers} × ({r} + {d}) × {b} B × {tokens} tokens × {batch}",
             "bytes": kv,
-            "params": {**params, "r": la.kv_lora_rank, "d": la.rope_dim},
+            "params": {**params, "r": la.kv_lora_rank, "d": la.rope_dim + la.index_head_dim},
         }
     return {
         "key": "infer.kv",

@@ -48,7 +48,9 @@ def latent_token_elements(spec: ModelSpec) -> int:
     and ``k_pe``: ``MLAAttention`` sets ``head_size = kv_lora_rank + qk_rope_head_dim`` and ``num_kv_heads = 1``
     (vllm/model_executor/layers/attention/mla_attention.py, vllm-project/vllm@0014ca6). DeepSeek-V3: 512 + 64 =
     576 per token and layer, against 2 × 128 heads × 192 = 49,152 for the expanded k and v. (vLLM's
-    ``fp8_ds_mla`` format, 656 B per token and layer with its scales and a bf16 rotary key, is not modelled.)"""
+    ``fp8_ds_mla`` format, 656 B per token and layer with its scales and a bf16 rotary key, is not modelled.)
+    DeepSeek-V3.2 adds its indexer's key, ``index_head_dim`` per token and layer (``DynamicIndexedLayer``):
+    576 + 128 = 704, cached in the same dtype here (vLLM's fp8 indexer cache adds per-block scales, not modelled)."""
     la = spec.latent_attention
     return la.cache_width if la else 2 * spec.num_kv_heads * spec.head_dim
 
@@ -122,5 +124,6 @@ def _formula(spec: ModelSpec, kv_dtype: str) -> str:
     b = kv_dtype_bytes(kv_dtype)
     if spec.latent_attention:
         la = spec.latent_attention
-        return f"{spec.attention_layers} × ({la.kv_lora_rank} + {la.rope_dim}) × {b} B"
+        index = f" + {la.index_head_dim}" if la.index_head_dim else ""  # DeepSeek-V3.2: the indexer's key
+        return f"{spec.attention_layers} × ({la.kv_lora_rank} + {la.rope_dim}{index}) × {b} B"
     return f"2 × {spec.attention_layers} × {spec.num_kv_heads} × {spec.head_dim} × {b} B"

@@ -36,10 +36,23 @@ class Tensor:
     # the nn.Linear module's path in the layer as transformers names it (``self_attn.q_proj``), or "" when the
     # tensor is not an nn.Linear weight (Conv1D, bare MoE parameters, norms): what GaLore's targets match
     path: str = ""
+    #: a fused MoE expert stack (transformers 5's 3-D ``gate_up_proj`` / ``down_proj``): this many of the ``count``
+    #: tensors of ``numel`` are one parameter, which is what an optimizer's step sees (its temporaries)
+    stack: int = 1
 
     @property
     def total(self) -> int:
         return self.numel * self.count
+
+    @property
+    def param_numel(self) -> int:
+        """Elements of one parameter as PyTorch holds it (a whole expert stack)."""
+        return self.numel * self.stack
+
+    @property
+    def params(self) -> int:
+        """How many parameters as PyTorch holds them."""
+        return self.count // self.stack
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,10 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | 
     names = spec.linear_names
     if not targets:
         targets = spec.peft_default_targets  # PEFT's default for the model type (the family module's)
+    # ``all-linear`` beside other names (``all-linear,lm_head``) means every linear layer and those: PEFT reads the
+    # shorthand only as the whole target_modules string (peft/tuners/tuners_utils.py 0.21.2,
+    # _maybe_include_all_linear_layers), so the trace expands it with that function before adding the others
+    # (cabe.trace.build._all_linear_and)
     broken = [n for n in spec.lora_breaks if n in targets or "all-linear" in targets]
     if broken:
         raise InvalidValueError("lora_target_breaks", "lora_targets", value=", ".join(broken))
@@ -275,16 +292,17 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
         cols: int = 0,
         role: str = "",
         path: str = "",
+        stack: int = 1,
     ) -> None:
         if not (numel and count):
             return
-        key = (name, numel, trainable, kind, rows, cols, role, path)
+        key = (name, numel, trainable, kind, rows, cols, role, path, stack)
         if key in index:  # the same tensor in another run of the same kind of layer (dense, MoE, dense ...)
             t = tensors[index[key]]
             tensors[index[key]] = replace(t, count=t.count + count)
             return
         index[key] = len(tensors)
-        tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role, path))
+        tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role, path, stack))
 
     if method == "freeze":
         parts = spec.top_split(min(setup.trainable_layers, layers))
@@ -316,7 +334,9 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
     add("lm_head", spec.lm_head_count, 1, method == "full", "lm_head", spec.vocab_size, spec.hidden_size)
     # NOTE: a vision tower (Gemma 3's SigLIP + projector) on text-only batches never runs, so it gets no
     # gradient and AdamW no state for it (torch/optim/adamw.py _init_group skips p.grad is None): frozen weights
-    add("vision_tower", spec.vision_parameters, 1, False, "base")
+    quantized_vision = spec.vision_linear_parameters if method == "qlora" else 0
+    add("vision_tower", spec.vision_parameters - quantized_vision, 1, False, "base")
+    add("vision_tower.linear", quantized_vision, 1, False, "quantized")  # QLoRA: bitsandbytes' 4-bit layers
     if spec.classifier_count:  # BertForSequenceClassification: pooler.dense and classifier, with biases
         h, n = spec.hidden_size, spec.num_labels
         add("pooler", h * h, 1, method == "full", "lm_head", h, h)
@@ -328,7 +348,7 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
         for run in spec.runs:
             for lin in lora_targets(spec, setup.lora_targets, run):
                 a_path, b_path = linear_path(spec, lin, ".lora_A"), linear_path(spec, lin, ".lora_B")
-                runs = adapter_runs(run, lin)  # (False: trainable but never given a gradient)
+                runs = adapter_runs(run, lin) and adapter_learns(lin)  # (False: trainable, never given a gradient)
                 add(
                     lin.name + ".lora_A",
                     r * lin.in_features,
@@ -351,7 +371,7 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
                 )
                 if setup.dora:  # DoRA's magnitude ‖W + sBA‖ per output row (peft tuners/lora/dora.py:127,
                     # an adapter layer name, variants.py:143): the adapters' dtype, trained
-                    add(lin.name + ".lora_magnitude_vector", lin.out_features, run.count, True, "adapter")
+                    add(lin.name + ".lora_magnitude_vector", lin.out_features, run.count, runs, "adapter")
             _wrapped_adapters(add, spec, setup, run, run.count)
 
         for ht in checked_head_targets(spec, setup):
@@ -370,6 +390,14 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
     return tensors
 
 
+def adapter_learns(lin: Linear) -> bool:
+    """Whether LoRA adapters on ``lin`` ever get a gradient. DeepSeek-V3.2's indexer runs under ``torch.no_grad``
+    (transformers 5.24 ``DeepseekV32Indexer.forward``): PEFT wraps its wq_b, wk and weights_proj (all-linear, or by
+    name) and marks the adapters trainable, but their ``.grad`` stays None, so no gradient is made and the
+    optimizers, which skip parameters without one, never make their state. cabe holds them as frozen adapters."""
+    return lin.slot != "indexer"
+
+
 def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, trainable: bool) -> list[Tensor]:
     """The tensors of ONE layer of ``run`` as :func:`parameter_tensors` lists them (its base weights
     trainable or not, and its LoRA adapters)."""
@@ -385,27 +413,41 @@ def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, traina
         cols: int = 0,
         role: str = "",
         path: str = "",
+        stack: int = 1,
     ) -> None:
         if numel and count:
-            tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role, path))
+            tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role, path, stack))
 
     _layer_tensors(add, spec, run, 1, trainable and setup.method in ("full", "freeze"), setup.method == "qlora")
     if setup.adapters:
         r = setup.lora_rank
         for lin in lora_targets(spec, setup.lora_targets, run):
             a_path, b_path = linear_path(spec, lin, ".lora_A"), linear_path(spec, lin, ".lora_B")
-            runs = adapter_runs(run, lin)
+            runs = adapter_runs(run, lin) and adapter_learns(lin)
             add(lin.name + ".lora_A", r * lin.in_features, 1, runs, "adapter", r, lin.in_features, lin.role, a_path)
             add(lin.name + ".lora_B", lin.out_features * r, 1, runs, "adapter", lin.out_features, r, lin.role, b_path)
             if setup.dora:
-                add(lin.name + ".lora_magnitude_vector", lin.out_features, 1, True, "adapter", role=lin.role)
+                add(lin.name + ".lora_magnitude_vector", lin.out_features, 1, runs, "adapter", role=lin.role)
         _wrapped_adapters(add, spec, setup, run, 1)
     return tensors
 
 
 def _wrapped_adapters(add: Any, spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, count: int) -> None:
-    """The LoRA matrices of the bare parameters PEFT wraps (:func:`lora_parameter_targets`)."""
-    for lin, mult in lora_parameter_targets(spec, setup.lora_targets, run):
+    """The LoRA matrices of the bare parameters PEFT wraps (:func:`lora_parameter_targets`). PEFT refuses to wrap
+    them with a LoRA dropout ("lora.ParamWrapper does not work with lora_dropout != 0", peft/tuners/lora/layer.py
+    0.21.2, ``ParamWrapper.__init__`` and ``update_layer``: dropout cannot be factored out of lora_B(lora_A(x)) when
+    x is not the layer's input): so does cabe."""
+    wrapped = lora_parameter_targets(spec, setup.lora_targets, run)
+    if wrapped and setup.dora:  # "lora.ParamWrapper does not work with use_dora=True." (the same __init__)
+        raise InvalidValueError("dora_wrapped", "dora", targets=", ".join(lin.name for lin, _ in wrapped))
+    if wrapped and setup.lora_dropout > 0:
+        raise InvalidValueError(
+            "lora_dropout_wrapped",
+            "lora_dropout",
+            value=setup.lora_dropout,
+            targets=", ".join(lin.name for lin, _ in wrapped),
+        )
+    for lin, mult in wrapped:
         na, nb = wrapped_adapter_sizes(lin, setup.lora_rank, mult)
         rank = setup.lora_rank * mult * lin.copies
         add(lin.name + ".lora_A", na, count, True, "adapter", rank, lin.in_features, lin.role)
@@ -429,9 +471,18 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
                 cols,
                 role=lin.role,
                 path=linear_path(spec, lin),
+                stack=lin.copies,
             )
         if lin.bias:
-            add(lin.name + ".bias", lin.out_features, count * lin.copies, trainable, "base", role=lin.role)
+            add(
+                lin.name + ".bias",
+                lin.out_features,
+                count * lin.copies,
+                trainable,
+                "base",
+                role=lin.role,
+                stack=lin.copies,
+            )
     add(
         "norm",
         spec.norm_param_count // (2 if spec.norm_bias else 1),
@@ -449,6 +500,8 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
     if spec.latent_attention:  # multi-head latent attention's q_a_layernorm and kv_a_layernorm
         add("q_a_layernorm", spec.latent_attention.q_lora_rank, count, trainable, "norm")
         add("kv_a_layernorm", spec.latent_attention.kv_lora_rank, count, trainable, "norm")
+        if spec.latent_attention.index_heads:  # DeepSeek-V3.2's indexer.k_norm, an nn.LayerNorm: weight and bias
+            add("indexer.k_norm", spec.latent_attention.index_head_dim, 2 * count, trainable, "norm")
 
 
 def linear_path(spec: ModelSpec, lin: Linear, suffix: str = "") -> str:

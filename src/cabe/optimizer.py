@@ -209,9 +209,10 @@ def galore_step_temporaries(o: Optimizer, t: Tensor, b: int, rank: int, targeted
     the projected update and ``project_back`` with its ``* self.scale`` (galore_projector.py:51-67, two
     full-size tensors)."""
     g = 4 if o.step_upcasts else b  # the gradient as the step computes with it
-    upcast = 2 * round_alloc(t.numel * 4) if o.step_upcasts and b != 4 else 0
+    # a fused expert stack is one parameter: the step's copies are of all of it (Tensor.param_numel)
+    upcast = 2 * round_alloc(t.param_numel * 4) if o.step_upcasts and b != 4 else 0
     if not targeted:
-        return 0 if o.clones_weight else upcast + 2 * round_alloc(t.numel * g)
+        return 0 if o.clones_weight else upcast + 2 * round_alloc(t.param_numel * g)
     low, r, k = _low_rank(t, rank)
     svd = _svd_temporaries(t, g, r, k) + (round_alloc(t.numel * 4) if o.step_upcasts and b != 4 else 0)
     update = upcast + 3 * round_alloc(low.numel * g) + 2 * round_alloc(t.numel * g)
@@ -219,8 +220,8 @@ def galore_step_temporaries(o: Optimizer, t: Tensor, b: int, rank: int, targeted
 
 
 # ---- temporaries of optimizer.step(), by implementation ------------------------------------------
-#: ``impl -> "all"`` (a copy of every trainable tensor at once), ``"largest"`` (two copies of the
-#: largest tensor), ``"one"`` (one copy of the largest) or nothing.
+#: ``impl -> "all"`` (a copy of every trainable tensor at once), ``"largest"`` (two copies of a tensor beside the
+#: previous tensor's one), ``"one"`` (one copy beside the previous tensor's) or nothing (see step_temporaries).
 _ADAMW_TEMPS = {"foreach": "all", "for-loop": "largest"}  # torch._foreach_sqrt / exp_avg_sq.sqrt()
 _ADAFACTOR_TEMPS = {"foreach": "all", "fused": "largest", "for-loop": "largest"}
 # torch/optim/rmsprop.py (2.13): foreach avg = torch._foreach_sqrt(square_avgs), a copy of every state; for-loop
@@ -631,10 +632,20 @@ def step_temporaries(opt: Optimizer, impl: str, items: list[tuple[Tensor, int]])
     """What ``optimizer.step()`` allocates for the trainable ``(tensor, bytes per element)``: a copy of every
     tensor (``"all"``), two copies of the largest (``"largest"``), one (``"one"``) or nothing."""
     temps = dict(opt.temporaries).get(impl)
+    # per parameter as PyTorch holds it: a fused expert stack is one tensor (Tensor.param_numel)
     if temps == "all":
-        return sum(round_alloc(t.numel * b) * t.count for t, b in items)
+        return sum(round_alloc(t.param_numel * b) * t.params for t, b in items)
     if temps in ("largest", "one"):
-        return (2 if temps == "largest" else 1) * round_alloc(max((t.numel * b for t, b in items), default=0))
+        # a for-loop step keeps the previous parameter's temporary bound to its local name until this parameter's
+        # replaces it (torch/optim/adam.py 2.13 ``_single_tensor_adam``: ``denom = (exp_avg_sq.sqrt() / ...)
+        # .add_(eps)``, sqrt and quotient beside the old denom; rmsprop.py ``_single_tensor_rmsprop``: ``avg =
+        # square_avg.sqrt()`` beside the old avg): the previous tensor in the layer's order, plus this one's own
+        own = 2 if temps == "largest" else 1
+        best = prev = 0
+        for t, b in items:
+            cur = round_alloc(t.param_numel * b)
+            best, prev = max(best, prev + own * cur), cur
+        return best
     return 0
 
 
@@ -642,7 +653,22 @@ def low_rank_temporaries(items: list[tuple[Tensor, int]], opt: Optimizer, setup:
     """GaLore's step (a for-loop, one parameter at a time): the most one parameter's step holds
     (:func:`galore_step_temporaries`)."""
     targets, rank = setup.galore_targets, setup.galore_rank
-    return max((galore_step_temporaries(opt, t, b, rank, galore_targeted(t, targets)) for t, b in items), default=0)
+    if opt.step_upcasts or opt.clones_weight:  # GaLore's Adafactor and 8-bit AdamW
+        return max((galore_step_temporaries(opt, t, b, rank, galore_targeted(t, targets)) for t, b in items), default=0)
+    # GaLore AdamW (galore_torch/adamw.py:115-123): ``denom`` and ``norm_grad`` stay bound from one parameter to the
+    # next, so each step runs beside the previous parameter's: both until this one's sqrt replaces denom, then its
+    # norm_grad (full-size after ``project_back``). The Trainer's groups step the untargeted parameters first, then
+    # the targeted ones (trainer_optimizer.py, ``param_groups``)
+    ordered = [(t, b, False) for t, b in items if not galore_targeted(t, targets)]
+    ordered += [(t, b, True) for t, b in items if galore_targeted(t, targets)]
+    best = prev_denom = prev_norm = 0
+    for t, b, targeted in ordered:
+        full = round_alloc(t.param_numel * b)
+        denom = round_alloc(_low_rank(t, rank)[0].numel * b) if targeted else full
+        own = galore_step_temporaries(opt, t, b, rank, targeted)
+        best = max(best, prev_denom + prev_norm + denom, prev_norm + own)
+        prev_denom, prev_norm = denom, full
+    return best
 
 
 def layerwise_figures(tensors: list[Tensor], param_bytes_of: dict[str, int], setup: TrainingSetup) -> LayerwiseStep:
@@ -654,8 +680,10 @@ def layerwise_figures(tensors: list[Tensor], param_bytes_of: dict[str, int], set
     inside = [(t, b) for t, b in items if t.kind not in ("embedding", "lm_head", "prompt")]
 
     def largest(of: list[tuple[Tensor, int]]) -> tuple[int, int]:
-        grad = max((round_alloc(t.numel * b) for t, b in of), default=0)
-        return grad, low_rank_temporaries(of, opt, setup) if opt.low_rank else 0
+        grad = max((round_alloc(t.param_numel * b) for t, b in of), default=0)
+        # one optimizer per parameter: nothing of one step outlives it (no loop-carried temporaries)
+        temps = max((low_rank_temporaries([item], opt, setup) for item in of), default=0) if opt.low_rank else 0
+        return grad, temps
 
     (gradient, temporaries), (layer_gradient, layer_temporaries) = largest(items), largest(inside)
     return LayerwiseStep(gradient, temporaries, layer_gradient, layer_temporaries)

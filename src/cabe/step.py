@@ -45,6 +45,10 @@ class LayerRun:
     # layer's backward makes, alive until the graph is freed after backward; of them, the MLP block's
     stray_grads: int = 0
     stray_grads_mlp: int = 0
+    # gradient accumulation: the largest new gradient of the MLP block / of attention, made beside the .grad the
+    # previous micro-batch left (AccumulateGrad adds it in place, then frees it: a MoE's expert stack is GBs)
+    accum_grad_mlp: int = 0
+    accum_grad_attention: int = 0
 
 
 @dataclass(frozen=True)
@@ -277,7 +281,9 @@ def _layer_moments(
             # Then attention's backward: the MLP's saved tensors are gone (autograd releases a node's saved
             # tensors once it has run: torch/csrc/autograd/engine.cpp), the MLP's gradients stay.
             stray = stray_above + r.stray_grads * from_top
-            moments_of_layer = [("", before + r.grads_mlp, acts + r.workspace, stray + r.stray_grads_mlp)]
+            moments_of_layer = [
+                ("", before + r.grads_mlp, acts + max(r.workspace, r.accum_grad_mlp), stray + r.stray_grads_mlp)
+            ]
             if r.recompute_transient:
                 # the recomputed forward's end, before this layer's first gradient: all it saves is back, and
                 # its last adapted module's transient (cabe.activations _Layer.note_lora_input)
@@ -287,7 +293,7 @@ def _layer_moments(
                 (
                     ".attention",
                     before + r.grads,
-                    acts - r.mlp_saved + r.attention_workspace,
+                    acts - r.mlp_saved + max(r.attention_workspace, r.accum_grad_attention),
                     stray + r.stray_grads,
                 ),
             ):

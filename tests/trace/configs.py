@@ -171,3 +171,7 @@ LLAMA4_MEDIUM = dict(
 GRANITE_HYBRID = json.loads(
     (Path(__file__).resolve().parents[1] / "configs/files/granitemoehybrid_tiny_config.json").read_text()
 )
+
+DEEPSEEK_V32 = json.loads(
+    (Path(__file__).resolve().parents[1] / "configs/files/deepseek_v32_tiny_config.json").read_text()
+)

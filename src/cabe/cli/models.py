@@ -61,6 +61,8 @@ def kinds(spec: Any) -> dict[str, str]:
     if linear:  # linear-attention layers among the attention ones: ``+gated_deltanet36`` (their kind and count)
         attn += "".join(f"+{m}" for m in dict.fromkeys(g.mixer for g in spec.layer_groups if g.mixer != "attention"))
         attn += str(linear)
+    if spec.latent_attention and spec.latent_attention.index_heads:  # DeepSeek-V3.2's lightning indexer, its top-k
+        attn += f"+indexer{spec.latent_attention.index_topk}"
     mlps: dict[str, None] = {}
     for run in spec.runs:
         if run.mlp == "moe":

@@ -272,10 +272,28 @@ def _from_config(cfg: Any, setup: TrainingSetup, attn: str, dtype: Any, notes: l
     except ValueError as exc:
         msg = str(exc)
         if "Unrecognized configuration class" in msg:
+            published = _published_class(cfg, dtype, attn)
+            if published is not None:
+                return published
             raise ConfigError("not_causal_lm", "model_type", model_type=cfg.model_type) from None
         raise ConfigError("bad_config", None, model_type=cfg.model_type, reason=msg[:300]) from None
     except (TypeError, AttributeError, RuntimeError, KeyError, ImportError) as exc:
         raise ConfigError("bad_config", None, model_type=cfg.model_type, reason=str(exc)[:300]) from None
+
+
+def _published_class(cfg: Any, dtype: Any, attn: str) -> Any:
+    """The config's own ``...ForConditionalGeneration`` class (its ``architectures``), for a vision-language model
+    ``AutoModelForCausalLM`` does not map (Mistral Small 3.x, ``mistral3``: only AutoModelForImageTextToText builds
+    it): the model people load, with its vision tower, fed text alone; None when there is no such class."""
+    import torch
+    import transformers
+
+    arch = (getattr(cfg, "architectures", None) or [""])[0]
+    cls = getattr(transformers, arch, None) if arch.endswith("ForConditionalGeneration") else None
+    if cls is None:
+        return None
+    with torch.device("meta"):
+        return cls._from_config(cfg, dtype=dtype, attn_implementation=attn)
 
 
 def _set_flash_dtype(model: Any, setup: TrainingSetup) -> None:
@@ -361,6 +379,8 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
     )
     try:
         return _peft_model(model, lcfg, targets, notes, _default_targets(cfg))
+    except CabeError:
+        raise
     except ValueError as exc:
         raise ConfigError(
             "bad_lora_targets",
@@ -405,6 +425,7 @@ def _peft_model(model: Any, lcfg: Any, targets: Any, notes: list[str], default: 
     from peft import get_peft_model
 
     try:
+        _check_wrappable(model, lcfg.target_modules)
         return get_peft_model(model, lcfg)
     except ValueError as exc:
         if targets is not None or "target_modules" not in str(exc):
@@ -412,11 +433,55 @@ def _peft_model(model: Any, lcfg: Any, targets: Any, notes: list[str], default: 
         if default and default != ("all-linear",):
             notes.append("trace_lora_family_default")
             lcfg.target_modules = list(default)
+            _check_wrappable(model, lcfg.target_modules)
             return get_peft_model(model, lcfg)
         # PEFT knows no default targets for this architecture: adapt every linear layer
         notes.append("trace_lora_all_linear")
         lcfg.target_modules = "all-linear"
+        _check_wrappable(model, lcfg.target_modules)
         return get_peft_model(model, lcfg)
+
+
+def _check_wrappable(model: Any, target_modules: Any) -> None:
+    """Refuse, before the step, an ``nn.Linear`` subclass PEFT would wrap whose forward is not a linear map of its
+    last dimension. PEFT wraps every ``isinstance(m, nn.Linear)`` (peft/tuners/lora/model.py 0.21.2,
+    ``_create_new_module``) and adds ``lora_B(lora_A(x))``, (…, out_features), to what the module returns
+    (tuners/lora/layer.py ``Linear.forward``, :1102): DeepSeek-V4's ``DeepseekV4GroupedLinear`` (``o_a_proj``, a
+    block-diagonal projection returning (…, groups, out_features / groups)) cannot take it, nor Llama 4's router
+    (a tuple). Probed on meta: the module's forward on (2, in_features) must give (2, out_features)."""
+    import torch
+
+    if target_modules is None:  # PEFT's own default names for the model type
+        return
+    wanted = (
+        None
+        if target_modules == "all-linear"
+        else set([target_modules] if isinstance(target_modules, str) else target_modules)
+    )
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    broken: dict[str, str] = {}
+    for name, m in model.named_modules():
+        if type(m) is torch.nn.Linear or not isinstance(m, torch.nn.Linear) or m is head:
+            continue
+        if type(m).__module__.startswith("bitsandbytes"):  # QLoRA's 4-bit layers: PEFT has its own wrapper for them
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        if (wanted is not None and leaf not in wanted and name not in wanted) or leaf in broken:
+            continue
+        try:
+            with torch.no_grad():
+                out = m(torch.empty(2, m.in_features, device="meta", dtype=m.weight.dtype))
+            ok = isinstance(out, torch.Tensor) and tuple(out.shape) == (2, m.out_features)
+        except Exception:  # its forward wants another input shape: not a linear map PEFT can add to
+            ok = False
+        if not ok:
+            broken[leaf] = type(m).__name__
+    if broken:
+        raise ConfigError(
+            "lora_target_not_linear",
+            "lora_targets",
+            value=", ".join(f"{n} ({c})" for n, c in sorted(broken.items())),
+        )
 
 
 def _prompt_tuning(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[str]) -> Any:
