@@ -230,7 +230,20 @@ def _auto_class(head: str, cfg: Any) -> Any:
     if head == "sequence_classification":
         cfg.problem_type = "single_label_classification"
         return transformers.AutoModelForSequenceClassification
-    return transformers.AutoModelForCausalLM
+    return _image_text_class(cfg) or transformers.AutoModelForCausalLM
+
+
+def _image_text_class(cfg: Any) -> Any:
+    """``AutoModelForImageTextToText`` for a vision-language model transformers 5.24 does not build as a causal LM
+    (Qwen2.5-VL: models/auto/modeling_auto.py maps ``qwen2_5_vl`` to ``Qwen2_5_VLForConditionalGeneration`` only
+    there); None otherwise."""
+    import transformers
+    from transformers.models.auto import modeling_auto as ma
+
+    mt = getattr(cfg, "model_type", "")
+    if mt in ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or mt not in ma.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return None
+    return transformers.AutoModelForImageTextToText
 
 
 def _from_config(cfg: Any, setup: TrainingSetup, attn: str, dtype: Any, notes: list[str], head: str = "lm") -> Any:

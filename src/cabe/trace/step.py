@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cabe.trace.analysis import analyse
+from cabe.trace import vision
 from cabe.trace.build import autocast, make_inputs, make_optimizer
 from cabe.trace.loss import loss_kernel
 from cabe.trace.result import TraceResult
@@ -118,17 +119,19 @@ def _micro_batch(
     tracker.set_phase("setup")
     tracker.region = None
     ids, labels = make_inputs(cfg, setup, device)
-    tracker.set_phase("forward")
-    with autocast(setup), loss_kernel(model, setup):
-        loss = model(input_ids=ids, labels=labels, use_cache=False).loss
-    if micro > 1:
-        loss = loss / setup.grad_accum
-    tracker.set_phase("backward")
-    if scaler is not None:
-        scaler.scale(loss).backward()
-    else:
-        loss.backward()
-    del loss, ids, labels
+    with vision.simulated(vision.wants_images(cfg, setup)):
+        images = vision.image_inputs(cfg, setup, device, ids)  # pixel_values and their grid, when images are asked
+        tracker.set_phase("forward")
+        with autocast(setup), loss_kernel(model, setup):
+            loss = model(input_ids=ids, labels=labels, use_cache=False, **images).loss
+        if micro > 1:
+            loss = loss / setup.grad_accum
+        tracker.set_phase("backward")
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+    del loss, ids, labels, images
     tracker.region = None
 
 
