@@ -35,6 +35,7 @@ from cabe.activations import (
 from cabe.architecture import LayerGroup, ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.method import (
+    VISION_PREFIX,
     Tensor,
     head_targets,
     layer_tensors,
@@ -305,6 +306,10 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     copies = _weight_copies(spec, setup, dt)
     head = head_activations(spec, setup, dt)
     parts = _step_parts(spec, setup, dt, states, act, head, copies)
+    if given.images:  # the vision tower's saved tensors and backward (cabe.vision_memory)
+        from cabe.vision_memory import step_fields
+
+        parts = replace(parts, **step_fields(spec, given, dt, states.tensors, states.bytes_of))
     if optimizer_entry(setup.optimizer).layerwise:  # single-GPU only (optimizer.refusal)
         lw = layerwise_figures(states.tensors, states.bytes_of, setup)
         parts = layerwise(parts, lw.gradient, lw.temporaries, lw.layer_gradient, lw.layer_temporaries)
@@ -718,6 +723,7 @@ def _step_parts(
     tokens, grad_layers = act.tokens, act.grad_layers
     grads_head = _grad_bytes(states, lambda t: t.kind == "lm_head" or t.name == "final_norm")
     grads_layer = states.grads - grads_head - _grad_bytes(states, lambda t: t.kind in ("embedding", "prompt"))
+    grads_layer -= _grad_bytes(states, lambda t: t.name.startswith(VISION_PREFIX))  # the tower's (images)
     kinds: dict[tuple[Any, ...], LayerRun] = {}  # per kind of layer (and checkpointed or not)
     for r, _, ck in act.pieces():
         if (_kind(r.group), ck) not in kinds:

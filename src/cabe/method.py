@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cabe.architecture import LayerGroup, Linear, ModelSpec
+from cabe.architecture import LayerGroup, Linear, ModelSpec, VisionTower
 from cabe.errors import InvalidValueError
 from cabe.training import TrainingSetup
 
@@ -289,7 +289,10 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
     add("lm_head", spec.lm_head_count, 1, method == "full", "lm_head", spec.vocab_size, spec.hidden_size)
     # NOTE: a vision tower (Gemma 3's SigLIP + projector) on text-only batches never runs, so it gets no
     # gradient and AdamW no state for it (torch/optim/adamw.py _init_group skips p.grad is None): frozen weights
-    add("vision_tower", spec.vision_parameters, 1, False, "base")
+    if spec.vision is not None:
+        _vision_tensors(add, spec, spec.vision, setup)
+    else:
+        add("vision_tower", spec.vision_parameters, 1, False, "base")
     if spec.classifier_count:  # BertForSequenceClassification: pooler.dense and classifier, with biases
         h, n = spec.hidden_size, spec.num_labels
         add("pooler", h * h, 1, method == "full", "lm_head", h, h)
@@ -340,6 +343,52 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
             spec.hidden_size,
         )
     return tensors
+
+
+#: the prefix of the vision tower's tensors (transformers' ``model.visual``)
+VISION_PREFIX = "visual."
+
+
+def vision_lora_targets(spec: ModelSpec, setup: TrainingSetup) -> tuple[tuple[Linear, int], ...]:
+    """The tower's linears LoRA adapts, each with how many there are: PEFT 0.21.2 matches ``target_modules`` by
+    the module's last name (tuners_utils.py ``check_target_module_exists``), so the decoder's ``gate_proj`` /
+    ``up_proj`` / ``down_proj`` name the tower's MLP too, and ``all-linear`` takes every ``nn.Linear`` but the
+    output layer (tuners_utils.py:2430-2490): the blocks' and the merger's."""
+    tower = spec.vision
+    if tower is None or not setup.adapters:
+        return ()
+    targets = set(setup.lora_targets or spec.peft_default_targets)
+    every = "all-linear" in targets
+    out = [(lin, tower.depth) for lin in tower.block_linears if every or lin.name in targets]
+    out += [(lin, 1) for lin in tower.merger_linears if every]
+    return tuple(out)
+
+
+def _vision_tensors(add: Any, spec: ModelSpec, tower: VisionTower, setup: TrainingSetup) -> None:
+    """The tower's tensors (``model.visual``): trained by ``full`` when images run through it (text-only batches
+    never run it: no gradient, no optimizer state), frozen otherwise; its linears 4-bit under QLoRA
+    (transformers' bitsandbytes integration replaces every ``nn.Linear`` but the output layer,
+    quantizers/base.py:39-63, 5.24; the Conv3d patch embedding stays); LoRA adapters on the linears PEFT
+    matches (:func:`vision_lora_targets`), trained when images run."""
+    trains = setup.method == "full" and setup.images > 0
+    quantize = setup.method == "qlora"
+    v = VISION_PREFIX
+    h = tower.hidden_size
+    add(v + "patch_embed", tower.patch_embed_count, 1, trains, "base", h, tower.patch_embed_count // h)
+    for lin, count in [(lin, tower.depth) for lin in tower.block_linears] + [(lin, 1) for lin in tower.merger_linears]:
+        name = v + ("merger.mlp." if count == 1 else "") + lin.name
+        if quantize:
+            add(name, lin.weight_count, count, False, "quantized", role=lin.role)
+        else:
+            add(name, lin.weight_count, count, trains, "base", lin.out_features, lin.in_features, role=lin.role)
+        add(name + ".bias", lin.out_features, count, trains, "base", role=lin.role)
+    add(v + "norm", h, 2 * tower.depth + 1, trains, "norm")
+    r = setup.lora_rank
+    for lin, count in vision_lora_targets(spec, setup):
+        name = v + lin.name
+        adapters = setup.images > 0
+        add(name + ".lora_A", r * lin.in_features, count, adapters, "adapter", r, lin.in_features)
+        add(name + ".lora_B", lin.out_features * r, count, adapters, "adapter", lin.out_features, r)
 
 
 def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, trainable: bool) -> list[Tensor]:

@@ -111,6 +111,17 @@ class StepParts:
     forward_transient: int = 0
     # checkpointing: the largest transient of a recomputed layer's forward (LayerRun.recompute_transient)
     recompute_transient_layer: int = 0
+    # images (cabe.vision): what the vision tower saves for backward, alive from its forward (before the first
+    # decoder layer) until its own backward (after the bottom layer's). When the tower is in the gradient's path,
+    # its backward runs from the merger down to the bottom block, releasing each block's saved tensors and
+    # making its gradients: bounded by its two ends, the top (the merger's and the top block's gradients made,
+    # everything saved) and the bottom (every gradient made, the bottom block and the patch embedding's saved);
+    # ``vision_workspace``: the largest transient of one block's backward
+    vision_saved: int = 0
+    vision_bottom_saved: int = 0
+    vision_grads: int = 0
+    vision_top_grads: int = 0
+    vision_workspace: int = 0
 
     def layer_runs(self) -> tuple[LayerRun, ...]:
         """The gradient's path as runs of like layers, bottom first."""
@@ -149,7 +160,7 @@ def timeline(p: StepParts) -> list[Moment]:
     runs = p.layer_runs()
     saved_all = sum(r.count * r.saved for r in runs)
     copies_all = sum(r.count * r.copies for r in runs) + p.frozen_copies
-    acts_all = saved_all + p.rotary + p.final_norm_saved + p.frozen_inputs + p.embedding_saved
+    acts_all = saved_all + p.rotary + p.final_norm_saved + p.frozen_inputs + p.embedding_saved + p.vision_saved
     moments = [
         Moment(
             "forward",
@@ -208,6 +219,8 @@ def timeline(p: StepParts) -> list[Moment]:
             )
         )
     moments += _layer_moments(p, runs, base, g_acc, saved_all, copies_all)
+    if p.vision_workspace:
+        moments += _vision_moments(p, base)
     if p.embedding_grad_input:
         moments.append(
             Moment(
@@ -259,6 +272,7 @@ def _layer_moments(
             where = _where(i == 0 and end == 0, i == len(runs) - 1 and end == 1, layers_above + from_top)
             before = grads_above + r.grads * from_top  # the gradients of the layers above this one
             acts = saved + remaining * r.saved + r.recompute + p.rotary + p.frozen_inputs + p.embedding_saved
+            acts += p.vision_saved
             weight_copies = copies + r.copies * remaining + r.copies_recompute
             # the layer's MLP backward: all it saved is alive; its MLP gradients are made (taken whole,
             # though autograd frees some saved tensors as it goes). Its attention's gradients come later:
@@ -294,6 +308,29 @@ def _layer_moments(
         grads_above += r.grads * r.count
         layers_above += r.count
     return out
+
+
+def _vision_moments(p: StepParts, base: dict[str, int]) -> list[Moment]:
+    """The vision tower's backward (after the bottom decoder layer's), at its top and bottom blocks."""
+    rest = p.grads - p.vision_grads  # the decoder's gradients, all made by then
+    ends = (
+        ("vision_tower_top", rest + p.vision_top_grads, p.vision_saved),
+        ("vision_tower_bottom", p.grads, p.vision_bottom_saved),
+    )
+    return [
+        Moment(
+            "backward",
+            where,
+            {
+                **base,
+                "gradients": grads,
+                "activations": saved + p.vision_workspace + p.frozen_inputs + p.embedding_saved,
+                "weight_copies": p.frozen_copies,
+                **p.extra_backward,
+            },
+        )
+        for where, grads, saved in ends
+    ]
 
 
 def _where(top: bool, bottom: bool, from_top: int) -> str:

@@ -1,0 +1,204 @@
+"""What the vision tower keeps while it runs (Qwen2.5-VL: transformers 5.24
+``Qwen2_5_VisionTransformerPretrainedModel``, models/qwen2_5_vl/modeling_qwen2_5_vl.py:386-489).
+
+A tower block is a decoder layer of the Llama lineage with other names: RMSNorm (``Qwen2_5_VLRMSNorm``, the same
+fp32 upcast and rsqrt as Llama's), one fused ``qkv`` linear whose output v is a view of (the whole qkv output stays
+alive while v is saved), 2-D rotary on q and k, SDPA without a mask (``is_causal=False``) on each window or
+image, whose outputs are concatenated for ``proj``, RMSNorm and a SwiGLU MLP. So one block's saved tensors are
+:func:`cabe.activations.layer_activations` of a spec made of the block (:func:`block_spec`), per patch token, with
+the attention's span the window's patches (``window_size / patch_size`` squared: 64 for Qwen2.5-VL) or, in the
+full-attention blocks, the image's. The residual between blocks is the patch embedding's output, a 16-bit
+tensor under autocast (Conv3d is on autocast's 16-bit list), the weights' dtype otherwise.
+
+Around the blocks (per patch, when gradients flow through the tower):
+
+* the patch embedding's Conv3d saves its input (the pixels cast to the compute dtype: channels·2·14·14 values)
+  when its weight trains;
+* the rotary tables, cos and sin in fp32 (head_dim each), gathered in window order once and shared by every
+  block (``apply_rotary_pos_emb_vision`` calls ``.float()`` on fp32 tables: no copy);
+* the merger: its RMSNorm (4h + 4, and the normalised tensor when the weight trains), the first linear's input,
+  and GELU's input and output (4h values per merged token each: h per patch).
+
+Without gradient through the tower (LoRA on the decoder only, freeze, prompt tuning) it saves nothing; its
+forward's largest moment is one block's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cabe.activations import layer_activations
+from cabe.architecture import LayerGroup, ModelSpec, VisionTower
+from cabe.method import vision_lora_targets
+from cabe.precision import Dtypes
+from cabe.training import TrainingSetup
+from cabe.units import round_alloc
+from cabe.vision import ImageGrid
+
+
+@dataclass(frozen=True)
+class TowerActivations:
+    """The tower's figures for one micro-batch, in bytes."""
+
+    saved: int  # everything the tower saves for backward (0 when no gradient flows through it)
+    bottom_saved: int  # what is left at its bottom block's backward (that block, the patch embedding's input)
+    workspace: int  # the largest transient of one block's backward
+    forward_transient: int  # the largest transient of the tower's forward (one block's activations)
+    blocks: int  # saved bytes of the blocks alone
+    around: int  # saved bytes outside the blocks (patch embedding, rotary tables, merger)
+
+
+def block_spec(tower: VisionTower) -> ModelSpec:
+    """One tower block as a :class:`ModelSpec` the decoder-layer estimator reads."""
+    nh = tower.num_heads
+    group = LayerGroup(1, tower.block_linears, "gated", intermediate_size=tower.intermediate_size)
+    return ModelSpec(
+        model_type="qwen2_5_vl_vision",
+        family="qwen2_5_vl",
+        hidden_size=tower.hidden_size,
+        num_heads=nh,
+        num_kv_heads=nh,
+        head_dim=tower.hidden_size // nh,
+        intermediate_size=tower.intermediate_size,
+        vocab_size=1,
+        tie_word_embeddings=True,
+        activation="silu",
+        rotary_dim=tower.hidden_size // nh,
+        max_positions=1 << 24,
+        layer_groups=(group,),
+        value_is_qkv_view=True,
+        peft_default_targets=("all-linear",),
+    )
+
+
+def tower_targets(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, ...]:
+    """The tower's linears LoRA adapts (by their names in a block), or () when none."""
+    return tuple(dict.fromkeys(lin.name for lin, _ in vision_lora_targets(spec, setup)))
+
+
+def tower_dtypes(dt: Dtypes) -> Dtypes:
+    """The tower's residual is the Conv3d patch embedding's output: the compute dtype (autocast's, or the
+    weights')."""
+    return replace(dt, residual=dt.compute)
+
+
+def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: ImageGrid) -> TowerActivations:
+    """The tower's saved bytes and transients for ``setup.batch × setup.images`` images of ``grid``."""
+    tower = spec.vision
+    if tower is None or not setup.images:
+        return TowerActivations(0, 0, 0, 0, 0, 0)
+    images = setup.batch * setup.images
+    n = images * grid.patches  # patch tokens through every block
+    trains = setup.method == "full"
+    targets = tower_targets(spec, setup)
+    vspec, vdt = block_spec(tower), tower_dtypes(dt)
+    window = (tower.window_size // tower.patch_size) ** 2
+    full = len([b for b in tower.full_attention_blocks if b < tower.depth])
+    spans = ((tower.depth - full, min(window, grid.patches)), (full, grid.patches))
+    lora = bool(targets)
+    method = "full" if trains or not lora else ("qlora" if setup.method == "qlora" else "lora")
+    block_names = [n for n in targets if n in {lin.name for lin in tower.block_linears}]
+    vsetup = setup.with_(method=method, lora_targets=tuple(block_names) or ("all-linear",))
+    vsetup = vsetup.with_(batch=1, packing="none", images=0, checkpointing=False, checkpoint_every=1)
+    blocks = fwd = work = bottom = 0
+    in_path = trains or lora
+    for count, span in spans:
+        if not count:
+            continue
+        acts = layer_activations(
+            vspec, vsetup.with_(seq=span), vdt, base_trainable=trains, adapters=lora and not trains, group=None
+        )
+        per_block = round_alloc(n * acts.bytes_per_token) + acts.constant_bytes * (n // span)
+        per_block += _concatenated_output(tower, n, setup, dt, trains or "proj" in targets)
+        fwd = max(fwd, per_block + n * acts.forward_workspace_per_token)
+        work = max(work, n * acts.backward_workspace_per_token)
+        blocks += count * per_block if in_path else 0
+        bottom = per_block if in_path else 0
+    every = any(lin.name in targets for lin in tower.merger_linears)
+    around = _around(tower, n, dt, trains, every) if in_path else 0
+    if in_path and setup.checkpointing:  # each block keeps its input; one block is recomputed at a time
+        ckpt = tower.depth * round_alloc(n * vdt.compute * tower.hidden_size)
+        work += bottom
+        blocks, bottom = ckpt, round_alloc(n * vdt.compute * tower.hidden_size) + bottom
+    return TowerActivations(
+        saved=blocks + around,
+        bottom_saved=bottom + (round_alloc(n * _patch_values(tower) * dt.compute) if trains else 0),
+        workspace=work,
+        forward_transient=fwd,
+        blocks=blocks,
+        around=around,
+    )
+
+
+def _concatenated_output(tower: VisionTower, n: int, setup: TrainingSetup, dt: Dtypes, proj_input: bool) -> int:
+    """Outside flash attention, the block runs SDPA once per window (or image) and concatenates the outputs
+    (modeling_qwen2_5_vl.py:314-336): ``proj`` saves the concatenation, a copy beside the outputs SDPA saves (a
+    decoder layer's ``o_proj`` saves SDPA's own output). flash_attention_2 takes the windows at once
+    (``cu_seq_lens``): no copy."""
+    if setup.attention == "flash" or not proj_input:
+        return 0
+    return round_alloc(n * dt.compute * tower.hidden_size)
+
+
+def _patch_values(tower: VisionTower) -> int:
+    """Values of one patch: channels × frames × patch_size²."""
+    return tower.in_channels * tower.temporal_patch_size * tower.patch_size**2
+
+
+def _around(tower: VisionTower, n: int, dt: Dtypes, trains: bool, every: bool) -> int:
+    """Saved outside the blocks, for ``n`` patches: the Conv3d's input (its weight trains), the fp32 cos and sin,
+    the merger (RMSNorm: fp32 input and rsqrt, the normalised tensor when its weight trains; the first linear's
+    input, GELU's input and output)."""
+    h, c, d = tower.hidden_size, dt.compute, tower.hidden_size // tower.num_heads
+    out = round_alloc(n * _patch_values(tower) * c) if trains else 0
+    out += 2 * round_alloc(n * 4 * d)  # cos, sin
+    out += round_alloc(n * 4 * h) + round_alloc(n * 4)  # the merger's RMSNorm: fp32 input, rsqrt
+    out += round_alloc(n * c * h) if trains else 0  # its normalised tensor, saved by the weight's multiply
+    # mlp.0's input and GELU's output (their linears train: full, or all-linear LoRA on them), GELU's input
+    out += (3 if trains or every else 1) * round_alloc(n * c * h)
+    return out
+
+
+def step_fields(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, tensors: list, bytes_of: dict) -> dict[str, int]:
+    """The :class:`cabe.step.StepParts` fields of the images of ``setup`` (``vision_*``); {} without images.
+
+    ``tensors`` / ``bytes_of``: the model states' parameter tensors and their bytes per element by kind. Under
+    autocast with weights of another dtype (fp32, or bf16 under fp16 autocast), each matmul in the tower's
+    gradient path saves its 16-bit cast of the weight until that block's backward (cached by autocast when the
+    weight trains, cast anew otherwise): counted with what the tower saves."""
+    from cabe.method import VISION_PREFIX
+    from cabe.vision import check_images
+
+    grid = check_images(spec, setup.images, setup.image_size, setup.seq)
+    tower = spec.vision
+    if grid is None or tower is None:
+        return {}
+    acts = tower_activations(spec, setup, dt, grid)
+    in_path = setup.method == "full" or bool(tower_targets(spec, setup))
+    linears = sum(lin.weight_count for lin in tower.block_linears)
+    copies = 0
+    if in_path and dt.autocast and dt.input_casts and setup.method != "qlora":
+        copies = 2 * (tower.depth * linears + sum(lin.weight_count for lin in tower.merger_linears))
+
+    def grads(keep: str) -> int:
+        return sum(
+            round_alloc(t.numel * bytes_of[t.kind]) * t.count
+            for t in tensors
+            if t.trainable and t.name.startswith(VISION_PREFIX + keep)
+        )
+
+    total = grads("")
+    per_block = sum(
+        round_alloc(t.numel * bytes_of[t.kind])
+        for t in tensors
+        if t.trainable and t.name.startswith(VISION_PREFIX) and t.count == tower.depth
+    )
+    # the processor's pixel_values: an fp32 input of the step, alive until it ends
+    pixels = round_alloc(setup.batch * setup.images * grid.patches * _patch_values(tower) * 4)
+    return {
+        "vision_saved": acts.saved + copies + pixels,
+        "vision_bottom_saved": acts.bottom_saved + (copies // tower.depth if copies else 0) + pixels,
+        "vision_grads": total,
+        "vision_top_grads": grads("merger") + per_block,
+        "vision_workspace": acts.workspace if in_path else 0,
+    }
