@@ -115,6 +115,10 @@ PUBLISHED_ROUNDED = {
     # the vision tower included (871,932,416): 108,641,793,536 -> "109B total". Maverick's card says "400B" for
     # 401,583,781,376 (tests/families/test_llama4.py checks it term by term)
     "llama-4-scout-17b-16e": (109, None),
+    # the Hub's model cards (safetensors): "3.75B", "8.29B", "73.4B" params, the vision tower included
+    "qwen2.5-vl-3b-instruct": (3.75, None),
+    "qwen2.5-vl-7b-instruct": (8.29, None),
+    "qwen2.5-vl-72b-instruct": (73.4, None),
 }
 
 CABE_KEYS = {

@@ -380,15 +380,25 @@ def _vision_tensors(add: Any, spec: ModelSpec, tower: VisionTower, setup: Traini
         if quantize:
             add(name, lin.weight_count, count, False, "quantized", role=lin.role)
         else:
-            add(name, lin.weight_count, count, trains, "base", lin.out_features, lin.in_features, role=lin.role)
+            rows, cols = lin.out_features, lin.in_features
+            add(name, lin.weight_count, count, trains, "base", rows, cols, role=lin.role, path=_vision_path(lin, count))
         add(name + ".bias", lin.out_features, count, trains, "base", role=lin.role)
     add(v + "norm", h, 2 * tower.depth + 1, trains, "norm")
     r = setup.lora_rank
     for lin, count in vision_lora_targets(spec, setup):
         name = v + lin.name
         adapters = setup.images > 0
-        add(name + ".lora_A", r * lin.in_features, count, adapters, "adapter", r, lin.in_features)
-        add(name + ".lora_B", lin.out_features * r, count, adapters, "adapter", lin.out_features, r)
+        a_path, b_path = _vision_path(lin, count) + ".lora_A", _vision_path(lin, count) + ".lora_B"
+        add(name + ".lora_A", r * lin.in_features, count, adapters, "adapter", r, lin.in_features, path=a_path)
+        add(name + ".lora_B", lin.out_features * r, count, adapters, "adapter", lin.out_features, r, path=b_path)
+
+
+def _vision_path(lin: Linear, count: int) -> str:
+    """A tower linear's module path as transformers names it (``visual.blocks.N.attn.qkv``, ``visual.merger.mlp.0``)
+    without the block's number: what GaLore's ``optim_target_modules`` match as substrings ("attn", "mlp")."""
+    if count == 1:
+        return "visual.merger.mlp." + lin.name
+    return "visual.blocks." + ("mlp." if lin.role == "mlp" else "attn.") + lin.name
 
 
 def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, trainable: bool) -> list[Tensor]:

@@ -52,6 +52,8 @@ REPORT_NOTES = (
     "grad_accum_keeps_grads",
     "qlora_moe_experts_unquantized",
     "vision_tower_weights_only",
+    "vision_text_only",
+    "vision_images",
     "lora_targets_moved_to_experts",
     "loss_assumed_hf",
     "loss_modelled",

@@ -484,7 +484,18 @@ _SETUP: tuple[Field, ...] = (
     # images in each sequence, for a model whose vision tower cabe models (Qwen2.5-VL): each image's tokens
     # replace as many of the sequence's ``seq`` tokens, as the processor writes them into the text
     # (cabe.vision); 0: text-only batches, the tower never runs
-    _int("images", "setup", _TRAINING + ("from-config",), 0, 0, 1 << 12, unit="images", flags=_flag("images")),
+    # (states: images make full fine-tuning train the tower, and LoRA train the adapters PEFT puts on it)
+    _int(
+        "images",
+        "setup",
+        _TRAINING + ("from-config",),
+        0,
+        0,
+        1 << 12,
+        unit="images",
+        states=True,
+        flags=_flag("images"),
+    ),
     # the images' size in pixels, before the processor's resize (Qwen2VLImageProcessor's smart_resize:
     # cabe.vision.resized)
     Field(

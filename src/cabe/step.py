@@ -122,6 +122,8 @@ class StepParts:
     vision_grads: int = 0
     vision_top_grads: int = 0
     vision_workspace: int = 0
+    # the tower's forward (before the decoder's): what it has saved and its largest transient, beside the pixels
+    vision_forward: int = 0
 
     def layer_runs(self) -> tuple[LayerRun, ...]:
         """The gradient's path as runs of like layers, bottom first."""
@@ -221,6 +223,14 @@ def timeline(p: StepParts) -> list[Moment]:
     moments += _layer_moments(p, runs, base, g_acc, saved_all, copies_all)
     if p.vision_workspace:
         moments += _vision_moments(p, base)
+    if p.vision_forward:
+        moments.append(
+            Moment(
+                "forward",
+                "vision_tower",
+                {**base, "gradients": g_acc, "activations": p.vision_forward, **p.extra_forward},
+            )
+        )
     if p.embedding_grad_input:
         moments.append(
             Moment(

@@ -100,8 +100,19 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
     block_names = [n for n in targets if n in {lin.name for lin in tower.block_linears}]
     vsetup = setup.with_(method=method, lora_targets=tuple(block_names) or ("all-linear",))
     vsetup = vsetup.with_(batch=1, packing="none", images=0, checkpointing=False, checkpoint_every=1)
-    blocks = fwd = work = bottom = 0
+    blocks = work = bottom = 0
     in_path = trains or lora
+    c = vdt.compute
+    # the forward's largest transient in a block: rotary upcasts q and k to fp32 and makes q·cos, the rotated
+    # half (a cat) and its product with sin, then the same for k with q's fp32 result alive: six fp32 h-wide
+    # tensors beside the residual and the fused qkv output (apply_rotary_pos_emb_vision,
+    # modeling_qwen2_5_vl.py:200-210); or the MLP's gate, up and activation
+    # (the block's normed input stays referenced while its attention runs: the residual, the normed input and the
+    # qkv output are 5 compute-dtype h-wide tensors); and cos and sin, fp32, all along the tower's forward
+    h, f, d = tower.hidden_size, tower.intermediate_size, tower.hidden_size // tower.num_heads
+    fwd = n * (max((5 * c + 24) * h, c * 2 * h + 3 * c * f) + 2 * 4 * d)
+    every = setup.checkpoint_every if setup.checkpointing else 0
+    index = 0
     for count, span in spans:
         if not count:
             continue
@@ -110,21 +121,20 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
         )
         per_block = round_alloc(n * acts.bytes_per_token) + acts.constant_bytes * (n // span)
         per_block += _concatenated_output(tower, n, setup, dt, trains or "proj" in targets)
-        fwd = max(fwd, per_block + n * acts.forward_workspace_per_token)
         work = max(work, n * acts.backward_workspace_per_token)
-        blocks += count * per_block if in_path else 0
-        bottom = per_block if in_path else 0
-    every = any(lin.name in targets for lin in tower.merger_linears)
-    around = _around(tower, n, dt, trains, every) if in_path else 0
-    if in_path and setup.checkpointing:  # each block keeps its input; one block is recomputed at a time
-        ckpt = tower.depth * round_alloc(n * vdt.compute * tower.hidden_size)
-        work += bottom
-        blocks, bottom = ckpt, round_alloc(n * vdt.compute * tower.hidden_size) + bottom
+        for _ in range(count):  # transformers checkpoints the blocks whose index is a multiple of every_n_layers
+            ckpt = every > 0 and index % every == 0
+            kept = (0 if setup.offload_activations else round_alloc(n * c * tower.hidden_size)) if ckpt else per_block
+            blocks += kept if in_path else 0
+            bottom = max(bottom, per_block) if in_path else 0  # a checkpointed block is recomputed whole
+            index += 1
+    every_merger = any(lin.name in targets for lin in tower.merger_linears)
+    around = _around(tower, n, dt, trains, every_merger) if in_path else 0
     return TowerActivations(
         saved=blocks + around,
         bottom_saved=bottom + (round_alloc(n * _patch_values(tower) * dt.compute) if trains else 0),
         workspace=work,
-        forward_transient=fwd,
+        forward_transient=fwd + (round_alloc(n * _patch_values(tower) * c)),  # beside the pixels' 16-bit cast
         blocks=blocks,
         around=around,
     )
@@ -201,4 +211,21 @@ def step_fields(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, tensors: list
         "vision_grads": total,
         "vision_top_grads": grads("merger") + per_block,
         "vision_workspace": acts.workspace if in_path else 0,
+        "vision_forward": acts.saved + copies + pixels + acts.forward_transient,
     }
+
+
+def vision_forward_bytes(tower: VisionTower, n: int, act_bytes: int = 2) -> int:
+    """Working memory of the tower's forward without gradients (serving's prefill) over ``n`` patches: modelled,
+    not traced. The fp32 pixels and their 16-bit cast, the fp32 rotary tables (cos, sin), and the larger of one
+    block's attention moment — residual, normed input, the fused qkv output, q and k upcast to fp32 and the
+    rotated fp32 product being made (apply_rotary_pos_emb_vision, modeling_qwen2_5_vl.py:200-210) — and its MLP
+    moment — residual, normed input, gate, up and the activation (modelled as
+    :func:`cabe.inference.forward_bytes` does a decoder layer's)."""
+    h, f = tower.hidden_size, tower.intermediate_size
+    d = h // tower.num_heads
+    pixels = _patch_values(tower) * (4 + act_bytes)
+    rotary = 2 * 4 * d
+    attention = act_bytes * (h + 3 * h) + 4 * 6 * h
+    mlp = act_bytes * (2 * h + 3 * f)
+    return n * (pixels + rotary + max(attention, mlp))

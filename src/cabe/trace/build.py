@@ -154,7 +154,8 @@ def build_model(
     cfg = hf_config(config)
     attn = {"eager": "eager", "sdpa": "sdpa", "flash": register_flash()}[setup.attention]
     if setup.attention == "flash":
-        head_dim = getattr(cfg, "head_dim", None) or (cfg.hidden_size // cfg.num_attention_heads)
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg  # a vision-language model's decoder
+        head_dim = getattr(text, "head_dim", None) or (text.hidden_size // text.num_attention_heads)
         if head_dim > 256:
             raise ConfigError("flash_head_dim", "attention", head_dim=head_dim, maximum=256)
     dtype = load_dtype(setup)
