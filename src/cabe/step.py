@@ -111,17 +111,15 @@ class StepParts:
     forward_transient: int = 0
     # checkpointing: the largest transient of a recomputed layer's forward (LayerRun.recompute_transient)
     recompute_transient_layer: int = 0
-    # images (cabe.vision): what the vision tower saves for backward, alive from its forward (before the first
-    # decoder layer) until its own backward (after the bottom layer's). When the tower is in the gradient's path,
-    # its backward runs from the merger down to the bottom block, releasing each block's saved tensors and
-    # making its gradients: bounded by its two ends, the top (the merger's and the top block's gradients made,
-    # everything saved) and the bottom (every gradient made, the bottom block and the patch embedding's saved);
-    # ``vision_workspace``: the largest transient of one block's backward
+    # images (cabe.vision_memory): what the vision tower saves for backward, alive from its forward (before the first
+    # decoder layer) until its own backward (after the bottom layer's), and the gradients of its weights. Its
+    # backward runs from the merger down to the bottom block, releasing each block's saved tensors and making its
+    # gradients: ``vision_backward`` is the activations at its largest moment (what is still saved and that
+    # block's transient), ``vision_backward_grads`` the tower's gradients made by then
     vision_saved: int = 0
-    vision_bottom_saved: int = 0
     vision_grads: int = 0
-    vision_top_grads: int = 0
-    vision_workspace: int = 0
+    vision_backward: int = 0
+    vision_backward_grads: int = 0
     # the tower's forward (before the decoder's): what it has saved and its largest transient, beside the pixels
     vision_forward: int = 0
 
@@ -221,8 +219,8 @@ def timeline(p: StepParts) -> list[Moment]:
             )
         )
     moments += _layer_moments(p, runs, base, g_acc, saved_all, copies_all)
-    if p.vision_workspace:
-        moments += _vision_moments(p, base)
+    if p.vision_backward:
+        moments.append(_vision_moment(p, base))
     if p.vision_forward:
         moments.append(
             Moment(
@@ -320,27 +318,20 @@ def _layer_moments(
     return out
 
 
-def _vision_moments(p: StepParts, base: dict[str, int]) -> list[Moment]:
-    """The vision tower's backward (after the bottom decoder layer's), at its top and bottom blocks."""
-    rest = p.grads - p.vision_grads  # the decoder's gradients, all made by then
-    ends = (
-        ("vision_tower_top", rest + p.vision_top_grads, p.vision_saved),
-        ("vision_tower_bottom", p.grads, p.vision_bottom_saved),
+def _vision_moment(p: StepParts, base: dict[str, int]) -> Moment:
+    """The vision tower's largest backward moment (after the bottom decoder layer's): every decoder gradient made,
+    the tower's own being made, what the tower still saves."""
+    return Moment(
+        "backward",
+        "vision_tower",
+        {
+            **base,
+            "gradients": p.grads - p.vision_grads + p.vision_backward_grads,
+            "activations": p.vision_backward + p.frozen_inputs + p.embedding_saved,
+            "weight_copies": p.frozen_copies,
+            **p.extra_backward,
+        },
     )
-    return [
-        Moment(
-            "backward",
-            where,
-            {
-                **base,
-                "gradients": grads,
-                "activations": saved + p.vision_workspace + p.frozen_inputs + p.embedding_saved,
-                "weight_copies": p.frozen_copies,
-                **p.extra_backward,
-            },
-        )
-        for where, grads, saved in ends
-    ]
 
 
 def _where(top: bool, bottom: bool, from_top: int) -> str:

@@ -38,14 +38,18 @@ from cabe.vision import ImageGrid
 
 @dataclass(frozen=True)
 class TowerActivations:
-    """The tower's figures for one micro-batch, in bytes."""
+    """The tower's figures for one micro-batch, in bytes; per block (bottom first) what it keeps through the
+    forward, what it saves when it runs for backward (a checkpointed block is recomputed whole), and its backward
+    transient."""
 
-    saved: int  # everything the tower saves for backward (0 when no gradient flows through it)
-    bottom_saved: int  # what is left at its bottom block's backward (that block, the patch embedding's input)
-    workspace: int  # the largest transient of one block's backward
-    forward_transient: int  # the largest transient of the tower's forward (one block's activations)
-    blocks: int  # saved bytes of the blocks alone
-    around: int  # saved bytes outside the blocks (patch embedding, rotary tables, merger)
+    saved: int  # everything the tower keeps for backward (0 when no gradient flows through it)
+    forward_transient: int  # the largest transient of the tower's forward
+    blocks: int  # kept by the blocks alone
+    around: int  # saved outside the blocks (patch embedding, rotary tables, merger)
+    kept: tuple[int, ...] = ()
+    full: tuple[int, ...] = ()
+    workspace: tuple[int, ...] = ()
+    checkpointed: tuple[bool, ...] = ()
 
 
 def block_spec(tower: VisionTower) -> ModelSpec:
@@ -76,6 +80,17 @@ def tower_targets(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, ...]:
     return tuple(dict.fromkeys(lin.name for lin, _ in vision_lora_targets(spec, setup)))
 
 
+def tower_in_path(spec: ModelSpec, setup: TrainingSetup) -> bool:
+    """Whether the tower's forward records a graph for backward: it trains (full), LoRA adapts some of its linears,
+    or its input requires grad. transformers' ``enable_input_require_grads`` (modeling_utils.py:2147-2180, 5.24)
+    hooks the input embeddings of every ``PreTrainedModel`` inside the model, the tower's ``patch_embed`` too; LoRA
+    and prompt tuning call it under checkpointing (cabe.trace.build; PEFT's prepare_model_for_kbit_training does not
+    with ``use_reentrant=False``, other.py:229-233)."""
+    if setup.method == "full" or tower_targets(spec, setup):
+        return True
+    return setup.checkpointing and setup.method in ("lora", "prompt-tuning")
+
+
 def tower_dtypes(dt: Dtypes) -> Dtypes:
     """The tower's residual is the Conv3d patch embedding's output: the compute dtype (autocast's, or the
     weights')."""
@@ -86,7 +101,7 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
     """The tower's saved bytes and transients for ``setup.batch × setup.images`` images of ``grid``."""
     tower = spec.vision
     if tower is None or not setup.images:
-        return TowerActivations(0, 0, 0, 0, 0, 0)
+        return TowerActivations(0, 0, 0, 0)
     images = setup.batch * setup.images
     n = images * grid.patches  # patch tokens through every block
     trains = setup.method == "full"
@@ -99,9 +114,10 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
     method = "full" if trains or not lora else ("qlora" if setup.method == "qlora" else "lora")
     block_names = [n for n in targets if n in {lin.name for lin in tower.block_linears}]
     vsetup = setup.with_(method=method, lora_targets=tuple(block_names) or ("all-linear",))
-    vsetup = vsetup.with_(batch=1, packing="none", images=0, checkpointing=False, checkpoint_every=1)
-    blocks = work = bottom = 0
-    in_path = trains or lora
+    vsetup = vsetup.with_(
+        batch=1, packing="none", images=0, checkpointing=False, checkpoint_every=1, offload_activations=False
+    )
+    in_path = tower_in_path(spec, setup)
     c = vdt.compute
     # the forward's largest transient in a block: rotary upcasts q and k to fp32 and makes q·cos, the rotated
     # half (a cat) and its product with sin, then the same for k with q's fp32 result alive: six fp32 h-wide
@@ -111,32 +127,42 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
     # qkv output are 5 compute-dtype h-wide tensors); and cos and sin, fp32, all along the tower's forward
     h, f, d = tower.hidden_size, tower.intermediate_size, tower.hidden_size // tower.num_heads
     fwd = n * (max((5 * c + 24) * h, c * 2 * h + 3 * c * f) + 2 * 4 * d)
+    if in_path:  # the residual, the normed input, qkv and the tables are saved already: the fp32 rotary temporaries
+        fwd = n * 24 * h
     every = setup.checkpoint_every if setup.checkpointing else 0
-    index = 0
-    for count, span in spans:
-        if not count:
-            continue
+    by_span = {}
+    for span in {s for _, s in spans}:
         acts = layer_activations(
             vspec, vsetup.with_(seq=span), vdt, base_trainable=trains, adapters=lora and not trains, group=None
         )
         per_block = round_alloc(n * acts.bytes_per_token) + acts.constant_bytes * (n // span)
-        per_block += _concatenated_output(tower, n, setup, dt, trains or "proj" in targets)
-        work = max(work, n * acts.backward_workspace_per_token)
-        for _ in range(count):  # transformers checkpoints the blocks whose index is a multiple of every_n_layers
-            ckpt = every > 0 and index % every == 0
-            kept = (0 if setup.offload_activations else round_alloc(n * c * tower.hidden_size)) if ckpt else per_block
-            blocks += kept if in_path else 0
-            bottom = max(bottom, per_block) if in_path else 0  # a checkpointed block is recomputed whole
-            index += 1
+        # proj saves the concatenation itself when its weight trains, or when lora_A reads it as it is (no autocast,
+        # no cast to the adapters' dtype, no dropout: cabe.activations _Layer.linear_inputs)
+        reads = "proj" in targets and not dt.autocast and dt.adapter == dt.compute and setup.lora_dropout == 0
+        per_block += _concatenated_output(tower, n, setup, dt, trains or reads)
+        by_span[span] = (per_block, n * acts.backward_workspace_per_token)
+    full_blocks = set(tower.full_attention_blocks)
+    kept, whole, work, ckpts = [], [], [], []
+    for j in range(tower.depth):  # transformers checkpoints the blocks whose index is a multiple of every_n_layers
+        per_block, ws = by_span[spans[1][1] if j in full_blocks else spans[0][1]]
+        ckpt = every > 0 and j % every == 0
+        inp = 0 if setup.offload_activations else round_alloc(n * c * h)
+        kept.append((inp if ckpt else per_block) if in_path else 0)
+        whole.append(per_block if in_path else 0)
+        work.append(ws if in_path else 0)
+        ckpts.append(ckpt)
     every_merger = any(lin.name in targets for lin in tower.merger_linears)
     around = _around(tower, n, dt, trains, every_merger) if in_path else 0
     return TowerActivations(
-        saved=blocks + around,
-        bottom_saved=bottom + (round_alloc(n * _patch_values(tower) * dt.compute) if trains else 0),
-        workspace=work,
-        forward_transient=fwd + (round_alloc(n * _patch_values(tower) * c)),  # beside the pixels' 16-bit cast
-        blocks=blocks,
+        saved=sum(kept) + around,
+        # beside the pixels' 16-bit cast (saved as the Conv3d's input when it trains)
+        forward_transient=fwd + (0 if trains else round_alloc(n * _patch_values(tower) * c)),
+        blocks=sum(kept),
         around=around,
+        kept=tuple(kept),
+        full=tuple(whole),
+        workspace=tuple(work),
+        checkpointed=tuple(ckpts),
     )
 
 
@@ -184,34 +210,41 @@ def step_fields(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, tensors: list
     if grid is None or tower is None:
         return {}
     acts = tower_activations(spec, setup, dt, grid)
-    in_path = setup.method == "full" or bool(tower_targets(spec, setup))
-    linears = sum(lin.weight_count for lin in tower.block_linears)
-    copies = 0
-    if in_path and dt.autocast and dt.input_casts and setup.method != "qlora":
-        copies = 2 * (tower.depth * linears + sum(lin.weight_count for lin in tower.merger_linears))
+    in_path = tower_in_path(spec, setup)
+    cast = in_path and dt.autocast and dt.input_casts and setup.method != "qlora"
+    block_copies = 2 * sum(lin.weight_count for lin in tower.block_linears) if cast else 0
+    merger_copies = 2 * sum(lin.weight_count for lin in tower.merger_linears) if cast else 0
 
-    def grads(keep: str) -> int:
+    def grads(keep: str, count: int | None = None) -> int:
         return sum(
-            round_alloc(t.numel * bytes_of[t.kind]) * t.count
+            round_alloc(t.numel * bytes_of[t.kind]) * (t.count if count is None else 1)
             for t in tensors
-            if t.trainable and t.name.startswith(VISION_PREFIX + keep)
+            if t.trainable and t.name.startswith(VISION_PREFIX + keep) and (count is None or t.count == count)
         )
 
-    total = grads("")
-    per_block = sum(
-        round_alloc(t.numel * bytes_of[t.kind])
-        for t in tensors
-        if t.trainable and t.name.startswith(VISION_PREFIX) and t.count == tower.depth
-    )
+    total, per_block, merger = grads(""), grads("", tower.depth), grads("merger")
     # the processor's pixel_values: an fp32 input of the step, alive until it ends
     pixels = round_alloc(setup.batch * setup.images * grid.patches * _patch_values(tower) * 4)
+    copies = merger_copies + sum(0 if ck else block_copies for ck in acts.checkpointed)
+    saved = acts.saved + copies + pixels
+    # backward from the top block down: block j runs (recomputed whole when checkpointed) with the blocks below it
+    # still saved; the gradients of the merger and of blocks j..top are made
+    best = (0, 0, 0)
+    below = acts.around + pixels + merger_copies
+    below_kept = [0]
+    for j in range(tower.depth):
+        below_kept.append(below_kept[-1] + acts.kept[j] + (0 if acts.checkpointed[j] else block_copies))
+    for j in range(tower.depth) if in_path else ():
+        act_j = below + below_kept[j] + acts.full[j] + block_copies + acts.workspace[j]
+        grads_j = merger + (tower.depth - j) * per_block
+        if act_j + grads_j > best[0]:
+            best = (act_j + grads_j, act_j, grads_j)
     return {
-        "vision_saved": acts.saved + copies + pixels,
-        "vision_bottom_saved": acts.bottom_saved + (copies // tower.depth if copies else 0) + pixels,
+        "vision_saved": saved,
         "vision_grads": total,
-        "vision_top_grads": grads("merger") + per_block,
-        "vision_workspace": acts.workspace if in_path else 0,
-        "vision_forward": acts.saved + copies + pixels + acts.forward_transient,
+        "vision_backward": best[1],
+        "vision_backward_grads": best[2],
+        "vision_forward": saved + acts.forward_transient,
     }
 
 
