@@ -307,9 +307,9 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     head = head_activations(spec, setup, dt)
     parts = _step_parts(spec, setup, dt, states, act, head, copies)
     if given.images:  # the vision tower's saved tensors and backward (cabe.vision_memory)
-        from cabe.vision_memory import step_fields
+        from cabe.vision_memory import with_images
 
-        parts = replace(parts, **step_fields(spec, given, dt, states.tensors, states.bytes_of))
+        parts = with_images(parts, spec, given, dt, states.tensors, states.bytes_of)
     if optimizer_entry(setup.optimizer).layerwise:  # single-GPU only (optimizer.refusal)
         lw = layerwise_figures(states.tensors, states.bytes_of, setup)
         parts = layerwise(parts, lw.gradient, lw.temporaries, lw.layer_gradient, lw.layer_temporaries)

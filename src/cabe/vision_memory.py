@@ -29,8 +29,9 @@ from dataclasses import dataclass, replace
 
 from cabe.activations import layer_activations
 from cabe.architecture import LayerGroup, ModelSpec, VisionTower
-from cabe.method import vision_lora_targets
+from cabe.method import Tensor, vision_lora_targets
 from cabe.precision import Dtypes
+from cabe.step import StepParts
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
 from cabe.vision import ImageGrid
@@ -195,8 +196,10 @@ def _around(tower: VisionTower, n: int, dt: Dtypes, trains: bool, every: bool) -
     return out
 
 
-def step_fields(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, tensors: list, bytes_of: dict) -> dict[str, int]:
-    """The :class:`cabe.step.StepParts` fields of the images of ``setup`` (``vision_*``); {} without images.
+def with_images(
+    parts: StepParts, spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, tensors: list[Tensor], bytes_of: dict[str, int]
+) -> StepParts:
+    """``parts`` with the images of ``setup`` (the ``vision_*`` fields of :class:`cabe.step.StepParts`).
 
     ``tensors`` / ``bytes_of``: the model states' parameter tensors and their bytes per element by kind. Under
     autocast with weights of another dtype (fp32, or bf16 under fp16 autocast), each matmul in the tower's
@@ -208,7 +211,7 @@ def step_fields(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, tensors: list
     grid = check_images(spec, setup.images, setup.image_size, setup.seq)
     tower = spec.vision
     if grid is None or tower is None:
-        return {}
+        return parts
     acts = tower_activations(spec, setup, dt, grid)
     in_path = tower_in_path(spec, setup)
     cast = in_path and dt.autocast and dt.input_casts and setup.method != "qlora"
@@ -239,13 +242,14 @@ def step_fields(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, tensors: list
         grads_j = merger + (tower.depth - j) * per_block
         if act_j + grads_j > best[0]:
             best = (act_j + grads_j, act_j, grads_j)
-    return {
-        "vision_saved": saved,
-        "vision_grads": total,
-        "vision_backward": best[1],
-        "vision_backward_grads": best[2],
-        "vision_forward": saved + acts.forward_transient,
-    }
+    return replace(
+        parts,
+        vision_saved=saved,
+        vision_grads=total,
+        vision_backward=best[1],
+        vision_backward_grads=best[2],
+        vision_forward=saved + acts.forward_transient,
+    )
 
 
 def vision_forward_bytes(tower: VisionTower, n: int, act_bytes: int = 2) -> int:

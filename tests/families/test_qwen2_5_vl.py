@@ -134,7 +134,8 @@ def test_tower_saved_tensors_by_hand():
     around = (
         n * 1176 * 2  # the Conv3d's input, the pixels in bf16 (3 · 2 · 14 · 14 values)
         + 2 * n * 4 * 80  # cos and sin, fp32, head_dim 80
-        + n * 4 * h + 4096  # the merger's RMSNorm: fp32 input, rsqrt (1,024 · 4 B, one 512 B block each way)
+        + n * 4 * h
+        + 4096  # the merger's RMSNorm: fp32 input, rsqrt (1,024 · 4 B, one 512 B block each way)
         + n * 2 * h  # its normalised tensor
         + 3 * n * 2 * h  # mlp.0's input, GELU's input and output (4h per merged token = h per patch)
     )

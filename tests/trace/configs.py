@@ -163,3 +163,9 @@ LLAMA4_MEDIUM = dict(
     use_qk_norm=False,
     vocab_size=4096,
 )
+
+#: a tiny Qwen2.5-VL (issue 13): a 2-layer Qwen2 decoder and a 5-block ViT (hidden 256, blocks 1 and 3 over the
+#: whole image, the others over 112-pixel windows), written once in tests/configs/files
+QWEN2_5_VL = json.loads(
+    (Path(__file__).parents[1] / "configs" / "files" / "qwen2_5_vl_tiny_config.json").read_text(encoding="utf-8")
+)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from cabe.trace.analysis import analyse
 from cabe.trace import vision
+from cabe.trace.analysis import analyse
 from cabe.trace.build import autocast, make_inputs, make_optimizer
 from cabe.trace.loss import loss_kernel
 from cabe.trace.result import TraceResult
