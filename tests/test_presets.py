@@ -180,9 +180,9 @@ def test_config_shape(path: Path):
     archs = cfg.get("architectures")
     assert isinstance(archs, list) and len(archs) == 1
     # causal LMs, and encoders planned with the head their fine-tuning uses (BERT: sequence classification)
-    # (and multimodal Gemma 3 and Llama 4 as published: Gemma3ForConditionalGeneration, Llama4ForConditionalGeneration)
+    # (and multimodal Gemma 3, Llama 4 and Qwen2.5-VL as published: their *ForConditionalGeneration classes)
     causal = ("ForCausalLM", "LMHeadModel", "ForSequenceClassification")
-    multimodal = cfg["model_type"] in ("gemma3", "llama4")
+    multimodal = cfg["model_type"] in ("gemma3", "llama4", "qwen2_5_vl")
     assert archs[0].endswith(causal + (("ForConditionalGeneration",) if multimodal else ())), archs
     # Every integer size that exists is positive.
     for key in (
