@@ -132,6 +132,10 @@ PUBLISHED_ROUNDED = {
     "smollm3-3b": (3, None),  # "SmolLM3 is a 3B parameter language model": 3,075,098,624
     "mistral-small-3.1-24b": (24, None),  # 24,011,361,280 with the Pixtral tower and projector
     "mistral-small-3.2-24b": (24, None),
+    # the Hub's model cards (safetensors): "3.75B", "8.29B", "73.4B" params, the vision tower included
+    "qwen2.5-vl-3b-instruct": (3.75, None),
+    "qwen2.5-vl-7b-instruct": (8.29, None),
+    "qwen2.5-vl-72b-instruct": (73.4, None),
 }
 
 CABE_KEYS = {
@@ -193,10 +197,10 @@ def test_config_shape(path: Path):
     archs = cfg.get("architectures")
     assert isinstance(archs, list) and len(archs) == 1
     # causal LMs, and encoders planned with the head their fine-tuning uses (BERT: sequence classification)
-    # (and multimodal Gemma 3, Llama 4 and Mistral Small 3.x as published: Gemma3ForConditionalGeneration,
+    # (and multimodal Gemma 3, Llama 4 and Mistral Small 3.x and Qwen2.5-VL as published: Gemma3ForConditionalGeneration,
     # Llama4ForConditionalGeneration, Mistral3ForConditionalGeneration)
     causal = ("ForCausalLM", "LMHeadModel", "ForSequenceClassification")
-    multimodal = cfg["model_type"] in ("gemma3", "llama4", "mistral3")
+    multimodal = cfg["model_type"] in ("gemma3", "llama4", "mistral3", "qwen2_5_vl")
     assert archs[0].endswith(causal + (("ForConditionalGeneration",) if multimodal else ())), archs
     # Every integer size that exists is positive.
     for key in (

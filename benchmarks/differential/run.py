@@ -77,6 +77,9 @@ MID_MODELS = [
     "santacoder",
     "starcoderbase-3b",
     "starcoderbase-7b",
+    # vision-language (issue 13): images drawn by _images
+    "qwen2.5-vl-3b-instruct",
+    "qwen2.5-vl-7b-instruct",
 ]
 BIG_MODELS = [
     "llama-2-70b",
@@ -204,8 +207,30 @@ def sample(rng: random.Random, *, small: bool = False, models: list[str] | None 
         if srng.random() < 0.25:
             kw["offload_activations"] = True
     _head_targets(model, spec, kw)
-    _packing(model, kw)
+    _images(model, spec, kw)
+    _packing(model, kw)  # after the images' draw (a model without a tower draws none: earlier draws stay)
     return model, kw
+
+
+#: image sizes the sampler draws (pixels, before the processor's resize)
+IMAGE_SIZES = ("224x224", "448x448", "336x504", "640x480", "1024x768", "1280x720")
+
+
+def _images(model: str, spec: Any, kw: dict[str, Any]) -> None:
+    """Images in each sequence for a model with a vision tower (issue 13), from the configuration's own generator
+    (after every other knob's): a count and a size whose tokens fit in the sequence, or none."""
+    if spec.vision is None:
+        return
+    from cabe.vision import image_grid
+
+    vrng = random.Random(f"images {model} {sorted(kw.items())}")
+    if vrng.random() < 0.15:
+        return  # text-only batches: the tower never runs
+    fits = [s for s in IMAGE_SIZES if image_grid(spec.vision, s).tokens <= kw["seq"]]
+    if not fits:
+        return
+    count, size = vrng.choice([1, 1, 2, 3, 4]), vrng.choice(fits)
+    kw["images"], kw["image_size"] = min(count, kw["seq"] // image_grid(spec.vision, size).tokens), size
 
 
 def _packing(model: str, kw: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ from cabe.activations import (
 from cabe.architecture import LayerGroup, ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.method import (
+    VISION_PREFIX,
     Tensor,
     head_targets,
     layer_tensors,
@@ -311,6 +312,10 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     copies = _weight_copies(spec, setup, dt)
     head = head_activations(spec, setup, dt)
     parts = _step_parts(spec, setup, dt, states, act, head, copies)
+    if given.images:  # the vision tower's saved tensors and backward (cabe.vision_memory)
+        from cabe.vision_memory import with_images
+
+        parts = with_images(parts, spec, given, dt, states.tensors, states.bytes_of)
     if optimizer_entry(setup.optimizer).layerwise:  # single-GPU only (optimizer.refusal)
         lw = layerwise_figures(states.tensors, states.bytes_of, setup)
         parts = layerwise(parts, lw.gradient, lw.temporaries, lw.layer_gradient, lw.layer_temporaries)
@@ -445,6 +450,9 @@ class _Activations:
     first: int = 0  # the model's index of the gradient path's bottom layer
     every: int = 0  # checkpointing: every ``every``-th layer is checkpointed (1: all; 0: no checkpointing)
     offload: bool = False  # the checkpointed layers' inputs wait on the host
+    #: checkpointing layers other modules come before in ``model.modules()``: transformers counts every
+    #: GradientCheckpointingLayer for ``every_n_layers`` (modeling_utils.py:3239-3247), a vision tower's blocks first
+    index_offset: int = 0
 
     @property
     def per_layer(self) -> LayerActivations:
@@ -469,7 +477,7 @@ class _Activations:
 
     def checkpointed(self, i: int) -> bool:
         """Whether the model's layer ``i`` (from the bottom) is checkpointed."""
-        return self.every > 0 and i % self.every == 0
+        return self.every > 0 and (i + self.index_offset) % self.every == 0
 
     def kept(self, r: _RunActivations, ckpt: bool) -> int:
         """What one layer keeps on the device through the forward: its input when checkpointed (nothing when
@@ -536,6 +544,7 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
         first=layers - grad_layers,
         every=setup.checkpoint_every if ckpt else 0,
         offload=ckpt and setup.offload_activations,
+        index_offset=spec.vision.depth if spec.vision is not None else 0,  # Qwen2.5-VL's tower blocks come first
     )
 
 
@@ -760,6 +769,7 @@ def _step_parts(
     tokens, grad_layers = act.tokens, act.grad_layers
     grads_head = _grad_bytes(states, lambda t: t.kind == "lm_head" or t.name == "final_norm")
     grads_layer = states.grads - grads_head - _grad_bytes(states, lambda t: t.kind in ("embedding", "prompt"))
+    grads_layer -= _grad_bytes(states, lambda t: t.name.startswith(VISION_PREFIX))  # the tower's (images)
     kinds: dict[tuple[Any, ...], LayerRun] = {}  # per kind of layer (and checkpointed or not)
     for r, _, ck in act.pieces():
         if (_kind(r.group), ck) not in kinds:
@@ -964,7 +974,9 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         # only `type(module) is nn.Linear` and Conv1D (integrations/bitsandbytes.py, replace_with_bnb_linear),
         # and prepare_model_for_kbit_training casts what is left in 16 bits to fp32
         notes.append("qlora_moe_experts_unquantized")
-    if spec.vision_parameters:  # Gemma 3's SigLIP tower: weights only, text-only batches never run it
+    if spec.vision is not None:  # a tower whose images cabe models (cabe.vision)
+        notes.append("vision_images" if setup.images else "vision_text_only")
+    elif spec.vision_parameters:  # Gemma 3's SigLIP tower: weights only, text-only batches never run it
         notes.append("vision_tower_weights_only")
     if setup.adapters and unmatched_lora_targets(spec, setup.lora_targets):
         notes.append("lora_target_unmatched")  # the names: extra["lora_unmatched"] (render fills the note)

@@ -254,6 +254,75 @@ class GatedDeltaNet:
 
 
 @dataclass(frozen=True)
+class VisionTower:
+    """A vision tower whose images join the text (Qwen2.5-VL's ViT: transformers 5.24
+    ``Qwen2_5_VisionTransformerPretrainedModel``, models/qwen2_5_vl/modeling_qwen2_5_vl.py:386-489).
+
+    An image of ``H x W`` pixels (after the processor's resize to multiples of ``patch_size * merge_size``)
+    becomes ``(H / patch_size) * (W / patch_size)`` patch tokens of ``hidden_size`` (a Conv3d patch embedding over
+    ``temporal_patch_size`` copies of the frame, no bias), ``depth`` blocks (RMSNorm, one fused ``qkv`` with bias
+    and 2-D rotary, ``proj`` with bias, RMSNorm, a gated MLP with biases), then the merger: an RMSNorm and two
+    linears over ``merge_size**2`` neighbouring patches (``merge_size**2 * hidden_size`` wide, GELU between) to
+    ``out_hidden_size``: one text token per ``merge_size**2`` patches. The blocks of ``full_attention_blocks``
+    attend over the whole image, the others over windows of ``window_size`` pixels.
+    """
+
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    out_hidden_size: int
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    window_size: int = 112
+    full_attention_blocks: tuple[int, ...] = ()
+    in_channels: int = 3
+    #: the processor's pixel bounds (transformers 5.24 ``Qwen2VLImageProcessor.size``, image_processing_qwen2_vl.py:96:
+    #: shortest_edge 56*56, longest_edge 28*28*1280) that ``smart_resize`` keeps an image within
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+
+    @property
+    def merged_width(self) -> int:
+        """The merger's width: ``merge_size**2`` patches side by side."""
+        return self.hidden_size * self.merge_size**2
+
+    @property
+    def block_linears(self) -> tuple[Linear, ...]:
+        """The linears of one block, with PEFT's names (``attn.qkv``, ``attn.proj``, ``mlp.*_proj``)."""
+        h, f = self.hidden_size, self.intermediate_size
+        return (
+            Linear("qkv", h, 3 * h, True),
+            Linear("proj", h, h, True, slot="o"),
+            Linear("gate_proj", h, f, True, role="mlp", slot="up"),
+            Linear("up_proj", h, f, True, role="mlp", slot="up"),
+            Linear("down_proj", f, h, True, role="mlp", slot="down"),
+        )
+
+    @property
+    def merger_linears(self) -> tuple[Linear, ...]:
+        """The merger's two linears (``merger.mlp.0`` and ``merger.mlp.2``, with biases)."""
+        m = self.merged_width
+        return (Linear("0", m, m, True, role="mlp", slot="up"), Linear("2", m, self.out_hidden_size, True, slot="down"))
+
+    @property
+    def patch_embed_count(self) -> int:
+        """The Conv3d patch embedding: channels x temporal x patch x patch -> hidden, no bias."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size**2 * self.hidden_size
+
+    @property
+    def block_count(self) -> int:
+        """Parameters of one block: its linears and two RMSNorm weights."""
+        return sum(lin.parameter_count for lin in self.block_linears) + 2 * self.hidden_size
+
+    @property
+    def parameter_count(self) -> int:
+        merger = self.hidden_size + sum(lin.parameter_count for lin in self.merger_linears)
+        return self.patch_embed_count + self.depth * self.block_count + merger
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """An exact, torch-free description of a decoder-only transformer.
 
@@ -370,6 +439,9 @@ class ModelSpec:
     #: of ``vision_parameters``: the weights of the tower's and projector's ``nn.Linear`` layers, which QLoRA's
     #: bitsandbytes quantizes with the decoder's (every nn.Linear but the LM head); 0 when not known
     vision_linear_parameters: int = 0
+    #: the vision tower whose images join the text sequence (:class:`VisionTower`; Qwen2.5-VL), when the family
+    #: models its activations; ``vision_parameters`` is then its parameter count
+    vision: VisionTower | None = None
     #: bytes of the model's buffers on the device that are not parameters (transformers' modules, not vLLM's):
     #: GPTBigCode's causal mask ``transformer.bias``, n_positions² bools
     buffer_bytes: int = 0

@@ -184,8 +184,15 @@ def estimate_inference(
     mode: str = "generate",
     prefill_chunk: int | None = None,
     group_size: int = 128,
+    images: int = 0,
+    image_size: str = "448x448",
 ) -> dict[str, Any]:
     """Peak memory of running the model on ``batch`` sequences of ``context`` tokens.
+
+    ``images`` per sequence (a model with a vision tower cabe models): their tokens are part of ``context``, so
+    of the KV cache, as the processor writes them into the prompt; the tower runs on all of the batch's images at
+    prefill, before the decoder, and its working memory (:func:`cabe.vision_memory.vision_forward_bytes`) is
+    the activations' when it is the larger.
 
     ``mode="generate"``: prefill (in chunks of ``prefill_chunk`` tokens, default the whole prompt)
     then decoding; logits of the last token only. ``mode="prefill"``: scoring a whole prompt,
@@ -204,6 +211,8 @@ def estimate_inference(
     w = weights_bytes(spec, weights, group_size)
     kv = kv_cache_bytes(spec, context, batch, kv_dtype)
     act = forward_bytes(spec, batch * chunk)
+    vision = _vision_step(spec, images, image_size, context, batch)
+    act = max(act, vision["bytes"]) if vision else act
     logits = logits_bytes(spec, batch * (context if mode == "prefill" else 1))
     comps = {"weights": w["total_bytes"], "kv_cache": kv, "activations": act, "logits": logits}
     state = batch * ssm.state_bytes_per_sequence(spec, SSM_CONV_BYTES)
@@ -236,7 +245,27 @@ def estimate_inference(
                 "bytes": logits,
                 "params": {"rows": batch * (context if mode == "prefill" else 1), "v": spec.vocab_size},
             },
+            *([vision] if vision else []),
         ],
+    }
+
+
+def _vision_step(spec: ModelSpec, images: int, image_size: str, context: int, batch: int) -> dict[str, Any] | None:
+    """The vision tower's forward at prefill, as a step (None without images)."""
+    from cabe.vision import check_images
+    from cabe.vision_memory import vision_forward_bytes
+
+    if isinstance(images, bool) or not isinstance(images, int) or not 0 <= images <= 1 << 12:
+        raise InvalidValueError("out_of_range", "images", value=images, minimum=0, maximum=1 << 12)
+    grid = check_images(spec, images, image_size, context)
+    if grid is None or spec.vision is None:
+        return None
+    n = batch * images * grid.patches
+    return {
+        "key": "infer.vision",
+        "formula": "{images} × {patches} patches: {tokens} tokens each",
+        "bytes": vision_forward_bytes(spec.vision, n),
+        "params": {"images": batch * images, "patches": grid.patches, "tokens": grid.tokens},
     }
 
 
@@ -405,6 +434,8 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
         "group_size",
         "gpu",
         "gpu_memory_utilization",
+        "images",
+        "image_size",
         "lang",
         "units",
     )
@@ -415,7 +446,8 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
     if src is None:
         raise InvalidValueError("missing_model", "model")
     spec = src.spec
-    kw = {k: body[k] for k in ("weights", "kv_dtype", "mode", "prefill_chunk", "group_size") if body.get(k) is not None}
+    keys = ("weights", "kv_dtype", "mode", "prefill_chunk", "group_size", "images", "image_size")
+    kw = {k: body[k] for k in keys if body.get(k) is not None}
     context = body.get("context")
     context = min(4096, spec.max_positions or 4096) if context is None else context
     batch: int = 1 if body.get("batch") is None else body["batch"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cabe.architecture import LayerGroup, Linear, ModelSpec
+from cabe.architecture import LayerGroup, Linear, ModelSpec, VisionTower
 from cabe.errors import InvalidValueError
 from cabe.training import TrainingSetup
 
@@ -334,9 +334,12 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
     add("lm_head", spec.lm_head_count, 1, method == "full", "lm_head", spec.vocab_size, spec.hidden_size)
     # NOTE: a vision tower (Gemma 3's SigLIP + projector) on text-only batches never runs, so it gets no
     # gradient and AdamW no state for it (torch/optim/adamw.py _init_group skips p.grad is None): frozen weights
-    quantized_vision = spec.vision_linear_parameters if method == "qlora" else 0
-    add("vision_tower", spec.vision_parameters - quantized_vision, 1, False, "base")
-    add("vision_tower.linear", quantized_vision, 1, False, "quantized")  # QLoRA: bitsandbytes' 4-bit layers
+    if spec.vision is not None:
+        _vision_tensors(add, spec, spec.vision, setup)
+    else:
+        quantized_vision = spec.vision_linear_parameters if method == "qlora" else 0
+        add("vision_tower", spec.vision_parameters - quantized_vision, 1, False, "base")
+        add("vision_tower.linear", quantized_vision, 1, False, "quantized")  # QLoRA: bitsandbytes' 4-bit layers
     if spec.classifier_count:  # BertForSequenceClassification: pooler.dense and classifier, with biases
         h, n = spec.hidden_size, spec.num_labels
         add("pooler", h * h, 1, method == "full", "lm_head", h, h)
@@ -396,6 +399,62 @@ def adapter_learns(lin: Linear) -> bool:
     name) and marks the adapters trainable, but their ``.grad`` stays None, so no gradient is made and the
     optimizers, which skip parameters without one, never make their state. cabe holds them as frozen adapters."""
     return lin.slot != "indexer"
+
+
+#: the prefix of the vision tower's tensors (transformers' ``model.visual``)
+VISION_PREFIX = "visual."
+
+
+def vision_lora_targets(spec: ModelSpec, setup: TrainingSetup) -> tuple[tuple[Linear, int], ...]:
+    """The tower's linears LoRA adapts, each with how many there are: PEFT 0.21.2 matches ``target_modules`` by
+    the module's last name (tuners_utils.py ``check_target_module_exists``), so the decoder's ``gate_proj`` /
+    ``up_proj`` / ``down_proj`` name the tower's MLP too, and ``all-linear`` takes every ``nn.Linear`` but the
+    output layer (tuners_utils.py:2430-2490): the blocks' and the merger's."""
+    tower = spec.vision
+    if tower is None or not setup.adapters:
+        return ()
+    targets = set(setup.lora_targets or spec.peft_default_targets)
+    every = "all-linear" in targets
+    out = [(lin, tower.depth) for lin in tower.block_linears if every or lin.name in targets]
+    out += [(lin, 1) for lin in tower.merger_linears if every]
+    return tuple(out)
+
+
+def _vision_tensors(add: Any, spec: ModelSpec, tower: VisionTower, setup: TrainingSetup) -> None:
+    """The tower's tensors (``model.visual``): trained by ``full`` when images run through it (text-only batches
+    never run it: no gradient, no optimizer state), frozen otherwise; its linears 4-bit under QLoRA
+    (transformers' bitsandbytes integration replaces every ``nn.Linear`` but the output layer,
+    quantizers/base.py:39-63, 5.24; the Conv3d patch embedding stays); LoRA adapters on the linears PEFT
+    matches (:func:`vision_lora_targets`), trained when images run."""
+    trains = setup.method == "full" and setup.images > 0
+    quantize = setup.method == "qlora"
+    v = VISION_PREFIX
+    h = tower.hidden_size
+    add(v + "patch_embed", tower.patch_embed_count, 1, trains, "base", h, tower.patch_embed_count // h)
+    for lin, count in [(lin, tower.depth) for lin in tower.block_linears] + [(lin, 1) for lin in tower.merger_linears]:
+        name = v + ("merger.mlp." if count == 1 else "") + lin.name
+        if quantize:
+            add(name, lin.weight_count, count, False, "quantized", role=lin.role)
+        else:
+            rows, cols = lin.out_features, lin.in_features
+            add(name, lin.weight_count, count, trains, "base", rows, cols, role=lin.role, path=_vision_path(lin, count))
+        add(name + ".bias", lin.out_features, count, trains, "base", role=lin.role)
+    add(v + "norm", h, 2 * tower.depth + 1, trains, "norm")
+    r = setup.lora_rank
+    for lin, count in vision_lora_targets(spec, setup):
+        name = v + lin.name
+        adapters = setup.images > 0
+        a_path, b_path = _vision_path(lin, count) + ".lora_A", _vision_path(lin, count) + ".lora_B"
+        add(name + ".lora_A", r * lin.in_features, count, adapters, "adapter", r, lin.in_features, path=a_path)
+        add(name + ".lora_B", lin.out_features * r, count, adapters, "adapter", lin.out_features, r, path=b_path)
+
+
+def _vision_path(lin: Linear, count: int) -> str:
+    """A tower linear's module path as transformers names it (``visual.blocks.N.attn.qkv``, ``visual.merger.mlp.0``)
+    without the block's number: what GaLore's ``optim_target_modules`` match as substrings ("attn", "mlp")."""
+    if count == 1:
+        return "visual.merger.mlp." + lin.name
+    return "visual.blocks." + ("mlp." if lin.role == "mlp" else "attn.") + lin.name
 
 
 def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, trainable: bool) -> list[Tensor]:

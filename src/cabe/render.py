@@ -56,6 +56,8 @@ REPORT_NOTES = (
     "grad_accum_keeps_grads",
     "qlora_moe_experts_unquantized",
     "vision_tower_weights_only",
+    "vision_text_only",
+    "vision_images",
     "lora_targets_moved_to_experts",
     "lora_target_unmatched",
     "gated_deltanet_kernels_modelled",

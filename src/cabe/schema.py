@@ -481,6 +481,34 @@ _SETUP: tuple[Field, ...] = (
         ("none", "packed", "padding-free"),
         flags=_flag("packing"),
     ),
+    # images in each sequence, for a model whose vision tower cabe models (Qwen2.5-VL): each image's tokens
+    # replace as many of the sequence's ``seq`` tokens, as the processor writes them into the text
+    # (cabe.vision); 0: text-only batches, the tower never runs
+    # (states: images make full fine-tuning train the tower, and LoRA train the adapters PEFT puts on it)
+    _int(
+        "images",
+        "setup",
+        _TRAINING + ("from-config",),
+        0,
+        0,
+        1 << 12,
+        unit="images",
+        states=True,
+        flags=_flag("images"),
+    ),
+    # the images' size in pixels, before the processor's resize (Qwen2VLImageProcessor's smart_resize:
+    # cabe.vision.resized)
+    Field(
+        "image_size",
+        str,
+        "setup",
+        _TRAINING + ("from-config",),
+        "448x448",
+        unit="pixels",
+        max_length=40,
+        flags=_flag("image_size"),
+        metavar="HxW",
+    ),
 )
 
 _GPUS: tuple[Field, ...] = (
@@ -583,6 +611,30 @@ _SERVING: tuple[Field, ...] = (
         maximum=1,
         exclusive_minimum=True,
         flags=_flag("gpu_memory_utilization"),
+    ),
+    # images in each request's prompt (cabe.vision): their tokens join the context and the KV cache, the
+    # vision tower runs at prefill
+    _int(
+        "images",
+        "serving",
+        _INFER,
+        0,
+        0,
+        1 << 12,
+        unit="images",
+        flags=_flag("images"),
+        help_key="option.serving.images",
+    ),
+    Field(
+        "image_size",
+        str,
+        "serving",
+        _INFER,
+        "448x448",
+        unit="pixels",
+        max_length=40,
+        flags=_flag("image_size"),
+        metavar="HxW",
     ),
 )
 

@@ -119,6 +119,17 @@ class StepParts:
     forward_transient: int = 0
     # checkpointing: the largest transient of a recomputed layer's forward (LayerRun.recompute_transient)
     recompute_transient_layer: int = 0
+    # images (cabe.vision_memory): what the vision tower saves for backward, alive from its forward (before the first
+    # decoder layer) until its own backward (after the bottom layer's), and the gradients of its weights. Its
+    # backward runs from the merger down to the bottom block, releasing each block's saved tensors and making its
+    # gradients: ``vision_backward`` is the activations at its largest moment (what is still saved and that
+    # block's transient), ``vision_backward_grads`` the tower's gradients made by then
+    vision_saved: int = 0
+    vision_grads: int = 0
+    vision_backward: int = 0
+    vision_backward_grads: int = 0
+    # the tower's forward (before the decoder's): what it has saved and its largest transient, beside the pixels
+    vision_forward: int = 0
 
     def layer_runs(self) -> tuple[LayerRun, ...]:
         """The gradient's path as runs of like layers, bottom first."""
@@ -157,7 +168,7 @@ def timeline(p: StepParts) -> list[Moment]:
     runs = p.layer_runs()
     saved_all = sum(r.count * r.saved for r in runs)
     copies_all = sum(r.count * r.copies for r in runs) + p.frozen_copies
-    acts_all = saved_all + p.rotary + p.final_norm_saved + p.frozen_inputs + p.embedding_saved
+    acts_all = saved_all + p.rotary + p.final_norm_saved + p.frozen_inputs + p.embedding_saved + p.vision_saved
     moments = [
         Moment(
             "forward",
@@ -217,6 +228,16 @@ def timeline(p: StepParts) -> list[Moment]:
         )
     moments += _layer_moments(p, runs, base, g_acc, saved_all, copies_all)
     strays_all = sum(r.count * r.stray_grads for r in runs)  # freed with the graph, after backward
+    if p.vision_backward:
+        moments.append(_vision_moment(p, base))
+    if p.vision_forward:
+        moments.append(
+            Moment(
+                "forward",
+                "vision_tower",
+                {**base, "gradients": g_acc, "activations": p.vision_forward, **p.extra_forward},
+            )
+        )
     if p.embedding_grad_input:
         moments.append(
             Moment(
@@ -274,6 +295,7 @@ def _layer_moments(
             where = _where(i == 0 and end == 0, i == len(runs) - 1 and end == 1, layers_above + from_top)
             before = grads_above + r.grads * from_top  # the gradients of the layers above this one
             acts = saved + remaining * r.saved + r.recompute + p.rotary + p.frozen_inputs + p.embedding_saved
+            acts += p.vision_saved
             weight_copies = copies + r.copies * remaining + r.copies_recompute
             # the layer's MLP backward: all it saved is alive; its MLP gradients are made (taken whole,
             # though autograd frees some saved tensors as it goes). Its attention's gradients come later:
@@ -314,6 +336,22 @@ def _layer_moments(
         stray_above += r.stray_grads * r.count
         layers_above += r.count
     return out
+
+
+def _vision_moment(p: StepParts, base: dict[str, int]) -> Moment:
+    """The vision tower's largest backward moment (after the bottom decoder layer's): every decoder gradient made,
+    the tower's own being made, what the tower still saves."""
+    return Moment(
+        "backward",
+        "vision_tower",
+        {
+            **base,
+            "gradients": p.grads - p.vision_grads + p.vision_backward_grads,
+            "activations": p.vision_backward + p.frozen_inputs + p.embedding_saved,
+            "weight_copies": p.frozen_copies,
+            **p.extra_backward,
+        },
+    )
 
 
 def _where(top: bool, bottom: bool, from_top: int) -> str:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from cabe import schema
+from cabe import schema, vision
 from cabe.errors import InvalidValueError
 from cabe.schema import MAX_BATCH, MAX_RANK, MAX_SEQ
 
@@ -100,6 +100,9 @@ class TrainingSetup:
         packing: ``none`` (padded rows of ``seq`` tokens), ``packed`` (rows of exactly ``seq`` tokens holding
             several documents) or ``padding-free`` (the batch flattened to one row of batch × seq tokens);
             documents are told apart by position_ids, so SDPA gets a block-diagonal mask.
+        images: images in each sequence (a model with a vision tower cabe models: Qwen2.5-VL); their tokens are
+            part of ``seq`` (:mod:`cabe.vision`). 0: text-only batches.
+        image_size: the images' size in pixels, ``"HxW"``, before the processor's resize.
         gpus: data-parallel world size × tp × pp (total GPUs); memory is reported per GPU.
         shard: ``none`` (one GPU), ``ddp``, DeepSpeed ``zero1``/``zero2``/``zero3``, ``fsdp``
             (full sharding), ``fsdp-hybrid`` (shard within a node, replicate across nodes).
@@ -140,6 +143,8 @@ class TrainingSetup:
     checkpoint_every: int = _D["checkpoint_every"]
     offload_activations: bool = _D["offload_activations"]
     packing: Packing = _D["packing"]
+    images: int = _D["images"]
+    image_size: str = _D["image_size"]
     gpus: int = _D["gpus"]
     shard: Shard = _D["shard"]
     offload: Offload = _D["offload"]
@@ -283,6 +288,7 @@ def validate(setup: TrainingSetup) -> None:
         # PEFT drops position_ids under prompt tuning (peft 0.21.2 peft_model.py:1668-1674, "Position ids are not
         # supported ... Ignoring position ids"): no document would be told apart, the packing would do nothing
         raise InvalidValueError("packing_prompt_tuning", "packing", value=setup.packing)
+    vision.parse_image_size(setup.image_size)  # "HxW" pixels, or a typed error
     if setup.method == "freeze" and setup.trainable_layers < 1:  # nothing would train: the trace refuses it too
         raise InvalidValueError("freeze_needs_layers", "trainable_layers", value=setup.trainable_layers)
 
@@ -303,7 +309,7 @@ def _check_savers(setup: TrainingSetup) -> None:
 def _check_group(setup: TrainingSetup, group: str) -> None:
     """One schema group: its choices, then its integers."""
     for f in schema.SETUP_FIELDS:
-        if f.group == group and f.type is str:
+        if f.group == group and f.type is str and f.choices is not None:
             _check_choice(f, getattr(setup, f.name))
     for f in schema.SETUP_FIELDS:
         if f.group == group and f.type is int:

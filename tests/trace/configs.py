@@ -175,3 +175,9 @@ GRANITE_HYBRID = json.loads(
 DEEPSEEK_V32 = json.loads(
     (Path(__file__).resolve().parents[1] / "configs/files/deepseek_v32_tiny_config.json").read_text()
 )
+
+#: a tiny Qwen2.5-VL (issue 13): a 2-layer Qwen2 decoder and a 5-block ViT (hidden 256, blocks 1 and 3 over the
+#: whole image, the others over 112-pixel windows), written once in tests/configs/files
+QWEN2_5_VL = json.loads(
+    (Path(__file__).parents[1] / "configs" / "files" / "qwen2_5_vl_tiny_config.json").read_text(encoding="utf-8")
+)

@@ -154,7 +154,8 @@ def build_model(
     cfg = hf_config(config)
     attn = {"eager": "eager", "sdpa": "sdpa", "flash": register_flash()}[setup.attention]
     if setup.attention == "flash":
-        head_dim = getattr(cfg, "head_dim", None) or (cfg.hidden_size // cfg.num_attention_heads)
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg  # a vision-language model's decoder
+        head_dim = getattr(text, "head_dim", None) or (text.hidden_size // text.num_attention_heads)
         if head_dim > 256:
             raise ConfigError("flash_head_dim", "attention", head_dim=head_dim, maximum=256)
     dtype = load_dtype(setup)
@@ -249,7 +250,20 @@ def _auto_class(head: str, cfg: Any) -> Any:
     if head == "sequence_classification":
         cfg.problem_type = "single_label_classification"
         return transformers.AutoModelForSequenceClassification
-    return transformers.AutoModelForCausalLM
+    return _image_text_class(cfg) or transformers.AutoModelForCausalLM
+
+
+def _image_text_class(cfg: Any) -> Any:
+    """``AutoModelForImageTextToText`` for a vision-language model transformers 5.24 does not build as a causal LM
+    (Qwen2.5-VL: models/auto/modeling_auto.py maps ``qwen2_5_vl`` to ``Qwen2_5_VLForConditionalGeneration`` only
+    there); None otherwise."""
+    import transformers
+    from transformers.models.auto import modeling_auto as ma
+
+    mt = getattr(cfg, "model_type", "")
+    if mt in ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or mt not in ma.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return None
+    return transformers.AutoModelForImageTextToText
 
 
 def _from_config(cfg: Any, setup: TrainingSetup, attn: str, dtype: Any, notes: list[str], head: str = "lm") -> Any:

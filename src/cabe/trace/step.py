@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from cabe.trace import vision
 from cabe.trace.analysis import analyse
 from cabe.trace.build import autocast, make_inputs, make_optimizer
 from cabe.trace.loss import loss_kernel
@@ -119,17 +120,19 @@ def _micro_batch(
     tracker.region = None
     ids, labels, positions = make_inputs(cfg, setup, device)
     extra = {} if positions is None else {"position_ids": positions}  # packed rows: documents by position_ids
-    tracker.set_phase("forward")
-    with autocast(setup), loss_kernel(model, setup):
-        loss = model(input_ids=ids, labels=labels, use_cache=False, **extra).loss
-    if micro > 1:
-        loss = loss / setup.grad_accum
-    tracker.set_phase("backward")
-    if scaler is not None:
-        scaler.scale(loss).backward()
-    else:
-        loss.backward()
-    del loss, ids, labels, positions, extra
+    with vision.simulated(vision.wants_images(cfg, setup)):
+        images = vision.image_inputs(cfg, setup, device, ids)  # pixel_values and their grid, when images are asked
+        tracker.set_phase("forward")
+        with autocast(setup), loss_kernel(model, setup):
+            loss = model(input_ids=ids, labels=labels, use_cache=False, **extra, **images).loss
+        if micro > 1:
+            loss = loss / setup.grad_accum
+        tracker.set_phase("backward")
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+    del loss, ids, labels, positions, extra, images
     tracker.region = None
 
 

@@ -39,6 +39,8 @@ FIELDSETS = (
     ("web.plan.group_lora", ("lora_rank", "lora_alpha", "lora_targets", "quant", "double_quant")),
     # the trainer's recipe and loss kernel, and the memory savers (issue 11)
     ("web.plan.group_recipe", ("recipe", "loss", "loss_chunks", "checkpoint_every", "offload_activations", "packing")),
+    # images in each sequence, for a vision-language model (issue 13: cabe.vision)
+    ("web.plan.group_images", ("images", "image_size")),
 )
 PLAN_FIELDS = ("model",) + tuple(n for _, names in FIELDSETS for n in names) + ("gpu",)
 UNITS = schema.field("units", "api.estimate")

@@ -1,0 +1,109 @@
+"""Images in a traced step: the fake ``pixel_values`` and ``image_grid_thw`` a Qwen2.5-VL model reads, and what
+the fake-tensor simulation needs so that the vision tower's data-dependent bookkeeping runs.
+
+The tower computes its window order and cumulative lengths from ``image_grid_thw`` with ``.tolist()`` and boolean
+indexing (transformers 5.24 vision_utils.py:43-190), and SDPA splits q, k, v by those lengths
+(modeling_qwen2_5_vl.py:316-319): values fake tensors do not have. transformers takes them precomputed
+(``image_cu_seqlens``, ``image_window_index``... through ``accepts_precomputed_kwargs``, utils/generic.py:1052), so
+they are computed here with transformers' own functions on real CPU tensors, outside the simulation, and fed to
+the model as fake CUDA tensors that carry their values (FakeTensor constants; their size limit,
+``CONSTANT_NUMEL_LIMIT``, is raised while the step runs so that the small integer tensors derived from them keep
+their values). The placeholder-count check (``torch_compilable_check``, which reads a sum of the fake input ids)
+is switched off with transformers' own switch, ``TRANSFORMERS_DISABLE_TORCH_CHECK``. Positions: the 3-D rotary
+positions of ``get_rope_index`` need the processor's ``mm_token_type_ids``; without them transformers uses text
+positions, which allocate the same (3, batch, seq) tensor. None of this changes what the step allocates on the
+GPU beyond these few integer tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from cabe.training import TrainingSetup
+
+
+def _vision_config(cfg: Any) -> Any:
+    return getattr(cfg, "vision_config", None)
+
+
+def wants_images(cfg: Any, setup: TrainingSetup) -> bool:
+    return setup.images > 0 and _vision_config(cfg) is not None and hasattr(cfg, "image_token_id")
+
+
+def _grid(cfg: Any, setup: TrainingSetup) -> tuple[int, int, int]:
+    """(grid_t, grid_h, grid_w) of one image, by the processor's resize (cabe.vision.resized)."""
+    from cabe import families, vision
+
+    spec = families.from_config(cfg.to_dict())
+    if spec.vision is None:
+        raise ValueError("no vision tower")
+    g = vision.image_grid(spec.vision, setup.image_size)
+    return 1, g.grid_h, g.grid_w
+
+
+def image_inputs(cfg: Any, setup: TrainingSetup, device: Any, ids: Any) -> dict[str, Any]:
+    """The model's image keywords for one micro-batch (``setup.images`` images in each of ``setup.batch``
+    sequences); writes the image tokens at the start of each row of ``ids``. Empty without images."""
+    if not wants_images(cfg, setup):
+        return {}
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+    from transformers import vision_utils as vu
+
+    vc = _vision_config(cfg)
+    t, gh, gw = _grid(cfg, setup)
+    n = setup.batch * setup.images
+    merge = vc.spatial_merge_size
+    with _disable_current_modes():  # real CPU tensors: transformers' own precomputation
+        grid = torch.tensor([[t, gh, gw]] * n)
+        window_index, cu_window = vu.get_vision_window_index(grid, merge, vc.window_size, vc.patch_size)
+        cu_seqlens = vu.get_vision_cu_seqlens(grid)
+        position_ids = vu.get_vision_position_ids(grid, merge)
+        lists = {
+            "grid": grid.tolist(),
+            "window_index": window_index.tolist(),
+            "cu_window": cu_window.tolist(),
+            "cu_seqlens": cu_seqlens.tolist(),
+            "position_ids": position_ids.tolist(),
+        }
+        max_window = int((cu_window[1:] - cu_window[:-1]).max())
+        max_full = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    per_image = gh * gw // merge**2
+    ids[:, : setup.images * per_image] = cfg.image_token_id
+    patch = vc.in_channels * vc.temporal_patch_size * vc.patch_size**2
+    flash = setup.attention == "flash"
+    return {
+        # the processor's output is fp32 (normalised pixels); the model casts it to the tower's dtype
+        "pixel_values": torch.randn(n * t * gh * gw, patch, device=device),
+        # host tensors whose values the fake mode keeps (only their values are read: split sizes, lengths)
+        "image_grid_thw": torch.tensor(lists["grid"]),
+        "image_cu_window_seqlens": torch.tensor(lists["cu_window"], dtype=torch.int32),
+        "image_cu_seqlens": torch.tensor(lists["cu_seqlens"], dtype=torch.int32),
+        "image_window_index": torch.tensor(lists["window_index"], device=device),
+        "image_position_ids": torch.tensor(lists["position_ids"], device=device),
+        **({"image_max_seqlen": max_full, "image_max_window_seqlen": max_window} if flash else {}),
+    }
+
+
+@contextlib.contextmanager
+def simulated(active: bool) -> Iterator[None]:
+    """While a step with images runs: FakeTensor constants up to 16M elements, transformers' tensor checks off."""
+    if not active:
+        yield
+        return
+    import torch._subclasses.fake_tensor as ft
+
+    limit, check = ft.CONSTANT_NUMEL_LIMIT, os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
+    ft.CONSTANT_NUMEL_LIMIT = 1 << 24
+    os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
+    try:
+        yield
+    finally:
+        ft.CONSTANT_NUMEL_LIMIT = limit
+        if check is None:
+            os.environ.pop("TRANSFORMERS_DISABLE_TORCH_CHECK", None)
+        else:
+            os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = check

@@ -1,0 +1,268 @@
+"""What the vision tower keeps while it runs (Qwen2.5-VL: transformers 5.24
+``Qwen2_5_VisionTransformerPretrainedModel``, models/qwen2_5_vl/modeling_qwen2_5_vl.py:386-489).
+
+A tower block is a decoder layer of the Llama lineage with other names: RMSNorm (``Qwen2_5_VLRMSNorm``, the same
+fp32 upcast and rsqrt as Llama's), one fused ``qkv`` linear whose output v is a view of (the whole qkv output stays
+alive while v is saved), 2-D rotary on q and k, SDPA without a mask (``is_causal=False``) on each window or
+image, whose outputs are concatenated for ``proj``, RMSNorm and a SwiGLU MLP. So one block's saved tensors are
+:func:`cabe.activations.layer_activations` of a spec made of the block (:func:`block_spec`), per patch token, with
+the attention's span the window's patches (``window_size / patch_size`` squared: 64 for Qwen2.5-VL) or, in the
+full-attention blocks, the image's. The residual between blocks is the patch embedding's output, a 16-bit
+tensor under autocast (Conv3d is on autocast's 16-bit list), the weights' dtype otherwise.
+
+Around the blocks (per patch, when gradients flow through the tower):
+
+* the patch embedding's Conv3d saves its input (the pixels cast to the compute dtype: channels·2·14·14 values)
+  when its weight trains;
+* the rotary tables, cos and sin in fp32 (head_dim each), gathered in window order once and shared by every
+  block (``apply_rotary_pos_emb_vision`` calls ``.float()`` on fp32 tables: no copy);
+* the merger: its RMSNorm (4h + 4, and the normalised tensor when the weight trains), the first linear's input,
+  and GELU's input and output (4h values per merged token each: h per patch).
+
+Without gradient through the tower (LoRA on the decoder only, freeze, prompt tuning) it saves nothing; its
+forward's largest moment is one block's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cabe.activations import layer_activations
+from cabe.architecture import LayerGroup, ModelSpec, VisionTower
+from cabe.method import Tensor, vision_lora_targets
+from cabe.precision import Dtypes
+from cabe.step import StepParts
+from cabe.training import TrainingSetup
+from cabe.units import round_alloc
+from cabe.vision import ImageGrid
+
+
+@dataclass(frozen=True)
+class TowerActivations:
+    """The tower's figures for one micro-batch, in bytes; per block (bottom first) what it keeps through the
+    forward, what it saves when it runs for backward (a checkpointed block is recomputed whole), and its backward
+    transient."""
+
+    saved: int  # everything the tower keeps for backward (0 when no gradient flows through it)
+    forward_transient: int  # the largest transient of the tower's forward
+    blocks: int  # kept by the blocks alone
+    around: int  # saved outside the blocks (patch embedding, rotary tables, merger)
+    kept: tuple[int, ...] = ()
+    full: tuple[int, ...] = ()
+    workspace: tuple[int, ...] = ()
+    checkpointed: tuple[bool, ...] = ()
+
+
+def block_spec(tower: VisionTower) -> ModelSpec:
+    """One tower block as a :class:`ModelSpec` the decoder-layer estimator reads."""
+    nh = tower.num_heads
+    group = LayerGroup(1, tower.block_linears, "gated", intermediate_size=tower.intermediate_size)
+    return ModelSpec(
+        model_type="qwen2_5_vl_vision",
+        family="qwen2_5_vl",
+        hidden_size=tower.hidden_size,
+        num_heads=nh,
+        num_kv_heads=nh,
+        head_dim=tower.hidden_size // nh,
+        intermediate_size=tower.intermediate_size,
+        vocab_size=1,
+        tie_word_embeddings=True,
+        activation="silu",
+        rotary_dim=tower.hidden_size // nh,
+        max_positions=1 << 24,
+        layer_groups=(group,),
+        value_is_qkv_view=True,
+        peft_default_targets=("all-linear",),
+    )
+
+
+def tower_targets(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, ...]:
+    """The tower's linears LoRA adapts (by their names in a block), or () when none."""
+    return tuple(dict.fromkeys(lin.name for lin, _ in vision_lora_targets(spec, setup)))
+
+
+def tower_in_path(spec: ModelSpec, setup: TrainingSetup) -> bool:
+    """Whether the tower's forward records a graph for backward: it trains (full), LoRA adapts some of its linears,
+    or its input requires grad. transformers' ``enable_input_require_grads`` (modeling_utils.py:2147-2180, 5.24)
+    hooks the input embeddings of every ``PreTrainedModel`` inside the model, the tower's ``patch_embed`` too; LoRA
+    and prompt tuning call it under checkpointing (cabe.trace.build; PEFT's prepare_model_for_kbit_training does not
+    with ``use_reentrant=False``, other.py:229-233)."""
+    if setup.method == "full" or tower_targets(spec, setup):
+        return True
+    return setup.checkpointing and setup.method in ("lora", "prompt-tuning")
+
+
+def tower_dtypes(dt: Dtypes) -> Dtypes:
+    """The tower's residual is the Conv3d patch embedding's output: the compute dtype (autocast's, or the
+    weights')."""
+    return replace(dt, residual=dt.compute)
+
+
+def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: ImageGrid) -> TowerActivations:
+    """The tower's saved bytes and transients for ``setup.batch × setup.images`` images of ``grid``."""
+    tower = spec.vision
+    if tower is None or not setup.images:
+        return TowerActivations(0, 0, 0, 0)
+    images = setup.batch * setup.images
+    n = images * grid.patches  # patch tokens through every block
+    trains = setup.method == "full"
+    targets = tower_targets(spec, setup)
+    vspec, vdt = block_spec(tower), tower_dtypes(dt)
+    window = (tower.window_size // tower.patch_size) ** 2
+    full = len([b for b in tower.full_attention_blocks if b < tower.depth])
+    spans = ((tower.depth - full, min(window, grid.patches)), (full, grid.patches))
+    lora = bool(targets)
+    method = "full" if trains or not lora else ("qlora" if setup.method == "qlora" else "lora")
+    block_names = [n for n in targets if n in {lin.name for lin in tower.block_linears}]
+    vsetup = setup.with_(method=method, lora_targets=tuple(block_names) or ("all-linear",))
+    vsetup = vsetup.with_(
+        batch=1, packing="none", images=0, checkpointing=False, checkpoint_every=1, offload_activations=False
+    )
+    in_path = tower_in_path(spec, setup)
+    c = vdt.compute
+    # the forward's largest transient in a block: rotary upcasts q and k to fp32 and makes q·cos, the rotated
+    # half (a cat) and its product with sin, then the same for k with q's fp32 result alive: six fp32 h-wide
+    # tensors beside the residual and the fused qkv output (apply_rotary_pos_emb_vision,
+    # modeling_qwen2_5_vl.py:200-210); or the MLP's gate, up and activation
+    # (the block's normed input stays referenced while its attention runs: the residual, the normed input and the
+    # qkv output are 5 compute-dtype h-wide tensors); and cos and sin, fp32, all along the tower's forward
+    h, f, d = tower.hidden_size, tower.intermediate_size, tower.hidden_size // tower.num_heads
+    fwd = n * (max((5 * c + 24) * h, c * 2 * h + 3 * c * f) + 2 * 4 * d)
+    if in_path:  # the residual, the normed input, qkv and the tables are saved already: the fp32 rotary temporaries
+        fwd = n * 24 * h
+    every = setup.checkpoint_every if setup.checkpointing else 0
+    by_span = {}
+    for span in {s for _, s in spans}:
+        acts = layer_activations(
+            vspec, vsetup.with_(seq=span), vdt, base_trainable=trains, adapters=lora and not trains, group=None
+        )
+        per_block = round_alloc(n * acts.bytes_per_token) + acts.constant_bytes * (n // span)
+        # proj saves the concatenation itself when its weight trains, or when lora_A reads it as it is (no autocast,
+        # no cast to the adapters' dtype, no dropout: cabe.activations _Layer.linear_inputs)
+        reads = "proj" in targets and not dt.autocast and dt.adapter == dt.compute and setup.lora_dropout == 0
+        per_block += _concatenated_output(tower, n, setup, dt, trains or reads)
+        by_span[span] = (per_block, n * acts.backward_workspace_per_token)
+    full_blocks = set(tower.full_attention_blocks)
+    kept, whole, work, ckpts = [], [], [], []
+    for j in range(tower.depth):  # transformers checkpoints the blocks whose index is a multiple of every_n_layers
+        per_block, ws = by_span[spans[1][1] if j in full_blocks else spans[0][1]]
+        ckpt = every > 0 and j % every == 0
+        inp = 0 if setup.offload_activations else round_alloc(n * c * h)
+        kept.append((inp if ckpt else per_block) if in_path else 0)
+        whole.append(per_block if in_path else 0)
+        work.append(ws if in_path else 0)
+        ckpts.append(ckpt)
+    every_merger = any(lin.name in targets for lin in tower.merger_linears)
+    around = _around(tower, n, dt, trains, every_merger) if in_path else 0
+    return TowerActivations(
+        saved=sum(kept) + around,
+        # beside the pixels' 16-bit cast (saved as the Conv3d's input when it trains)
+        forward_transient=fwd + (0 if trains else round_alloc(n * _patch_values(tower) * c)),
+        blocks=sum(kept),
+        around=around,
+        kept=tuple(kept),
+        full=tuple(whole),
+        workspace=tuple(work),
+        checkpointed=tuple(ckpts),
+    )
+
+
+def _concatenated_output(tower: VisionTower, n: int, setup: TrainingSetup, dt: Dtypes, proj_input: bool) -> int:
+    """Outside flash attention, the block runs SDPA once per window (or image) and concatenates the outputs
+    (modeling_qwen2_5_vl.py:314-336): ``proj`` saves the concatenation, a copy beside the outputs SDPA saves (a
+    decoder layer's ``o_proj`` saves SDPA's own output). flash_attention_2 takes the windows at once
+    (``cu_seq_lens``): no copy."""
+    if setup.attention == "flash" or not proj_input:
+        return 0
+    return round_alloc(n * dt.compute * tower.hidden_size)
+
+
+def _patch_values(tower: VisionTower) -> int:
+    """Values of one patch: channels × frames × patch_size²."""
+    return tower.in_channels * tower.temporal_patch_size * tower.patch_size**2
+
+
+def _around(tower: VisionTower, n: int, dt: Dtypes, trains: bool, every: bool) -> int:
+    """Saved outside the blocks, for ``n`` patches: the Conv3d's input (its weight trains), the fp32 cos and sin,
+    the merger (RMSNorm: fp32 input and rsqrt, the normalised tensor when its weight trains; the first linear's
+    input, GELU's input and output)."""
+    h, c, d = tower.hidden_size, dt.compute, tower.hidden_size // tower.num_heads
+    out = round_alloc(n * _patch_values(tower) * c) if trains else 0
+    out += 2 * round_alloc(n * 4 * d)  # cos, sin
+    out += round_alloc(n * 4 * h) + round_alloc(n * 4)  # the merger's RMSNorm: fp32 input, rsqrt
+    out += round_alloc(n * c * h) if trains else 0  # its normalised tensor, saved by the weight's multiply
+    # mlp.0's input and GELU's output (their linears train: full, or all-linear LoRA on them), GELU's input
+    out += (3 if trains or every else 1) * round_alloc(n * c * h)
+    return out
+
+
+def with_images(
+    parts: StepParts, spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, tensors: list[Tensor], bytes_of: dict[str, int]
+) -> StepParts:
+    """``parts`` with the images of ``setup`` (the ``vision_*`` fields of :class:`cabe.step.StepParts`).
+
+    ``tensors`` / ``bytes_of``: the model states' parameter tensors and their bytes per element by kind. Under
+    autocast with weights of another dtype (fp32, or bf16 under fp16 autocast), each matmul in the tower's
+    gradient path saves its 16-bit cast of the weight until that block's backward (cached by autocast when the
+    weight trains, cast anew otherwise): counted with what the tower saves."""
+    from cabe.method import VISION_PREFIX
+    from cabe.vision import check_images
+
+    grid = check_images(spec, setup.images, setup.image_size, setup.seq)
+    tower = spec.vision
+    if grid is None or tower is None:
+        return parts
+    acts = tower_activations(spec, setup, dt, grid)
+    in_path = tower_in_path(spec, setup)
+    cast = in_path and dt.autocast and dt.input_casts and setup.method != "qlora"
+    block_copies = 2 * sum(lin.weight_count for lin in tower.block_linears) if cast else 0
+    merger_copies = 2 * sum(lin.weight_count for lin in tower.merger_linears) if cast else 0
+
+    def grads(keep: str, count: int | None = None) -> int:
+        return sum(
+            round_alloc(t.numel * bytes_of[t.kind]) * (t.count if count is None else 1)
+            for t in tensors
+            if t.trainable and t.name.startswith(VISION_PREFIX + keep) and (count is None or t.count == count)
+        )
+
+    total, per_block, merger = grads(""), grads("", tower.depth), grads("merger")
+    # the processor's pixel_values: an fp32 input of the step, alive until it ends
+    pixels = round_alloc(setup.batch * setup.images * grid.patches * _patch_values(tower) * 4)
+    copies = merger_copies + sum(0 if ck else block_copies for ck in acts.checkpointed)
+    saved = acts.saved + copies + pixels
+    # backward from the top block down: block j runs (recomputed whole when checkpointed) with the blocks below it
+    # still saved; the gradients of the merger and of blocks j..top are made
+    best = (0, 0, 0)
+    below = acts.around + pixels + merger_copies
+    below_kept = [0]
+    for j in range(tower.depth):
+        below_kept.append(below_kept[-1] + acts.kept[j] + (0 if acts.checkpointed[j] else block_copies))
+    for j in range(tower.depth) if in_path else ():
+        act_j = below + below_kept[j] + acts.full[j] + block_copies + acts.workspace[j]
+        grads_j = merger + (tower.depth - j) * per_block
+        if act_j + grads_j > best[0]:
+            best = (act_j + grads_j, act_j, grads_j)
+    return replace(
+        parts,
+        vision_saved=saved,
+        vision_grads=total,
+        vision_backward=best[1],
+        vision_backward_grads=best[2],
+        vision_forward=saved + acts.forward_transient,
+    )
+
+
+def vision_forward_bytes(tower: VisionTower, n: int, act_bytes: int = 2) -> int:
+    """Working memory of the tower's forward without gradients (serving's prefill) over ``n`` patches: modelled,
+    not traced. The fp32 pixels and their 16-bit cast, the fp32 rotary tables (cos, sin), and the larger of one
+    block's attention moment — residual, normed input, the fused qkv output, q and k upcast to fp32 and the
+    rotated fp32 product being made (apply_rotary_pos_emb_vision, modeling_qwen2_5_vl.py:200-210) — and its MLP
+    moment — residual, normed input, gate, up and the activation (modelled as
+    :func:`cabe.inference.forward_bytes` does a decoder layer's)."""
+    h, f = tower.hidden_size, tower.intermediate_size
+    d = h // tower.num_heads
+    pixels = _patch_values(tower) * (4 + act_bytes)
+    rotary = 2 * 4 * d
+    attention = act_bytes * (h + 3 * h) + 4 * 6 * h
+    mlp = act_bytes * (2 * h + 3 * f)
+    return n * (pixels + rotary + max(attention, mlp))
