@@ -448,13 +448,13 @@ def rescore(seed: int) -> list[dict[str, Any]]:
     rows = []
     for r in data["rows"]:
         kw = {k: tuple(v) if isinstance(v, list) else v for k, v in r["setup"].items()}
-        if r["trace_bytes"] is None:
-            rows += run([(r["model"], kw)], quiet=True)
-            continue
         try:
             est = estimate_model(source(r["model"]).spec, TrainingSetup(**kw))
         except CabeError as e:  # refused by today's code (as the real trainer refuses it): no longer scored
             rows.append({**r, "estimate_bytes": None, "relative_error": None, "refused_now": e.code})
+            continue
+        if r["trace_bytes"] is None:
+            rows += run([(r["model"], kw)], quiet=True)
             continue
         rows.append(
             {
