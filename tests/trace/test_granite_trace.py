@@ -42,13 +42,26 @@ def test_granite_hybrid_estimate_within_1_percent_of_trace(kw):
     )
 
 
-def test_the_fallback_saves_more_than_the_kernel(monkeypatch):
+def test_the_fallback_saves_more_than_the_kernel(tmp_path):
     """Without the stand-in the trace runs transformers' torch_forward (the chunked scan in PyTorch, what a machine
-    without mamba-ssm runs): its activations are larger than the kernel's."""
-    from cabe.trace import ssm, trace_step
+    without mamba-ssm runs): its activations are larger than the kernel's. Each trace in a new process, so that the
+    environment variable reaches it (a trace worker started by an earlier test keeps the environment it had)."""
+    import json
+    import os
+    import subprocess
+    import sys
 
-    setup = TrainingSetup(precision="bf16", batch=2, seq=256, attention="sdpa")
-    kernel = trace_step(dict(TINY), setup).components["activations"]
-    monkeypatch.setenv(ssm.FALLBACK_ENV, "1")
-    fallback = trace_step(dict(TINY), setup).components["activations"]
+    from cabe.trace import ssm
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    cmd = [sys.executable, "-m", "cabe", "trace", "--model", str(config), "--precision", "bf16", "--batch", "2"]
+    cmd += ["--seq", "256", "--attention", "sdpa", "--json"]
+
+    def activations(**env: str) -> int:
+        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, check=True, timeout=600)
+        return json.loads(out.stdout)["components"]["activations"]
+
+    kernel = activations()
+    fallback = activations(**{ssm.FALLBACK_ENV: "1"})
     assert fallback > 2 * kernel, (fallback, kernel)
