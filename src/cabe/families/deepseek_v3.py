@@ -23,6 +23,8 @@ as a separate model. cabe plans the model transformers trains: without it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from cabe.architecture import LatentAttention, LayerGroup, Linear, ModelSpec
 from cabe.families._common import QWEN2_MOE_PEFT_PARAMETERS, Reader, decoder, gated_mlp
 
@@ -92,29 +94,49 @@ def read(r: Reader, name: str) -> ModelSpec:
         groups.append(
             LayerGroup(layers - dense_layers, attn + moe_linears(h, experts, fe, shared), "moe", intermediate_size=fe)
         )
+    return deepseek_decoder(r, name, "deepseek_v3", h, nh, la, f, experts, tuple(groups), max_positions=4096)
+
+
+def deepseek_decoder(
+    r: Reader,
+    name: str,
+    family: str,
+    h: int,
+    nh: int,
+    la: LatentAttention,
+    f: int,
+    experts: int,
+    layer_groups: tuple[LayerGroup, ...],
+    *,
+    max_positions: int,
+    **extra: Any,
+) -> ModelSpec:
+    """The ModelSpec of a DeepSeek decoder (V3, V3.2): MLA, routed experts with group-limited sigmoid routing and
+    a shared expert, untied embeddings. ``extra``: what the version adds (V3.2: no flash attention)."""
     return decoder(
         r,
         name,
-        "deepseek_v3",
+        family,
         # after kv_b_proj every head has its own key and value: heads = kv heads, head_dim = the q / k head's width
         (h, nh, nh, la.qk_head_dim),
         f,
         tied=False,
         activation=r.str("hidden_act", default="silu"),
         rotary_dim=la.rope_dim,
-        max_positions=r.int("max_position_embeddings", default=4096),
-        layer_groups=tuple(groups),
+        max_positions=r.int("max_position_embeddings", default=max_positions),
+        layer_groups=layer_groups,
         latent_attention=la,
         num_experts=experts,
         experts_per_token=r.int("num_experts_per_tok", default=8),
         router="sigmoid_groups",
         expert_groups=(r.int("n_group", default=8), r.int("topk_group", default=4)),
         attention_dropout=r.dropout("attention_dropout"),
-        # NOTE: PEFT has no default target_modules for deepseek_v3 (peft/utils/constants.py): all-linear
+        # NOTE: PEFT has no default target_modules for deepseek_v3 / deepseek_v32 (peft/utils/constants.py)
         peft_default_targets=("all-linear",),
-        # NOTE: transformers 5.24 maps deepseek_v3 to qwen2_moe's conversion pattern (conversion_mapping.py), and
-        # PEFT 0.21.2 then turns these targets (and all-linear's) into LoRA on experts.gate_up_proj / down_proj and
-        # gate.weight (``_MOE_TARGET_MODULE_MAPPING["qwen2_moe"]``), dropping the dense and shared MLPs'
-        # gate/up/down (cabe.method.lora_parameter_targets)
+        # NOTE: transformers 5.24 maps deepseek_v3 and deepseek_v32 to qwen2_moe's conversion pattern
+        # (conversion_mapping.py), and PEFT 0.21.2 then turns these targets (and all-linear's) into LoRA on
+        # experts.gate_up_proj / down_proj and gate.weight (``_MOE_TARGET_MODULE_MAPPING["qwen2_moe"]``), dropping
+        # the dense and shared MLPs' gate/up/down (cabe.method.lora_parameter_targets)
         peft_parameter_targets=QWEN2_MOE_PEFT_PARAMETERS,
+        **extra,
     )

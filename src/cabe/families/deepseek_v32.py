@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from cabe.architecture import LatentAttention, LayerGroup, Linear, ModelSpec
 from cabe.errors import ConfigError
-from cabe.families._common import QWEN2_MOE_PEFT_PARAMETERS, Reader, decoder, gated_mlp
-from cabe.families.deepseek_v3 import latent_attention, mla_linears, moe_linears
+from cabe.families._common import Reader, gated_mlp
+from cabe.families.deepseek_v3 import deepseek_decoder, latent_attention, mla_linears, moe_linears
 
 MODEL_TYPES = ("deepseek_v32",)
 
@@ -83,26 +83,16 @@ def read(r: Reader, name: str) -> ModelSpec:
             groups[-1] = LayerGroup(groups[-1].count + 1, g.linears, g.mlp, intermediate_size=g.intermediate_size)
         else:
             groups.append(g)
-    return decoder(
+    return deepseek_decoder(
         r,
         name,
         "deepseek_v32",
-        (h, nh, nh, la.qk_head_dim),
+        h,
+        nh,
+        la,
         f,
-        tied=False,
-        activation=r.str("hidden_act", default="silu"),
-        rotary_dim=la.rope_dim,
-        max_positions=r.int("max_position_embeddings", default=163840),
-        layer_groups=tuple(groups),
-        latent_attention=la,
-        num_experts=experts,
-        experts_per_token=r.int("num_experts_per_tok", default=8),
-        router="sigmoid_groups",
-        expert_groups=(r.int("n_group", default=8), r.int("topk_group", default=4)),
-        attention_dropout=r.dropout("attention_dropout"),
+        experts,
+        tuple(groups),
+        max_positions=163840,
         flash_attention=False,  # DeepseekV32PreTrainedModel._supports_flash_attn = False
-        # NOTE: PEFT has no default target_modules for deepseek_v32 (peft/utils/constants.py): all-linear
-        peft_default_targets=("all-linear",),
-        # NOTE: transformers 5.24 conversion_mapping.py maps deepseek_v32 to qwen2_moe's pattern too
-        peft_parameter_targets=QWEN2_MOE_PEFT_PARAMETERS,
     )
