@@ -334,9 +334,13 @@ def invariants(model: str, kw: dict[str, Any], *, traced: int | None = None) -> 
     return broken
 
 
-def run(configs: list[tuple[str, dict[str, Any]]], *, quiet: bool = False, jobs: int = 1) -> list[dict[str, Any]]:
+def run(
+    configs: list[tuple[str, dict[str, Any]]], *, quiet: bool = False, jobs: int = 1, log: Path | None = None
+) -> list[dict[str, Any]]:
     """Each configuration's estimate, trace and invariants, in order; ``jobs`` > 1 traces in that many
-    worker processes (each configuration is independent; the rows come back in the drawn order)."""
+    worker processes (each configuration is independent; the rows come back in the drawn order). With ``log``,
+    each row is appended to that JSON-lines file as it comes, so an interrupted run keeps what it traced
+    (``--rescore SEED`` reads it when the run never wrote its table)."""
     if jobs > 1 and len(configs) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -346,15 +350,21 @@ def run(configs: list[tuple[str, dict[str, Any]]], *, quiet: bool = False, jobs:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
             for row in pool.map(_one, configs, chunksize=1):
                 rows.append(row)
-                if not quiet:
-                    _print_row(row)
+                _keep(row, quiet, log)
         return rows
     rows = []
     for config in configs:
         rows.append(_one(config))
-        if not quiet:
-            _print_row(rows[-1])
+        _keep(rows[-1], quiet, log)
     return rows
+
+
+def _keep(row: dict[str, Any], quiet: bool, log: Path | None) -> None:
+    if not quiet:
+        _print_row(row)
+    if log is not None:
+        with log.open("a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def _print_row(row: dict[str, Any]) -> None:
@@ -444,9 +454,13 @@ def rescore(seed: int) -> list[dict[str, Any]]:
     """The configurations of ``results-<seed>.json`` again with today's analytic code: each estimate (and
     its invariants) recomputed against the trace recorded then, and the configurations whose trace failed
     traced anew. Valid while the trace's code is unchanged for the recorded rows (say so when quoting it)."""
-    data = json.loads((HERE / f"results-{seed}.json").read_text())
+    whole, partial = HERE / f"results-{seed}.json", HERE / f"results-{seed}.partial.jsonl"
+    if whole.exists():
+        recorded = json.loads(whole.read_text())["rows"]
+    else:  # an interrupted run: the rows it logged
+        recorded = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()]
     rows = []
-    for r in data["rows"]:
+    for r in recorded:
         kw = {k: tuple(v) if isinstance(v, list) else v for k, v in r["setup"].items()}
         try:
             est = estimate_model(source(r["model"]).spec, TrainingSetup(**kw))
@@ -490,11 +504,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seed {seed}", flush=True)
     knobs = tuple(k for k in a.knobs.split(",") if k)
     models = frozenset(m for m in a.models.split(",") if m)
-    rows = run(draw(seed, a.n, small=a.small, knobs=knobs, models=models), jobs=a.jobs)
+    log = None if a.no_write else HERE / f"results-{seed}.partial.jsonl"
+    rows = run(draw(seed, a.n, small=a.small, knobs=knobs, models=models), jobs=a.jobs, log=log)
     s = summary(rows)
     print(json.dumps({"seed": seed, **s}))
     if not a.no_write:
         _write(rows, seed, HERE)
+        if log is not None:
+            log.unlink(missing_ok=True)  # the table holds every row now
     return 0
 
 
