@@ -87,8 +87,9 @@ class LayerActivations:
     # _Layer._indexer_transient), and the bytes per token the layer saves after it ran (not yet alive then)
     indexer_transient_per_token: int = 0
     indexer_after_per_token: int = 0
-    # DoRA: the largest moment of one adapted module's output arithmetic, in bytes for the setup's tokens, beyond
-    # all the layer saves (see _Layer._note_dora_result): a transient of the forward and of a recompute
+    # the largest moment of one adapted module's forward (PEFT's input copies, LoRA's or DoRA's output arithmetic),
+    # in bytes for the setup's tokens, beyond all the layer saves (see _Layer.note_lora_input, _note_dora_result):
+    # a transient of the forward and of a recompute
     dora_result_bytes: int = 0
 
     @property
@@ -211,7 +212,7 @@ def layer_activations(
         mlp_bwd,
         layer.input_alias,
         layer.backward_constant,
-        layer.lora_forward_transient,
+        max(layer.lora_pending.values(), default=0),  # modules whose saved tensors were never counted: at the end
         layer.stray_grads,
         layer.stray_grads_mlp,
         layer.indexer_transient,
@@ -252,7 +253,6 @@ class _Layer:
             else {}
         )
         self.backward_constant = 0  # a backward transient that does not grow with tokens (per layer)
-        self.lora_forward_transient = 0  # per token: see note_lora_input
         self.r = setup.lora_rank
         self.linear_by_name = {lin.name: lin for lin in group.linears}
         self.block = ""  # the block being counted ("attn" / "mlp"): GPT-2's two c_proj share a name
@@ -261,6 +261,7 @@ class _Layer:
         self.dora_norm_bytes = 0  # the largest of the adapted modules' weight-norm transients
         self.dora_result_moment = 0  # bytes: see _note_dora_result
         self.input_copies: dict[str, int] = {}  # per token: PEFT's copies of an adapted module's input
+        self.lora_pending: dict[str, int] = {}  # per token: see note_lora_input
         self.tokens = setup.batch * setup.tokens_per_sequence
         self.stray_grads = self.stray_grads_mlp = 0  # DoRA + dropout on Conv1D (see _dora_stray_parameter)
         self.dropout = adapters and setup.lora_dropout > 0
@@ -329,28 +330,47 @@ class _Layer:
                 self.add(f"{group}.{n}.lora_dropout_output", nb * inf, f"{nb}·{_sym(inf, spec)}")
 
     def note_lora_input(self, n: str, inf: int, x_bytes: int) -> None:
-        """The forward transient of adapted module ``n`` reading ``inf`` values of ``x_bytes`` each per token.
+        """The forward transient of adapted module ``n`` reading ``inf`` values of ``x_bytes`` each per token,
+        counted when the module's saved tensors are (:meth:`lora_variants`, :meth:`_note_adapter_moment`).
 
-        PEFT 0.21 ``lora.Linear.forward`` (tuners/lora/layer.py): ``x = self._cast_input_dtype(x,
-        lora_A.weight.dtype)`` makes a copy in the adapters' dtype when x's differs, then ``dropout(x)`` a dropped
-        copy. Under autocast lora_A saves its own 16-bit cast, so neither copy is saved: both live until lora_A
-        has cast (x's copy, the dropped copy). Without autocast lora_A saves what it reads (counted in
-        linear_inputs), and only the copy that dropout read is transient. mistral-7b LoRA with dropout, bf16
-        weights under autocast, checkpointing: the recomputed down_proj's two fp32 copies, 8·f per token, set
-        the peak (−5.8% without them)."""
+        PEFT 0.21 ``lora.Linear.forward`` (tuners/lora/layer.py): ``result = self.base_layer(x)``, then
+        ``x = self._cast_input_dtype(x, lora_A.weight.dtype)`` makes a copy in the adapters' dtype when x's
+        differs, ``dropout(x)`` a dropped copy, and ``result = result + lora_B(lora_A(dropout(x))) * scaling``,
+        cast back to the result's dtype. Under autocast lora_A saves its own 16-bit cast, so neither copy is saved:
+        both live until lora_A has cast. Without autocast lora_A saves what it reads (counted in linear_inputs),
+        and only the copy that dropout read is transient. Beside them: x itself (the call's argument, saved by
+        nothing when lora_A reads a copy or a cast), the base layer's output, lora_B's output and its scaled copy
+        (lora_B's dtype: 16 bits under autocast, the adapters' without), then the sum (the promoted dtype) beside
+        the scaled copy. mistral-7b LoRA with dropout, bf16 weights under autocast, checkpointing: the recomputed
+        down_proj's two fp32 copies, 8·f per token, set the peak (−5.8% without them); phi-3-mini LoRA with
+        dropout, bf16 weights without autocast, s2048: gate_up_proj's fp32 lora_B output and its scaled copy,
+        2·4·2f per token (−4.0% without them)."""
         if n not in self.targets:
             return
         copy = self.ad * inf if x_bytes != self.ad else 0
-        self.input_copies[n] = copy + (self.ad * inf if self.dropout else 0)  # locals of lora.Linear.forward
-        if self.autocast:
-            # ... beside x itself (the call's argument, which nothing saves under autocast) and the base layer's
-            # output (``result = self.base_layer(x)`` comes first)
-            lin = self._linear(n)
-            out = 2 * lin.out_features if lin is not None else 0
-            t = copy + (self.ad * inf if self.dropout else 0) + x_bytes * inf + out
-        else:
-            t = copy if self.dropout else 0
-        self.lora_forward_transient = max(self.lora_forward_transient, t)
+        dropped = self.ad * inf if self.dropout else 0
+        self.input_copies[n] = copy + dropped  # locals of lora.Linear.forward
+        lin = self._linear(n)
+        if lin is None or self.dora:  # DoRA's output arithmetic: _note_dora_result
+            return
+        o = lin.out_features
+        quantized_out = self.quantized and lin.quantized_by_bnb  # Linear4bit returns the input's dtype
+        res = 2 if self.autocast else (x_bytes if quantized_out else self.a)
+        bo = 2 if self.autocast else self.ad
+        total = max(res, bo)
+        out = max(res + 2 * bo, res + bo + total) * o
+        reads_copy = self.autocast or self.dropout or x_bytes != self.ad
+        x_alive = x_bytes * inf if reads_copy and not self.base_trainable else 0
+        copies = copy + dropped if self.autocast else (copy if self.dropout else 0)
+        self.lora_pending[n] = copies + x_alive + out
+
+    def _note_adapter_moment(self, n: str) -> None:
+        """Module ``n``'s forward transient (:meth:`note_lora_input`) beside what the layer saved up to it,
+        in bytes for the setup's tokens; the layer keeps the largest, less its whole saved set at the end."""
+        t = self.lora_pending.pop(n, 0)
+        if t:
+            saved = sum(term.bytes_per_token for term in self.terms)
+            self.dora_result_moment = max(self.dora_result_moment, self.tokens * (saved + t))
 
     def _linear(self, n: str) -> Linear | None:
         """The layer's linear named ``n``, the one of the block being counted when two share the name (GPT-2 and
@@ -386,6 +406,7 @@ class _Layer:
             if self.dropout:
                 self.add(f"lora.{n}.dropout_mask", i, f"1·{_sym(i, self.spec)}")
             if not self.dora:
+                self._note_adapter_moment(n)
                 continue
             # base layer's output: autocast's 16 bits, else the layer's compute dtype; with dropout
             # F.linear(dropped x, W.to(x.dtype)) runs in lora_A's input dtype (the adapter's, without autocast)

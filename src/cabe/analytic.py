@@ -749,14 +749,16 @@ def _chunked_head_grads(
     leaf that requires grad (aten/src/ATen/autocast_mode.cpp, ``cached_cast``), so every chunk's ``mm`` uses
     the same 16-bit tensor, and their weight gradients meet in its one ``ToCopyBackward0``'s buffer: three
     16-bit weight-sized gradients (gpt2-medium full fp32 under bf16 autocast, chunked 8: −2.7% without them).
-    The cast to fp32 comes after (:func:`_head_weight_grads`)."""
+    The cast to fp32 comes after (:func:`_head_weight_grads`). A cast that is not cached (16-bit weights of the
+    other half type) is made anew for every chunk, each with its own ``ToCopyBackward0``: not modelled here."""
     n = setup.loss_chunks
     if setup.resolved_loss != "chunked" or n < 2:
         return 0, 0
     grad = _head_weight_grad_bytes(spec, states)
-    if not grad:
+    if not grad or (copies.head and not dt.cached_copies):
         return 0, 0
-    grad = copies.head or grad
+    if copies.head:  # the one cached 16-bit copy's gradient
+        grad = round_alloc(dt.compute * spec.vocab_size * spec.hidden_size)
     s = setup.tokens_per_sequence
     waiting = sum(s // n + (1 if i < s % n else 0) for i in range(n - 2))  # positions of chunks 0 .. n−3
     return 3 * grad, dt.compute * spec.vocab_size * setup.batch * waiting
