@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cabe import schema
 from cabe.analytic import estimate_model
 from cabe.errors import CabeError
 from cabe.method import head_module_names
@@ -209,7 +210,18 @@ def sample(rng: random.Random, *, small: bool = False, models: list[str] | None 
     _head_targets(model, spec, kw)
     _images(model, spec, kw)
     _packing(model, kw)  # after the images' draw (a model without a tower draws none: earlier draws stay)
+    _kbit_prep(model, kw)
     return model, kw
+
+
+def _kbit_prep(model: str, kw: dict[str, Any]) -> None:
+    """QLoRA without prepare_model_for_kbit_training (issue 11: unsloth's and LLaMA-Factory's QLoRA, which the trace
+    runs by skipping PEFT's preparation), from the configuration's own generator after every other knob's."""
+    if kw["method"] != "qlora":
+        return
+    krng = random.Random(f"kbit prep {model} {sorted(kw.items())}")
+    if krng.random() < 0.35:
+        kw["kbit_prep"] = False
 
 
 #: image sizes the sampler draws (pixels, before the processor's resize)
@@ -288,7 +300,10 @@ def draw(
     out: list[tuple[str, dict[str, Any]]] = []
     while len(out) < n:
         model, kw = sample(rng, small=small, models=sorted(models) or None)
-        if (knobs and not any(kw.get(k) for k in knobs)) or (models and model not in models):
+        # a knob is set when its value is not the field's default (``kbit_prep``: False is the drawn one)
+        if (knobs and not any(k in kw and kw[k] != schema.field(k).default for k in knobs)) or (
+            models and model not in models
+        ):
             continue
         try:
             estimate_model(source(model).spec, TrainingSetup(**kw))

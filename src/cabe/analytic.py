@@ -969,11 +969,13 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
     notes += _loss_notes(setup)
     if setup.dora and setup.method == "qlora":
         notes.append("dora_qlora_modelled")  # the trace cannot dequantize its meta 4-bit weights
+    if setup.method == "qlora" and not setup.kbit_prep:
+        notes.append("qlora_no_kbit_prep")
     if setup.method == "qlora" and any(lin.role == "expert" and not lin.quantized_by_bnb for lin in spec.layer_linears):
         # transformers 5 stores MoE experts as fused 3-D parameters; its bitsandbytes integration replaces
         # only `type(module) is nn.Linear` and Conv1D (integrations/bitsandbytes.py, replace_with_bnb_linear),
-        # and prepare_model_for_kbit_training casts what is left in 16 bits to fp32
-        notes.append("qlora_moe_experts_unquantized")
+        # and prepare_model_for_kbit_training casts what is left in 16 bits to fp32 (without it: 16 bits)
+        notes.append("qlora_moe_experts_unquantized" if setup.kbit_prep else "qlora_moe_experts_16bit")
     if spec.vision is not None:  # a tower whose images cabe models (cabe.vision)
         notes.append("vision_images" if setup.images else "vision_text_only")
     elif spec.vision_parameters:  # Gemma 3's SigLIP tower: weights only, text-only batches never run it

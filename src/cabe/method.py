@@ -580,7 +580,7 @@ def stored_bytes(t: Tensor, setup: TrainingSetup, dt: Any) -> int:
         return dt.adapter
     if t.kind == "prompt":
         return 4  # PEFT's prompt embeddings are fp32
-    if t.kind in ("norm", "embedding", "lm_head") and setup.method == "qlora":
+    if t.kind in ("norm", "embedding", "lm_head") and setup.method == "qlora" and setup.kbit_prep:
         return 4  # prepare_model_for_kbit_training casts them to fp32
     return dt.weight if t.trainable else dt.frozen
 

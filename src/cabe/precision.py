@@ -104,6 +104,12 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
         from cabe.errors import InvalidValueError
 
         raise InvalidValueError("param_dtype_needs_sharding", "param_dtype", value=setup.param_dtype, shard=setup.shard)
+    if setup.method == "qlora" and not setup.kbit_prep:
+        # NOTE: QLoRA without prepare_model_for_kbit_training (unsloth, LLaMA-Factory): what is not 4-bit stays in
+        # the compute dtype it was loaded in (cabe.trace.build.load_dtype), the adapters fp32 (PEFT's
+        # autocast_adapter_dtype; unsloth's float32_mixed_precision, unsloth_zoo training_utils.py:391-399): the
+        # dtypes of LoRA on a base in the compute dtype; the 4-bit weights are handled in cabe.method
+        return dtypes_for(setup.with_(method="lora", dtype=setup.compute_dtype))
     if setup.method == "qlora":
         # NOTE: QLoRA as transformers + PEFT run it: 4-bit linear weights, the rest of the model
         # cast to fp32 by prepare_model_for_kbit_training, compute in compute_dtype.

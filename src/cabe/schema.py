@@ -509,6 +509,22 @@ _SETUP: tuple[Field, ...] = (
         flags=_flag("image_size"),
         metavar="HxW",
     ),
+    # ---- what a trainer does to a 4-bit model before training (issue 11) ----
+    # PEFT's prepare_model_for_kbit_training (peft 0.21.2 utils/other.py:193-209) freezes the model and casts
+    # every 16-bit parameter that is not 4-bit to fp32 (norms, embeddings, lm_head, unquantized experts); off:
+    # they stay in the compute dtype, as unsloth (unsloth_zoo training_utils.py:300-410, prepare_model_for_training)
+    # and LLaMA-Factory (model_utils/checkpointing.py:163-204, upcast_layernorm False) leave them
+    Field(
+        "kbit_prep",
+        bool,
+        "setup",
+        _TRAINING + ("from-config",),
+        True,
+        states=True,
+        methods=("qlora",),
+        flags=_flag("kbit_prep"),
+        negatable=True,
+    ),
 )
 
 _GPUS: tuple[Field, ...] = (

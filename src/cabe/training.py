@@ -103,6 +103,9 @@ class TrainingSetup:
         images: images in each sequence (a model with a vision tower cabe models: Qwen2.5-VL); their tokens are
             part of ``seq`` (:mod:`cabe.vision`). 0: text-only batches.
         image_size: the images' size in pixels, ``"HxW"``, before the processor's resize.
+        kbit_prep: QLoRA: PEFT's ``prepare_model_for_kbit_training`` runs (every parameter that is not 4-bit
+            cast to fp32), as TRL / axolotl call it; ``False``: the rest of the model stays in the compute
+            dtype (unsloth, LLaMA-Factory).
         gpus: data-parallel world size × tp × pp (total GPUs); memory is reported per GPU.
         shard: ``none`` (one GPU), ``ddp``, DeepSpeed ``zero1``/``zero2``/``zero3``, ``fsdp``
             (full sharding), ``fsdp-hybrid`` (shard within a node, replicate across nodes).
@@ -145,6 +148,7 @@ class TrainingSetup:
     packing: Packing = _D["packing"]
     images: int = _D["images"]
     image_size: str = _D["image_size"]
+    kbit_prep: bool = _D["kbit_prep"]
     gpus: int = _D["gpus"]
     shard: Shard = _D["shard"]
     offload: Offload = _D["offload"]

@@ -358,11 +358,12 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
     from peft import LoraConfig
 
     if setup.method == "qlora":
-        from peft import prepare_model_for_kbit_training
-
         from cabe.trace.quant import quantize_on_meta
 
         quantize_on_meta(model, setup, dtype)
+    if setup.method == "qlora" and setup.kbit_prep:
+        from peft import prepare_model_for_kbit_training
+
         model = prepare_model_for_kbit_training(
             model,
             use_gradient_checkpointing=setup.checkpointing,
@@ -371,6 +372,7 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
         if setup.checkpointing and (setup.checkpoint_every > 1 or setup.offload_activations):
             _enable_checkpointing(model, setup)  # PEFT enabled it on every layer, without offloading
     elif setup.checkpointing:
+        # LoRA, and QLoRA without k-bit preparation (unsloth, LLaMA-Factory): the rest of the model stays as loaded
         _enable_checkpointing(model, setup)
         model.enable_input_require_grads()
     if setup.dora and setup.method == "qlora":
