@@ -862,7 +862,22 @@ def _companions(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any
             entry = optimizer.get(name) if known else None
             if entry is not None and not (entry.temporaries or entry.impl_flags):
                 out.append(("optimizer_impl", "impl_not_read", {"optimizer": name}))
+    out += _per_node(values)
     return out
+
+
+def _per_node(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``gpus_per_node`` on one GPU (``one_gpu_per_node``): it splits the GPUs into nodes (hybrid sharding's group,
+    the host RAM per node: cabe.parallel.plan), and one GPU is one node whatever it says."""
+    per = values.get("gpus_per_node")
+    if not _sent(per) or _is_default(field("gpus_per_node"), per):
+        return []
+    gpus = values.get("gpus") if _sent(values.get("gpus")) else field("gpus").default
+    try:
+        one = int(str(gpus)) == 1
+    except ValueError:
+        return []  # a bad value TrainingSetup refuses with its own error
+    return [("gpus_per_node", "one_gpu_per_node", {})] if one else []
 
 
 def _model_only(values: Mapping[str, Any], flagged: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
