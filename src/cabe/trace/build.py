@@ -107,6 +107,17 @@ def load_dtype(setup: TrainingSetup) -> Any:
     return _torch_dtype(setup.dtype)
 
 
+def _check_documents(model: Any, cfg: Any, setup: TrainingSetup) -> None:
+    """Packed rows and padding-free batches tell the documents apart by position_ids (:func:`packed_positions`). A
+    model whose ``forward`` takes none (BLOOM's, which positions by ALiBi; transformers 5.24 BloomForCausalLM.forward
+    takes them only into ``**kwargs`` and drops them) would run one causal attention across the documents: the
+    trace would report an unpacked row as if packed, so it refuses."""
+    import inspect
+
+    if has_documents(setup) and "position_ids" not in inspect.signature(model.forward).parameters:
+        raise ConfigError("packing_needs_position_ids", "packing", value=setup.packing, model_type=cfg.model_type)
+
+
 def decoder_layers(model: Any, cfg: Any) -> Any:
     """The ModuleList of decoder layers: the first list of the configured length, else the longest list.
 
@@ -160,6 +171,7 @@ def build_model(
             raise ConfigError("flash_head_dim", "attention", head_dim=head_dim, maximum=256)
     dtype = load_dtype(setup)
     model = _from_config(cfg, setup, attn, dtype, notes, _head_kind(config))
+    _check_documents(model, cfg, setup)
     if facts is not None:
         facts.update(model_facts(model, cfg))
     model.train()
