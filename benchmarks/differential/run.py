@@ -211,7 +211,39 @@ def sample(rng: random.Random, *, small: bool = False, models: list[str] | None 
     _images(model, spec, kw)
     _packing(model, kw)  # after the images' draw (a model without a tower draws none: earlier draws stay)
     _kbit_prep(model, kw)
+    _modules_to_save(model, spec, kw)
+    _trainable_fp32(model, kw)
     return model, kw
+
+
+#: (dtype, autocast) of each precision shorthand the sampler draws (cabe.schema.PRECISIONS)
+PRECISION_PAIRS = schema.PRECISIONS
+
+
+def _trainable_fp32(model: str, kw: dict[str, Any]) -> None:
+    """Freeze with the trained layers cast to fp32 (issue 11: LLaMA-Factory's freeze), for 16-bit weights under
+    autocast (cabe refuses it without), from the configuration's own generator after every other knob's."""
+    prec = kw.get("precision")
+    dtype, autocast = PRECISION_PAIRS[prec] if prec else (kw.get("dtype"), kw.get("autocast"))
+    if kw["method"] != "freeze" or autocast in (None, "none") or dtype == "fp32":
+        return
+    frng = random.Random(f"trainable fp32 {model} {sorted(kw.items())}")
+    if frng.random() < 0.35:
+        kw["trainable_fp32"] = True
+
+
+def _modules_to_save(model: str, spec: Any, kw: dict[str, Any]) -> None:
+    """PEFT's modules_to_save (issue 11: unsloth's embed_tokens, LLaMA-Factory's additional_target): the embedding
+    and / or the lm_head trained whole, on models whose two are not tied (cabe refuses tied ones), a rare draw from
+    the configuration's own generator after every other knob's; never a module that is also a LoRA target."""
+    if kw["method"] not in ("lora", "qlora") or spec.tie_word_embeddings:
+        return
+    mrng = random.Random(f"modules to save {model} {sorted(kw.items())}")
+    if mrng.random() >= 0.1:
+        return
+    free = [n for n in head_module_names(spec) if n not in kw.get("lora_targets", ())]
+    if free:
+        kw["modules_to_save"] = tuple(sorted(mrng.sample(free, mrng.randint(1, len(free)))))
 
 
 def _kbit_prep(model: str, kw: dict[str, Any]) -> None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from cabe import linear_attention, ssm
 from cabe.architecture import LayerGroup, Linear, ModelSpec
-from cabe.method import head_targets, lora_parameter_targets, lora_targets, wrapped_adapter_sizes
+from cabe.method import head_targets, lora_parameter_targets, lora_targets, saved_modules, wrapped_adapter_sizes
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -1345,7 +1345,7 @@ def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
     else:
         ln_in = 4 if dt.autocast else rho  # autocast runs layer_norm on an fp32 cast of its input
         final_norm = ln_in * h + 8 + (rho * h if full else 0)
-    final_norm += lm_head_lora_saved(spec, setup, dt)
+    final_norm += lm_head_lora_saved(spec, setup, dt) + lm_head_saved_input(spec, setup, dt)
     # Gemma 2's final soft-capping (logits / cap, tanh, × cap) saves tanh's 16-bit output
     softcap = a * v if spec.final_logit_softcapping else 0
     loss = setup.resolved_loss
@@ -1378,6 +1378,14 @@ def lm_head_lora_saved(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int
         x = 2 if dt.autocast else dt.adapter  # nn.Dropout's output in the adapters' dtype (cast under autocast)
         return x * h + h + mid * r
     return x * h + mid * r
+
+
+def lm_head_saved_input(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+    """Bytes per token the lm_head's matmul saves of its input when ``modules_to_save`` trains a copy of it
+    (cabe.method.saved_modules): the final norm's output, or autocast's 16-bit cast of it."""
+    if not any(t.kind == "lm_head" for t in saved_modules(spec, setup)):
+        return 0
+    return (2 if dt.autocast else dt.residual) * spec.hidden_size
 
 
 def embedding_lora_saved(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:

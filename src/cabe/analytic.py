@@ -47,6 +47,7 @@ from cabe.method import (
     parameter_tensors,
     quantized_bytes,
     running_lora_targets,
+    saved_modules,
     stored_bytes,
     unmatched_lora_targets,
 )
@@ -557,7 +558,7 @@ def _below_adapters(spec: ModelSpec, setup: TrainingSetup) -> int:
     runs inside the fused kernel, which multiplies its base weight: its adapter never runs (cabe.ssm)."""
     if not setup.adapters or setup.checkpointing:
         return 0
-    if any(t.kind == "embedding" for t in head_targets(spec, setup.lora_targets)):
+    if any(t.kind == "embedding" for t in head_targets(spec, setup.lora_targets) + saved_modules(spec, setup)):
         return 0
     # an adapted lm_head alone trains above every layer: none of them carries a gradient (phi-3-mini LoRA on
     # lm_head only, no checkpointing: +23% with every layer in the gradient's path)
@@ -662,7 +663,11 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
                 for lin in lora_targets(spec, setup.lora_targets, layer)
                 if dora_stray_parameter(spec, quantized, dt.adapter, dt.frozen, lin)
             )
-    head = sum(round_alloc(n * 2) for n in _head_matrices(spec)) if dt.weight_copies else 0
+    # (freeze with fp32 trained layers: the frozen head stays as loaded, cast only when that is not autocast's dtype)
+    head_cast = dt.weight_copies and not (
+        setup.trainable_fp32 and setup.method == "freeze" and setup.dtype == setup.autocast
+    )
+    head = sum(round_alloc(n * 2) for n in _head_matrices(spec)) if head_cast else 0
     head += _head_adapter_copies(spec, setup)
     if setup.resolved_loss == "chunked" and not (setup.method == "full" and dt.cached_copies):
         # torchtune's chunked output calls the lm_head once per chunk: autocast casts a weight that is not

@@ -525,6 +525,32 @@ _SETUP: tuple[Field, ...] = (
         flags=_flag("kbit_prep"),
         negatable=True,
     ),
+    # PEFT's modules_to_save (LoraConfig(modules_to_save=[...]); unsloth's embed_tokens among target_modules,
+    # LLaMA-Factory's additional_target): whole modules trained beside the adapters, a trainable copy each
+    # (cabe.method.saved_modules: the token embedding and the lm_head)
+    Field(
+        "modules_to_save",
+        tuple,
+        "setup",
+        _TRAINING + ("from-config",),
+        (),
+        states=True,
+        methods=("lora", "qlora"),
+        flags=_flag("modules_to_save"),
+    ),
+    # freeze with the trained layers cast to fp32 (LLaMA-Factory's init_adapter, model/adapter.py:129-134 and
+    # 337-349: cast_trainable_params_to_fp32 unless pure_bf16), the frozen ones left as loaded, under autocast
+    Field(
+        "trainable_fp32",
+        bool,
+        "setup",
+        _TRAINING + ("from-config",),
+        False,
+        states=True,
+        methods=("freeze",),
+        flags=_flag("trainable_fp32"),
+        negatable=True,
+    ),
 )
 
 _GPUS: tuple[Field, ...] = (

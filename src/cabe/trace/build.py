@@ -353,6 +353,8 @@ def _enable_checkpointing(model: Any, setup: TrainingSetup) -> None:
 
 
 def _freeze(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[str]) -> Any:
+    import torch
+
     for p in model.parameters():
         p.requires_grad_(False)
     layers = decoder_layers(model, cfg)
@@ -360,6 +362,8 @@ def _freeze(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[
     for layer in list(layers)[len(layers) - k :]:
         for p in layer.parameters():
             p.requires_grad_(True)
+            if setup.trainable_fp32:  # LLaMA-Factory's cast_trainable_params_to_fp32 (model/adapter.py:129-134)
+                p.data = p.data.to(torch.float32)
     if setup.checkpointing:
         _enable_checkpointing(model, setup)
     return model
@@ -402,6 +406,7 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
         target_modules=targets,
         lora_dropout=setup.lora_dropout,
         use_dora=setup.dora,
+        modules_to_save=list(setup.modules_to_save) or None,  # trained whole beside the adapters
         bias="none",
         task_type=_peft_task(cfg),
     )
