@@ -42,3 +42,12 @@ def test_llama_factory_freeze_reads_it():
     assert pure.request["trainable_fp32"] is False
     out = api.estimate_json({"model": "qwen2.5-0.5b", "method": "freeze", "recipe": "llama-factory"})
     assert out["setup"]["trainable_fp32"] is True
+
+
+def test_fp16_weights_under_fp16_autocast_train_when_the_layers_are_fp32():
+    # GradScaler refuses fp16 gradients (fp16_weights_fp16_autocast); the trained layers' are fp32 here
+    fp16 = {"model": "qwen2.5-0.5b", "method": "freeze", "dtype": "fp16", "autocast": "fp16"}
+    with pytest.raises(InvalidValueError) as e:
+        api.estimate_json(fp16)
+    assert e.value.code == "fp16_weights_fp16_autocast"
+    assert api.estimate_json({**fp16, "trainable_fp32": True})["total_bytes"] > 0
