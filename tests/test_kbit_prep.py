@@ -1,6 +1,6 @@
 """``kbit_prep``: whether QLoRA runs PEFT's prepare_model_for_kbit_training (issue 11). On (the default, TRL's and
 axolotl's QLoRA) every parameter that is not 4-bit is cast to fp32; off (unsloth's and LLaMA-Factory's recipes) the
-rest of the model stays in the compute dtype. The traced side is tests/trace/test_kbit_prep.py."""
+rest of the model stays in the compute dtype. The traced side is tests/trace/test_kbit_prep_trace.py."""
 
 import pytest
 

@@ -1,7 +1,7 @@
 """``modules_to_save``: PEFT's whole modules trained beside the adapters (issue 11: unsloth's ``embed_tokens`` among
 ``target_modules``, LLaMA-Factory's ``additional_target``). ``ModulesToSaveWrapper`` keeps the original frozen and
 trains a deep copy in the original's dtype (peft 0.21.2 utils/other.py:632-663). Traced in
-tests/trace/test_modules_to_save.py."""
+tests/trace/test_modules_to_save_trace.py."""
 
 import pytest
 

@@ -1,6 +1,6 @@
 """``trainable_fp32``: freeze with the trained layers cast to fp32 and the frozen ones left as loaded, under autocast
 (LLaMA-Factory's ``cast_trainable_params_to_fp32``, model/adapter.py:129-134, 337-349; issue 11). Traced in
-tests/trace/test_trainable_fp32.py."""
+tests/trace/test_trainable_fp32_trace.py."""
 
 import pytest
 
