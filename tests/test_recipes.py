@@ -61,7 +61,7 @@ def test_report_names_assumed_recipe_and_loss():
     assert "loss_assumed_hf" in out["notes"]
     out = estimate_json({"model": "qwen2.5-0.5b", "recipe": "unsloth", "method": "qlora"})
     assert out["loss"]["loss"] == "liger" and out["loss"]["assumed"] == []
-    assert "loss_modelled" in out["notes"] and "kbit_preparation" in out["loss"]["unmodelled"]
+    assert "loss_modelled" in out["notes"] and "kbit_preparation" not in out["loss"]["unmodelled"]  # --no-kbit-prep
 
 
 def test_loss_kernels_order():

@@ -91,3 +91,21 @@ def test_packing_with_prompt_tuning_is_refused():
     with pytest.raises(InvalidValueError) as e:
         TrainingSetup(method="prompt-tuning", packing="padding-free", batch=2)
     assert (e.value.code, e.value.field) == ("packing_prompt_tuning", "packing")
+
+
+def test_gpus_per_node_on_one_gpu_is_refused():
+    # one GPU is one node: the plan's nodes = ceil(1 / gpus_per_node) = 1 and its per-node share min(1, n) = 1
+    # whatever n is (cabe.parallel.plan), so a value other than the default would change nothing
+    for body in ({"gpus_per_node": 4}, {"gpus": 1, "gpus_per_node": 2}, {"gpus": "1", "gpus_per_node": "16"}):
+        with pytest.raises(InvalidValueError) as e:
+            api.setup_from({"model": "llama-3.2-1b", **body})
+        assert (e.value.code, e.value.field) == ("one_gpu_per_node", "gpus_per_node")
+    assert api.setup_from({"gpus_per_node": 8}).gpus_per_node == 8  # the default, as a whole form sends it
+    assert api.setup_from({"gpus": 4, "shard": "fsdp-hybrid", "gpus_per_node": 2}).gpus_per_node == 2
+
+
+def test_gpus_per_node_acts_on_several_gpus():
+    # fsdp-hybrid shards within a node: 2 per node over 4 GPUs shards in pairs, 4 per node over all four
+    one = estimate_model(LLAMA, TrainingSetup(gpus=4, shard="fsdp-hybrid", gpus_per_node=2)).total_bytes
+    four = estimate_model(LLAMA, TrainingSetup(gpus=4, shard="fsdp-hybrid", gpus_per_node=4)).total_bytes
+    assert one > four

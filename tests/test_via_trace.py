@@ -90,12 +90,31 @@ def test_several_gpus_are_refused_by_name():
     assert e.value.code == "unknown_architecture_one_gpu" and e.value.field == "gpus"
 
 
-def test_packing_is_refused_not_traced_unpacked():
-    # the trace builds whole rows; packed rows change the attention mask (the analytic path models them)
-    with pytest.raises(InvalidValueError) as e:
-        cabe.estimate(dict(OLMO3), packing="packed", **SMALL)
-    assert (e.value.code, e.value.field) == ("unknown_architecture_not_traced", "packing")
-    assert "does not model 'packed'" in e.value.to_dict("en")["message"]
+def test_packing_is_traced():
+    # packed rows carry position_ids restarting per document; transformers' mask functions find the documents
+    # (masking_utils.py:862-870) for any architecture whose forward takes position_ids: the traced figure is the
+    # packed step's (SDPA gets a block-diagonal mask: the memory-efficient kernel, more than the causal row's)
+    _trace_extra()
+    from cabe.trace import trace_step
+    from cabe.training import TrainingSetup
+
+    rows = {"batch": 4, "seq": 512}
+    for packing in ("packed", "padding-free"):
+        rep = cabe.estimate(dict(OLMO3), packing=packing, **rows)
+        assert rep.total_bytes == trace_step(dict(OLMO3), TrainingSetup(packing=packing, **rows)).peak_bytes
+        assert rep.total_bytes > cabe.estimate(dict(OLMO3), **rows).total_bytes
+
+
+def test_packing_is_refused_where_the_model_takes_no_position_ids():
+    # BLOOM (ALiBi) takes no position_ids: its forward would drop them into **kwargs and attend across the
+    # documents, so a packed trace would be an unpacked row under another name
+    _trace_extra()
+    bloom = {"model_type": "bloom", "vocab_size": 512, "hidden_size": 128, "n_layer": 2, "n_head": 4}
+    with pytest.raises(CabeError) as e:
+        cabe.estimate(bloom, packing="packed", batch=2, seq=64)
+    assert (e.value.code, e.value.field) == ("packing_needs_position_ids", "packing")
+    assert "takes none" in e.value.to_dict("en")["message"]
+    assert cabe.estimate(bloom, batch=2, seq=64).total_bytes > 0  # unpacked rows are traced as before
 
 
 def _no_torch(monkeypatch):

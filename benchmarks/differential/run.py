@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cabe import schema
 from cabe.analytic import estimate_model
 from cabe.errors import CabeError
 from cabe.method import head_module_names
@@ -209,7 +210,50 @@ def sample(rng: random.Random, *, small: bool = False, models: list[str] | None 
     _head_targets(model, spec, kw)
     _images(model, spec, kw)
     _packing(model, kw)  # after the images' draw (a model without a tower draws none: earlier draws stay)
+    _kbit_prep(model, kw)
+    _modules_to_save(model, spec, kw)
+    _trainable_fp32(model, kw)
     return model, kw
+
+
+#: (dtype, autocast) of each precision shorthand the sampler draws (cabe.schema.PRECISIONS)
+PRECISION_PAIRS = schema.PRECISIONS
+
+
+def _trainable_fp32(model: str, kw: dict[str, Any]) -> None:
+    """Freeze with the trained layers cast to fp32 (issue 11: LLaMA-Factory's freeze), for 16-bit weights under
+    autocast (cabe refuses it without), from the configuration's own generator after every other knob's."""
+    prec = kw.get("precision")
+    dtype, autocast = PRECISION_PAIRS[prec] if prec else (kw.get("dtype"), kw.get("autocast"))
+    if kw["method"] != "freeze" or autocast in (None, "none") or dtype == "fp32":
+        return
+    frng = random.Random(f"trainable fp32 {model} {sorted(kw.items())}")
+    if frng.random() < 0.35:
+        kw["trainable_fp32"] = True
+
+
+def _modules_to_save(model: str, spec: Any, kw: dict[str, Any]) -> None:
+    """PEFT's modules_to_save (issue 11: unsloth's embed_tokens, LLaMA-Factory's additional_target): the embedding
+    and / or the lm_head trained whole, on models whose two are not tied (cabe refuses tied ones), a rare draw from
+    the configuration's own generator after every other knob's; never a module that is also a LoRA target."""
+    if kw["method"] not in ("lora", "qlora") or spec.tie_word_embeddings:
+        return
+    mrng = random.Random(f"modules to save {model} {sorted(kw.items())}")
+    if mrng.random() >= 0.1:
+        return
+    free = [n for n in head_module_names(spec) if n not in kw.get("lora_targets", ())]
+    if free:
+        kw["modules_to_save"] = tuple(sorted(mrng.sample(free, mrng.randint(1, len(free)))))
+
+
+def _kbit_prep(model: str, kw: dict[str, Any]) -> None:
+    """QLoRA without prepare_model_for_kbit_training (issue 11: unsloth's and LLaMA-Factory's QLoRA, which the trace
+    runs by skipping PEFT's preparation), from the configuration's own generator after every other knob's."""
+    if kw["method"] != "qlora":
+        return
+    krng = random.Random(f"kbit prep {model} {sorted(kw.items())}")
+    if krng.random() < 0.35:
+        kw["kbit_prep"] = False
 
 
 #: image sizes the sampler draws (pixels, before the processor's resize)
@@ -288,7 +332,10 @@ def draw(
     out: list[tuple[str, dict[str, Any]]] = []
     while len(out) < n:
         model, kw = sample(rng, small=small, models=sorted(models) or None)
-        if (knobs and not any(kw.get(k) for k in knobs)) or (models and model not in models):
+        # a knob is set when its value is not the field's default (``kbit_prep``: False is the drawn one)
+        if (knobs and not any(k in kw and kw[k] != schema.field(k).default for k in knobs)) or (
+            models and model not in models
+        ):
             continue
         try:
             estimate_model(source(model).spec, TrainingSetup(**kw))

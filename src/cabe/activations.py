@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from cabe import linear_attention, ssm
 from cabe.architecture import LayerGroup, Linear, ModelSpec
-from cabe.method import head_targets, lora_parameter_targets, lora_targets, wrapped_adapter_sizes
+from cabe.method import head_targets, lora_parameter_targets, lora_targets, saved_modules, wrapped_adapter_sizes
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -270,7 +270,20 @@ class _Layer:
         self.adapter_cast = dt.adapter != dt.compute and not dt.autocast
         # QLoRA (bitsandbytes Linear4bit under autocast): the 4-bit layers save no input (their weight is
         # frozen), cast their output back to the fp32 residual dtype, and LoRA adapters run under autocast.
-        self.quantized = setup.method == "qlora" and any(lin.quantized_by_bnb for lin in spec.layer_linears)
+        # ``four_bit``: bitsandbytes' 4-bit layers, whatever the rest of the model is in; ``quantized`` (the terms
+        # below): as prepare_model_for_kbit_training leaves the model, an fp32 residual that the 4-bit layers take
+        # and return. Without it (``kbit_prep`` off: unsloth, LLaMA-Factory) the rest stays in the compute dtype and
+        # a 4-bit layer reads and writes it as a frozen 16-bit nn.Linear does: LoRA's terms on a 16-bit base.
+        self.four_bit = setup.method == "qlora" and any(lin.quantized_by_bnb for lin in spec.layer_linears)
+        # (16-bit weights under the other half's autocast give an fp32 residual too: the prepared model's terms)
+        # Without it a 4-bit layer still returns its input's dtype (bitsandbytes nn/modules.py Linear4bit.forward,
+        # ``out.to(inp_dtype)``): under autocast LayerNorm's output is fp32 (layer_norm is on autocast's fp32 list),
+        # so the MLP returns fp32 and the residual it is added to is fp32 from the first layer's output on: the
+        # prepared model's terms again (gpt2-medium, pythia-1.4b; RMSNorm returns its input's 16 bits)
+        ln_fp32 = dt.autocast and spec.norm == "layernorm" and self.four_bit and not setup.kbit_prep
+        if ln_fp32:
+            self.rho = 4
+        self.quantized = self.four_bit and (setup.kbit_prep or (dt.autocast and dt.residual == 4) or ln_fp32)
         self.attn = attention_kind(spec, setup)
         self.setup_attention = setup.attention
         # transformers' flash_attention_2 casts fp32 queries, keys and values to 16 bits first (to the
@@ -313,13 +326,17 @@ class _Layer:
             return
         # lora_A saves the input itself (no cast, no dropout: nn.Dropout gives each adapter its own copy)
         reads_input = not adapter_cast and not self.autocast and not self.dropout
+        direct = [n for n, inf in names if self._bnb_direct(n, shared_bytes // inf if inf else 0)]
         shared_needed = bool(trained) or (any(n in targets for n, _ in names) and reads_input)
-        if shared_needed:
+        if shared_needed or (direct and not self.dropout):
             self.add(f"{group}.input", shared_bytes, shared_formula)
         for n, inf in names:
             if n not in targets:
                 continue
-            if adapter_cast:
+            if n in direct:
+                if self.dropout:  # lora_A saves the dropped copy nn.Dropout made, in x's 16-bit dtype
+                    self.add(f"{group}.{n}.lora_dropout_output", 2 * inf, f"2·{_sym(inf, spec)}")
+            elif adapter_cast:
                 self.add(f"{group}.{n}.lora_input_fp32", 4 * inf, f"4·{_sym(inf, spec)}")
             elif self.autocast:
                 # a 16-bit residual under autocast: PEFT casts it to the fp32 adapter's dtype, autocast
@@ -328,6 +345,17 @@ class _Layer:
             elif self.dropout:  # the dropped copy of the input, lora_A's own (nn.Dropout's output)
                 nb = shared_bytes // self.h if shared_bytes else self.a
                 self.add(f"{group}.{n}.lora_dropout_output", nb * inf, f"{nb}·{_sym(inf, spec)}")
+
+    def _bnb_direct(self, n: str, x_bytes: int) -> bool:
+        """Whether adapted module ``n`` is a 4-bit layer whose lora_A reads its 16-bit input as it is: under
+        autocast PEFT's bitsandbytes ``Linear4bit.forward`` skips the fp32 input cast (peft 0.21.2
+        tuners/lora/bnb.py:542-545, ``requires_conversion = not torch.is_autocast_enabled()``), and without
+        k-bit preparation that input is already autocast's 16 bits: lora_A's matmul saves x itself (shared by
+        the adapters that read it), where a 16-bit nn.Linear's adapter saves a cast of PEFT's fp32 copy."""
+        if not (self.four_bit and not self.quantized and self.autocast and x_bytes == 2) or n not in self.targets:
+            return False
+        lin = self._linear(n)
+        return lin is not None and lin.quantized_by_bnb
 
     def note_lora_input(self, n: str, inf: int, x_bytes: int) -> None:
         """The forward transient of adapted module ``n`` reading ``inf`` values of ``x_bytes`` each per token,
@@ -347,7 +375,8 @@ class _Layer:
         2·4·2f per token (−4.0% without them)."""
         if n not in self.targets:
             return
-        copy = self.ad * inf if x_bytes != self.ad else 0
+        direct = self._bnb_direct(n, x_bytes)  # lora_A reads (and saves) x itself: no copy
+        copy = self.ad * inf if x_bytes != self.ad and not direct else 0
         dropped = self.ad * inf if self.dropout else 0
         self.input_copies[n] = copy + dropped  # locals of lora.Linear.forward
         lin = self._linear(n)
@@ -359,7 +388,7 @@ class _Layer:
         bo = 2 if self.autocast else self.ad
         total = max(res, bo)
         out = max(res + 2 * bo, res + bo + total) * o
-        reads_copy = self.autocast or self.dropout or x_bytes != self.ad
+        reads_copy = self.dropout or (not direct and (self.autocast or x_bytes != self.ad))
         x_alive = x_bytes * inf if reads_copy and not self.base_trainable else 0
         copies = copy + dropped if self.autocast else (copy if self.dropout else 0)
         self.lora_pending[n] = copies + x_alive + out
@@ -437,7 +466,7 @@ class _Layer:
         already saves), and backward makes that throwaway parameter's gradient (in×out in the weights' dtype),
         which lives until the graph is freed after backward. gpt2-medium DoRA + dropout on c_proj, fp32 weights
         under fp16 autocast: -3.9% without the casts."""
-        if not dora_stray_parameter(self.spec, self.quantized, self.ad, self.dt_frozen, lin):
+        if not dora_stray_parameter(self.spec, self.four_bit, self.ad, self.dt_frozen, lin):
             return
         i = lin.in_features
         if self.autocast:
@@ -483,8 +512,9 @@ class _Layer:
         its cast and the product: i²·(x + e) + i·o·e under autocast."""
         i, o, r = lin.in_features, lin.out_features, self.r
         e = 2 if self.autocast else self.ad  # lora_A / lora_B's compute dtype
-        x = 4 if self.quantized and lin.quantized_by_bnb else self.ad  # bnb layers skip PEFT's input cast
-        w = self.dt_frozen if not (self.quantized and lin.quantized_by_bnb) else 2
+        # bnb layers skip PEFT's input cast under autocast: x is the residual's dtype (fp32 after k-bit preparation)
+        x = (self.rho if self.autocast else self.ad) if self.four_bit and lin.quantized_by_bnb else self.ad
+        w = self.dt_frozen if not (self.four_bit and lin.quantized_by_bnb) else 2
         at_sum = i * i * e + i * r * e + 3 * i * o * x + (i * o * x if w != x else 0)
         at_lora_b = i * i * (self.ad + (e if e != self.ad else 0)) + i * r * e + i * o * e
         return max(at_sum, at_lora_b)
@@ -744,7 +774,7 @@ class _Layer:
 
     def _o_proj_input(self) -> None:
         """What the output projection's input leaves saved (its LoRA, a contiguous copy, casts)."""
-        a, q, quantized, targets = self.a, self.q, self.quantized, self.targets
+        a, q, targets = self.a, self.q, self.targets
         o_name, adapter_cast, base_trainable = self.o_name, self.adapter_cast, self.base_trainable
         # eager, and flash after a rotary written with torch.cat (Phi-3): the kernel's output is laid out
         # (b, heads, s, d), so transpose(1, 2).contiguous() copies it before o_proj. (Under autocast with
@@ -762,7 +792,7 @@ class _Layer:
             self.add("attn.output_cast_back", a * q, f"{a}·q")  # flash_attention_2's output, back to fp32
         if adapter_cast and o_name in targets:
             self.add(f"attn.{o_name}.lora_input_fp32", 4 * q, "4·q")
-        if self.autocast and not quantized and o_name in targets and not copies_output:
+        if self.autocast and not self.four_bit and o_name in targets and not copies_output:
             # PEFT's Linear casts lora_A's input to fp32 even under autocast (_cast_input_dtype; only its
             # bitsandbytes layers skip it), and autocast casts that back: lora_A saves a new 16-bit copy
             self.add(f"attn.{o_name}.lora_input_cast", 2 * q, "2·q")
@@ -770,7 +800,8 @@ class _Layer:
     def _dropout_copy(self, name: str, copies_output: bool) -> None:
         """Dropout's output before an output projection whose lora_A would read attention's own saved
         output (flash keeps it; no cast, no autocast): a copy of lora_A's own."""
-        if self.dropout and name in self.targets and not copies_output and not self.adapter_cast and not self.autocast:
+        plain = not self.adapter_cast and not self.autocast
+        if self.dropout and name in self.targets and not copies_output and (plain or self._bnb_direct(name, self.a)):
             self.add(f"attn.{name}.lora_dropout_output", self.a * self.q, f"{self.a}·q")
 
     def _rms_mlp(self) -> None:
@@ -988,7 +1019,7 @@ class _Layer:
 
     def _dense_input(self) -> None:
         """What the LayerNorm blocks' output projection (dense / c_proj) leaves saved."""
-        a, q, quantized, targets = self.a, self.q, self.quantized, self.targets
+        a, q, targets = self.a, self.q, self.targets
         base_trainable, adapter_cast = self.base_trainable, self.adapter_cast
         out_name = self.o_name
         # eager, and flash after GPT-NeoX's partial rotary (torch.cat): the output is copied before dense
@@ -998,7 +1029,7 @@ class _Layer:
         self._dropout_copy(out_name, copies_output)
         if self.a_attn != a and not copies_output and (base_trainable or out_name in targets):
             self.add("attn.output_cast_back", a * q, f"{a}·q")  # flash_attention_2's output, back to fp32
-        if self.autocast and not quantized and out_name in targets and not copies_output:
+        if self.autocast and not self.four_bit and out_name in targets and not copies_output:
             self.add(f"attn.{out_name}.lora_input_cast", 2 * q, "2·q")  # PEFT's fp32 cast, cast back
         if adapter_cast and out_name in targets:
             self.add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
@@ -1404,7 +1435,7 @@ def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
     else:
         ln_in = 4 if dt.autocast else rho  # autocast runs layer_norm on an fp32 cast of its input
         final_norm = ln_in * h + 8 + (rho * h if full else 0)
-    final_norm += lm_head_lora_saved(spec, setup, dt)
+    final_norm += lm_head_lora_saved(spec, setup, dt) + lm_head_saved_input(spec, setup, dt)
     # Gemma 2's final soft-capping (logits / cap, tanh, × cap) saves tanh's 16-bit output
     softcap = a * v if spec.final_logit_softcapping else 0
     loss = setup.resolved_loss
@@ -1437,6 +1468,14 @@ def lm_head_lora_saved(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int
         x = 2 if dt.autocast else dt.adapter  # nn.Dropout's output in the adapters' dtype (cast under autocast)
         return x * h + h + mid * r
     return x * h + mid * r
+
+
+def lm_head_saved_input(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
+    """Bytes per token the lm_head's matmul saves of its input when ``modules_to_save`` trains a copy of it
+    (cabe.method.saved_modules): the final norm's output, or autocast's 16-bit cast of it."""
+    if not any(t.kind == "lm_head" for t in saved_modules(spec, setup)):
+        return 0
+    return (2 if dt.autocast else dt.residual) * spec.hidden_size
 
 
 def embedding_lora_saved(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:

@@ -47,6 +47,7 @@ from cabe.method import (
     parameter_tensors,
     quantized_bytes,
     running_lora_targets,
+    saved_modules,
     stored_bytes,
     unmatched_lora_targets,
 )
@@ -291,7 +292,8 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     source = dtype_source(setup, spec.dtype)
     optimizer_given = setup.optimizer_given  # an HF Trainer optim name, echoed beside the registry's
     setup = resolve(setup, spec.dtype)  # dtype="auto": the checkpoint's, as transformers 5 loads it
-    if setup.dtype == "fp16" and setup.autocast == "fp16" and setup.method in ("full", "freeze"):
+    trains_fp16 = setup.method == "full" or (setup.method == "freeze" and not setup.trainable_fp32)
+    if setup.dtype == "fp16" and setup.autocast == "fp16" and trains_fp16:
         # torch.amp.GradScaler.unscale_ refuses fp16 gradients ("Attempting to unscale FP16 gradients"):
         # the Trainer's fp16=True cannot train weights loaded in fp16
         raise InvalidValueError("fp16_weights_fp16_autocast", "autocast", value="fp16", dtype=setup.dtype)
@@ -557,7 +559,7 @@ def _below_adapters(spec: ModelSpec, setup: TrainingSetup) -> int:
     runs inside the fused kernel, which multiplies its base weight: its adapter never runs (cabe.ssm)."""
     if not setup.adapters or setup.checkpointing:
         return 0
-    if any(t.kind == "embedding" for t in head_targets(spec, setup.lora_targets)):
+    if any(t.kind == "embedding" for t in head_targets(spec, setup.lora_targets) + saved_modules(spec, setup)):
         return 0
     # an adapted lm_head alone trains above every layer: none of them carries a gradient (phi-3-mini LoRA on
     # lm_head only, no checkpointing: +23% with every layer in the gradient's path)
@@ -662,7 +664,11 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
                 for lin in lora_targets(spec, setup.lora_targets, layer)
                 if dora_stray_parameter(spec, quantized, dt.adapter, dt.frozen, lin)
             )
-    head = sum(round_alloc(n * 2) for n in _head_matrices(spec)) if dt.weight_copies else 0
+    # (freeze with fp32 trained layers: the frozen head stays as loaded, cast only when that is not autocast's dtype)
+    head_cast = dt.weight_copies and not (
+        setup.trainable_fp32 and setup.method == "freeze" and setup.dtype == setup.autocast
+    )
+    head = sum(round_alloc(n * 2) for n in _head_matrices(spec)) if head_cast else 0
     head += _head_adapter_copies(spec, setup)
     if setup.resolved_loss == "chunked" and not (setup.method == "full" and dt.cached_copies):
         # torchtune's chunked output calls the lm_head once per chunk: autocast casts a weight that is not
@@ -871,8 +877,18 @@ def _frozen_inputs(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, act: _Acti
     kept = 0 if act.offload else ckpt * act.runs[0].saved_layer_bytes
     if plain:
         # NOTE: the bottom run's layer stands for every frozen one (exact when the layers are alike)
-        kept += plain * _run_activations(spec, setup, dt, spec.runs[0], 0, act.tokens, False).plain_layer_bytes
+        fdt = _frozen_dtypes(setup, dt)
+        kept += plain * _run_activations(spec, setup, fdt, spec.runs[0], 0, act.tokens, False).plain_layer_bytes
     return kept
+
+
+def _frozen_dtypes(setup: TrainingSetup, dt: Dtypes) -> Dtypes:
+    """The dtypes of freeze's frozen layers: the setup's, except with fp32 trained layers (``trainable_fp32``),
+    where the frozen ones stay as loaded (16-bit weights: no casts of their weights or inputs under the same
+    autocast dtype)."""
+    if setup.method == "freeze" and setup.trainable_fp32:
+        return dtypes_for(replace(setup, trainable_fp32=False))
+    return dt
 
 
 def _frozen_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, act: _Activations) -> int:
@@ -881,7 +897,7 @@ def _frozen_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, act: _Acti
     (not cached: ``cached_cast`` caches only leaves that require grad). olmo-2-7b freeze, fp32 weights under
     bf16 autocast, every 4th layer checkpointed: 24 frozen plain layers' copies, 5.8 GB (−17% without)."""
     plain = sum(1 for i in range(act.first) if not act.checkpointed(i))
-    return plain * _weight_copies(spec, setup, dt, spec.runs[0]).layer if plain else 0
+    return plain * _weight_copies(spec, setup, _frozen_dtypes(setup, dt), spec.runs[0]).layer if plain else 0
 
 
 def _offload_leaf(spec: ModelSpec, dt: Dtypes, states: _States, act: _Activations) -> int:
@@ -980,11 +996,13 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
     notes += _loss_notes(setup)
     if setup.dora and setup.method == "qlora":
         notes.append("dora_qlora_modelled")  # the trace cannot dequantize its meta 4-bit weights
+    if setup.method == "qlora" and not setup.kbit_prep:
+        notes.append("qlora_no_kbit_prep")
     if setup.method == "qlora" and any(lin.role == "expert" and not lin.quantized_by_bnb for lin in spec.layer_linears):
         # transformers 5 stores MoE experts as fused 3-D parameters; its bitsandbytes integration replaces
         # only `type(module) is nn.Linear` and Conv1D (integrations/bitsandbytes.py, replace_with_bnb_linear),
-        # and prepare_model_for_kbit_training casts what is left in 16 bits to fp32
-        notes.append("qlora_moe_experts_unquantized")
+        # and prepare_model_for_kbit_training casts what is left in 16 bits to fp32 (without it: 16 bits)
+        notes.append("qlora_moe_experts_unquantized" if setup.kbit_prep else "qlora_moe_experts_16bit")
     if spec.vision is not None:  # a tower whose images cabe models (cabe.vision)
         notes.append("vision_images" if setup.images else "vision_text_only")
     elif spec.vision_parameters:  # Gemma 3's SigLIP tower: weights only, text-only batches never run it

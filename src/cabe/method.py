@@ -212,6 +212,36 @@ def checked_head_targets(spec: ModelSpec, setup: TrainingSetup) -> tuple[HeadTar
     return found
 
 
+def saved_modules(spec: ModelSpec, setup: TrainingSetup) -> tuple[HeadTarget, ...]:
+    """The modules ``modules_to_save`` trains whole beside the adapters: PEFT's ``ModulesToSaveWrapper`` (peft 0.21.2
+    utils/other.py:632-663) keeps the original frozen and deep-copies it into a trainable module that the forward
+    uses (``_forward_wrapped``); ``cast_adapter_dtype`` leaves the copy in the original's dtype (it casts only
+    ``BaseTunerLayer`` parameters, tuners_utils.py:2705-2745). cabe models the token embedding and the lm_head of a
+    model whose two are not tied; another name, a module that is also a LoRA target (PEFT wraps it twice) or tied
+    weights are typed errors."""
+    if not setup.adapters or not setup.modules_to_save:
+        return ()
+    allowed = head_module_names(spec)
+    unknown = [n for n in setup.modules_to_save if n not in allowed]
+    if unknown:
+        raise InvalidValueError(
+            "modules_to_save_unknown", "modules_to_save", value=", ".join(unknown), allowed=", ".join(allowed)
+        )
+    adapted = [n for n in setup.modules_to_save if n in setup.lora_targets]
+    if adapted:
+        raise InvalidValueError("modules_to_save_adapted", "modules_to_save", value=", ".join(adapted))
+    if spec.tie_word_embeddings:
+        raise InvalidValueError("modules_to_save_tied", "modules_to_save", value=", ".join(setup.modules_to_save))
+    copy = setup.compute_dtype if setup.method == "qlora" and not setup.kbit_prep else setup.dtype
+    if setup.method == "qlora" and setup.kbit_prep:
+        copy = "fp32"  # a copy of prepare_model_for_kbit_training's fp32 module
+    if copy == "fp16" and setup.autocast == "fp16":
+        # the copy trains in fp16: torch.amp.GradScaler.unscale_ refuses fp16 gradients ("Attempting to unscale
+        # FP16 gradients", traced: qwen3-8b LoRA fp16 under fp16 autocast with embed_tokens saved)
+        raise InvalidValueError("fp16_weights_fp16_autocast", "autocast", value="fp16", dtype="fp16")
+    return head_targets(spec, setup.modules_to_save)
+
+
 def adapter_runs(run: LayerGroup, lin: Linear) -> bool:
     """Whether the LoRA adapter PEFT puts on ``lin`` ever runs. A Mamba-2 mixer's out_proj (slot ``o``) is
     multiplied inside mamba-ssm's fused kernel, which takes ``out_proj.weight`` — the base weight — and never calls
@@ -332,6 +362,16 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
         _layer_tensors(add, spec, run, count, trainable, method == "qlora")
     add("final_norm", spec.hidden_size, 2 if spec.norm_bias else 1, method == "full", "norm")
     add("lm_head", spec.lm_head_count, 1, method == "full", "lm_head", spec.vocab_size, spec.hidden_size)
+    for ht in saved_modules(spec, setup):  # the trainable copies (the originals above stay, frozen)
+        add(
+            f"{ht.name}.modules_to_save",
+            spec.vocab_size * spec.hidden_size,
+            1,
+            True,
+            ht.kind,
+            spec.vocab_size,
+            spec.hidden_size,
+        )
     # NOTE: a vision tower (Gemma 3's SigLIP + projector) on text-only batches never runs, so it gets no
     # gradient and AdamW no state for it (torch/optim/adamw.py _init_group skips p.grad is None): frozen weights
     if spec.vision is not None:
@@ -580,7 +620,7 @@ def stored_bytes(t: Tensor, setup: TrainingSetup, dt: Any) -> int:
         return dt.adapter
     if t.kind == "prompt":
         return 4  # PEFT's prompt embeddings are fp32
-    if t.kind in ("norm", "embedding", "lm_head") and setup.method == "qlora":
+    if t.kind in ("norm", "embedding", "lm_head") and setup.method == "qlora" and setup.kbit_prep:
         return 4  # prepare_model_for_kbit_training casts them to fp32
     return dt.weight if t.trainable else dt.frozen
 

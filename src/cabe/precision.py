@@ -104,6 +104,12 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
         from cabe.errors import InvalidValueError
 
         raise InvalidValueError("param_dtype_needs_sharding", "param_dtype", value=setup.param_dtype, shard=setup.shard)
+    if setup.method == "qlora" and not setup.kbit_prep:
+        # NOTE: QLoRA without prepare_model_for_kbit_training (unsloth, LLaMA-Factory): what is not 4-bit stays in
+        # the compute dtype it was loaded in (cabe.trace.build.load_dtype), the adapters fp32 (PEFT's
+        # autocast_adapter_dtype; unsloth's float32_mixed_precision, unsloth_zoo training_utils.py:391-399): the
+        # dtypes of LoRA on a base in the compute dtype; the 4-bit weights are handled in cabe.method
+        return dtypes_for(setup.with_(method="lora", dtype=setup.compute_dtype))
     if setup.method == "qlora":
         # NOTE: QLoRA as transformers + PEFT run it: 4-bit linear weights, the rest of the model
         # cast to fp32 by prepare_model_for_kbit_training, compute in compute_dtype.
@@ -127,6 +133,8 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
         )
     if setup.dtype not in BYTES:
         raise ValueError(f"dtype {setup.dtype!r} not resolved: call cabe.precision.resolve first")
+    if setup.method == "freeze" and setup.trainable_fp32 and setup.autocast != "none" and setup.dtype != "fp32":
+        return _trained_fp32(setup)
     if setup.param_dtype != "none":
         return _engine_mixed(setup)
     w = BYTES[setup.dtype]
@@ -145,6 +153,26 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
         autocast=on,
         cached_copies=on and setup.dtype == "fp32",
         input_casts=on and setup.dtype != setup.autocast,
+    )
+
+
+def _trained_fp32(setup: TrainingSetup) -> Dtypes:
+    """Freeze with the trained layers cast to fp32 (LLaMA-Factory, model/adapter.py:129-134): their weights,
+    gradients and optimizer state are fp32 leaves that autocast casts (and caches: they require grad); their norms'
+    fp32 weights make fp32 outputs, so their linear layers' inputs are cast per op; the frozen layers, the embedding
+    and the residual stay in the loaded 16-bit dtype."""
+    w = BYTES[setup.dtype]
+    return Dtypes(
+        weight=FP32,
+        frozen=w,
+        grad=FP32,
+        compute=HALF,
+        residual=w,
+        adapter=FP32,
+        weight_copies=True,
+        autocast=True,
+        cached_copies=True,
+        input_casts=True,
     )
 
 

@@ -70,6 +70,8 @@ REPORT_NOTES = (
     "trace_eager_fallback",
     "trace_grad_accum_simulated",
     "trace_grad_scaler",
+    "qlora_no_kbit_prep",
+    "qlora_moe_experts_16bit",
 )
 #: Width of the component-label column.
 WIDTH = 44

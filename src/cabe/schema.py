@@ -509,6 +509,48 @@ _SETUP: tuple[Field, ...] = (
         flags=_flag("image_size"),
         metavar="HxW",
     ),
+    # ---- what a trainer does to a 4-bit model before training (issue 11) ----
+    # PEFT's prepare_model_for_kbit_training (peft 0.21.2 utils/other.py:193-209) freezes the model and casts
+    # every 16-bit parameter that is not 4-bit to fp32 (norms, embeddings, lm_head, unquantized experts); off:
+    # they stay in the compute dtype, as unsloth (unsloth_zoo training_utils.py:300-410, prepare_model_for_training)
+    # and LLaMA-Factory (model_utils/checkpointing.py:163-204, upcast_layernorm False) leave them
+    Field(
+        "kbit_prep",
+        bool,
+        "setup",
+        _TRAINING + ("from-config",),
+        True,
+        states=True,
+        methods=("qlora",),
+        flags=_flag("kbit_prep"),
+        negatable=True,
+    ),
+    # PEFT's modules_to_save (LoraConfig(modules_to_save=[...]); unsloth's embed_tokens among target_modules,
+    # LLaMA-Factory's additional_target): whole modules trained beside the adapters, a trainable copy each
+    # (cabe.method.saved_modules: the token embedding and the lm_head)
+    Field(
+        "modules_to_save",
+        tuple,
+        "setup",
+        _TRAINING + ("from-config",),
+        (),
+        states=True,
+        methods=("lora", "qlora"),
+        flags=_flag("modules_to_save"),
+    ),
+    # freeze with the trained layers cast to fp32 (LLaMA-Factory's init_adapter, model/adapter.py:129-134 and
+    # 337-349: cast_trainable_params_to_fp32 unless pure_bf16), the frozen ones left as loaded, under autocast
+    Field(
+        "trainable_fp32",
+        bool,
+        "setup",
+        _TRAINING + ("from-config",),
+        False,
+        states=True,
+        methods=("freeze",),
+        flags=_flag("trainable_fp32"),
+        negatable=True,
+    ),
 )
 
 _GPUS: tuple[Field, ...] = (
@@ -846,7 +888,22 @@ def _companions(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any
             entry = optimizer.get(name) if known else None
             if entry is not None and not (entry.temporaries or entry.impl_flags):
                 out.append(("optimizer_impl", "impl_not_read", {"optimizer": name}))
+    out += _per_node(values)
     return out
+
+
+def _per_node(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``gpus_per_node`` on one GPU (``one_gpu_per_node``): it splits the GPUs into nodes (hybrid sharding's group,
+    the host RAM per node: cabe.parallel.plan), and one GPU is one node whatever it says."""
+    per = values.get("gpus_per_node")
+    if not _sent(per) or _is_default(field("gpus_per_node"), per):
+        return []
+    gpus = values.get("gpus") if _sent(values.get("gpus")) else field("gpus").default
+    try:
+        one = int(str(gpus)) == 1
+    except ValueError:
+        return []  # a bad value TrainingSetup refuses with its own error
+    return [("gpus_per_node", "one_gpu_per_node", {})] if one else []
 
 
 def _model_only(values: Mapping[str, Any], flagged: list[str]) -> list[tuple[str, str, dict[str, Any]]]:

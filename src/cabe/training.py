@@ -103,6 +103,12 @@ class TrainingSetup:
         images: images in each sequence (a model with a vision tower cabe models: Qwen2.5-VL); their tokens are
             part of ``seq`` (:mod:`cabe.vision`). 0: text-only batches.
         image_size: the images' size in pixels, ``"HxW"``, before the processor's resize.
+        kbit_prep: QLoRA: PEFT's ``prepare_model_for_kbit_training`` runs (every parameter that is not 4-bit
+            cast to fp32), as TRL / axolotl call it; ``False``: the rest of the model stays in the compute
+            dtype (unsloth, LLaMA-Factory).
+        modules_to_save: PEFT's ``modules_to_save``: the token embedding and / or the lm_head trained whole beside
+            the adapters (a trainable copy of each; the original stays, frozen).
+        trainable_fp32: freeze: the trained layers cast to fp32, the frozen ones left as loaded (LLaMA-Factory).
         gpus: data-parallel world size × tp × pp (total GPUs); memory is reported per GPU.
         shard: ``none`` (one GPU), ``ddp``, DeepSpeed ``zero1``/``zero2``/``zero3``, ``fsdp``
             (full sharding), ``fsdp-hybrid`` (shard within a node, replicate across nodes).
@@ -145,6 +151,9 @@ class TrainingSetup:
     packing: Packing = _D["packing"]
     images: int = _D["images"]
     image_size: str = _D["image_size"]
+    kbit_prep: bool = _D["kbit_prep"]
+    modules_to_save: tuple[str, ...] = _D["modules_to_save"]
+    trainable_fp32: bool = _D["trainable_fp32"]
     gpus: int = _D["gpus"]
     shard: Shard = _D["shard"]
     offload: Offload = _D["offload"]
@@ -289,6 +298,10 @@ def validate(setup: TrainingSetup) -> None:
         # supported ... Ignoring position ids"): no document would be told apart, the packing would do nothing
         raise InvalidValueError("packing_prompt_tuning", "packing", value=setup.packing)
     vision.parse_image_size(setup.image_size)  # "HxW" pixels, or a typed error
+    if setup.method == "freeze" and setup.trainable_fp32 and setup.autocast == "none" and setup.dtype != "fp32":
+        # fp32 trained layers above 16-bit ones without autocast: the 16-bit lm_head meets their fp32 output
+        # (F.linear refuses mixed dtypes); LLaMA-Factory casts them for a run under the Trainer's bf16 / fp16
+        raise InvalidValueError("trainable_fp32_needs_autocast", "trainable_fp32", value=True, dtype=setup.dtype)
     if setup.method == "freeze" and setup.trainable_layers < 1:  # nothing would train: the trace refuses it too
         raise InvalidValueError("freeze_needs_layers", "trainable_layers", value=setup.trainable_layers)
 

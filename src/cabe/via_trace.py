@@ -42,8 +42,11 @@ MAX_LAYERS = 1024
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers")
 #: Setup fields that make a several-GPU run; the trace runs one process on one GPU.
 _ONE_GPU_FIELDS = ("gpus", "shard", "offload", "tp", "pp", "ep")
-#: Setup fields the trace does not act on (the analytic path models them): packed / padding-free rows.
-_NOT_TRACED = ("packing",)
+#: Setup fields the trace does not act on (the analytic path models them). None since packed and padding-free rows
+#: are traced (cabe.trace.build.packed_positions: position_ids restarting per document; transformers' own mask
+#: functions find the documents, masking_utils.py:862-870, whatever the architecture's module): the traced figure
+#: is what that model's code does with such a batch.
+_NOT_TRACED: tuple[str, ...] = ()
 
 
 def missing_package(setup: TrainingSetup) -> str | None:

@@ -113,14 +113,15 @@ def test_llama_factory_reports_what_it_does_not_model():
             "quantization_bit": 8,
             "stage": "dpo",
             "use_unsloth": True,
-            "additional_target": "x",
+            "additional_target": "embed_tokens, lm_head",
         }
     )
     ignored = dict(s.ignored)
     assert ignored["quantization_bit"] == "not_modeled"
     assert ignored["stage"] == "not_modeled"
     assert ignored["use_unsloth"] == "not_modeled"
-    assert ignored["additional_target"] == "not_modeled"
+    # adapter.py:265: PEFT's modules_to_save, names split on commas (finetuning_args.py:590)
+    assert s.fields["modules_to_save"] == ("embed_tokens", "lm_head")
     assert s.fields["method"] == "lora"  # 8 bits is not QLoRA
 
 
@@ -199,8 +200,15 @@ def test_unsloth_methods_and_refusals():
     whole = configs.read_source(
         {"from_pretrained": {}, "get_peft_model": {"target_modules": ["q_proj", "lm_head", "embed_tokens"]}}
     )
-    assert whole.fields["lora_targets"] == ("q_proj",)
-    assert dict(whole.ignored)["get_peft_model.target_modules.lm_head"] == "not_modeled"
+    # embed_tokens among the targets is trained whole (llama.py:3318-3328); lm_head is a LoRA target since #4106
+    assert whole.fields["lora_targets"] == ("q_proj", "lm_head")
+    assert whole.fields["modules_to_save"] == ("embed_tokens",)
+    assert dict(whole.ignored)["get_peft_model.modules_to_save.offload"] == "not_modeled"  # unsloth's own handling
+    saved = configs.read_source({"from_pretrained": {}, "get_peft_model": {"modules_to_save": ["lm_head"]}})
+    assert saved.fields["modules_to_save"] == ("lm_head",)
+    with pytest.raises(ConfigError) as e:
+        configs.read_source({"from_pretrained": {}, "get_peft_model": {"modules_to_save": ["score"]}})
+    assert e.value.code == "cfg_bad_value"  # llama.py:3380-3390: only lm_head and embed_tokens
     eight = configs.read_source({"from_pretrained": {"load_in_8bit": True}, "get_peft_model": {}})
     assert dict(eight.ignored)["from_pretrained.load_in_8bit"] == "not_modeled"
 

@@ -34,8 +34,8 @@ How the file's keys become a request:
 * The weights are loaded with ``torch_dtype="auto"`` (model/loader.py:154: the checkpoint's dtype) and
   ``init_adapter`` casts what trains to fp32 unless ``pure_bf16`` (model/adapter.py:337-349): full fine-tuning
   is fp32 weights under the Trainer's autocast (cabe's ``bf16-amp``); LoRA's adapters are fp32 as PEFT keeps
-  them; under freeze only the trained layers are fp32 (the frozen ones stay 16-bit), which cabe does not
-  model (the recipe's ``adapter_dtype`` topic says so).
+  them; under freeze only the trained layers are fp32 (the frozen ones stay 16-bit): cabe's ``trainable_fp32``
+  (adapter.py:129-134).
 * ``cutoff_len``: the SFT collator pads to a multiple of 8 (train/sft/workflow.py:65,
   ``pad_to_multiple_of=8``), so the longest row is ``cutoff_len`` rounded up to 8; with packing the rows are
   ``cutoff_len - 1`` long (hparams/data_args.py:188-189) before that padding.
@@ -95,7 +95,6 @@ SFT_PAD_MULTIPLE = 8
 #: LLaMA-Factory keys that change GPU memory in ways cabe does not model (yet)
 NOT_MODELED = {
     "use_unsloth",  # unsloth's loader and kernels (model/model_utils/unsloth.py)
-    "additional_target",  # modules_to_save: whole modules trained beside the adapters (adapter.py:265)
     "freeze_extra_modules",
     "use_llama_pro",
     "pissa_init",  # an SVD of every targeted weight at start (adapter.py, PiSSA)
@@ -342,9 +341,14 @@ def _precision(c: Collector, data: Mapping[str, Any]) -> None:
     # masters); full fine-tuning otherwise trains fp32 copies of every weight
     c.fields["_dtype"] = "fp32" if method == "full" and not pure else "auto"
     c.origin.setdefault("_dtype", "(LLaMA-Factory default)")
+    amp = str(c.fields.get("precision", "")).endswith("-amp")  # the Trainer's bf16 / fp16: autocast
     if "precision" not in c.fields:
         c.fields["autocast"] = "none"  # TrainingArguments bf16 / fp16 are False by default
         c.origin.setdefault("autocast", "(LLaMA-Factory default)")
+    if method == "freeze":  # adapter.py:129-134: the trained layers in fp32, the frozen ones as loaded
+        # (without the Trainer's bf16 / fp16 nothing casts the fp32 layers' output back for the 16-bit lm_head)
+        c.fields["trainable_fp32"] = not pure and amp
+        c.origin.setdefault("trainable_fp32", "pure_bf16" if "pure_bf16" in data else "(LLaMA-Factory default)")
 
 
 def _finetuning(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
@@ -360,6 +364,16 @@ def _lora_target(c: Collector, key: str, value: Any, data: Mapping[str, Any]) ->
     names = [str(v).strip() for v in ([value] if isinstance(value, str) else value) for v in str(v).split(",")]
     names = [n for n in names if n]
     c.set("lora_targets", ("all-linear",) if names == ["all"] else tuple(names), key)
+
+
+def _additional_target(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    """``additional_target``: PEFT's ``modules_to_save`` under LoRA (adapter.py:265, 273; names split on commas,
+    hparams/finetuning_args.py:590): cabe's ``modules_to_save``."""
+    if _finetuning_type(data) != "lora":
+        c.ignore(key, "no_effect")
+        return
+    names = [str(v).strip() for v in ([value] if isinstance(value, str) else value) for v in str(v).split(",")]
+    c.set("modules_to_save", tuple(n for n in names if n), key)
 
 
 def _lora_only(convert: _base.Convert, field: str) -> Callable[[Collector, str, Any, Mapping[str, Any]], None]:
@@ -506,6 +520,7 @@ HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = 
     "lora_dropout": _lora_only(_base.as_number, "lora_dropout"),
     "use_dora": _lora_only(_base.as_bool, "dora"),
     "lora_target": _lora_target,
+    "additional_target": _additional_target,
     "quantization_bit": _quantization,
     "quantization_method": _quantization,
     "quantization_type": _quant_detail("quant", _base.as_str),

@@ -13,7 +13,6 @@ FORMAT = "peft_config"
 TITLE = "PEFT adapter config"
 
 NOT_MODELED = {
-    "modules_to_save",
     "layers_to_transform",
     "rank_pattern",
     "alpha_pattern",
@@ -73,6 +72,14 @@ def _rank(c: Collector, key: str, value: Any) -> None:
     c.set("method", "lora", key)
 
 
+def _modules_to_save(c: Collector, key: str, value: Any) -> None:
+    """Whole modules trained beside the adapters (cabe.method.saved_modules says which cabe models)."""
+    if value in (None, []):
+        c.ignore(key, "null" if value is None else "no_effect")
+    else:
+        c.set("modules_to_save", _base.as_targets(value, key), key)
+
+
 def _target_modules(c: Collector, key: str, value: Any) -> None:
     if value is None:
         c.ignore(key, "null")  # PEFT's default for the model type: what cabe uses too
@@ -94,6 +101,7 @@ BY_TYPE: dict[str, dict[str, Callable[[Collector, str, Any], None]]] = {
         "r": _rank,
         "lora_alpha": lambda c, key, value: c.set("lora_alpha", _base.as_number(value, key), key),
         "target_modules": _target_modules,
+        "modules_to_save": _modules_to_save,
         # LoraConfig(use_dora=..., lora_dropout=...): DoRA's magnitude and products, dropout's masks and copies
         "use_dora": lambda c, key, value: c.set("dora", _base.as_bool(value, key), key),
         "lora_dropout": lambda c, key, value: c.set("lora_dropout", _base.as_number(value, key), key),

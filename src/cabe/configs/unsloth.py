@@ -26,9 +26,14 @@ Sources: unsloth commit 015bdef (2026.10), unsloth-zoo commit ce232d6.
   ``load_in_fp8`` are not modelled. ``dtype: null`` is bf16 where the GPU has it (llama.py:2434-2435);
   ``max_seq_length`` 2048 by default.
 * ``get_peft_model`` (llama.py:3061-3090): ``r=16``, the seven projections, ``lora_alpha=16``,
-  ``lora_dropout=0``; ``embed_tokens`` / ``lm_head`` among the targets are trained whole as
-  ``modules_to_save`` (llama.py:3318-3330), which cabe does not model; ``use_dora`` arrives through its
-  ``**kwargs`` (llama.py:3166-3172).
+  ``lora_dropout=0``; ``embed_tokens`` among the targets is trained whole as ``modules_to_save``
+  (llama.py:3318-3328: cabe's ``modules_to_save``), ``lm_head`` is a LoRA target since unsloth #4106
+  (llama.py:3302-3312, ``accepted_modules``; it was moved to ``modules_to_save`` before); ``modules_to_save``
+  itself takes ``lm_head`` / ``embed_tokens`` only (llama.py:3380-3390). NOTE: with ``use_gradient_checkpointing=
+  "unsloth"`` unsloth moves the frozen originals to disk (llama.py:3468-3483, ``offload_input_embeddings``) and an
+  fp16 copy to fp32 (``_offload_frozen_module_for_training``, llama.py:162-189): cabe counts PEFT's own wrapper (the
+  original beside the copy, in its dtype), listed as not modelled. ``use_dora`` arrives through its ``**kwargs``
+  (llama.py:3166-3172).
 * ``use_gradient_checkpointing`` (``"unsloth"`` by default in both calls): ``"unsloth"`` checkpoints every
   layer and copies its input to pinned host buffers (unsloth_zoo/gradient_checkpointing.py:705-886,
   ``UnslothCheckpointFunction``: ``x.copy_(arg, non_blocking=True)`` into ``CPU_BUFFERS``), cabe's
@@ -72,8 +77,10 @@ DEFAULT_ALPHA = 16.0
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 #: below this many tokens "unsloth" checkpointing does not offload (unsloth/models/_utils.py:374-378)
 OFFLOAD_MIN_SEQ = 512
-#: targets unsloth trains whole (modules_to_save), not as LoRA (llama.py:3318-3330)
-WHOLE_MODULES = ("embed_tokens", "lm_head")
+#: a target unsloth trains whole (modules_to_save), not as LoRA (llama.py:3318-3328)
+WHOLE_MODULES = ("embed_tokens",)
+#: what unsloth's modules_to_save accepts (llama.py:3380-3390)
+SAVE_MODULES = ("embed_tokens", "lm_head")
 
 #: from_pretrained keys that change memory in ways cabe does not model (loader.py:410-440)
 PRETRAINED_NOT_MODELED = {
@@ -87,7 +94,6 @@ PRETRAINED_NOT_MODELED = {
     "resize_model_vocab",
 }
 PEFT_NOT_MODELED = {
-    "modules_to_save",
     "layers_to_transform",
     "layers_pattern",
     "finetune_last_n_layers",
@@ -239,6 +245,8 @@ def _peft(c: Collector, name: str, peft: Mapping[str, Any]) -> None:
             c.set("dora", _base.as_bool(value, source), source)
         elif key == "target_modules":
             _targets(c, source, value)
+        elif key == "modules_to_save":
+            _save(c, source, value)
         elif key == "use_gradient_checkpointing":
             c.use(source)  # read by _checkpointing
         elif key == "bias":
@@ -260,8 +268,29 @@ def _targets(c: Collector, source: str, value: Any) -> None:
         raise ConfigError("cfg_bad_value", source, value=", ".join(names), expected="at least one LoRA target")
     c.fields["lora_targets"] = lora
     c.use(source)
-    for n in whole:  # trained whole as modules_to_save (llama.py:3318-3330)
-        c.ignore(f"{source}.{n}", "not_modeled")
+    if whole:  # trained whole as modules_to_save (llama.py:3318-3328)
+        _add_saved(c, whole)
+
+
+def _save(c: Collector, source: str, value: Any) -> None:
+    """``modules_to_save``: lm_head / embed_tokens trained whole (llama.py:3380-3390 refuses other names)."""
+    if value in (None, [], ()):
+        c.use(source)
+        return
+    names = list(_base.as_targets(value, source))
+    bad = [n for n in names if n not in SAVE_MODULES]
+    if bad:
+        raise ConfigError("cfg_bad_value", source, value=", ".join(bad), expected=", ".join(SAVE_MODULES))
+    _add_saved(c, names)
+    c.use(source)
+
+
+def _add_saved(c: Collector, names: list[str]) -> None:
+    saved = tuple(dict.fromkeys((*c.fields.get("modules_to_save", ()), *names)))
+    c.fields["modules_to_save"] = saved
+    c.origin.setdefault("modules_to_save", "get_peft_model")
+    # unsloth's own handling of them (the originals to disk, fp16 copies in fp32) is not PEFT's
+    c.ignore("get_peft_model.modules_to_save.offload", "not_modeled")
 
 
 def _trainer_args(

@@ -107,6 +107,17 @@ def load_dtype(setup: TrainingSetup) -> Any:
     return _torch_dtype(setup.dtype)
 
 
+def _check_documents(model: Any, cfg: Any, setup: TrainingSetup) -> None:
+    """Packed rows and padding-free batches tell the documents apart by position_ids (:func:`packed_positions`). A
+    model whose ``forward`` takes none (BLOOM's, which positions by ALiBi; transformers 5.24 BloomForCausalLM.forward
+    takes them only into ``**kwargs`` and drops them) would run one causal attention across the documents: the
+    trace would report an unpacked row as if packed, so it refuses."""
+    import inspect
+
+    if has_documents(setup) and "position_ids" not in inspect.signature(model.forward).parameters:
+        raise ConfigError("packing_needs_position_ids", "packing", value=setup.packing, model_type=cfg.model_type)
+
+
 def decoder_layers(model: Any, cfg: Any) -> Any:
     """The ModuleList of decoder layers: the first list of the configured length, else the longest list.
 
@@ -160,6 +171,7 @@ def build_model(
             raise ConfigError("flash_head_dim", "attention", head_dim=head_dim, maximum=256)
     dtype = load_dtype(setup)
     model = _from_config(cfg, setup, attn, dtype, notes, _head_kind(config))
+    _check_documents(model, cfg, setup)
     if facts is not None:
         facts.update(model_facts(model, cfg))
     model.train()
@@ -341,6 +353,8 @@ def _enable_checkpointing(model: Any, setup: TrainingSetup) -> None:
 
 
 def _freeze(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[str]) -> Any:
+    import torch
+
     for p in model.parameters():
         p.requires_grad_(False)
     layers = decoder_layers(model, cfg)
@@ -348,6 +362,8 @@ def _freeze(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[
     for layer in list(layers)[len(layers) - k :]:
         for p in layer.parameters():
             p.requires_grad_(True)
+            if setup.trainable_fp32:  # LLaMA-Factory's cast_trainable_params_to_fp32 (model/adapter.py:129-134)
+                p.data = p.data.to(torch.float32)
     if setup.checkpointing:
         _enable_checkpointing(model, setup)
     return model
@@ -358,11 +374,12 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
     from peft import LoraConfig
 
     if setup.method == "qlora":
-        from peft import prepare_model_for_kbit_training
-
         from cabe.trace.quant import quantize_on_meta
 
         quantize_on_meta(model, setup, dtype)
+    if setup.method == "qlora" and setup.kbit_prep:
+        from peft import prepare_model_for_kbit_training
+
         model = prepare_model_for_kbit_training(
             model,
             use_gradient_checkpointing=setup.checkpointing,
@@ -371,6 +388,7 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
         if setup.checkpointing and (setup.checkpoint_every > 1 or setup.offload_activations):
             _enable_checkpointing(model, setup)  # PEFT enabled it on every layer, without offloading
     elif setup.checkpointing:
+        # LoRA, and QLoRA without k-bit preparation (unsloth, LLaMA-Factory): the rest of the model stays as loaded
         _enable_checkpointing(model, setup)
         model.enable_input_require_grads()
     if setup.dora and setup.method == "qlora":
@@ -388,6 +406,7 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
         target_modules=targets,
         lora_dropout=setup.lora_dropout,
         use_dora=setup.dora,
+        modules_to_save=list(setup.modules_to_save) or None,  # trained whole beside the adapters
         bias="none",
         task_type=_peft_task(cfg),
     )
