@@ -397,8 +397,11 @@ def _packed_mask(spec: ModelSpec, setup: TrainingSetup) -> bool:
 
 
 def _masked_layers(spec: ModelSpec, setup: TrainingSetup) -> int:
-    """Layers whose SDPA gets a mask: every one for packed rows, else the sliding / windowed ones."""
-    return spec.num_layers if _packed_mask(spec, setup) else sdpa_masked_layers(spec, setup)
+    """Layers whose SDPA gets a mask: every one for packed rows, or with images a tower makes the decoder attend
+    both ways (Gemma 3's token_type_ids: :attr:`cabe.architecture.VisionTower.image_mask`), else the sliding /
+    windowed ones."""
+    images = setup.images and setup.attention == "sdpa" and spec.vision is not None and spec.vision.image_mask
+    return spec.num_layers if _packed_mask(spec, setup) or images else sdpa_masked_layers(spec, setup)
 
 
 def _packing_steps(spec: ModelSpec, given: TrainingSetup, shaped: TrainingSetup) -> list[Step]:

@@ -430,7 +430,14 @@ def _vision_tensors(add: Any, spec: ModelSpec, tower: VisionTower, setup: Traini
     quantize = setup.method == "qlora"
     v = VISION_PREFIX
     h = tower.hidden_size
-    add(v + "patch_embed", tower.patch_embed_count, 1, trains, "base", h, tower.patch_embed_count // h)
+    for name, numel, count, kind in tower.around_tensors:
+        if name == "norm" or not numel * count:
+            continue  # (the norms after the linears, as before)
+        rows = h if name in ("patch_embed", "projector") else 0
+        # SigLIP's head runs but its output is dropped (Gemma3Model.get_image_features keeps the last hidden state):
+        # never a gradient
+        learns = trains and name != "head"
+        add(v + name, numel, count, learns, kind, *((rows, numel // rows) if rows else ()))
     for lin, count in [(lin, tower.depth) for lin in tower.block_linears] + [(lin, 1) for lin in tower.merger_linears]:
         name = v + ("merger.mlp." if count == 1 else "") + lin.name
         if quantize:
@@ -452,6 +459,8 @@ def _vision_tensors(add: Any, spec: ModelSpec, tower: VisionTower, setup: Traini
 def _vision_path(lin: Linear, count: int) -> str:
     """A tower linear's module path as transformers names it (``visual.blocks.N.attn.qkv``, ``visual.merger.mlp.0``)
     without the block's number: what GaLore's ``optim_target_modules`` match as substrings ("attn", "mlp")."""
+    if lin.name in ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"):  # SigLIP's (vision_tower.encoder...)
+        return "vision_tower.encoder.layers." + ("mlp." if lin.role == "mlp" else "self_attn.") + lin.name
     if count == 1:
         return "visual.merger.mlp." + lin.name
     return "visual.blocks." + ("mlp." if lin.role == "mlp" else "attn.") + lin.name

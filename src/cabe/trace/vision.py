@@ -49,6 +49,8 @@ def image_inputs(cfg: Any, setup: TrainingSetup, device: Any, ids: Any) -> dict[
     sequences); writes the image tokens at the start of each row of ``ids``. Empty without images."""
     if not wants_images(cfg, setup):
         return {}
+    if getattr(cfg, "mm_tokens_per_image", None) is not None:  # Gemma 3: fixed-size images, no grid
+        return _fixed_size_inputs(cfg, setup, device, ids)
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
     from transformers import vision_utils as vu
@@ -107,3 +109,28 @@ def simulated(active: bool) -> Iterator[None]:
             os.environ.pop("TRANSFORMERS_DISABLE_TORCH_CHECK", None)
         else:
             os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = check
+
+
+def _fixed_size_inputs(cfg: Any, setup: TrainingSetup, device: Any, ids: Any) -> dict[str, Any]:
+    """Gemma 3's image keywords: what ``Gemma3Processor`` returns (transformers 5.24 processing_gemma3.py). The
+    image processor resizes every image to the tower's ``image_size`` square (image_processing_gemma3.py, no
+    pan-and-scan by default): ``pixel_values`` (images, channels, side, side) fp32; each image becomes
+    ``mm_tokens_per_image`` image tokens in the text, and ``token_type_ids`` (the processor's
+    ``mm_token_type_ids``, ``return_mm_token_type_ids = True``) mark them 1, which makes ``Gemma3Model.forward``
+    build the bidirectional-over-images masks (modeling_gemma3.py:867-881) as a collator passing the processor's
+    output does. Images sit one after another at the start of each row (the processor writes
+    ``\\n\\n<boi>...<eoi>\\n\\n`` around each, making each image its own block of the mask; adjacent images here
+    are one block: the same boolean masks, the same allocations)."""
+    import torch
+
+    vc = _vision_config(cfg)
+    side, per_image = int(vc.image_size), int(cfg.mm_tokens_per_image)
+    n = setup.batch * setup.images
+    token = int(cfg.image_token_id)
+    types = torch.zeros_like(ids)
+    ids[:, : setup.images * per_image] = token
+    types[:, : setup.images * per_image] = 1
+    return {
+        "pixel_values": torch.randn(n, int(vc.num_channels), side, side, device=device),
+        "token_type_ids": types,
+    }
