@@ -295,6 +295,10 @@ class VisionTower:
     use_head: bool = False
     #: the blocks' MLP activation (SigLIP's ``hidden_act``; Qwen2.5-VL's gated MLP is SiLU)
     hidden_act: str = "silu"
+    #: Qwen3-VL: the learned position table (``pos_embed``, bilinearly resampled to each image's grid) and the
+    #: blocks after which a DeepStack merger feeds the decoder's bottom layers
+    num_position_embeddings: int = 0
+    deepstack_indexes: tuple[int, ...] = ()
 
     @property
     def image_mask(self) -> bool:
@@ -322,6 +326,13 @@ class VisionTower:
                 Linear("fc1", h, f, True, role="mlp", slot="up"),
                 Linear("fc2", f, h, True, role="mlp", slot="down"),
             )
+        if self.kind == "qwen3_vl":  # Qwen3VLVisionBlock: fused qkv, proj, a plain MLP (modeling_qwen3_vl.py:78-90)
+            return (
+                Linear("qkv", h, 3 * h, True),
+                Linear("proj", h, h, True, slot="o"),
+                Linear("linear_fc1", h, f, True, role="mlp", slot="up"),
+                Linear("linear_fc2", f, h, True, role="mlp", slot="down"),
+            )
         return (
             Linear("qkv", h, 3 * h, True),
             Linear("proj", h, h, True, slot="o"),
@@ -337,6 +348,11 @@ class VisionTower:
         if self.kind == "siglip":
             return ()
         m = self.merged_width
+        if self.kind == "qwen3_vl":  # Qwen3VLVisionPatchMerger (modeling_qwen3_vl.py:171-185), also each DeepStack one
+            return (
+                Linear("linear_fc1", m, m, True, role="mlp", slot="up"),
+                Linear("linear_fc2", m, self.out_hidden_size, True, slot="down"),
+            )
         return (Linear("0", m, m, True, role="mlp", slot="up"), Linear("2", m, self.out_hidden_size, True, slot="down"))
 
     @property
@@ -347,8 +363,13 @@ class VisionTower:
 
     @property
     def norm_bias(self) -> bool:
-        """The tower's norms are LayerNorms with a bias (SigLIP) rather than RMSNorms."""
-        return self.kind == "siglip"
+        """The tower's norms are LayerNorms with a bias (SigLIP, Qwen3-VL) rather than RMSNorms."""
+        return self.kind in ("siglip", "qwen3_vl")
+
+    @property
+    def mergers(self) -> int:
+        """How many patch mergers the tower has: the final one and Qwen3-VL's DeepStack ones."""
+        return 1 + len(self.deepstack_indexes)
 
     @property
     def block_count(self) -> int:
@@ -369,6 +390,17 @@ class VisionTower:
         modeling_siglip.py ``SiglipVisionEmbeddings``, ``SiglipMultiheadAttentionPoolingHead``; gemma3/
         modeling_gemma3.py:635-650 ``Gemma3MultiModalProjector``)."""
         h = self.hidden_size
+        if self.kind == "qwen3_vl":  # Qwen3VLVisionModel (modeling_qwen3_vl.py:621-665): Conv3d with bias, LayerNorms
+            m, ds = self.merged_width, len(self.deepstack_indexes)
+            return (
+                ("patch_embed", self.patch_embed_count, 1, "base"),
+                ("patch_embed.bias", h, 1, "base"),
+                ("position_embedding", self.num_position_embeddings * h, 1, "base"),
+                ("norm", h, 2 * self.depth + 1, "norm"),
+                ("norm.bias", h, 2 * self.depth + 1, "norm"),
+                ("deepstack_norm", m, ds, "norm"),  # the DeepStack mergers' LayerNorm is over 4h (postshuffle)
+                ("deepstack_norm.bias", m, ds, "norm"),
+            )
         if self.kind != "siglip":
             return (("patch_embed", self.patch_embed_count, 1, "base"), ("norm", h, 2 * self.depth + 1, "norm"))
         f = self.intermediate_size
@@ -388,7 +420,7 @@ class VisionTower:
     def parameter_count(self) -> int:
         around = sum(numel * count for _, numel, count, _ in self.around_tensors)
         linears = self.depth * sum(lin.parameter_count for lin in self.block_linears)
-        return around + linears + sum(lin.parameter_count for lin in self.merger_linears)
+        return around + linears + self.mergers * sum(lin.parameter_count for lin in self.merger_linears)
 
 
 @dataclass(frozen=True)
