@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from cabe import vision_siglip
+from cabe import vision_qwen3, vision_siglip
 from cabe.activations import layer_activations
 from cabe.architecture import LayerGroup, ModelSpec, VisionTower
 from cabe.method import Tensor, vision_lora_targets
@@ -109,9 +109,12 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
     trains = setup.method == "full"
     targets = tower_targets(spec, setup)
     siglip = tower.kind == "siglip"  # (cabe.vision_siglip: LayerNorm blocks over the whole image, a pooled projector)
-    vspec = vision_siglip.block_spec(tower) if siglip else block_spec(tower)
+    qwen3 = tower.kind == "qwen3_vl"  # (cabe.vision_qwen3: LayerNorm blocks over the whole image, DeepStack mergers)
+    vspec = (
+        vision_siglip.block_spec(tower) if siglip else vision_qwen3.block_spec(tower) if qwen3 else block_spec(tower)
+    )
     vdt = dt if siglip else tower_dtypes(dt)
-    window = grid.patches if siglip else (tower.window_size // tower.patch_size) ** 2
+    window = grid.patches if siglip or qwen3 else (tower.window_size // tower.patch_size) ** 2
     full = len([b for b in tower.full_attention_blocks if b < tower.depth])
     spans = ((tower.depth - full, min(window, grid.patches)), (full, grid.patches))
     lora = bool(targets)
@@ -135,6 +138,8 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
         fwd = n * 24 * h
     if siglip:
         fwd = vision_siglip.forward_transient(tower, n, vdt, in_path)
+    if qwen3:
+        fwd = vision_qwen3.forward_transient(tower, n, vdt, in_path)
     every = setup.checkpoint_every if setup.checkpointing else 0
     by_span = {}
     for span in {s for _, s in spans}:
@@ -162,6 +167,12 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
         weight = dt.weight if trains else dt.frozen
         around = vision_siglip.around(tower, n, dt, trains, weight) if in_path else 0
         pixel_copy = round_alloc(n * vision_siglip.pixel_values(tower) * vision_siglip.pixel_cast(dt, weight))
+    elif qwen3:
+        around = vision_qwen3.around(tower, n, dt, trains, every_merger) if in_path else 0
+        pixel_copy = round_alloc(n * _patch_values(tower) * c)
+        # the learned positions' gather and product, before any block has saved anything
+        positions = vision_qwen3.positions_transient(tower, n, dt.weight if trains else dt.frozen)
+        fwd = max(fwd, positions - (sum(kept) + around))
     else:
         around = _around(tower, n, dt, trains, every_merger) if in_path else 0
         pixel_copy = round_alloc(n * _patch_values(tower) * c)
@@ -227,7 +238,7 @@ def with_images(
     in_path = tower_in_path(spec, setup)
     cast = in_path and dt.autocast and dt.input_casts and setup.method != "qlora"
     block_copies = 2 * sum(lin.weight_count for lin in tower.block_linears) if cast else 0
-    merger_copies = 2 * sum(lin.weight_count for lin in tower.merger_linears) if cast else 0
+    merger_copies = 2 * tower.mergers * sum(lin.weight_count for lin in tower.merger_linears) if cast else 0
 
     def grads(keep: str, count: int | None = None) -> int:
         return sum(
