@@ -206,9 +206,9 @@ def _static_deepstack() -> Any:
         hidden_states[:, :k, :] = local_this
         return hidden_states
 
-    m.Qwen3VLTextModel._deepstack_process = static
+    setattr(m.Qwen3VLTextModel, "_deepstack_process", static)  # noqa: B010 (mypy: no method assignment)
 
     def restore() -> None:
-        m.Qwen3VLTextModel._deepstack_process = own
+        setattr(m.Qwen3VLTextModel, "_deepstack_process", own)  # noqa: B010
 
     return restore
