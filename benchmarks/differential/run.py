@@ -384,6 +384,7 @@ def _one(config: tuple[str, dict[str, Any]]) -> dict[str, Any]:
     setup = TrainingSetup(**kw)
     est = estimate_model(src.spec, setup)
     t0 = time.perf_counter()
+    first_step = False  # whether the trace's first step (GaLore's SVD) was scored: see rescore
     try:
         tr = trace_step(dict(src.config), setup)
         traced, phase, comps, err = tr.peak_bytes, tr.peak_phase, dict(tr.components), None
@@ -391,6 +392,7 @@ def _one(config: tuple[str, dict[str, Any]]) -> dict[str, Any]:
             # GaLore runs its projection's SVD at step 1 and every update_proj_gap (200) steps, which the steady
             # step 2 does not: the run's peak is the larger of the two steps (cabe counts the SVD step)
             traced = max(traced, tr.first_step_peak_bytes)
+            first_step = True
     except Exception as exc:  # a configuration the trace cannot run: recorded, not hidden
         traced, phase, comps, err = None, None, {}, f"{type(exc).__name__}: {exc}"[:300]
     rel = (est.total_bytes - traced) / traced if traced else None
@@ -408,6 +410,8 @@ def _one(config: tuple[str, dict[str, Any]]) -> dict[str, Any]:
         "trace_seconds": round(time.perf_counter() - t0, 2),
         "error": err,
     }
+    if first_step:
+        row["first_step_scored"] = True
     return row
 
 
@@ -467,7 +471,9 @@ def rescore(seed: int) -> list[dict[str, Any]]:
         except CabeError as e:  # refused by today's code (as the real trainer refuses it): no longer scored
             rows.append({**r, "estimate_bytes": None, "relative_error": None, "refused_now": e.code})
             continue
-        if r["trace_bytes"] is None:
+        low_rank = REGISTRY_BY_NAME[TrainingSetup(**kw).optimizer].low_rank
+        if r["trace_bytes"] is None or (low_rank and not r.get("first_step_scored")):
+            # untraced then, or a GaLore row recorded before its first step (the SVD) was scored: traced anew
             rows += run([(r["model"], kw)], quiet=True)
             continue
         rows.append(

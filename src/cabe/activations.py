@@ -184,7 +184,7 @@ def layer_activations(
     bwd = layer.rms_norm_block() if spec.norm == "rmsnorm" else layer.layer_norm_block()
     attn, a, nh, s, quantized = layer.attn, layer.a, layer.nh, layer.s, layer.quantized
     fwd = max(_attention_forward_workspace(attn, a, nh, s), layer.mixer_forward)
-    attn_bwd = max(_eager_backward_workspace(attn, a, nh, s), _math_backward_workspace(attn, nh, s))
+    attn_bwd = max(_eager_backward_workspace(layer, attn, a, nh, s), _math_backward_workspace(attn, nh, s))
     attn_bwd = max(attn_bwd, layer.mixer_backward)
     if layer.group.mixer == "mamba2":  # the fused Mamba-2 kernel's own transients (cabe.ssm)
         x = ssm.in_proj_dtype(layer)
@@ -1172,17 +1172,49 @@ def _math_attention_core(
         add("attn.dropout", (1 + 4) * nh * s, "(1+4)·nh·s")
 
 
-def _eager_backward_workspace(attn: str, a: int, nh: int, s: int) -> int:
-    """Eager attention's backward beside its saved softmax: the gradient of the probabilities (``BmmBackward0``,
-    a·nh·s per token) and softmax's backward output (``_softmax_backward_data``, in softmax's input dtype, a).
-    With 16-bit queries the softmax runs in fp32 and is cast back (transformers 5.24,
-    models/llama/modeling_llama.py:197 ``softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)``;
-    autocast's fp32 list does the same for GPT-2's), so ``ToCopyBackward0`` adds an fp32 copy of the gradient
-    (4·nh·s). With fp32 queries ``.to`` returns the tensor itself: no cast, no copy (a QLoRA run without
-    autocast, llama-2-7b eager batch 4 × 1024: 1.07 GiB of s×s gradients in the trace, not 1.61)."""
+def _eager_backward_workspace(layer: _Layer, attn: str, a: int, nh: int, s: int) -> int:
+    """Eager attention's backward beside all the layer saved (less its MLP's), per token. Autograd runs, in turn:
+
+    - ``BmmBackward0`` of ``probs @ v``: the gradient of the probabilities (a·nh·s), then releases the saved
+      16-bit probabilities (the ``.to(query.dtype)`` cast, when the softmax ran in fp32);
+    - ``ToCopyBackward0`` of that cast: an fp32 copy of the gradient (4·nh·s), the 16-bit one freed after;
+    - ``_softmax_backward_data``: its output in the softmax INPUT's dtype. ``softmax(x, dtype=float32)`` of an
+      fp16 CUDA tensor runs ``_softmax(x, half_to_float=True)`` with no conversion (aten/src/ATen/native/
+      SoftMax.cpp, torch 2.13, ``softmax(const Tensor&, int64_t, optional<ScalarType>)``: only for
+      ``ScalarType::Half``), so the gradient comes back fp16 (a); a bf16 input is converted first
+      (``input_.toType(dtype)``), so the gradient is fp32 (4) and ``ToCopyBackward0`` casts it after.
+      Autocast's softmax (``fp32_set_opt_dtype``: the dtype argument set to fp32, the input left as it is)
+      takes the same path: GPT-2's and Falcon's softmax under fp16 autocast too.
+
+    So the workspace is a (the probabilities' gradient) beside everything saved; then 4 + 4 − a (fp16:
+    4 + a − a) with the probabilities gone; without a cast (fp32 queries, or a softmax in the compute dtype)
+    the gradient and softmax's backward output, 2a. pythia-6.9b LoRA fp16 eager: 2a + 4 counted the
+    probabilities' gradient, their fp32 copy and a backward output all beside the saved probabilities, +6.3%
+    against the trace; llama-2-7b bf16: +1.4%. gpt-oss's sink attention (softmax in the sinks' promoted dtype,
+    sliced before the cast) keeps the bound 2a + 4 of an fp32 softmax."""
     if attn != "eager":
         return 0
-    return (2 * a + (4 if a != 4 else 0)) * nh * s
+    spec = layer.spec
+    if spec.attention_sinks:
+        return (2 * a + (4 if a != 4 else 0)) * nh * s
+    softmax = 4 if spec.eager_softmax_fp32 or layer.autocast else a
+    if softmax == a:
+        return 2 * a * nh * s
+    half_to_float = _compute_dtype(layer) == "fp16"
+    return max(a, 4, 4 if half_to_float else 8 - a) * nh * s
+
+
+def _compute_dtype(layer: _Layer) -> str:
+    """The name of the matmuls' output dtype (``Dtypes.compute`` as a dtype): autocast's, an engine's gathered
+    parameter dtype, or the weights' own."""
+    setup = layer.setup
+    if layer.a == 4:
+        return "fp32"
+    if layer.autocast:
+        return setup.autocast
+    if setup.param_dtype != "none":
+        return setup.param_dtype
+    return setup.dtype
 
 
 def _math_backward_workspace(attn: str, nh: int, s: int) -> int:
