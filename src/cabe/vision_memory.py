@@ -151,12 +151,7 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
         # no cast to the adapters' dtype, no dropout: cabe.activations _Layer.linear_inputs)
         reads = "proj" in targets and not dt.autocast and dt.adapter == dt.compute and setup.lora_dropout == 0
         per_block += 0 if siglip else _concatenated_output(tower, n, setup, dt, trains or reads)
-        # eager attention's backward (activations._eager_backward_workspace) starts once the second matmul's
-        # BmmBackward0 has run and released the probabilities it saved (autograd frees a node's saved tensors
-        # after it runs: torch/csrc/autograd/engine.cpp): over a whole image's patches that s×s tensor is no
-        # longer beside the fp32 gradients (gemma-3-4b-it LoRA eager, 8 images of 4,096 patches: +22% without)
-        probs = sum(t.bytes_per_token for t in acts.terms if t.name == "attn.probs") if siglip or qwen3 else 0
-        by_span[span] = (per_block, n * max(0, acts.backward_workspace_per_token - probs))
+        by_span[span] = (per_block, n * acts.backward_workspace_per_token)
     full_blocks = set(tower.full_attention_blocks)
     kept, whole, work, ckpts = [], [], [], []
     for j in range(tower.depth):  # transformers checkpoints the blocks whose index is a multiple of every_n_layers
