@@ -983,7 +983,8 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         # and prepare_model_for_kbit_training casts what is left in 16 bits to fp32
         notes.append("qlora_moe_experts_unquantized")
     if spec.vision is not None:  # a tower whose images cabe models (cabe.vision)
-        notes.append("vision_images" if setup.images else "vision_text_only")
+        kind = "" if spec.vision.kind == "qwen2_5_vl" else "_" + spec.vision.kind  # each processor its own words
+        notes.append("vision_images" + kind if setup.images else "vision_text_only")
     elif spec.vision_parameters:  # Gemma 3's SigLIP tower: weights only, text-only batches never run it
         notes.append("vision_tower_weights_only")
     if setup.adapters and unmatched_lora_targets(spec, setup.lora_targets):
