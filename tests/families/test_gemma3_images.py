@@ -75,7 +75,7 @@ def test_images_mask_every_decoder_layer_and_grow_the_estimate():
     body = {"config": copy.deepcopy(TINY), "precision": "bf16", "batch": 2, "seq": 512}
     text, images = api.build(body), api.build({**body, "images": 4})
     assert images.total_bytes > text.total_bytes
-    assert "vision_images" in images.notes
+    assert "vision_images_siglip" in images.notes
     # LoRA's default targets (q_proj, v_proj) are the tower's names too: PEFT adapts its 3 blocks' as well
     lora = api.build({**body, "method": "lora", "images": 1})
     text_lora = api.build({**body, "method": "lora"})
