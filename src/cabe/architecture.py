@@ -367,6 +367,14 @@ class VisionTower:
         return self.kind in ("siglip", "qwen3_vl")
 
     @property
+    def input_hooked(self) -> bool:
+        """transformers' ``enable_input_require_grads`` hooks the tower's patch embedding (its class names it:
+        ``_input_embed_layer``, Qwen2.5-VL's ``patch_embed``, SigLIP's ``patch_embedding``); Qwen3-VL's tower names
+        none, so ``get_input_embeddings`` raises and is skipped (modeling_utils.py ``enable_input_require_grads``,
+        ``get_input_embeddings``, 5.24)."""
+        return self.kind != "qwen3_vl"
+
+    @property
     def mergers(self) -> int:
         """How many patch mergers the tower has: the final one and Qwen3-VL's DeepStack ones."""
         return 1 + len(self.deepstack_indexes)

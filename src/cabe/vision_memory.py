@@ -90,7 +90,8 @@ def tower_in_path(spec: ModelSpec, setup: TrainingSetup) -> bool:
     with ``use_reentrant=False``, other.py:229-233)."""
     if setup.method == "full" or tower_targets(spec, setup):
         return True
-    return setup.checkpointing and setup.method in ("lora", "prompt-tuning")
+    hooked = spec.vision is not None and spec.vision.input_hooked
+    return hooked and setup.checkpointing and setup.method in ("lora", "prompt-tuning")
 
 
 def tower_dtypes(dt: Dtypes) -> Dtypes:

@@ -62,15 +62,20 @@ def positions_transient(tower: VisionTower, n: int, weight: int) -> int:
 
 def forward_transient(tower: VisionTower, n: int, dt: Dtypes, in_path: bool) -> int:
     """The largest transient of one block's forward over ``n`` patches, beside what the tower keeps: the fp32
-    rotary temporaries (q and k upcast, their products; with gradients the rest is saved already), or without
-    gradients the residual, the norm's output, the qkv output and those temporaries, or the MLP's moment."""
-    h, f, c = tower.hidden_size, tower.intermediate_size, dt.compute
+    rotary temporaries (q and k upcast, q's rotated result while k's is made: six fp32 h-wide tensors, and
+    ``rotate_half``'s negated half, apply_rotary_pos_emb_vision, modeling_qwen3_vl.py:213-224; with gradients the
+    rest is saved already), or without gradients the residual, the norm's output, the qkv output, the fp32 cos and
+    sin and those temporaries, or the MLP's moment. All along the blocks the fp32 sum of the positions
+    (``pos_embeds``, a local of the tower's forward, modeling_qwen3_vl.py:695) stays alive."""
+    h, f, c, d = tower.hidden_size, tower.intermediate_size, dt.compute, tower.hidden_size // tower.num_heads
     ln = 4 if dt.autocast else c
+    rotary = 24 * h + 2 * h
+    positions = 4 * h
     if in_path:
-        return n * 24 * h
-    attention = c * h + ln * h + 3 * c * h + 24 * h
+        return n * (rotary + positions)
+    attention = c * h + ln * h + 3 * c * h + rotary + 2 * 4 * d
     mlp = c * h + ln * h + 2 * c * f
-    return n * max(attention, mlp)
+    return n * (max(attention, mlp) + positions)
 
 
 def around(tower: VisionTower, n: int, dt: Dtypes, trains: bool, mlp_saved: bool) -> int:
