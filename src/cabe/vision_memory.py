@@ -141,6 +141,23 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
         fwd = vision_siglip.forward_transient(tower, n, vdt, in_path)
     if qwen3:
         fwd = vision_qwen3.forward_transient(tower, n, vdt, in_path)
+    if (siglip or qwen3) and setup.attention == "eager":
+        # eager attention runs image by image (Qwen3-VL's blocks split q, k, v per image; SigLIP's batch is of
+        # images, all at once): the s×s scores and their scaled copy (a each); then softmax(dtype=float32) of the
+        # scaled scores, which converts a bf16 input to fp32 first (aten/src/ATen/native/SoftMax.cpp: only fp16
+        # has half_to_float) beside its fp32 output (saved when gradients flow, else a transient), all beside the
+        # block's residual, norm output, qkv output and rotated q and k (eager_attention_forward,
+        # modeling_qwen3_vl.py:225-242 / modeling_siglip.py)
+        # (the scaled scores stay bound until ``.to(query.dtype)`` has made the probabilities)
+        half = (setup.autocast if vdt.autocast else setup.dtype) == "fp16"
+        convert = 4 if c == 2 and not half else 0
+        alone = 0 if in_path else max(4 + convert, 4 + (c if c != 4 else 0))  # the fp32 softmax, then the cast
+        scores = tower.num_heads * grid.patches**2 * max(2 * c, c + convert, c + alone)
+        if siglip:  # SigLIP's eager runs once over the batch of images: every image's scores at once
+            scores *= images
+        ln = 4 if vdt.autocast else vdt.residual
+        held = 0 if in_path else n * (vdt.residual * h + ln * h + 5 * c * h)
+        fwd = max(fwd, held + scores)
     every = setup.checkpoint_every if setup.checkpointing else 0
     by_span = {}
     for span in {s for _, s in spans}:
