@@ -87,6 +87,9 @@ class LayerActivations:
     # _Layer._indexer_transient), and the bytes per token the layer saves after it ran (not yet alive then)
     indexer_transient_per_token: int = 0
     indexer_after_per_token: int = 0
+    # DoRA: the largest moment of one adapted module's output arithmetic, in bytes for the setup's tokens, beyond
+    # all the layer saves (see _Layer._note_dora_result): a transient of the forward and of a recompute
+    dora_result_bytes: int = 0
 
     @property
     def indexer_moment_per_token(self) -> int:
@@ -215,6 +218,7 @@ def layer_activations(
         sum(t.bytes_per_token for t in layer.terms[layer.indexer_from :] if t.name not in _BEFORE_INDEXER)
         if layer.indexer_transient
         else 0,
+        max(0, layer.dora_result_moment - layer.tokens * sum(t.bytes_per_token for t in layer.terms)),
     )
 
 
@@ -255,6 +259,9 @@ class _Layer:
         # LoRA variants (peft/tuners/lora/layer.py 0.21, Linear.forward / variants.py DoraLinearVariant.forward)
         self.dora = adapters and setup.dora
         self.dora_norm_bytes = 0  # the largest of the adapted modules' weight-norm transients
+        self.dora_result_moment = 0  # bytes: see _note_dora_result
+        self.input_copies: dict[str, int] = {}  # per token: PEFT's copies of an adapted module's input
+        self.tokens = setup.batch * setup.tokens_per_sequence
         self.stray_grads = self.stray_grads_mlp = 0  # DoRA + dropout on Conv1D (see _dora_stray_parameter)
         self.dropout = adapters and setup.lora_dropout > 0
         self.ad = dt.adapter
@@ -334,6 +341,7 @@ class _Layer:
         if n not in self.targets:
             return
         copy = self.ad * inf if x_bytes != self.ad else 0
+        self.input_copies[n] = copy + (self.ad * inf if self.dropout else 0)  # locals of lora.Linear.forward
         if self.autocast:
             # ... beside x itself (the call's argument, which nothing saves under autocast) and the base layer's
             # output (``result = self.base_layer(x)`` comes first)
@@ -394,6 +402,7 @@ class _Layer:
             self.add(f"dora.{n}.lora_result", rl * o, f"{rl}·{_sym(o, self.spec)}")
             self.constant += 3 * self.ad * o  # m/‖·‖, m/‖·‖ - 1, ‖·‖ (adapter dtype)
             self.dora_norm_bytes = max(self.dora_norm_bytes, self._dora_norm_transient(lin))
+            self._note_dora_result(lin, rb, rl)
             if self.dropout:
                 self.constant += self._dora_dropout_weight(lin)
                 self._dora_stray_parameter(n, lin)
@@ -416,6 +425,33 @@ class _Layer:
         self.stray_grads += g
         if self.block == "mlp":
             self.stray_grads_mlp += g
+
+    def _note_dora_result(self, lin: Linear, rb: int, rl: int) -> None:
+        """The end of one DoRA module's forward (peft 0.21 tuners/lora/dora.py:135-165 ``DoraLinearLayer.forward``;
+        variants.py ``DoraLinearVariant.forward``), when ``(m/‖·‖ − 1) · base_result + m/‖·‖ · lora_result ·
+        scaling`` is computed: the first product (in the promoted dtype of the adapters' magnitude and the base
+        result), the second and its scaled copy (magnitude and lora_B's output) are alive at once, then the sum
+        beside two of them (none of them saved: the products save their inputs). Beside them: with dropout the
+        base layer's own output (``result``, which the module adds to afterwards; without dropout it is the saved
+        ``base_result``), and the function's locals, alive until it returns: the base weight cast to the input's
+        dtype (``weight.to(x.dtype)``) and lora_B·lora_A cast likewise (``lora_weight.to(x.dtype)``), each i×o
+        when a cast copies, and lora.Linear.forward's copies of the input (its cast to the adapters' dtype, the dropped
+        copy: see :meth:`note_lora_input`). Everything the layer saved up to this module is alive, what it saves later is not:
+        the moment is kept in bytes, less the layer's whole saved set at the end. phi-3-mini DoRA + dropout,
+        bf16 weights under bf16 autocast, checkpointing, s4096: the recomputed gate_up_proj's three fp32
+        (tokens × 2f) products and two fp32 i×o casts set the peak (−4.2% without them)."""
+        i, o = lin.in_features, lin.out_features
+        r1, r2 = max(self.ad, rb), max(self.ad, rl)
+        per_token = max(r1 + 2 * r2, r1 + r2 + max(r1, r2)) * o
+        if self.dropout:
+            per_token += (2 if self.autocast else self.a) * o  # the base layer's output, ``result``
+        per_token += self.input_copies.get(lin.name, 0)  # x cast to the adapters' dtype, and dropped
+        x = 4 if self.quantized and lin.quantized_by_bnb else self.ad
+        w = self.dt_frozen if not (self.quantized and lin.quantized_by_bnb) else 2
+        e = 2 if self.autocast else self.ad
+        const = round_alloc(i * o * x) * ((w != x) + (e != x))
+        saved = sum(t.bytes_per_token for t in self.terms)
+        self.dora_result_moment = max(self.dora_result_moment, self.tokens * (saved + per_token) + const)
 
     def _dora_norm_transient(self, lin: Linear) -> int:
         """What one DoRA module's weight norm holds at once, in every forward (peft 0.21 dora.py:86-101,

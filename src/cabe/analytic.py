@@ -813,14 +813,17 @@ def _step_parts(
         frozen_copies=_frozen_copies(spec, setup, dt, act) if ckpt else 0,
         saved_layer=act.saved_layer_bytes,
         recompute_layer=act.mean(lambda r: r.recompute_bytes) if ckpt else 0,
-        recompute_transient_layer=act.mean(lambda r: tokens * _recompute_transient_per_token(r.per_layer))
-        if ckpt
-        else 0,
+        recompute_transient_layer=act.mean(lambda r: _recompute_transient(r.per_layer, tokens)) if ckpt else 0,
         workspace_layer=act.mean(
             lambda r: tokens * r.per_layer.mlp_workspace_per_token + r.per_layer.mlp_workspace_constant
         ),
         forward_transient=max(
-            max(r.per_layer.dora_norm_bytes, tokens * r.per_layer.indexer_moment_per_token) for r in act.runs
+            max(
+                r.per_layer.dora_norm_bytes,
+                tokens * r.per_layer.indexer_moment_per_token,
+                r.per_layer.dora_result_bytes,
+            )
+            for r in act.runs
         ),
         rotary=act.rotary if grad_layers else 0,
         head_saved=tokens * head.saved_logsoftmax,
@@ -930,7 +933,7 @@ def _layer_run(
         ),
         copies_recompute=c.layer if ckpt else 0,
         copies_cached=c.cached if ckpt else 0,
-        recompute_transient=act.tokens * _recompute_transient_per_token(r.per_layer) if ckpt else 0,
+        recompute_transient=_recompute_transient(r.per_layer, act.tokens) if ckpt else 0,
         cached_count=r.count if ckpt and c.trained_layers else 0,
         # the MLP block's gradients: its linears' (router and experts included), not the norms'
         grads_mlp=sum(b for role, b in per_role.items() if role in ("mlp", "router", "expert")),
@@ -943,11 +946,12 @@ def _layer_run(
     )
 
 
-def _recompute_transient_per_token(per_layer: LayerActivations) -> int:
+def _recompute_transient(per_layer: LayerActivations, tokens: int) -> int:
     """A checkpointed layer's largest transient while it is recomputed: PEFT's casts of an adapted module's input
-    (at the end of the recompute, all the layer saves is back) or DeepSeek-V3.2's indexer (inside it: less what the
-    layer saves after it)."""
-    return max(per_layer.lora_forward_transient_per_token, per_layer.indexer_moment_per_token)
+    (at the end of the recompute, all the layer saves is back), DeepSeek-V3.2's indexer or a DoRA module's output
+    arithmetic (inside it: less what the layer saves after it)."""
+    per_token = max(per_layer.lora_forward_transient_per_token, per_layer.indexer_moment_per_token)
+    return max(tokens * per_token, per_layer.dora_result_bytes)
 
 
 def _temporaries_key(setup: TrainingSetup) -> str:

@@ -80,3 +80,13 @@ def test_estimate_without_the_trace_extra_is_one_sentence(olmo3, capsys, monkeyp
     err = capsys.readouterr().err.strip()
     assert err.startswith("cabe: model: cabe's analytic path does not know the architecture 'olmo3'")
     assert "pip install 'cabe[trace]'" in err and "Traceback" not in err and err.count("\n") == 0
+
+
+@pytest.mark.parametrize("command", [["fit", "--gpu", "rtx-4090"], ["infer"], ["lora"]])
+def test_analytic_only_commands_refuse_in_one_sentence_naming_the_trace_path(olmo3, capsys, command):
+    """fit (hundreds of estimates), infer and lora need the analytic model: a typed refusal (exit 2) that names
+    the commands which do answer this architecture, from the trace."""
+    assert main([command[0], "--model", olmo3, *command[1:]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "olmo3" in err and "`cabe estimate`" in err and "Traceback" not in err
+    assert err.count(". ") == 0 and err.endswith(").")  # one sentence

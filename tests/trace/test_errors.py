@@ -145,3 +145,28 @@ def test_trace_failed_keeps_its_code_and_says_why():
     assert "proceso trabajador" in error_message(err, "es")
     err = ConfigError("trace_failed", None, why="exception", detail="RuntimeError: boom")
     assert "RuntimeError: boom" in error_message(err, "en") and "RuntimeError: boom" in error_message(err, "es")
+
+
+def test_a_trace_over_the_worker_time_limit_is_stopped_and_the_next_one_runs(monkeypatch):
+    """The server's one trace worker: a request over CABE_TRACE_TIME_LIMIT is stopped (a typed error in both
+    languages, the worker killed), and the next request gets a fresh worker. The limit here, 0.05 s, is shorter
+    than the worker's start (it imports torch), so the first request is over it for sure."""
+    pytest.importorskip("torch")
+    from cabe.i18n import error_message
+    from cabe.trace import worker
+
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1}
+    config |= {"num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 128}
+    setup = TrainingSetup(method="full", precision="bf16", batch=1, seq=16)
+    client = worker._Worker()
+    monkeypatch.setattr(worker, "_WORKER", client)
+    monkeypatch.setenv(worker.TIME_LIMIT_ENV, "0.05")
+    with pytest.raises(ConfigError) as e:
+        worker.request("trace", config, setup, steps=2)
+    assert (e.value.code, e.value.params["why"], e.value.params["seconds"]) == ("trace_failed", "time_limit", "0.05")
+    assert "CABE_TRACE_TIME_LIMIT" in error_message(e.value, "en") and "límite" in error_message(e.value, "es")
+    assert client.proc is None  # killed
+    monkeypatch.delenv(worker.TIME_LIMIT_ENV)
+    out = worker.request("trace", config, setup, steps=2)
+    assert out["peak_bytes"] > 0 and client.proc.poll() is None
+    client.proc.kill()

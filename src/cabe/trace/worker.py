@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -23,8 +24,23 @@ from typing import Any
 from cabe.errors import CabeError, ConfigError
 from cabe.training import TrainingSetup
 
-
 # ---- the client (in the process that traces) ------------------------------------------------
+#: Seconds one trace may take in the worker before it is stopped (the server answers a typed error and starts
+#: a fresh worker for the next request): a fake-tensor step of a 70B model takes about a minute on two cores,
+#: so ten leave room while no request holds the server's one worker for hours. ``CABE_TRACE_TIME_LIMIT``
+#: overrides it (seconds).
+TIME_LIMIT_ENV = "CABE_TRACE_TIME_LIMIT"
+DEFAULT_TIME_LIMIT = 600.0
+
+
+def time_limit() -> float:
+    try:
+        value = float(os.environ.get(TIME_LIMIT_ENV, DEFAULT_TIME_LIMIT))
+    except ValueError:
+        return DEFAULT_TIME_LIMIT
+    return value if value > 0 else DEFAULT_TIME_LIMIT
+
+
 class _Worker:
     """A long-lived ``python -m cabe.trace.worker --serve`` (torch is imported once)."""
 
@@ -50,12 +66,19 @@ class _Worker:
             for _attempt in (0, 1):
                 if self.proc is None or self.proc.poll() is not None:
                     self._start()
+                limit = time_limit()
                 try:
                     self.proc.stdin.write(json.dumps(payload) + "\n")
                     self.proc.stdin.flush()
-                    line = self.proc.stdout.readline()
+                    ready, _, _ = select.select([self.proc.stdout], [], [], limit)
+                    line = self.proc.stdout.readline() if ready else None
                 except (BrokenPipeError, OSError):
                     line = ""
+                if line is None:  # over the time limit: stopped, and a fresh worker for the next request
+                    self.proc.kill()
+                    self.proc.wait()
+                    self.proc = None
+                    raise ConfigError("trace_failed", None, why="time_limit", seconds=f"{limit:g}")
                 if line:
                     return json.loads(line)
                 self.proc = None  # died (e.g. killed for memory): one fresh try
