@@ -136,6 +136,11 @@ PUBLISHED_ROUNDED = {
     "qwen2.5-vl-3b-instruct": (3.75, None),
     "qwen2.5-vl-7b-instruct": (8.29, None),
     "qwen2.5-vl-72b-instruct": (73.4, None),
+    # the Hub's model cards (safetensors): "2.13B", "4.44B", "8.77B", "33.4B" params, the vision tower included
+    "qwen3-vl-2b-instruct": (2.13, None),
+    "qwen3-vl-4b-instruct": (4.44, None),
+    "qwen3-vl-8b-instruct": (8.77, None),
+    "qwen3-vl-32b-instruct": (33.4, None),
 }
 
 CABE_KEYS = {
@@ -200,7 +205,7 @@ def test_config_shape(path: Path):
     # (and multimodal Gemma 3, Llama 4 and Mistral Small 3.x and Qwen2.5-VL as published: Gemma3ForConditionalGeneration,
     # Llama4ForConditionalGeneration, Mistral3ForConditionalGeneration)
     causal = ("ForCausalLM", "LMHeadModel", "ForSequenceClassification")
-    multimodal = cfg["model_type"] in ("gemma3", "llama4", "mistral3", "qwen2_5_vl")
+    multimodal = cfg["model_type"] in ("gemma3", "llama4", "mistral3", "qwen2_5_vl", "qwen3_vl")
     assert archs[0].endswith(causal + (("ForConditionalGeneration",) if multimodal else ())), archs
     # Every integer size that exists is positive.
     for key in (

@@ -1009,9 +1009,9 @@ class _Layer:
             formula = f"{rho}·h" if parallel or n_ln == 1 else f"{n_ln}·{rho}·h"
             self.add("ln.input", rho * h * (1 if parallel else n_ln), formula)
         self.add("ln.mean_rstd", ln_stats * n_ln, f"{n_ln}·8")
-        attn_name = qkv_names[0]  # one fused projection
-        self.linear_inputs("attn", [(attn_name, h)], rho * h, f"{rho}·h")
-        self.lora_mid([attn_name])
+        # one fused projection (GPT-2's c_attn), or separate q, k, v reading the same norm output (SigLIP's)
+        self.linear_inputs("attn", [(n, h) for n in qkv_names], rho * h, f"{rho}·h")
+        self.lora_mid(list(qkv_names))
         self._core()
         self._dense_input()
         if spec.hidden_dropout > 0:

@@ -399,8 +399,11 @@ def _packed_mask(spec: ModelSpec, setup: TrainingSetup) -> bool:
 
 
 def _masked_layers(spec: ModelSpec, setup: TrainingSetup) -> int:
-    """Layers whose SDPA gets a mask: every one for packed rows, else the sliding / windowed ones."""
-    return spec.num_layers if _packed_mask(spec, setup) else sdpa_masked_layers(spec, setup)
+    """Layers whose SDPA gets a mask: every one for packed rows, or with images a tower makes the decoder attend
+    both ways (Gemma 3's token_type_ids: :attr:`cabe.architecture.VisionTower.image_mask`), else the sliding /
+    windowed ones."""
+    images = setup.images and setup.attention == "sdpa" and spec.vision is not None and spec.vision.image_mask
+    return spec.num_layers if _packed_mask(spec, setup) or images else sdpa_masked_layers(spec, setup)
 
 
 def _packing_steps(spec: ModelSpec, given: TrainingSetup, shaped: TrainingSetup) -> list[Step]:
@@ -1004,7 +1007,8 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         # and prepare_model_for_kbit_training casts what is left in 16 bits to fp32 (without it: 16 bits)
         notes.append("qlora_moe_experts_unquantized" if setup.kbit_prep else "qlora_moe_experts_16bit")
     if spec.vision is not None:  # a tower whose images cabe models (cabe.vision)
-        notes.append("vision_images" if setup.images else "vision_text_only")
+        kind = "" if spec.vision.kind == "qwen2_5_vl" else "_" + spec.vision.kind  # each processor its own words
+        notes.append("vision_images" + kind if setup.images else "vision_text_only")
     elif spec.vision_parameters:  # Gemma 3's SigLIP tower: weights only, text-only batches never run it
         notes.append("vision_tower_weights_only")
     if setup.adapters and unmatched_lora_targets(spec, setup.lora_targets):

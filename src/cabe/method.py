@@ -456,7 +456,8 @@ def vision_lora_targets(spec: ModelSpec, setup: TrainingSetup) -> tuple[tuple[Li
     targets = set(setup.lora_targets or spec.peft_default_targets)
     every = "all-linear" in targets
     out = [(lin, tower.depth) for lin in tower.block_linears if every or lin.name in targets]
-    out += [(lin, 1) for lin in tower.merger_linears if every]
+    # the merger's (and Qwen3-VL's DeepStack mergers'): Qwen2.5-VL's are named "0" and "2", Qwen3-VL's as its MLP's
+    out += [(lin, tower.mergers) for lin in tower.merger_linears if every or lin.name in targets]
     return tuple(out)
 
 
@@ -470,21 +471,32 @@ def _vision_tensors(add: Any, spec: ModelSpec, tower: VisionTower, setup: Traini
     quantize = setup.method == "qlora"
     v = VISION_PREFIX
     h = tower.hidden_size
-    add(v + "patch_embed", tower.patch_embed_count, 1, trains, "base", h, tower.patch_embed_count // h)
-    for lin, count in [(lin, tower.depth) for lin in tower.block_linears] + [(lin, 1) for lin in tower.merger_linears]:
-        name = v + ("merger.mlp." if count == 1 else "") + lin.name
+    for name, numel, count, kind in tower.around_tensors:
+        if name == "norm" or not numel * count:
+            continue  # (the norms after the linears, as before)
+        rows = h if name in ("patch_embed", "projector") else 0
+        # SigLIP's head runs but its output is dropped (Gemma3Model.get_image_features keeps the last hidden state):
+        # never a gradient
+        learns = trains and name != "head"
+        add(v + name, numel, count, learns, kind, *((rows, numel // rows) if rows else ()))
+    blocks = [(lin, tower.depth, False) for lin in tower.block_linears]
+    for lin, count, merger in blocks + [(lin, tower.mergers, True) for lin in tower.merger_linears]:
+        name = v + ("merger.mlp." if merger else "") + lin.name
         if quantize:
             add(name, lin.weight_count, count, False, "quantized", role=lin.role)
         else:
             rows, cols = lin.out_features, lin.in_features
-            add(name, lin.weight_count, count, trains, "base", rows, cols, role=lin.role, path=_vision_path(lin, count))
+            path = _vision_path(lin, 1 if merger else count)
+            add(name, lin.weight_count, count, trains, "base", rows, cols, role=lin.role, path=path)
         add(name + ".bias", lin.out_features, count, trains, "base", role=lin.role)
     add(v + "norm", h, 2 * tower.depth + 1, trains, "norm")
     r = setup.lora_rank
     for lin, count in vision_lora_targets(spec, setup):
-        name = v + lin.name
+        merger = lin in tower.merger_linears and (lin not in tower.block_linears)
+        name = v + ("merger.mlp." if merger and tower.kind == "qwen3_vl" else "") + lin.name
         adapters = setup.images > 0
-        a_path, b_path = _vision_path(lin, count) + ".lora_A", _vision_path(lin, count) + ".lora_B"
+        path = _vision_path(lin, 1 if merger else count)
+        a_path, b_path = path + ".lora_A", path + ".lora_B"
         add(name + ".lora_A", r * lin.in_features, count, adapters, "adapter", r, lin.in_features, path=a_path)
         add(name + ".lora_B", lin.out_features * r, count, adapters, "adapter", lin.out_features, r, path=b_path)
 
@@ -492,8 +504,10 @@ def _vision_tensors(add: Any, spec: ModelSpec, tower: VisionTower, setup: Traini
 def _vision_path(lin: Linear, count: int) -> str:
     """A tower linear's module path as transformers names it (``visual.blocks.N.attn.qkv``, ``visual.merger.mlp.0``)
     without the block's number: what GaLore's ``optim_target_modules`` match as substrings ("attn", "mlp")."""
+    if lin.name in ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"):  # SigLIP's (vision_tower.encoder...)
+        return "vision_tower.encoder.layers." + ("mlp." if lin.role == "mlp" else "self_attn.") + lin.name
     if count == 1:
-        return "visual.merger.mlp." + lin.name
+        return "visual.merger." + ("" if lin.name.startswith("linear_") else "mlp.") + lin.name
     return "visual.blocks." + ("mlp." if lin.role == "mlp" else "attn.") + lin.name
 
 

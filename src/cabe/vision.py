@@ -81,7 +81,17 @@ class ImageGrid:
 
 
 def image_grid(tower: VisionTower, size: str) -> ImageGrid:
-    """The grid of one image of ``size`` (``"HxW"`` pixels) after the processor's resize."""
+    """The grid of one image of ``size`` (``"HxW"`` pixels) after the processor's resize.
+
+    A SigLIP tower (Gemma 3) sees every image as an ``image_size`` square: ``Gemma3ImageProcessor`` resizes to its
+    ``size`` (the tower's image_size, 896 for the released checkpoints; image_processing_gemma3.py, transformers
+    5.24), without pan-and-scan by default (``do_pan_and_scan`` False in ``Gemma3Processor``'s defaults); the
+    projector's average pool (kernel ``merge_size``) makes ``tokens_per_image`` soft tokens of its
+    ``(image_size / patch_size)²`` patches: 256 of 4,096 for 896 px and 14 px patches."""
+    if tower.kind == "siglip":
+        parse_image_size(size)  # any size is resized to the square; a malformed one is still an error
+        side = tower.image_size // tower.patch_size
+        return ImageGrid(tower.image_size, tower.image_size, side, side, tower.merge_size)
     h, w = resized(tower, *parse_image_size(size))
     return ImageGrid(h, w, h // tower.patch_size, w // tower.patch_size, tower.merge_size)
 

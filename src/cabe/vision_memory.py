@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from cabe import vision_qwen3, vision_siglip
 from cabe.activations import layer_activations
 from cabe.architecture import LayerGroup, ModelSpec, VisionTower
 from cabe.method import Tensor, vision_lora_targets
@@ -89,7 +90,8 @@ def tower_in_path(spec: ModelSpec, setup: TrainingSetup) -> bool:
     with ``use_reentrant=False``, other.py:229-233)."""
     if setup.method == "full" or tower_targets(spec, setup):
         return True
-    return setup.checkpointing and setup.method in ("lora", "prompt-tuning")
+    hooked = spec.vision is not None and spec.vision.input_hooked
+    return hooked and setup.checkpointing and setup.method in ("lora", "prompt-tuning")
 
 
 def tower_dtypes(dt: Dtypes) -> Dtypes:
@@ -107,8 +109,13 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
     n = images * grid.patches  # patch tokens through every block
     trains = setup.method == "full"
     targets = tower_targets(spec, setup)
-    vspec, vdt = block_spec(tower), tower_dtypes(dt)
-    window = (tower.window_size // tower.patch_size) ** 2
+    siglip = tower.kind == "siglip"  # (cabe.vision_siglip: LayerNorm blocks over the whole image, a pooled projector)
+    qwen3 = tower.kind == "qwen3_vl"  # (cabe.vision_qwen3: LayerNorm blocks over the whole image, DeepStack mergers)
+    vspec = (
+        vision_siglip.block_spec(tower) if siglip else vision_qwen3.block_spec(tower) if qwen3 else block_spec(tower)
+    )
+    vdt = dt if siglip else tower_dtypes(dt)
+    window = grid.patches if siglip or qwen3 else (tower.window_size // tower.patch_size) ** 2
     full = len([b for b in tower.full_attention_blocks if b < tower.depth])
     spans = ((tower.depth - full, min(window, grid.patches)), (full, grid.patches))
     lora = bool(targets)
@@ -130,6 +137,27 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
     fwd = n * (max((5 * c + 24) * h, c * 2 * h + 3 * c * f) + 2 * 4 * d)
     if in_path:  # the residual, the normed input, qkv and the tables are saved already: the fp32 rotary temporaries
         fwd = n * 24 * h
+    if siglip:
+        fwd = vision_siglip.forward_transient(tower, n, vdt, in_path)
+    if qwen3:
+        fwd = vision_qwen3.forward_transient(tower, n, vdt, in_path)
+    if (siglip or qwen3) and setup.attention == "eager":
+        # eager attention runs image by image (Qwen3-VL's blocks split q, k, v per image; SigLIP's batch is of
+        # images, all at once): the s×s scores and their scaled copy (a each); then softmax(dtype=float32) of the
+        # scaled scores, which converts a bf16 input to fp32 first (aten/src/ATen/native/SoftMax.cpp: only fp16
+        # has half_to_float) beside its fp32 output (saved when gradients flow, else a transient), all beside the
+        # block's residual, norm output, qkv output and rotated q and k (eager_attention_forward,
+        # modeling_qwen3_vl.py:225-242 / modeling_siglip.py)
+        # (the scaled scores stay bound until ``.to(query.dtype)`` has made the probabilities)
+        half = (setup.autocast if vdt.autocast else setup.dtype) == "fp16"
+        convert = 4 if c == 2 and not half else 0
+        alone = 0 if in_path else max(4 + convert, 4 + (c if c != 4 else 0))  # the fp32 softmax, then the cast
+        scores = tower.num_heads * grid.patches**2 * max(2 * c, c + convert, c + alone)
+        if siglip:  # SigLIP's eager runs once over the batch of images: every image's scores at once
+            scores *= images
+        ln = 4 if vdt.autocast else vdt.residual
+        held = 0 if in_path else n * (vdt.residual * h + ln * h + 5 * c * h)
+        fwd = max(fwd, held + scores)
     every = setup.checkpoint_every if setup.checkpointing else 0
     by_span = {}
     for span in {s for _, s in spans}:
@@ -140,24 +168,36 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
         # proj saves the concatenation itself when its weight trains, or when lora_A reads it as it is (no autocast,
         # no cast to the adapters' dtype, no dropout: cabe.activations _Layer.linear_inputs)
         reads = "proj" in targets and not dt.autocast and dt.adapter == dt.compute and setup.lora_dropout == 0
-        per_block += _concatenated_output(tower, n, setup, dt, trains or reads)
+        per_block += 0 if siglip else _concatenated_output(tower, n, setup, dt, trains or reads)
         by_span[span] = (per_block, n * acts.backward_workspace_per_token)
     full_blocks = set(tower.full_attention_blocks)
     kept, whole, work, ckpts = [], [], [], []
     for j in range(tower.depth):  # transformers checkpoints the blocks whose index is a multiple of every_n_layers
         per_block, ws = by_span[spans[1][1] if j in full_blocks else spans[0][1]]
         ckpt = every > 0 and j % every == 0
-        inp = 0 if setup.offload_activations else round_alloc(n * c * h)
+        inp = 0 if setup.offload_activations else round_alloc(n * vdt.residual * h)
         kept.append((inp if ckpt else per_block) if in_path else 0)
         whole.append(per_block if in_path else 0)
         work.append(ws if in_path else 0)
         ckpts.append(ckpt)
     every_merger = any(lin.name in targets for lin in tower.merger_linears)
-    around = _around(tower, n, dt, trains, every_merger) if in_path else 0
+    if siglip:
+        weight = dt.weight if trains else dt.frozen
+        around = vision_siglip.around(tower, n, dt, trains, weight) if in_path else 0
+        pixel_copy = round_alloc(n * vision_siglip.pixel_values(tower) * vision_siglip.pixel_cast(dt, weight))
+    elif qwen3:
+        around = vision_qwen3.around(tower, n, dt, trains, every_merger) if in_path else 0
+        pixel_copy = round_alloc(n * _patch_values(tower) * c)
+        # the learned positions' gather and product, before any block has saved anything
+        positions = vision_qwen3.positions_transient(tower, n, dt.weight if trains else dt.frozen)
+        fwd = max(fwd, positions - (sum(kept) + around))
+    else:
+        around = _around(tower, n, dt, trains, every_merger) if in_path else 0
+        pixel_copy = round_alloc(n * _patch_values(tower) * c)
     return TowerActivations(
         saved=sum(kept) + around,
         # beside the pixels' 16-bit cast (saved as the Conv3d's input when it trains)
-        forward_transient=fwd + (0 if trains else round_alloc(n * _patch_values(tower) * c)),
+        forward_transient=fwd + (0 if trains else pixel_copy),
         blocks=sum(kept),
         around=around,
         kept=tuple(kept),
@@ -216,7 +256,7 @@ def with_images(
     in_path = tower_in_path(spec, setup)
     cast = in_path and dt.autocast and dt.input_casts and setup.method != "qlora"
     block_copies = 2 * sum(lin.weight_count for lin in tower.block_linears) if cast else 0
-    merger_copies = 2 * sum(lin.weight_count for lin in tower.merger_linears) if cast else 0
+    merger_copies = 2 * tower.mergers * sum(lin.weight_count for lin in tower.merger_linears) if cast else 0
 
     def grads(keep: str, count: int | None = None) -> int:
         return sum(
@@ -229,7 +269,7 @@ def with_images(
     # the processor's pixel_values: an fp32 input of the step, alive until it ends
     pixels = round_alloc(setup.batch * setup.images * grid.patches * _patch_values(tower) * 4)
     copies = merger_copies + sum(0 if ck else block_copies for ck in acts.checkpointed)
-    saved = acts.saved + copies + pixels
+    saved = acts.saved + copies + pixels + _image_masks(spec, setup)
     # backward from the top block down: block j runs (recomputed whole when checkpointed) with the blocks below it
     # still saved; the gradients of the merger and of blocks j..top are made
     best = (0, 0, 0)
@@ -259,6 +299,8 @@ def vision_forward_bytes(tower: VisionTower, n: int, act_bytes: int = 2) -> int:
     rotated fp32 product being made (apply_rotary_pos_emb_vision, modeling_qwen2_5_vl.py:200-210) — and its MLP
     moment — residual, normed input, gate, up and the activation (modelled as
     :func:`cabe.inference.forward_bytes` does a decoder layer's)."""
+    if tower.kind == "siglip":  # LayerNorm blocks, no rotary (cabe.vision_siglip), pixels cast to the weights'
+        return n * (vision_siglip.pixel_values(tower) * (4 + act_bytes) + vision_siglip.serving_block(tower, act_bytes))
     h, f = tower.hidden_size, tower.intermediate_size
     d = h // tower.num_heads
     pixels = _patch_values(tower) * (4 + act_bytes)
@@ -266,3 +308,15 @@ def vision_forward_bytes(tower: VisionTower, n: int, act_bytes: int = 2) -> int:
     attention = act_bytes * (h + 3 * h) + 4 * 6 * h
     mlp = act_bytes * (2 * h + 3 * f)
     return n * (pixels + rotary + max(attention, mlp))
+
+
+def _image_masks(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """The decoder's boolean masks of a model whose images attend both ways (Gemma 3's ``token_type_ids``:
+    ``create_masks_for_vision_model`` builds a full and a sliding (batch, 1, seq, seq) mask, modeling_gemma3.py:
+    682-744). They live through the decoder's forward; with checkpointing the checkpointed layers keep them (their
+    saved inputs) until their backward: counted with what the tower keeps then. Without checkpointing they are
+    gone before the loss (forward's top layer only: not counted)."""
+    tower = spec.vision
+    if tower is None or not tower.image_mask or not setup.checkpointing or setup.attention != "sdpa":
+        return 0
+    return 2 * round_alloc(setup.batch * setup.seq * setup.seq)

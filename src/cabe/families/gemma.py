@@ -14,11 +14,12 @@ batches never run the tower, so it gets no gradient and no optimizer state).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from cabe.architecture import ModelSpec
+from cabe.architecture import ModelSpec, VisionTower
 from cabe.errors import ConfigError
 from cabe.families._common import (
     Reader,
@@ -117,7 +118,53 @@ def read_gemma3(r: Reader, name: str) -> ModelSpec:
     vision = Reader(_section(r, "vision_config", SIGLIP_VISION_DEFAULTS), "siglip_vision_model")
     vh = vision.int("hidden_size")
     projector = vh * spec.hidden_size + vh
-    return replace(spec, model_type="gemma3", vision_parameters=siglip_vision_parameters(vision) + projector)
+    parameters = siglip_vision_parameters(vision) + projector
+    tower = siglip_tower(r, vision, spec.hidden_size)
+    if tower is not None and tower.parameter_count != parameters:  # two counts of one tower (a bug if they differ)
+        raise ConfigError("config_bad_value", "model", key="vision_config", detail="tower parameter count")
+    # NOTE: Gemma3Model sets ``_supports_flash_attn = False`` (modeling_gemma3.py:751: flash drops the
+    # bidirectional mask over image tokens): flash_attention_2 is refused for the multimodal model
+    return replace(
+        spec,
+        model_type="gemma3",
+        vision_parameters=parameters,
+        vision=tower,
+        flash_attention=False,
+        config=dict(r.c),
+    )
+
+
+def siglip_tower(r: Reader, v: Reader, text_hidden: int) -> VisionTower | None:
+    """The SigLIP tower as images run through it (:class:`cabe.architecture.VisionTower`, ``kind`` ``"siglip"``),
+    or None when its images could not run: a square ``image_size`` and ``patch_size`` whose patch grid
+    (``image_size // patch_size`` a side) the projector's ``AvgPool2d`` (kernel ``patches // sqrt(mm_tokens_per_image)``,
+    modeling_gemma3.py:646-650) pools to exactly ``mm_tokens_per_image`` tokens, as the placeholder check needs, with no patch left over."""
+    (ih, iw), (ph, pw) = _pair(v, "image_size"), _pair(v, "patch_size")
+    tokens = r.int("mm_tokens_per_image", default=256)
+    side = math.isqrt(tokens)
+    if ih != iw or ph != pw or side < 1 or side * side != tokens:
+        return None
+    patches = ih // ph
+    kernel = patches // side
+    if kernel < 1 or patches != kernel * side:  # (a pool that drops edge patches: not modelled)
+        return None
+    return VisionTower(
+        depth=v.int("num_hidden_layers"),
+        hidden_size=v.int("hidden_size"),
+        intermediate_size=v.int("intermediate_size"),
+        num_heads=v.int("num_attention_heads"),
+        out_hidden_size=text_hidden,
+        patch_size=ph,
+        temporal_patch_size=1,
+        merge_size=kernel,
+        window_size=0,
+        in_channels=v.int("num_channels"),
+        kind="siglip",
+        image_size=ih,
+        tokens_per_image=tokens,
+        use_head=v.bool("vision_use_head", True),
+        hidden_act=v.str("hidden_act", default="gelu_pytorch_tanh"),
+    )
 
 
 def sliding_layers(r: Reader, layers: int) -> int:

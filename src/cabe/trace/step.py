@@ -124,7 +124,8 @@ def _micro_batch(
         images = vision.image_inputs(cfg, setup, device, ids)  # pixel_values and their grid, when images are asked
         tracker.set_phase("forward")
         with autocast(setup), loss_kernel(model, setup):
-            loss = model(input_ids=ids, labels=labels, use_cache=False, **extra, **images).loss
+            tokens = images.pop("input_ids", ids)  # (Qwen3-VL's: ids whose values the fake mode keeps)
+            loss = model(input_ids=tokens, labels=labels, use_cache=False, **{**extra, **images}).loss
         if micro > 1:
             loss = loss / setup.grad_accum
         tracker.set_phase("backward")
@@ -132,7 +133,7 @@ def _micro_batch(
             scaler.scale(loss).backward()
         else:
             loss.backward()
-    del loss, ids, labels, positions, extra, images
+    del loss, ids, labels, positions, extra, images, tokens
     tracker.region = None
 
 

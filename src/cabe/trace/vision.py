@@ -49,6 +49,10 @@ def image_inputs(cfg: Any, setup: TrainingSetup, device: Any, ids: Any) -> dict[
     sequences); writes the image tokens at the start of each row of ``ids``. Empty without images."""
     if not wants_images(cfg, setup):
         return {}
+    if getattr(cfg, "mm_tokens_per_image", None) is not None:  # Gemma 3: fixed-size images, no grid
+        return _fixed_size_inputs(cfg, setup, device, ids)
+    if getattr(_vision_config(cfg), "deepstack_visual_indexes", None) is not None:  # Qwen3-VL: no windows
+        return _qwen3_vl_inputs(cfg, setup, device, ids)
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
     from transformers import vision_utils as vu
@@ -99,11 +103,112 @@ def simulated(active: bool) -> Iterator[None]:
     limit, check = ft.CONSTANT_NUMEL_LIMIT, os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
     ft.CONSTANT_NUMEL_LIMIT = 1 << 24
     os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
+    deepstack = _static_deepstack()
     try:
         yield
     finally:
+        deepstack()
         ft.CONSTANT_NUMEL_LIMIT = limit
         if check is None:
             os.environ.pop("TRANSFORMERS_DISABLE_TORCH_CHECK", None)
         else:
             os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = check
+
+
+def _fixed_size_inputs(cfg: Any, setup: TrainingSetup, device: Any, ids: Any) -> dict[str, Any]:
+    """Gemma 3's image keywords: what ``Gemma3Processor`` returns (transformers 5.24 processing_gemma3.py). The
+    image processor resizes every image to the tower's ``image_size`` square (image_processing_gemma3.py, no
+    pan-and-scan by default): ``pixel_values`` (images, channels, side, side) fp32; each image becomes
+    ``mm_tokens_per_image`` image tokens in the text, and ``token_type_ids`` (the processor's
+    ``mm_token_type_ids``, ``return_mm_token_type_ids = True``) mark them 1, which makes ``Gemma3Model.forward``
+    build the bidirectional-over-images masks (modeling_gemma3.py:867-881) as a collator passing the processor's
+    output does. Images sit one after another at the start of each row (the processor writes
+    ``\\n\\n<boi>...<eoi>\\n\\n`` around each, making each image its own block of the mask; adjacent images here
+    are one block: the same boolean masks, the same allocations)."""
+    import torch
+
+    vc = _vision_config(cfg)
+    side, per_image = int(vc.image_size), int(cfg.mm_tokens_per_image)
+    n = setup.batch * setup.images
+    token = int(cfg.image_token_id)
+    types = torch.zeros_like(ids)
+    ids[:, : setup.images * per_image] = token
+    types[:, : setup.images * per_image] = 1
+    return {
+        "pixel_values": torch.randn(n, int(vc.num_channels), side, side, device=device),
+        "token_type_ids": types,
+    }
+
+
+def _qwen3_vl_inputs(cfg: Any, setup: TrainingSetup, device: Any, ids: Any) -> dict[str, Any]:
+    """Qwen3-VL's image keywords: ``pixel_values`` and ``image_grid_thw`` as Qwen2.5-VL's, and the tower's
+    data-dependent bookkeeping precomputed with transformers' own functions (vision_utils.py, 5.24): the
+    cumulative lengths per image, the 2-D rotary positions and the bilinear resampling of the learned positions
+    (``get_vision_interpolation_indices_and_weights``), fed as ``image_*`` keywords
+    (``accepts_precomputed_kwargs`` strips the prefix)."""
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+    from transformers import vision_utils as vu
+
+    vc = _vision_config(cfg)
+    t, gh, gw = _grid(cfg, setup)
+    n = setup.batch * setup.images
+    merge = vc.spatial_merge_size
+    with _disable_current_modes():  # real CPU tensors: transformers' own precomputation
+        grid = torch.tensor([[t, gh, gw]] * n)
+        cu_seqlens = vu.get_vision_cu_seqlens(grid)
+        position_ids = vu.get_vision_position_ids(grid, merge)
+        indices, weights = vu.get_vision_interpolation_indices_and_weights(
+            grid, int(vc.num_position_embeddings**0.5), mode="bilinear", align_corners=True, spatial_merge_size=merge
+        )
+        lists = {"grid": grid.tolist(), "cu": cu_seqlens.tolist(), "pos": position_ids.tolist()}
+        idx, wts = indices.tolist(), weights.tolist()
+        max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    per_image = gh * gw // merge**2
+    ids[:, : setup.images * per_image] = cfg.image_token_id
+    patch = vc.in_channels * vc.temporal_patch_size * vc.patch_size**2
+    # the 3-D rotary positions: get_rope_index reads the token types' values (data-dependent), so the step gets
+    # positions as a (3, batch, seq) tensor, the same allocation (text positions on the three axes)
+    rows, row = ids.shape
+    positions = torch.arange(row, device=device).view(1, 1, row).expand(3, rows, row)
+    return {
+        "pixel_values": torch.randn(n * t * gh * gw, patch, device=device),
+        "position_ids": positions,
+        "image_grid_thw": torch.tensor(lists["grid"]),
+        "image_cu_seqlens": torch.tensor(lists["cu"], dtype=torch.int32),
+        "image_position_ids": torch.tensor(lists["pos"], device=device),
+        "image_interp_indices": torch.tensor(idx, device=device),
+        "image_interp_weights": torch.tensor(wts, device=device),
+        **({"image_max_seqlen": max_len} if setup.attention == "flash" else {}),
+    }
+
+
+def _static_deepstack() -> Any:
+    """Qwen3-VL's DeepStack step (transformers 5.24 ``Qwen3VLTextModel._deepstack_process``,
+    modeling_qwen3_vl.py:841-850) indexes the hidden states with the image tokens' boolean mask, whose
+    ``nonzero`` has a data-dependent shape the fake mode cannot give. The image tokens are the first of each row
+    here (:func:`_qwen3_vl_inputs`), so the same step is run on that slice: the same clone of the hidden states,
+    the same sum, written back in place. What differs: the gathered copy of the image tokens' rows (a transient the
+    sum replaces at once) and the int64 indices the two index nodes save (16 bytes per image token and layer).
+    Returns the function that restores transformers' own."""
+    try:
+        from transformers.models.qwen3_vl import modeling_qwen3_vl as m
+    except ImportError:  # (an older transformers without Qwen3-VL)
+        return lambda: None
+    own = m.Qwen3VLTextModel._deepstack_process
+
+    def static(self: Any, hidden_states: Any, visual_pos_masks: Any, visual_embeds: Any) -> Any:
+        visual_embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)
+        rows = hidden_states.shape[0]
+        k = visual_embeds.shape[0] // rows
+        hidden_states = hidden_states.clone()
+        local_this = hidden_states[:, :k, :] + visual_embeds.view(rows, k, -1)
+        hidden_states[:, :k, :] = local_this
+        return hidden_states
+
+    setattr(m.Qwen3VLTextModel, "_deepstack_process", static)  # noqa: B010 (mypy: no method assignment)
+
+    def restore() -> None:
+        setattr(m.Qwen3VLTextModel, "_deepstack_process", own)  # noqa: B010
+
+    return restore
