@@ -87,6 +87,9 @@ class LayerActivations:
     # _Layer._indexer_transient), and the bytes per token the layer saves after it ran (not yet alive then)
     indexer_transient_per_token: int = 0
     indexer_after_per_token: int = 0
+    # the routed experts' backward before any MLP gradient exists (grouped_mm dispatch: _dispatch_workspace), per
+    # token, beside every tensor the layer saved; 0: none
+    dispatch_workspace_per_token: int = 0
 
     @property
     def indexer_moment_per_token(self) -> int:
@@ -185,6 +188,7 @@ def layer_activations(
     attn, a, nh, s, quantized = layer.attn, layer.a, layer.nh, layer.s, layer.quantized
     fwd = max(_attention_forward_workspace(attn, a, nh, s), layer.mixer_forward)
     attn_bwd = max(_eager_backward_workspace(attn, a, nh, s), _math_backward_workspace(attn, nh, s))
+    attn_bwd = _eager_probs_freed(layer, attn_bwd)
     attn_bwd = max(attn_bwd, layer.mixer_backward)
     if layer.group.mixer == "mamba2":  # the fused Mamba-2 kernel's own transients (cabe.ssm)
         x = ssm.in_proj_dtype(layer)
@@ -215,6 +219,7 @@ def layer_activations(
         sum(t.bytes_per_token for t in layer.terms[layer.indexer_from :] if t.name not in _BEFORE_INDEXER)
         if layer.indexer_transient
         else 0,
+        dispatch_workspace_per_token=layer.dispatch_workspace,
     )
 
 
@@ -287,6 +292,7 @@ class _Layer:
         self.mixer_forward = self.mixer_backward = 0
         self.indexer_transient = 0  # per token: DeepSeek-V3.2's indexer (see _indexer_transient)
         self.indexer_from = 0  # the first term saved after the indexer ran
+        self.dispatch_workspace = 0  # per token: the grouped_mm experts' backward (see _dispatch_workspace)
 
     def add(self, name: str, nbytes: int, formula: str) -> None:
         if nbytes:
@@ -748,6 +754,7 @@ class _Layer:
             # under autocast the router's F.linear saves its own 16-bit cast of x (autocast's lower-precision list)
             router_in = (2 if self.autocast else rho) if keeps_x else 0
             _moe(self.add, spec, f, a_experts, router_in, experts_grad, rho)
+            self.dispatch_workspace = _dispatch_workspace(self, a_experts)
             self._wrapped_parameters(a_experts)
             if self.group.slot_names("shared_up"):
                 self._shared_expert()
@@ -898,6 +905,14 @@ class _Layer:
         if gate:  # (DeepSeek-V3's shared experts have no gate: their output is added as it is)
             self.add("shared.output", m * h, f"{m}·h")  # saved by the multiply with the sigmoid gate
             self.add("shared.gate_sigmoid", m, f"{m}")  # sigmoid's output, saved by sigmoid and the multiply
+            if self.dispatch_workspace:
+                # the gate's branch runs backward before the routed experts (Qwen3NextSparseMoeBlock.forward, 5.24
+                # models/qwen3_next/modeling_qwen3_next.py:864, builds it last): MulBackward0 makes the shared
+                # output's gradient (m·h, which waits for the shared MLP's backward) and releases the shared output
+                # it saved (m·h); shared_expert_gate's MmBackward0 releases its input's 16-bit cast and leaves the
+                # input's gradient (ρ·h, cast back from 16 bits under autocast) waiting to be summed
+                cast = any(t.name == f"shared.{gate[0]}.input_cast" for t in self.terms)
+                self.dispatch_workspace += self.rho * h - (2 * h if cast else 0)
 
     def layer_norm_block(self) -> int:
         """LayerNorm blocks with a plain GELU MLP (GPT-2, GPT-NeoX, Falcon). Returns the backward
@@ -1464,3 +1479,45 @@ def _classifier_head(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
     return HeadActivations(
         final_norm=ln_in * h + 8 + mask, logits=0, saved_logsoftmax=0, forward_peak_extra=0, backward_peak_extra=0
     )
+
+
+def _eager_probs_freed(layer: _Layer, workspace: int) -> int:
+    """Eager attention's backward when the second matmul saved its own 16-bit cast of the fp32 softmax
+    (``softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)``, transformers 5.24
+    models/llama/modeling_llama.py:197 and every ``eager_attention_forward`` copied from it; the ``attn.probs``
+    term of :func:`_attention_core`).
+
+    Autograd runs the matmul's ``BmmBackward0`` first and releases what it saved, the cast included
+    (torch/csrc/autograd/engine.cpp, ``call_function`` then ``fn.release_variables()``), before the cast's
+    ``ToCopyBackward0`` makes the fp32 gradient (4·nh·s per token) and ``SoftmaxBackward0`` writes
+    ``_softmax_backward_data``'s output beside it; the 16-bit gradient of the probabilities is freed once the
+    cast's backward consumed it. That output is fp32 (the softmax ran on an fp32 copy: ``softmax``
+    converts a bf16 input, and autocast's fp32 list casts any 16-bit one), except for fp16 inputs without
+    autocast: on CUDA ``at::softmax`` takes ``_softmax(input, dim, half_to_float=true)`` for a Half input and an
+    fp32 dtype (aten/src/ATen/native/SoftMax.cpp, torch 2.13), whose backward returns the input's dtype
+    (``_softmax_backward_data(..., input_dtype)``). Net of the freed cast: (4 + out − a)·nh·s. A tiny Llama,
+    bf16 eager b4 s1024: the trace's peak holds the fp32 gradient and the backward output beside the fp32
+    softmax, not the bf16 probabilities (+4.7% before)."""
+    spec, a = layer.spec, layer.a
+    if layer.attn != "eager" or a == 4 or not spec.eager_softmax_fp32 or spec.attention_sinks:
+        return workspace
+    if spec.attention_dropout > 0 or layer.group.mixer != "attention":
+        return workspace
+    out = 2 if (layer.setup.dtype == "fp16" and not layer.autocast) else 4
+    return (4 + out - a) * layer.nh * layer.s
+
+
+def _dispatch_workspace(layer: _Layer, a_experts: int) -> int:
+    """The routed experts' backward at its largest, before any MLP gradient exists, per token (transformers 5.24
+    integrations/moe.py:524-536, ``grouped_mm_experts_forward``): ``weighted_out[inv_perm]`` then
+    ``.view(T, k, h).sum(dim=1)``. Backward, ``SumBackward1`` expands the gradient (a view) and ``ViewBackward0``
+    reshapes the expanded tensor, a copy (k·a_e·h); ``IndexBackward0`` is ``index_backward(grad.new_zeros(...),
+    indices, grad)`` (tools/autograd/derivatives.yaml, torch 2.13): zeros and the out-of-place ``index_put`` beside
+    them (k·a_e·h each) — three tensors of every token-expert pair in the experts' dtype, with the layer's incoming
+    gradient (ρ·h) and every tensor the layer saved still alive (``MulBackward0`` with the routing weights that
+    follows holds three as well, once the copy and the zeros are freed). A cast back to the residual's dtype
+    (``final_hidden_states.to(hidden_states.dtype)``) adds the gradient in the experts' dtype. A tiny Qwen3-Next
+    checkpointed, bf16, batch 8 × 512: the trace's peak is this moment (−6.2% without it)."""
+    spec, h, rho = layer.spec, layer.h, layer.rho
+    k = spec.experts_per_token
+    return rho * h + 3 * k * a_experts * h + (a_experts * h if a_experts != rho else 0)

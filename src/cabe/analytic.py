@@ -932,6 +932,7 @@ def _layer_run(
         stray_grads_mlp=r.per_layer.stray_grad_mlp_bytes,
         accum_grad_mlp=largest.get(True, 0) if accum else 0,
         accum_grad_attention=largest.get(False, 0) if accum else 0,
+        dispatch_workspace=tokens * r.per_layer.dispatch_workspace_per_token,
     )
 
 
