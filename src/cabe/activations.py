@@ -744,6 +744,13 @@ class _Layer:
         elif self.group.mlp == "moe":
             router_grad = base_trainable or any(lin.slot == "router" for lin, _ in self.wrapped.values())
             experts_grad = base_trainable or any(lin.slot == "experts" for lin, _ in self.wrapped.values())
+            # the gathered tokens are kept for the first stack's gradient (gate_up, reading h), the product for the
+            # second's (down): LoRA wrapping only one of them keeps only its input (see _moe)
+            stacks = [lin.name for lin in self.group.linears if lin.slot == "experts"]
+            up_grad = base_trainable or (bool(stacks) and stacks[0] in self.wrapped)
+            down_grad = base_trainable or (len(stacks) > 1 and stacks[1] in self.wrapped)
+            if not stacks:
+                up_grad = down_grad = experts_grad
             if spec.router == "sigmoid_groups":
                 self._sigmoid_group_router(router_grad)
             # transformers' grouped_mm experts run in the experts' own dtype (see _moe)
@@ -753,7 +760,7 @@ class _Layer:
             keeps_x = base_trainable or (router_grad and not (spec.router == "sigmoid_groups" and rho != 4))
             # under autocast the router's F.linear saves its own 16-bit cast of x (autocast's lower-precision list)
             router_in = (2 if self.autocast else rho) if keeps_x else 0
-            _moe(self.add, spec, f, a_experts, router_in, experts_grad, rho)
+            _moe(self.add, spec, f, a_experts, router_in, down_grad, rho, up_grad)
             self.dispatch_workspace = _dispatch_workspace(self, a_experts)
             self._wrapped_parameters(a_experts)
             if self.group.slot_names("shared_up"):
@@ -909,10 +916,12 @@ class _Layer:
                 # the gate's branch runs backward before the routed experts (Qwen3NextSparseMoeBlock.forward, 5.24
                 # models/qwen3_next/modeling_qwen3_next.py:864, builds it last): MulBackward0 makes the shared
                 # output's gradient (m·h, which waits for the shared MLP's backward) and releases the shared output
-                # it saved (m·h); shared_expert_gate's MmBackward0 releases its input's 16-bit cast and leaves the
-                # input's gradient (ρ·h, cast back from 16 bits under autocast) waiting to be summed
-                cast = any(t.name == f"shared.{gate[0]}.input_cast" for t in self.terms)
-                self.dispatch_workspace += self.rho * h - (2 * h if cast else 0)
+                # it saved (m·h); shared_expert_gate's backward releases what it saved of its input (autocast's
+                # 16-bit cast, PEFT's fp32 one for lora_A, lora_A's output) and leaves the input's gradient (ρ·h, cast
+                # back to the residual's dtype) waiting to be summed
+                own = (f"shared.{gate[0]}.", f"lora.{gate[0]}.")
+                released = sum(t.bytes_per_token for t in self.terms if t.name.startswith(own))
+                self.dispatch_workspace += self.rho * h - released
 
     def layer_norm_block(self) -> int:
         """LayerNorm blocks with a plain GELU MLP (GPT-2, GPT-NeoX, Falcon). Returns the backward
@@ -1209,12 +1218,22 @@ def _math_backward_workspace(attn: str, nh: int, s: int) -> int:
     return 2 * 4 * nh * s if attn == "math" else 0
 
 
-def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: bool, rho: int = 0) -> None:
+def _moe(
+    add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: bool, rho: int = 0, up_grad: bool | None = None
+) -> None:
     """Routed experts as transformers 5 runs them by default (``grouped_mm``, integrations/moe.py 5.24:
     ``grouped_mm_experts_forward``). ``a`` is the experts' weight dtype, not autocast's: ``_grouped_mm`` casts
     the gathered tokens to ``weight.dtype`` and calls ``torch.nn.functional.grouped_mm``, which is not
     autocast-enabled (its comment cites pytorch#174763) — fp32 experts (fp32 weights under autocast, QLoRA's
-    unquantized 3-D experts after prepare_model_for_kbit_training) compute and save in fp32."""
+    unquantized 3-D experts after prepare_model_for_kbit_training) compute and save in fp32.
+
+    ``experts_grad``: the second stack (down_proj) gets a gradient, so its grouped_mm saves its input (the gated
+    product); ``up_grad`` (default: the same): the first (gate_up_proj) does, so its grouped_mm saves the gathered
+    tokens. ``GroupedMmBackward0`` keeps the input only for the weight's gradient (torchgen/packaged/autograd/
+    derivatives.yaml:1223, torch 2.13: only ``mat2``'s formula reads ``self``, saved when ``mat2`` requires grad): a
+    LoRA ``ParamWrapper`` on down_proj alone saves no gathered tokens (traced: tiny Qwen3-Next, LoRA on down_proj and
+    out_proj, +4.1% with them, +0.1% without)."""
+    up_grad = experts_grad if up_grad is None else up_grad
     h, e, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
     if router_in:  # the router's weight gets a gradient (trained, or LoRA-wrapped): its input is kept
         add("moe.router_input", router_in * h, f"{router_in}·h")
@@ -1227,7 +1246,7 @@ def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: boo
     else:
         add("moe.router_softmax", 4 * e, "4·E")
         add("moe.routing", 8 * k * 3 + 4 * k, "28·k")
-    if experts_grad:  # the same for the experts' weights
+    if up_grad:  # the same for the experts' weights
         add("moe.expert_input", k * a * h, f"k·{a}·h")  # gathered tokens, kept for the expert weight grads
     add("moe.gate_up_output", k * 2 * a * f, f"k·2·{a}·f")
     add("moe.act_output", k * a * f, f"k·{a}·f")
