@@ -1503,26 +1503,30 @@ def _classifier_head(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
 def _eager_probs_freed(layer: _Layer, workspace: int) -> int:
     """Eager attention's backward when the second matmul saved its own 16-bit cast of the fp32 softmax
     (``softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)``, transformers 5.24
-    models/llama/modeling_llama.py:197 and every ``eager_attention_forward`` copied from it; the ``attn.probs``
-    term of :func:`_attention_core`).
+    models/llama/modeling_llama.py:197 and every ``eager_attention_forward`` copied from it, or autocast's cast of
+    it; the ``attn.probs`` term of :func:`_attention_core`).
 
     Autograd runs the matmul's ``BmmBackward0`` first and releases what it saved, the cast included
     (torch/csrc/autograd/engine.cpp, ``call_function`` then ``fn.release_variables()``), before the cast's
     ``ToCopyBackward0`` makes the fp32 gradient (4·nh·s per token) and ``SoftmaxBackward0`` writes
     ``_softmax_backward_data``'s output beside it; the 16-bit gradient of the probabilities is freed once the
-    cast's backward consumed it. That output is fp32 (the softmax ran on an fp32 copy: ``softmax``
-    converts a bf16 input, and autocast's fp32 list casts any 16-bit one), except for fp16 inputs without
-    autocast: on CUDA ``at::softmax`` takes ``_softmax(input, dim, half_to_float=true)`` for a Half input and an
-    fp32 dtype (aten/src/ATen/native/SoftMax.cpp, torch 2.13), whose backward returns the input's dtype
-    (``_softmax_backward_data(..., input_dtype)``). Net of the freed cast: (4 + out − a)·nh·s. A tiny Llama,
-    bf16 eager b4 s1024: the trace's peak holds the fp32 gradient and the backward output beside the fp32
-    softmax, not the bf16 probabilities (+4.7% before)."""
-    spec, a = layer.spec, layer.a
+    cast's backward consumed it. That output has the dtype of the softmax's input, the scores: fp32 for bf16 scores
+    (``at::softmax`` converts them first), fp16 for fp16 ones, which CUDA runs as ``_softmax(input, dim,
+    half_to_float=true)`` (aten/src/ATen/native/SoftMax.cpp, torch 2.13). Autocast does not cast the scores for
+    softmax: it is on the ``fp32_set_opt_dtype`` list (ATen/autocast_mode.h:423-430, 917-920), which leaves a given
+    ``dtype`` alone. The scores are ``matmul``'s output (the autocast dtype, or the query's without autocast) plus
+    eager's additive causal mask, made in the embeddings' dtype (masking_utils.py ``eager_mask``: ``torch.where(mask,
+    0.0, min_dtype).to(dtype)``): they are fp16 only when both are, i.e. fp16 weights without autocast or under fp16
+    autocast; any other pair promotes them to fp32. Net of the freed cast: (4 + out − a)·nh·s. A tiny Llama, bf16
+    eager b4 s1024: the trace's peak holds the fp32 gradient and the backward output beside the fp32 softmax, not
+    the bf16 probabilities (+4.7% before)."""
+    spec, a, setup = layer.spec, layer.a, layer.setup
     if layer.attn != "eager" or a == 4 or not spec.eager_softmax_fp32 or spec.attention_sinks:
         return workspace
     if spec.attention_dropout > 0 or layer.group.mixer != "attention":
         return workspace
-    out = 2 if (layer.setup.dtype == "fp16" and not layer.autocast) else 4
+    scores_fp16 = setup.dtype == "fp16" and (not layer.autocast or setup.autocast == "fp16")
+    out = 2 if scores_fp16 else 4
     return (4 + out - a) * layer.nh * layer.s
 
 
