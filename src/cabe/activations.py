@@ -225,7 +225,7 @@ def layer_activations(
 
 #: saved terms of a DeepSeek-V3.2 layer counted after the indexer's point but made before it ran: expand_kv's value
 #: (kv_b_proj's output, or flash's padded copy of it) exists when ``DeepseekV32Attention.forward`` calls the indexer
-_BEFORE_INDEXER = frozenset(("attn.kv_b_output", "attn.value", "attn.value_cast", "attn.value_padded"))
+_BEFORE_INDEXER = frozenset(("attn.kv_b_output", "attn.value", "attn.value_padded"))
 
 
 class _Layer:
@@ -651,6 +651,16 @@ class _Layer:
             self.indexer_transient += qd * qm
             self.indexer_from -= 2  # attn.query, attn.key: made before the indexer, but the query's cast after it
             self.indexer_transient += self.terms[-1].bytes_per_token  # the key (no cast) exists already
+            if self.quantized:  # ... built in kv_b_proj's fp32 output dtype (``kv_nope.new_empty``): 4 bytes, not a
+                self.indexer_transient += (4 - self.a_attn) * qm
+        # DeepseekV32Attention.forward's locals while the indexer runs (modeling_deepseek_v32.py:416-441, 5.24):
+        # q_b_proj's output (q_pass and q_rot are views of it), in its output dtype — fp32 from a 4-bit layer, which
+        # returns its (fp32) input's dtype, with the LoRA sum —; under QLoRA also kv_b_proj's fp32 output (k_nope and
+        # value_states are views of it: the kernel later saves the value's 16-bit cast, made after the indexer)
+        qb = 4 if self.quantized else a
+        self.indexer_transient += qb * qm
+        if self.quantized:
+            self.indexer_transient += 4 * self.nh * (la.nope_dim + la.v_head_dim)
 
     def _core(self) -> None:
         """The attention kernel's saved tensors (:func:`_attention_core`) with this layer's shapes and flags."""
