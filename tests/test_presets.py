@@ -136,6 +136,8 @@ PUBLISHED_ROUNDED = {
     "qwen2.5-vl-3b-instruct": (3.75, None),
     "qwen2.5-vl-7b-instruct": (8.29, None),
     "qwen2.5-vl-72b-instruct": (73.4, None),
+    # "35B total, 3B activated" with its vision tower; the text model alone builds 34,660,610,688
+    "qwen3.5-35b-a3b": (35, None),
 }
 
 CABE_KEYS = {

@@ -108,6 +108,13 @@ DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
     # of 8 groups, a shared expert), 1 dense layer then 3 MoE layers
     "deepseek-v3-4l": ("deepseek-v3", {"num_hidden_layers": 4, "first_k_dense_replace": 1}),
     "deepseek-v3.2-exp-4l": ("deepseek-v3.2-exp", {"num_hidden_layers": 4, "first_k_dense_replace": 1}),
+    # Qwen3-Next-80B-A3B at its widths (hidden 2048, gated DeltaNet 16 / 32 heads, gated attention 16 / 2 heads of
+    # 256, 512 experts top-10 of 512 and a shared expert, vocab 151936) with fewer layers: every 4th full attention
+    # (3 linear, 1 full; 6 and 2), as full_attention_interval draws them
+    "qwen3-next-80b-a3b-4l": ("qwen3-next-80b-a3b", {"num_hidden_layers": 4}),
+    "qwen3-next-80b-a3b-8l": ("qwen3-next-80b-a3b", {"num_hidden_layers": 8}),
+    # Qwen3.5-35B-A3B's text model at its widths (256 experts top-8, vocab 248320), 4 layers (3 linear, 1 full)
+    "qwen3.5-35b-a3b-4l": ("qwen3.5-35b-a3b", {"num_hidden_layers": 4}),
 }
 
 
