@@ -7,6 +7,7 @@ configurations nobody chose.
     .venv/bin/python benchmarks/differential/run.py -j 2            # two worker processes
     .venv/bin/python benchmarks/differential/run.py -n 8 --small --knobs dora,lora_dropout  # those knobs only
     .venv/bin/python benchmarks/differential/run.py -n 20 --models gpt-oss-20b,starcoderbase-1b  # a filtered sample
+    .venv/bin/python benchmarks/differential/run.py --retrace 17    # a recorded sample traced and estimated anew
 
 A sampler draws every knob of a training request (method, dtype and autocast — or the precision shorthand —, optimizer and its implementation,
 checkpointing (selective, offloaded), attention, batch, sequence, LoRA rank and targets, DoRA and LoRA dropout,
@@ -432,11 +433,17 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+_SUFFIXES = {
+    "-rescored": " (re-estimated with later code: --rescore)",
+    "-retraced": " (traced and estimated anew with later code: --retrace)",
+}
+
+
 def _write(rows: list[dict[str, Any]], seed: int, out: Path, suffix: str = "") -> None:
     s = summary(rows)
     (out / f"results-{seed}{suffix}.json").write_text(json.dumps({"seed": seed, "summary": s, "rows": rows}, indent=1))
     lines = [
-        f"# Differential benchmark, seed {seed}{' (re-estimated with later code: --rescore)' if suffix else ''}",
+        f"# Differential benchmark, seed {seed}{_SUFFIXES.get(suffix, '')}",
         "",
         f"{s['traced']} of {s['configurations']} traced; max |error| {100 * (s['max_abs_error'] or 0):.2f}%, "
         f"median {100 * (s['median_abs_error'] or 0):.2f}%, within 3%: {s['within_3pct']}; "
@@ -490,6 +497,24 @@ def rescore(seed: int) -> list[dict[str, Any]]:
     return rows
 
 
+def retrace(seed: int) -> list[dict[str, Any]]:
+    """The configurations of ``results-<seed>.json`` traced and estimated anew with today's code (the trace's code
+    may have changed since: :func:`rescore` would compare with a stale trace); those today's code refuses are
+    recorded as refused, not traced."""
+    recorded = json.loads((HERE / f"results-{seed}.json").read_text())["rows"]
+    rows = []
+    for r in recorded:
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in r["setup"].items()}
+        try:
+            TrainingSetup(**kw)
+            estimate_model(source(r["model"]).spec, TrainingSetup(**kw))
+        except CabeError as e:
+            rows.append({**r, "estimate_bytes": None, "relative_error": None, "error": None, "refused_now": e.code})
+            continue
+        rows += run([(r["model"], kw)], quiet=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", type=int, default=300, help="configurations (default 300)")
@@ -500,7 +525,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--knobs", default="", help="only configurations that set one of these fields (comma list)")
     ap.add_argument("--models", default="", help="comma-separated presets: keep only their draws (a family's sample)")
     ap.add_argument("--rescore", type=int, metavar="SEED", help="re-estimate results-SEED.json (see rescore)")
+    ap.add_argument("--retrace", type=int, metavar="SEED", help="re-trace and re-estimate results-SEED.json")
     a = ap.parse_args(argv)
+    if a.retrace is not None:
+        rows = retrace(a.retrace)
+        print(json.dumps({"seed": a.retrace, "retraced": True, **summary(rows)}))
+        if not a.no_write:
+            _write(rows, a.retrace, HERE, suffix="-retraced")
+        return 0
     if a.rescore is not None:
         rows = rescore(a.rescore)
         print(json.dumps({"seed": a.rescore, "rescored": True, **summary(rows)}))
