@@ -753,14 +753,7 @@ class _Layer:
             self._dense_experts()
         elif self.group.mlp == "moe":
             router_grad = base_trainable or any(lin.slot == "router" for lin, _ in self.wrapped.values())
-            experts_grad = base_trainable or any(lin.slot == "experts" for lin, _ in self.wrapped.values())
-            # the gathered tokens are kept for the first stack's gradient (gate_up, reading h), the product for the
-            # second's (down): LoRA wrapping only one of them keeps only its input (see _moe)
-            stacks = [lin.name for lin in self.group.linears if lin.slot == "experts"]
-            up_grad = base_trainable or (bool(stacks) and stacks[0] in self.wrapped)
-            down_grad = base_trainable or (len(stacks) > 1 and stacks[1] in self.wrapped)
-            if not stacks:
-                up_grad = down_grad = experts_grad
+            up_grad, down_grad = self._stack_grads()
             if spec.router == "sigmoid_groups":
                 self._sigmoid_group_router(router_grad)
             # transformers' grouped_mm experts run in the experts' own dtype (see _moe)
@@ -794,6 +787,15 @@ class _Layer:
             self.lora_mid([down_name])
         if sandwich or post_norm_only:
             self.rms_norm("post_mlp_norm", h, "h", base_trainable, True)
+
+    def _stack_grads(self) -> tuple[bool, bool]:
+        """Whether the first expert stack (gate_up, reading the gathered tokens) and the second (down, reading the
+        gated product) get a gradient: trained, or LoRA-wrapped (``ParamWrapper``) one by one. Their grouped_mm keeps
+        its input only then (see :func:`_moe`)."""
+        if self.base_trainable:
+            return True, True
+        stacks = [lin.name for lin in self.group.linears if lin.slot == "experts"]
+        return bool(stacks) and stacks[0] in self.wrapped, len(stacks) > 1 and stacks[1] in self.wrapped
 
     def _wrapped_parameters(self, a_experts: int) -> None:
         """PEFT's LoRA on bare parameters (``ParamWrapper``, peft/tuners/lora/layer.py 0.21.2). While the wrapped
