@@ -141,6 +141,8 @@ PUBLISHED_ROUNDED = {
     "qwen3-vl-4b-instruct": (4.44, None),
     "qwen3-vl-8b-instruct": (8.77, None),
     "qwen3-vl-32b-instruct": (33.4, None),
+    # "35B total, 3B activated" with its vision tower; the text model alone builds 34,660,610,688
+    "qwen3.5-35b-a3b": (35, None),
 }
 
 CABE_KEYS = {

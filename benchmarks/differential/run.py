@@ -7,6 +7,7 @@ configurations nobody chose.
     .venv/bin/python benchmarks/differential/run.py -j 2            # two worker processes
     .venv/bin/python benchmarks/differential/run.py -n 8 --small --knobs dora,lora_dropout  # those knobs only
     .venv/bin/python benchmarks/differential/run.py -n 20 --models gpt-oss-20b,starcoderbase-1b  # a filtered sample
+    .venv/bin/python benchmarks/differential/run.py --retrace 17    # a recorded sample traced and estimated anew
 
 A sampler draws every knob of a training request (method, dtype and autocast — or the precision shorthand —, optimizer and its implementation,
 checkpointing (selective, offloaded), attention, batch, sequence, LoRA rank and targets, DoRA and LoRA dropout,
@@ -109,6 +110,13 @@ DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
     # of 8 groups, a shared expert), 1 dense layer then 3 MoE layers
     "deepseek-v3-4l": ("deepseek-v3", {"num_hidden_layers": 4, "first_k_dense_replace": 1}),
     "deepseek-v3.2-exp-4l": ("deepseek-v3.2-exp", {"num_hidden_layers": 4, "first_k_dense_replace": 1}),
+    # Qwen3-Next-80B-A3B at its widths (hidden 2048, gated DeltaNet 16 / 32 heads, gated attention 16 / 2 heads of
+    # 256, 512 experts top-10 of 512 and a shared expert, vocab 151936) with fewer layers: every 4th full attention
+    # (3 linear, 1 full; 6 and 2), as full_attention_interval draws them
+    "qwen3-next-80b-a3b-4l": ("qwen3-next-80b-a3b", {"num_hidden_layers": 4}),
+    "qwen3-next-80b-a3b-8l": ("qwen3-next-80b-a3b", {"num_hidden_layers": 8}),
+    # Qwen3.5-35B-A3B's text model at its widths (256 experts top-8, vocab 248320), 4 layers (3 linear, 1 full)
+    "qwen3.5-35b-a3b-4l": ("qwen3.5-35b-a3b", {"num_hidden_layers": 4}),
 }
 
 
@@ -476,11 +484,17 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+_SUFFIXES = {
+    "-rescored": " (re-estimated with later code: --rescore)",
+    "-retraced": " (traced and estimated anew with later code: --retrace)",
+}
+
+
 def _write(rows: list[dict[str, Any]], seed: int, out: Path, suffix: str = "") -> None:
     s = summary(rows)
     (out / f"results-{seed}{suffix}.json").write_text(json.dumps({"seed": seed, "summary": s, "rows": rows}, indent=1))
     lines = [
-        f"# Differential benchmark, seed {seed}{' (re-estimated with later code: --rescore)' if suffix else ''}",
+        f"# Differential benchmark, seed {seed}{_SUFFIXES.get(suffix, '')}",
         "",
         f"{s['traced']} of {s['configurations']} traced; max |error| {100 * (s['max_abs_error'] or 0):.2f}%, "
         f"median {100 * (s['median_abs_error'] or 0):.2f}%, within 3%: {s['within_3pct']}; "
@@ -536,6 +550,24 @@ def rescore(seed: int) -> list[dict[str, Any]]:
     return rows
 
 
+def retrace(seed: int) -> list[dict[str, Any]]:
+    """The configurations of ``results-<seed>.json`` traced and estimated anew with today's code (the trace's code
+    may have changed since: :func:`rescore` would compare with a stale trace); those today's code refuses are
+    recorded as refused, not traced."""
+    recorded = json.loads((HERE / f"results-{seed}.json").read_text())["rows"]
+    rows = []
+    for r in recorded:
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in r["setup"].items()}
+        try:
+            TrainingSetup(**kw)
+            estimate_model(source(r["model"]).spec, TrainingSetup(**kw))
+        except CabeError as e:
+            rows.append({**r, "estimate_bytes": None, "relative_error": None, "error": None, "refused_now": e.code})
+            continue
+        rows += run([(r["model"], kw)], quiet=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", type=int, default=300, help="configurations (default 300)")
@@ -546,7 +578,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--knobs", default="", help="only configurations that set one of these fields (comma list)")
     ap.add_argument("--models", default="", help="comma-separated presets: keep only their draws (a family's sample)")
     ap.add_argument("--rescore", type=int, metavar="SEED", help="re-estimate results-SEED.json (see rescore)")
+    ap.add_argument("--retrace", type=int, metavar="SEED", help="re-trace and re-estimate results-SEED.json")
     a = ap.parse_args(argv)
+    if a.retrace is not None:
+        rows = retrace(a.retrace)
+        print(json.dumps({"seed": a.retrace, "retraced": True, **summary(rows)}))
+        if not a.no_write:
+            _write(rows, a.retrace, HERE, suffix="-retraced")
+        return 0
     if a.rescore is not None:
         rows = rescore(a.rescore)
         print(json.dumps({"seed": a.rescore, "rescored": True, **summary(rows)}))

@@ -91,6 +91,9 @@ class LayerActivations:
     # in bytes for the setup's tokens, beyond all the layer saves (see _Layer.note_lora_input, _note_dora_result):
     # a transient of the forward and of a recompute
     dora_result_bytes: int = 0
+    # the routed experts' backward before any MLP gradient exists (grouped_mm dispatch: _dispatch_workspace), per
+    # token, beside every tensor the layer saved; 0: none
+    dispatch_workspace_per_token: int = 0
 
     @property
     def indexer_moment_per_token(self) -> int:
@@ -220,12 +223,13 @@ def layer_activations(
         if layer.indexer_transient
         else 0,
         max(0, layer.dora_result_moment - layer.tokens * sum(t.bytes_per_token for t in layer.terms)),
+        dispatch_workspace_per_token=layer.dispatch_workspace,
     )
 
 
 #: saved terms of a DeepSeek-V3.2 layer counted after the indexer's point but made before it ran: expand_kv's value
 #: (kv_b_proj's output, or flash's padded copy of it) exists when ``DeepseekV32Attention.forward`` calls the indexer
-_BEFORE_INDEXER = frozenset(("attn.kv_b_output", "attn.value", "attn.value_cast", "attn.value_padded"))
+_BEFORE_INDEXER = frozenset(("attn.kv_b_output", "attn.value", "attn.value_padded"))
 
 
 class _Layer:
@@ -308,6 +312,7 @@ class _Layer:
         self.mixer_forward = self.mixer_backward = 0
         self.indexer_transient = 0  # per token: DeepSeek-V3.2's indexer (see _indexer_transient)
         self.indexer_from = 0  # the first term saved after the indexer ran
+        self.dispatch_workspace = 0  # per token: the grouped_mm experts' backward (see _dispatch_workspace)
 
     def add(self, name: str, nbytes: int, formula: str) -> None:
         if nbytes:
@@ -732,6 +737,16 @@ class _Layer:
             self.indexer_transient += qd * qm
             self.indexer_from -= 2  # attn.query, attn.key: made before the indexer, but the query's cast after it
             self.indexer_transient += self.terms[-1].bytes_per_token  # the key (no cast) exists already
+            if self.quantized:  # ... built in kv_b_proj's fp32 output dtype (``kv_nope.new_empty``): 4 bytes, not a
+                self.indexer_transient += (4 - self.a_attn) * qm
+        # DeepseekV32Attention.forward's locals while the indexer runs (modeling_deepseek_v32.py:416-441, 5.24):
+        # q_b_proj's output (q_pass and q_rot are views of it), in its output dtype — fp32 from a 4-bit layer, which
+        # returns its (fp32) input's dtype, with the LoRA sum —; under QLoRA also kv_b_proj's fp32 output (k_nope and
+        # value_states are views of it: the kernel later saves the value's 16-bit cast, made after the indexer)
+        qb = 4 if self.quantized else a
+        self.indexer_transient += qb * qm
+        if self.quantized:
+            self.indexer_transient += 4 * self.nh * (la.nope_dim + la.v_head_dim)
 
     def _core(self) -> None:
         """The attention kernel's saved tensors (:func:`_attention_core`) with this layer's shapes and flags."""
@@ -825,7 +840,7 @@ class _Layer:
             self._dense_experts()
         elif self.group.mlp == "moe":
             router_grad = base_trainable or any(lin.slot == "router" for lin, _ in self.wrapped.values())
-            experts_grad = base_trainable or any(lin.slot == "experts" for lin, _ in self.wrapped.values())
+            up_grad, down_grad = self._stack_grads()
             if spec.router == "sigmoid_groups":
                 self._sigmoid_group_router(router_grad)
             # transformers' grouped_mm experts run in the experts' own dtype (see _moe)
@@ -835,7 +850,8 @@ class _Layer:
             keeps_x = base_trainable or (router_grad and not (spec.router == "sigmoid_groups" and rho != 4))
             # under autocast the router's F.linear saves its own 16-bit cast of x (autocast's lower-precision list)
             router_in = (2 if self.autocast else rho) if keeps_x else 0
-            _moe(self.add, spec, f, a_experts, router_in, experts_grad, rho)
+            _moe(self.add, spec, f, a_experts, router_in, down_grad, rho, up_grad)
+            self.dispatch_workspace = _dispatch_workspace(self, a_experts)
             self._wrapped_parameters(a_experts)
             if self.group.slot_names("shared_up"):
                 self._shared_expert()
@@ -858,6 +874,15 @@ class _Layer:
             self.lora_mid([down_name])
         if sandwich or post_norm_only:
             self.rms_norm("post_mlp_norm", h, "h", base_trainable, True)
+
+    def _stack_grads(self) -> tuple[bool, bool]:
+        """Whether the first expert stack (gate_up, reading the gathered tokens) and the second (down, reading the
+        gated product) get a gradient: trained, or LoRA-wrapped (``ParamWrapper``) one by one. Their grouped_mm keeps
+        its input only then (see :func:`_moe`)."""
+        if self.base_trainable:
+            return True, True
+        stacks = [lin.name for lin in self.group.linears if lin.slot == "experts"]
+        return bool(stacks) and stacks[0] in self.wrapped, len(stacks) > 1 and stacks[1] in self.wrapped
 
     def _wrapped_parameters(self, a_experts: int) -> None:
         """PEFT's LoRA on bare parameters (``ParamWrapper``, peft/tuners/lora/layer.py 0.21.2). While the wrapped
@@ -986,6 +1011,16 @@ class _Layer:
         if gate:  # (DeepSeek-V3's shared experts have no gate: their output is added as it is)
             self.add("shared.output", m * h, f"{m}·h")  # saved by the multiply with the sigmoid gate
             self.add("shared.gate_sigmoid", m, f"{m}")  # sigmoid's output, saved by sigmoid and the multiply
+            if self.dispatch_workspace:
+                # the gate's branch runs backward before the routed experts (Qwen3NextSparseMoeBlock.forward, 5.24
+                # models/qwen3_next/modeling_qwen3_next.py:864, builds it last): MulBackward0 makes the shared
+                # output's gradient (m·h, which waits for the shared MLP's backward) and releases the shared output
+                # it saved (m·h); shared_expert_gate's backward releases what it saved of its input (autocast's
+                # 16-bit cast, PEFT's fp32 one for lora_A, lora_A's output) and leaves the input's gradient (ρ·h, cast
+                # back to the residual's dtype) waiting to be summed
+                own = (f"shared.{gate[0]}.", f"lora.{gate[0]}.")
+                released = sum(t.bytes_per_token for t in self.terms if t.name.startswith(own))
+                self.dispatch_workspace += self.rho * h - released
 
     def layer_norm_block(self) -> int:
         """LayerNorm blocks with a plain GELU MLP (GPT-2, GPT-NeoX, Falcon). Returns the backward
@@ -1288,8 +1323,13 @@ def _eager_backward_workspace(layer: _Layer, attn: str, a: int, nh: int, s: int)
     softmax = 4 if spec.eager_softmax_fp32 or layer.autocast else a
     if softmax == a:
         return 2 * a * nh * s
-    half_to_float = _compute_dtype(layer) == "fp16"
-    return max(a, 4, 4 if half_to_float else 8 - a) * nh * s
+    # the scores are fp16 when matmul's output is and, in the families whose eager attention adds a float causal
+    # mask made in the embeddings' dtype (masking_utils.py ``eager_mask``: ``torch.where(mask, 0.0,
+    # min_dtype).to(dtype)``), that mask is fp16 too; any other pair promotes them to fp32 before the softmax
+    fp16 = _compute_dtype(layer) == "fp16"
+    if spec.eager_softmax_fp32:
+        fp16 = fp16 and layer.setup.dtype == "fp16" and layer.rho == 2
+    return max(a, 4, 4 if fp16 else 8 - a) * nh * s
 
 
 def _compute_dtype(layer: _Layer) -> str:
@@ -1314,12 +1354,22 @@ def _math_backward_workspace(attn: str, nh: int, s: int) -> int:
     return 2 * 4 * nh * s if attn == "math" else 0
 
 
-def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: bool, rho: int = 0) -> None:
+def _moe(
+    add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: bool, rho: int = 0, up_grad: bool | None = None
+) -> None:
     """Routed experts as transformers 5 runs them by default (``grouped_mm``, integrations/moe.py 5.24:
     ``grouped_mm_experts_forward``). ``a`` is the experts' weight dtype, not autocast's: ``_grouped_mm`` casts
     the gathered tokens to ``weight.dtype`` and calls ``torch.nn.functional.grouped_mm``, which is not
     autocast-enabled (its comment cites pytorch#174763) — fp32 experts (fp32 weights under autocast, QLoRA's
-    unquantized 3-D experts after prepare_model_for_kbit_training) compute and save in fp32."""
+    unquantized 3-D experts after prepare_model_for_kbit_training) compute and save in fp32.
+
+    ``experts_grad``: the second stack (down_proj) gets a gradient, so its grouped_mm saves its input (the gated
+    product); ``up_grad`` (default: the same): the first (gate_up_proj) does, so its grouped_mm saves the gathered
+    tokens. ``GroupedMmBackward0`` keeps the input only for the weight's gradient (torchgen/packaged/autograd/
+    derivatives.yaml:1223, torch 2.13: only ``mat2``'s formula reads ``self``, saved when ``mat2`` requires grad): a
+    LoRA ``ParamWrapper`` on down_proj alone saves no gathered tokens (traced: tiny Qwen3-Next, LoRA on down_proj and
+    out_proj, +4.1% with them, +0.1% without)."""
+    up_grad = experts_grad if up_grad is None else up_grad
     h, e, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
     if router_in:  # the router's weight gets a gradient (trained, or LoRA-wrapped): its input is kept
         add("moe.router_input", router_in * h, f"{router_in}·h")
@@ -1332,7 +1382,7 @@ def _moe(add, spec: ModelSpec, f: int, a: int, router_in: int, experts_grad: boo
     else:
         add("moe.router_softmax", 4 * e, "4·E")
         add("moe.routing", 8 * k * 3 + 4 * k, "28·k")
-    if experts_grad:  # the same for the experts' weights
+    if up_grad:  # the same for the experts' weights
         add("moe.expert_input", k * a * h, f"k·{a}·h")  # gathered tokens, kept for the expert weight grads
     add("moe.gate_up_output", k * 2 * a * f, f"k·2·{a}·f")
     add("moe.act_output", k * a * f, f"k·{a}·f")
@@ -1592,3 +1642,19 @@ def _classifier_head(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
     return HeadActivations(
         final_norm=ln_in * h + 8 + mask, logits=0, saved_logsoftmax=0, forward_peak_extra=0, backward_peak_extra=0
     )
+
+
+def _dispatch_workspace(layer: _Layer, a_experts: int) -> int:
+    """The routed experts' backward at its largest, before any MLP gradient exists, per token (transformers 5.24
+    integrations/moe.py:524-536, ``grouped_mm_experts_forward``): ``weighted_out[inv_perm]`` then
+    ``.view(T, k, h).sum(dim=1)``. Backward, ``SumBackward1`` expands the gradient (a view) and ``ViewBackward0``
+    reshapes the expanded tensor, a copy (k·a_e·h); ``IndexBackward0`` is ``index_backward(grad.new_zeros(...),
+    indices, grad)`` (tools/autograd/derivatives.yaml, torch 2.13): zeros and the out-of-place ``index_put`` beside
+    them (k·a_e·h each) — three tensors of every token-expert pair in the experts' dtype, with the layer's incoming
+    gradient (ρ·h) and every tensor the layer saved still alive (``MulBackward0`` with the routing weights that
+    follows holds three as well, once the copy and the zeros are freed). A cast back to the residual's dtype
+    (``final_hidden_states.to(hidden_states.dtype)``) adds the gradient in the experts' dtype. A tiny Qwen3-Next
+    checkpointed, bf16, batch 8 × 512: the trace's peak is this moment (−6.2% without it)."""
+    spec, h, rho = layer.spec, layer.h, layer.rho
+    k = spec.experts_per_token
+    return rho * h + 3 * k * a_experts * h + (a_experts * h if a_experts != rho else 0)

@@ -434,10 +434,13 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
 
 
 def adapter_learns(lin: Linear) -> bool:
-    """Whether LoRA adapters on ``lin`` ever get a gradient. DeepSeek-V3.2's indexer runs under ``torch.no_grad``
-    (transformers 5.24 ``DeepseekV32Indexer.forward``): PEFT wraps its wq_b, wk and weights_proj (all-linear, or by
-    name) and marks the adapters trainable, but their ``.grad`` stays None, so no gradient is made and the
-    optimizers, which skip parameters without one, never make their state. cabe holds them as frozen adapters."""
+    """Whether LoRA adapters on ``lin`` (or ``lin`` itself, trained in full) ever get a gradient. DeepSeek-V3.2's
+    indexer runs under ``torch.no_grad`` (transformers 5.24 models/deepseek_v32/modeling_deepseek_v32.py:178,
+    ``DeepseekV32Indexer.forward``): PEFT wraps its wq_b, wk and weights_proj (all-linear, or by name) and marks the
+    adapters trainable, and full training leaves its own weights requiring grad, but their ``.grad`` stays None, so
+    no gradient is made and the optimizers, which skip parameters without one (torch 2.13 torch/optim/adam.py:151,
+    ``_init_group``: ``if p.grad is not None``), never make their state. cabe holds them as frozen. (A tiny
+    V3.2 under bf16-amp: 168,960 indexer parameters, 1.35 MB of AdamW state the trace never makes.)"""
     return lin.slot != "indexer"
 
 
@@ -578,7 +581,7 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
                 lin.name,
                 lin.in_features * lin.out_features,
                 count * lin.copies,
-                trainable,
+                trainable and adapter_learns(lin),  # (DeepSeek-V3.2's indexer: never given a gradient)
                 "base",
                 rows,
                 cols,
@@ -591,7 +594,7 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
                 lin.name + ".bias",
                 lin.out_features,
                 count * lin.copies,
-                trainable,
+                trainable and adapter_learns(lin),
                 "base",
                 role=lin.role,
                 stack=lin.copies,
@@ -614,7 +617,8 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
         add("q_a_layernorm", spec.latent_attention.q_lora_rank, count, trainable, "norm")
         add("kv_a_layernorm", spec.latent_attention.kv_lora_rank, count, trainable, "norm")
         if spec.latent_attention.index_heads:  # DeepSeek-V3.2's indexer.k_norm, an nn.LayerNorm: weight and bias
-            add("indexer.k_norm", spec.latent_attention.index_head_dim, 2 * count, trainable, "norm")
+            # (under the indexer's torch.no_grad, like its linears: never given a gradient, see adapter_learns)
+            add("indexer.k_norm", spec.latent_attention.index_head_dim, 2 * count, False, "norm")
 
 
 def linear_path(spec: ModelSpec, lin: Linear, suffix: str = "") -> str:

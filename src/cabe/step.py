@@ -49,6 +49,9 @@ class LayerRun:
     # previous micro-batch left (AccumulateGrad adds it in place, then frees it: a MoE's expert stack is GBs)
     accum_grad_mlp: int = 0
     accum_grad_attention: int = 0
+    # the routed experts' backward before any MLP gradient is made (cabe.activations _dispatch_workspace): a
+    # transient beside everything the layer saved; 0: no such moment
+    dispatch_workspace: int = 0
 
 
 @dataclass(frozen=True)
@@ -306,6 +309,8 @@ def _layer_moments(
             moments_of_layer = [
                 ("", before + r.grads_mlp, acts + max(r.workspace, r.accum_grad_mlp), stray + r.stray_grads_mlp)
             ]
+            if r.dispatch_workspace:  # the routed experts' first backward nodes, before any MLP gradient
+                moments_of_layer.insert(0, (".experts", before, acts + r.dispatch_workspace, stray))
             if r.recompute_transient:
                 # the recomputed forward's end, before this layer's first gradient: all it saves is back, and
                 # its last adapted module's transient (cabe.activations _Layer.note_lora_input)

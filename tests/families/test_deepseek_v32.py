@@ -52,18 +52,22 @@ def test_mlp_layer_types_are_read_layer_by_layer():
 
 def test_indexer_transient_and_mask_by_hand():
     """A dense layer of TINY in pure bf16, SDPA, batch 2 × 512: the indexer's matmul broadcasts its key over the
-    queries (b·s copies of (64, s)) beside the fp32 scores (4 heads); SDPA saves the additive mask (2·s)."""
+    queries (b·s copies of (64, s)) beside the fp32 scores (4 heads), while the attention's q_b_proj output (8 heads
+    of 64 + 32, bf16: 1,536 per token) is still a local of its forward; SDPA saves the additive mask (2·s)."""
     spec = families.from_config(TINY)
     setup = TrainingSetup(precision="bf16", batch=2, seq=512, attention="sdpa")
     la = layer_activations(spec, setup, dtypes_for(setup), base_trainable=True, adapters=False, group=spec.runs[0])
     hi, di, s = 4, 64, 512
     qk = 2 * (hi * di + di) + 4 * (hi * di + di)  # rotated q and k (bf16) and their .float() copies
-    assert la.indexer_transient_per_token == qk + 4 * di * s + 4 * hi * s == 141_184
+    q_b = 2 * 8 * (64 + 32)
+    assert la.indexer_transient_per_token == qk + 4 * di * s + 4 * hi * s + q_b == 142_720
     assert {t.name: t.bytes_per_token for t in la.terms}["attn.mask_bias"] == 2 * 512
     # with one sequence the broadcast key is a view: the scores and the scaled scores only
     one = TrainingSetup(precision="bf16", batch=1, seq=512, attention="sdpa")
     la1 = layer_activations(spec, one, dtypes_for(one), base_trainable=True, adapters=False, group=spec.runs[0])
-    assert la1.indexer_transient_per_token == 2 * (hi * di + di) + max(4 * (hi * di + di) + 4 * hi * s, 8 * hi * s)
+    assert (
+        la1.indexer_transient_per_token == 2 * (hi * di + di) + max(4 * (hi * di + di) + 4 * hi * s, 8 * hi * s) + q_b
+    )
 
 
 def test_lora_dropout_on_wrapped_parameters_is_refused_as_peft_refuses_it():

@@ -57,11 +57,10 @@ def test_deepseek_v32_estimate_within_3_percent_of_trace(kw):
     setup = TrainingSetup(**kw)
     traced = trace_step(dict(DEEPSEEK_V32), setup)
     estimated = estimate_model(spec, setup).total_bytes
-    # case 2 (fp32 weights under autocast, b2 s512) reads +3.3% since the shared experts' own input casts are
-    # counted (two 2·h casts per MoE layer, both seen in the trace): the rest of its offset is open (issue 10 note,
-    # session 22); the other cases stay within 3%
-    tolerance = 0.035 if kw.get("precision") == "bf16-amp" and kw.get("method") is None else 0.03
-    assert abs(estimated - traced.peak_bytes) / traced.peak_bytes <= tolerance, (estimated, traced.peak_bytes)
+    # case 2 (fp32 weights under autocast, b2 s512) was +3.3%: the indexer's weights (under torch.no_grad) were
+    # given AdamW state, and the dense bottom layer's indexer moment was added on top of every layer's activations
+    # (cabe.method.adapter_learns, cabe.analytic._forward_transient); -0.6% now
+    assert abs(estimated - traced.peak_bytes) / traced.peak_bytes <= 0.03, (estimated, traced.peak_bytes)
 
 
 def test_deepseek_v4_lora_on_its_grouped_output_projection_is_refused_with_the_reason():
