@@ -330,7 +330,17 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
     )
     for run, count, trainable in parts:
         _layer_tensors(add, spec, run, count, trainable, method == "qlora")
-    add("final_norm", spec.hidden_size, 2 if spec.norm_bias else 1, method == "full", "norm")
+    add(
+        "final_norm",
+        spec.hidden_size,
+        2 if spec.norm_bias else 1,
+        method == "full",
+        "fp32" if spec.fp32_norms else "norm",
+    )
+    if spec.fp32_head_parameters:  # DeepSeek-V4's hc_head: hc_fn (n × n·h), hc_base (n), hc_scale (1), fp32
+        n = spec.hyper_connections
+        for part, numel in (("hc_fn", n * n * spec.hidden_size), ("hc_base", n), ("hc_scale", 1)):
+            add(f"hc_head.{part}", numel, 1, method == "full", "fp32")
     add("lm_head", spec.lm_head_count, 1, method == "full", "lm_head", spec.vocab_size, spec.hidden_size)
     # NOTE: a vision tower (Gemma 3's SigLIP + projector) on text-only batches never runs, so it gets no
     # gradient and AdamW no state for it (torch/optim/adamw.py _init_group skips p.grad is None): frozen weights
@@ -391,6 +401,14 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
             spec.hidden_size,
         )
     return tensors
+
+
+def base_learns(lin: Linear) -> bool:
+    """Whether a trained base weight ever gets a gradient: DeepSeek-V4's indexer (transformers 5.24
+    ``DeepseekV4Indexer.forward``) returns integer top-k indices, so no gradient reaches its weights, and DeepSeek-V3.2's
+    runs under ``torch.no_grad``; the optimizers skip a parameter whose ``.grad`` is None (torch/optim/adamw.py
+    ``_init_group``): no gradient, no state. cabe holds them as frozen weights."""
+    return lin.slot != "indexer"
 
 
 def adapter_learns(lin: Linear) -> bool:
@@ -524,8 +542,8 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
                 lin.name,
                 lin.in_features * lin.out_features,
                 count * lin.copies,
-                trainable,
-                "base",
+                trainable and base_learns(lin),
+                "fp32" if lin.fp32 else "base",
                 rows,
                 cols,
                 role=lin.role,
@@ -547,7 +565,7 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
         spec.norm_param_count // (2 if spec.norm_bias else 1),
         count * spec.norms_per_layer * (2 if spec.norm_bias else 1),
         trainable,
-        "norm",
+        "fp32" if spec.fp32_norms else "norm",
     )
     if run.mixer != "attention":  # a linear-attention layer: no q / k norms (its gated norm is a mixer parameter)
         return
@@ -580,6 +598,8 @@ def stored_bytes(t: Tensor, setup: TrainingSetup, dt: Any) -> int:
         return dt.adapter
     if t.kind == "prompt":
         return 4  # PEFT's prompt embeddings are fp32
+    if t.kind == "fp32":
+        return 4  # kept in fp32 by the model whatever its dtype (DeepSeek-V4: _keep_in_fp32_modules_strict)
     if t.kind in ("norm", "embedding", "lm_head") and setup.method == "qlora":
         return 4  # prepare_model_for_kbit_training casts them to fp32
     return dt.weight if t.trainable else dt.frozen
