@@ -599,7 +599,7 @@ def _run_activations(
         full_layer_bytes = max(full_layer_bytes, masked_bytes)
         per_layer = per_masked if 2 * masked >= layers else per_layer
     if setup.checkpointing:
-        saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
+        saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.residual_width
     else:
         saved_layer_bytes = mean_layer_bytes
     recompute_bytes = full_layer_bytes - tokens * per_layer.input_alias_per_token
@@ -842,7 +842,7 @@ def _step_parts(
         cuda_workspaces=CUDA_WORKSPACES,
         embedding_saved=tokens * embedding_lora_saved(spec, setup, dt),
         embedding_grad_input=(
-            tokens * dt.residual * spec.hidden_size
+            tokens * dt.residual * spec.residual_width
             if not spec.tie_word_embeddings and _grad_bytes(states, lambda t: t.kind == "embedding")
             else 0
         ),
@@ -882,7 +882,7 @@ def _offload_leaf(spec: ModelSpec, dt: Dtypes, states: _States, act: _Activation
     ``variable``). (Under checkpointing without offloading it is layer 0's saved input, counted there.)"""
     if not act.offload or _grad_bytes(states, lambda t: t.kind == "embedding"):
         return 0
-    return act.tokens * dt.residual * spec.hidden_size
+    return act.tokens * dt.residual * spec.residual_width
 
 
 def _layer_run(

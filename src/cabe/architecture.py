@@ -514,6 +514,12 @@ class ModelSpec:
     # ---- the layers ---------------------------------------------------------------------------
     # NOTE: cached_property on a frozen dataclass: the values live in the instance's __dict__, outside the
     # fields that equality and hashing read; an estimate asks for them dozens of times
+    @property
+    def residual_width(self) -> int:
+        """Values per token of the residual stream between layers: hidden_size, or ``hyper_connections`` streams of
+        it (DeepSeek-V4: the decoder layers' input is (b, s, hc_mult, h))."""
+        return self.hidden_size * max(1, self.hyper_connections)
+
     @cached_property
     def num_layers(self) -> int:
         return sum(g.count for g in self.layer_groups)
