@@ -635,7 +635,9 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
     # (activations._moe); Llama 4's dense dispatch runs them through torch.bmm, which autocast casts
     experts_cast = spec.expert_dispatch == "dense"
     # nor are a Mamba-2 mixer's conv1d, dt_bias, A_log, D and norm weights: the fused kernel reads them as they are
-    uncast = ("ssm",) if experts_cast else ("ssm", "experts")
+    # nor DeepSeek-V4's bare fp32 vectors (norm weights, hyper-connections' base and scale, position biases), which
+    # only element-wise ops read
+    uncast = ("ssm", "vector") if experts_cast else ("ssm", "experts", "vector")
     base = sum(
         round_alloc(lin.weight_count * 2)
         for lin in layer.linears

@@ -42,13 +42,15 @@ SLOTS = (
     "mixer",
     "indexer",
     "hc",
+    "vector",
 )
 #: ``mixer``: the bare parameters of a linear-attention token mixer (a gated DeltaNet's depthwise conv1d weight,
 #: ``dt_bias``, ``A_log`` and its gated norm's weight), none of them an ``nn.Linear``
 #: ``indexer`` is DeepSeek-V3.2's lightning indexer (``wq_b``, ``wk``, ``weights_proj``), which runs under
 #: ``torch.no_grad``.
-#: ``hc`` is DeepSeek-V4's manifold-constrained hyper-connection tensors (``attn_hc`` / ``ffn_hc``: ``fn``, ``base``,
-#: ``scale``), bare fp32 parameters; a bare norm weight beside them sits in ``hc`` too (never a LoRA module).
+#: ``hc`` is the matrix of DeepSeek-V4's manifold-constrained hyper-connections (``attn_hc.fn`` / ``ffn_hc.fn``, a
+#: bare fp32 parameter ``F.linear`` reads); ``vector`` a bare parameter only element-wise ops read (their ``base``
+#: and ``scale``, norm weights, a compressor's ``position_bias``): never cast by autocast, never a LoRA module.
 
 
 @dataclass(frozen=True)

@@ -62,13 +62,14 @@ def add_block(layer: Any) -> int:
         layer.input_alias = 4 * spec.hyper_connections * h
     layer.rms_norm("input_norm", h, "h", bt, True)
     _attention(layer, ca)
-    _mix_back(layer, "attn")
+    _mix_back(layer, "attn", layer.a)
     layer.mlp_from = len(layer.terms)
     layer.block = "mlp"
     _hyper_connection(layer, "ffn_hc")
     layer.rms_norm("post_attention_norm", h, "h", bt, True)
     _moe(layer)
-    _mix_back(layer, "mlp")
+    # routed + shared: the routed experts' output is in their own dtype (grouped_mm runs outside autocast)
+    _mix_back(layer, "mlp", max(layer.a, layer.dt_weight if bt else layer.dt_frozen))
     # the shared expert's backward beside the routed experts' saved tensors: a gated MLP's (activations)
     return 3 * layer.a * layer.f + 2 * rho * spec.hyper_connections * h
 
@@ -109,12 +110,17 @@ def head_saved(spec: ModelSpec, rho: int, autocast: bool, full: bool) -> int:
     return out
 
 
-def _mix_back(layer: Any, block: str) -> None:
-    """``post.to(dtype) * out.unsqueeze(-2) + matmul(comb.to(dtype).T, streams)`` after a block."""
-    n, rho, a, h = layer.spec.hyper_connections, layer.rho, layer.a, layer.h
+def _mix_back(layer: Any, block: str, out_bytes: int) -> None:
+    """``post.to(dtype) * out.unsqueeze(-2) + matmul(comb.to(dtype).T, streams)`` after a block whose output has
+    ``out_bytes`` per element: ``mul`` saves both, ``matmul`` comb's cast and the streams — under autocast its own
+    16-bit casts of both (the fp32 streams' is a new 2·n·h)."""
+    n, rho, h = layer.spec.hyper_connections, layer.rho, layer.h
     layer.add(f"{block}.hc_post", rho * n, f"{rho}·n")
-    layer.add(f"{block}.hc_output", a * h, f"{a}·h")
-    layer.add(f"{block}.hc_comb", rho * n * n, f"{rho}·n²")
+    layer.add(f"{block}.hc_output", out_bytes * h, f"{out_bytes}·h")
+    comb = 2 if layer.autocast else rho
+    layer.add(f"{block}.hc_comb", comb * n * n, f"{comb}·n²")
+    if layer.autocast and rho == 4:
+        layer.add(f"{block}.hc_streams_cast", 2 * n * h, "2·n·h")
 
 
 def _attention(layer: Any, ca: CompressedAttention) -> None:
@@ -125,7 +131,8 @@ def _attention(layer: Any, ca: CompressedAttention) -> None:
     q = nh * d
     group: LayerGroup = layer.group
     compressed = ca.rate(group.attention)
-    readers = list(dict.fromkeys(["q_a_proj", "kv_proj"] + (["gate_proj"] if compressed else [])))
+    # (the compressor's kv_proj is a second module of that name: under autocast each casts its input)
+    readers = ["q_a_proj", "kv_proj"] + (["kv_proj", "gate_proj"] if compressed else [])
     layer.linear_inputs("attn", [(n_, h) for n_ in readers], rho * h, f"{rho}·h")
     layer.lora_mid(readers)
     layer.rms_norm("attn.q_a_norm", rq, "r_q", bt, True, in_bytes=a)
@@ -230,7 +237,9 @@ def _moe(layer: Any) -> None:
     h, f, rho, a, bt = layer.h, layer.f, layer.rho, layer.a, layer.base_trainable
     e, k = spec.num_experts, spec.experts_per_token
     wb = layer.dt_weight if bt else layer.dt_frozen
-    ar = 2 if layer.autocast else wb  # the router's logits: F.linear(x, weight), autocast's 16 bits
+    # the router's scores: F.linear(x, weight) in the weight's dtype, or autocast's 16 bits which softplus (on
+    # autocast's fp32 list) casts to fp32
+    ar = 4 if layer.autocast else wb
     shared_up = layer.group.slot_names("shared_up")
     layer.linear_inputs("mlp", [(n_, h) for n_ in shared_up], rho * h, f"{rho}·h")
     layer.lora_mid(shared_up)

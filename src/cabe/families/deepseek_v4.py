@@ -104,10 +104,10 @@ def attention_linears(h: int, nh: int, ca: CompressedAttention, kind: str) -> tu
     d, rq = ca.head_dim, ca.q_lora_rank
     out: tuple[Linear, ...] = (
         Linear("q_a_proj", h, rq),
-        Linear("q_a_norm", 1, rq, is_module=False, slot="hc", fp32=True),
+        Linear("q_a_norm", 1, rq, is_module=False, slot="vector", fp32=True),
         Linear("q_b_proj", rq, nh * d),
         Linear("kv_proj", h, d),
-        Linear("kv_norm", 1, d, is_module=False, slot="hc", fp32=True),
+        Linear("kv_norm", 1, d, is_module=False, slot="vector", fp32=True),
     )
     rate = ca.rate(kind)
     if rate:
@@ -115,8 +115,8 @@ def attention_linears(h: int, nh: int, ca: CompressedAttention, kind: str) -> tu
         out += (
             Linear("kv_proj", h, width),
             Linear("gate_proj", h, width),
-            Linear("position_bias", rate, width, is_module=False, slot="hc", fp32=True),
-            Linear("kv_norm", 1, d, is_module=False, slot="hc", fp32=True),
+            Linear("position_bias", rate, width, is_module=False, slot="vector", fp32=True),
+            Linear("kv_norm", 1, d, is_module=False, slot="vector", fp32=True),
         )
     if kind == "compressed_sparse":  # DeepseekV4Indexer: integer indices out, no gradient reaches its weights
         di, hi = ca.index_head_dim, ca.index_heads
@@ -142,8 +142,8 @@ def hyper_connection(name: str, h: int, n: int, role: str) -> tuple[Linear, ...]
     m = (2 + n) * n
     return (
         Linear(f"{name}.fn", n * h, m, is_module=False, role=role, slot="hc", fp32=True),
-        Linear(f"{name}.base", 1, m, is_module=False, role=role, slot="hc", fp32=True),
-        Linear(f"{name}.scale", 1, 3, is_module=False, role=role, slot="hc", fp32=True),
+        Linear(f"{name}.base", 1, m, is_module=False, role=role, slot="vector", fp32=True),
+        Linear(f"{name}.scale", 1, 3, is_module=False, role=role, slot="vector", fp32=True),
     )
 
 
