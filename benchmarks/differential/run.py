@@ -108,6 +108,21 @@ DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
     # of 8 groups, a shared expert), 1 dense layer then 3 MoE layers
     "deepseek-v3-4l": ("deepseek-v3", {"num_hidden_layers": 4, "first_k_dense_replace": 1}),
     "deepseek-v3.2-exp-4l": ("deepseek-v3.2-exp", {"num_hidden_layers": 4, "first_k_dense_replace": 1}),
+    # DeepSeek-V4-Flash at its widths (hidden 4096, 64 heads of 512, 8 output groups, 256 experts top-6, 4 streams),
+    # one layer of each attention kind (sliding, CSA, HCA, CSA), the first two hash-routed
+    "deepseek-v4-flash-4l": (
+        "deepseek-v4-flash",
+        {
+            "num_hidden_layers": 4,
+            "layer_types": [
+                "sliding_attention",
+                "compressed_sparse_attention",
+                "heavily_compressed_attention",
+                "compressed_sparse_attention",
+            ],
+            "mlp_layer_types": ["hash_moe", "hash_moe", "moe", "moe"],
+        },
+    ),
 }
 
 
