@@ -70,8 +70,25 @@ def add_block(layer: Any) -> int:
     _moe(layer)
     # routed + shared: the routed experts' output is in their own dtype (grouped_mm runs outside autocast)
     _mix_back(layer, "mlp", max(layer.a, layer.dt_weight if bt else layer.dt_frozen))
+    _moments(layer)
     # the shared expert's backward beside the routed experts' saved tensors: a gated MLP's (activations)
     return 3 * layer.a * layer.f + 2 * rho * spec.hyper_connections * h
+
+
+def _moments(layer: Any) -> None:
+    """The layer's forward moments beyond what it has saved by then: the indexer's scoring (CSA) and the attention's
+    softmax, each less what the layer saves only after it (``indexer_moment_per_token`` is their larger); its
+    attention's backward moment beside what it saved before the softmax (``mixer_backward``)."""
+    terms = layer.terms
+
+    def after(i: int) -> int:
+        return sum(t.bytes_per_token for t in terms[i:])
+
+    indexer = layer.indexer_transient - after(layer.indexer_from) if layer.indexer_transient else 0
+    layer.indexer_transient = max(indexer, layer.softmax_moment - after(layer.probs_at), 0)
+    layer.indexer_from = len(terms)
+    attention_after = sum(t.bytes_per_token for t in terms[layer.softmax_at : layer.mlp_from])
+    layer.mixer_backward = max(0, layer.softmax_backward - attention_after)
 
 
 def _hyper_connection(layer: Any, name: str) -> None:
@@ -157,12 +174,15 @@ def _attention(layer: Any, ca: CompressedAttention) -> None:
     layer.constant += 2 * round_alloc(a * b * nh * length * d)
     layer.add("attn.sink_max_indices", 8 * nh, "8·nh")
     layer.add("attn.softmax_with_sink", 4 * nh * (length + 1), "4·nh·(L+1)")
+    layer.softmax_at = len(layer.terms)
     if a != 4:
         layer.add("attn.probs", a * nh * length, f"{a}·nh·L")
-    # forward: the fp32 scores with the sink column and their shifted copy (``combined - max``), before softmax;
-    # backward: the fp32 gradients of the softmax's input and output and of the row maximum's scatter
-    layer.mixer_forward = 2 * 4 * nh * (length + 1)
-    layer.mixer_backward = 3 * 4 * nh * (length + 1)
+    layer.probs_at = len(layer.terms)
+    # forward, as the probabilities are made: the masked scores (a·nh·L, ``attn_weights`` until reassigned) and
+    # ``combined_logits - max`` (fp32, nh·(L+1)) beside the softmax; backward, at softmax's: its input gradient and
+    # output (fp32 nh·(L+1) each), the gradients of the probabilities made before them freed
+    layer.softmax_moment = a * nh * length + 4 * nh * (length + 1)
+    layer.softmax_backward = 2 * 4 * nh * (length + 1)
     layer.q = q
     if bt:
         layer.add("attn.o_a_input", a * q, f"{a}·q")
