@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cabe import ssm
+from cabe import compressed_attention, ssm
 from cabe.activations import (
     HeadActivations,
     LayerActivations,
@@ -305,6 +305,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         # get_target_dtype): fp32 here, which the kernel refuses
         raise InvalidValueError("flash_needs_16bit", "attention", value="flash", dtype=setup.dtype)
     ssm.refusal(spec, setup.method)
+    compressed_attention.refusal(spec, setup.method)
     dt = dtypes_for(setup)
     states = _model_states(spec, setup)
     given, setup = setup, _row_shape(setup)  # padding-free: the batch as one row (the report keeps the request)

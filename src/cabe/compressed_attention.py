@@ -38,10 +38,19 @@ from __future__ import annotations
 from typing import Any
 
 from cabe.architecture import CompressedAttention, LayerGroup, ModelSpec
+from cabe.errors import InvalidValueError
 from cabe.units import round_alloc
 
 #: Sinkhorn iterations of DeepseekV4Config's default (``hc_sinkhorn_iters``)
 SINKHORN_ITERS = 20
+
+
+def refusal(spec: ModelSpec, method: str) -> None:
+    """Prompt tuning cannot run hash-routed MoE layers: ``DeepseekV4HashRouter.forward`` indexes ``tid2eid`` with
+    ``input_ids``, and PEFT's prompt tuning calls the model with ``inputs_embeds`` alone (peft_model.py
+    ``PeftModelForCausalLM.forward``): ``None.reshape`` (the trace fails there the same way)."""
+    if method == "prompt-tuning" and any(g.router == "hash" for g in spec.layer_groups):
+        raise InvalidValueError("prompt_tuning_hash_routing", "method", value=method, model_type=spec.model_type)
 
 
 def entries(ca: CompressedAttention, attention: str, s: int) -> int:
