@@ -237,25 +237,34 @@ def _indexer_transient(layer: Any, ca: CompressedAttention, t: int) -> None:
 
 
 def kv_cache_elements(spec: ModelSpec, group: LayerGroup, context: int) -> int:
-    """Elements one sequence of ``context`` tokens keeps in one layer of ``group`` (transformers 5.24
-    ``DeepseekV4HCACache`` / ``DeepseekV4CSACache``): the sliding window's last ``window - 1`` keys (= values: one
-    head of d, ``DynamicSlidingWindowLayer``), the compressed entries (d each; CSA's indexer keeps its own of
-    d_I), and the tokens of the window not yet closed (kv and gate: 2·w each, CSA 2·d and 2·d_I wide)."""
+    """Elements one sequence of ``context`` tokens keeps in one layer of ``group`` once it decodes, as transformers
+    5.24 caches it (cache_utils.py ``DynamicSlidingWindowLayer``; modeling_deepseek_v4.py ``DeepseekV4HCACache`` /
+    ``DeepseekV4CSACache``): a sliding layer its window's keys and values (two tensors of one head of d: its cache
+    ``cat``s them apart); a compressed layer its window's key = value (one tensor, ``self.values = self.keys``), the
+    compressed entries (d each, and CSA's indexer's own of d_I), the tokens of the window not closed yet (their kv
+    and gate: 2·d each for HCA, 2·(2·d + 2·d_I) for CSA's two series) and CSA's overlap (the last window's Ca kv and
+    gate: 2·rate·(d + d_I)). The window is whole after a decode step (``cat`` of the w - 1 kept and the new token;
+    the kept slice is a view of it). Counted in the cache's dtype (the gate buffers and the overlap's gate are the
+    gate projection's dtype and fp32 in transformers: modelled)."""
     ca = spec.compressed_attention
     assert ca is not None
     d = ca.head_dim
-    out = min(context, ca.window - 1) * d
+    window = min(context, ca.window)
     rate = ca.rate(group.attention)
     if not rate:
-        return out
+        return 2 * window * d
     t, left = context // rate, context % rate
     if group.attention == "compressed_sparse":
         di = ca.index_head_dim
-        # entries, the open window's kv and gate (2 series each), the last window's Ca overlap (kv and gate)
-        out += t * (d + di) + left * 2 * (2 * d + 2 * di) + 2 * rate * (d + di)
-    else:
-        out += t * d + left * 2 * d
-    return out
+        overlap = 2 * rate * (d + di) if t else 0
+        return window * d + t * (d + di) + left * 2 * (2 * d + 2 * di) + overlap
+    return window * d + t * d + left * 2 * d
+
+
+def kv_cache_bytes(spec: ModelSpec, context: int, batch: int, element_bytes: float) -> int:
+    """The cache of ``batch`` sequences of ``context`` tokens (:func:`kv_cache_elements` over the layers)."""
+    elements = sum(g.count * kv_cache_elements(spec, g, context) for g in spec.layer_groups)
+    return round(batch * elements * element_bytes)
 
 
 def _moe(layer: Any) -> None:
