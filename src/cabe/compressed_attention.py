@@ -71,17 +71,29 @@ def add_block(layer: Any) -> int:
         layer.input_alias = 4 * spec.hyper_connections * h
     layer.rms_norm("input_norm", h, "h", bt, True)
     _attention(layer, ca)
-    _mix_back(layer, "attn", layer.a)
+    _mix_back(layer, "attn", _out(layer))
     layer.mlp_from = len(layer.terms)
     layer.block = "mlp"
     _hyper_connection(layer, "ffn_hc")
     layer.rms_norm("post_attention_norm", h, "h", bt, True)
     _moe(layer)
     # routed + shared: the routed experts' output is in their own dtype (grouped_mm runs outside autocast)
-    _mix_back(layer, "mlp", max(layer.a, layer.dt_weight if bt else layer.dt_frozen))
+    _mix_back(layer, "mlp", max(_out(layer), layer.dt_weight if bt else layer.dt_frozen))
     _moments(layer)
-    # the shared expert's backward beside the routed experts' saved tensors: a gated MLP's (activations)
-    return 3 * layer.a * layer.f + 2 * rho * spec.hyper_connections * h
+    # the MLP block's backward, beside the gradients of the streams in and out (2·ρ·n·h): the shared expert's (a gated
+    # MLP's, 3·f) runs first, then the routed experts' in their dtype: ``weighted_out[inv_perm]``'s and the routing
+    # weights' gradients (k·h each), then at ``_apply_gate`` the gradients of silu's and up's outputs, of their clamps
+    # and of the chunked gate_up (4·k·f) (transformers 5.24 integrations/moe.py ``grouped_mm_experts_forward``)
+    ae = layer.dt_weight if bt else layer.dt_frozen
+    k = spec.experts_per_token
+    experts = ae * k * max(2 * h, 4 * layer.f)
+    return max(3 * _out(layer) * layer.f, experts) + 2 * rho * spec.hyper_connections * h
+
+
+def _out(layer: Any) -> int:
+    """Bytes of a projection's output: the compute dtype's, or under QLoRA the fp32 input's (bitsandbytes' Linear4bit
+    casts its output back to its input's dtype: the residual's, fp32 after prepare_model_for_kbit_training)."""
+    return layer.rho if layer.quantized else layer.a
 
 
 def _moments(layer: Any) -> None:
@@ -161,16 +173,17 @@ def _attention(layer: Any, ca: CompressedAttention) -> None:
     readers = ["q_a_proj", "kv_proj"] + (["kv_proj", "gate_proj"] if compressed else [])
     layer.linear_inputs("attn", [(n_, h) for n_ in readers], rho * h, f"{rho}·h")
     layer.lora_mid(readers)
-    layer.rms_norm("attn.q_a_norm", rq, "r_q", bt, True, in_bytes=a)
-    layer.linear_inputs("attn.q_b_proj", [("q_b_proj", rq)], a * rq, f"{a}·r_q")
+    lo = _out(layer)
+    layer.rms_norm("attn.q_a_norm", rq, "r_q", bt, True, in_bytes=lo)
+    layer.linear_inputs("attn.q_b_proj", [("q_b_proj", rq)], lo * rq, f"{lo}·r_q")
     layer.lora_mid(["q_b_proj"])
     # q_b_norm: x * rsqrt(x.float().square().mean(-1) + eps).to(x.dtype), per head
-    if a != 4:
+    if lo != 4:
         layer.add("attn.q_b_norm.fp32_input", 4 * q, "4·q")
-        layer.add("attn.q_b_norm.rsqrt_cast", a * nh, f"{a}·nh")
+        layer.add("attn.q_b_norm.rsqrt_cast", lo * nh, f"{lo}·nh")
     layer.add("attn.q_b_norm.rsqrt", 4 * nh, "4·nh")
-    layer.add("attn.q_b_output", a * q, f"{a}·q")
-    layer.rms_norm("attn.kv_norm", d, "d", bt, True, in_bytes=a)
+    layer.add("attn.q_b_output", lo * q, f"{lo}·q")
+    layer.rms_norm("attn.kv_norm", d, "d", bt, True, in_bytes=lo)
     rope_bytes = layer.dt_weight if bt else layer.dt_frozen  # cos / sin in the embeddings' dtype
     calls = 3  # rotary on q, on kv, and its inverse on the attention output: cos and sin each
     t = entries(ca, group.attention, s)
@@ -202,7 +215,7 @@ def _attention(layer: Any, ca: CompressedAttention) -> None:
 
 def _compressor(layer: Any, ca: CompressedAttention, kind: str, t: int) -> None:
     """A CSA / HCA compressor's saved tensors, and CSA's indexer's forward transient."""
-    a, bt, b = layer.a, layer.base_trainable, layer.batch
+    a, bt, b = _out(layer), layer.base_trainable, layer.batch
     d = ca.head_dim
     w = 2 * d if kind == "compressed_sparse" else d
     layer.add("compressor.softmax", 4 * w, "4·w")
@@ -272,7 +285,7 @@ def _moe(layer: Any) -> None:
     transformers 5's grouped_mm runs them (in the experts' own dtype: see ``cabe.activations._moe``), the shared
     expert with its clamps (see the module docstring)."""
     spec: ModelSpec = layer.spec
-    h, f, rho, a, bt = layer.h, layer.f, layer.rho, layer.a, layer.base_trainable
+    h, f, rho, a, bt = layer.h, layer.f, layer.rho, _out(layer), layer.base_trainable
     e, k = spec.num_experts, spec.experts_per_token
     wb = layer.dt_weight if bt else layer.dt_frozen
     # the router's scores: F.linear(x, weight) in the weight's dtype, or autocast's 16 bits which softplus (on
