@@ -43,6 +43,7 @@ SLOTS = (
     "indexer",
     "hc",
     "vector",
+    "o_group",
 )
 #: ``mixer``: the bare parameters of a linear-attention token mixer (a gated DeltaNet's depthwise conv1d weight,
 #: ``dt_bias``, ``A_log`` and its gated norm's weight), none of them an ``nn.Linear``
@@ -50,7 +51,8 @@ SLOTS = (
 #: ``torch.no_grad``.
 #: ``hc`` is the matrix of DeepSeek-V4's manifold-constrained hyper-connections (``attn_hc.fn`` / ``ffn_hc.fn``, a
 #: bare fp32 parameter ``F.linear`` reads); ``vector`` a bare parameter only element-wise ops read (their ``base``
-#: and ``scale``, norm weights, a compressor's ``position_bias``): never cast by autocast, never a LoRA module.
+#: and ``scale``, norm weights, a compressor's ``position_bias``): never cast by autocast, never a LoRA module;
+#: ``o_group`` DeepSeek-V4's grouped ``o_a_proj`` (per head group, before the ``o`` projection to hidden_size).
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,7 @@ def attention_linears(h: int, nh: int, ca: CompressedAttention, kind: str) -> tu
     return out + (
         Linear("sinks", 1, nh, is_module=False, slot="sinks", fp32=True),
         # DeepseekV4GroupedLinear(nh·d / g -> g·o_lora_rank): an nn.Linear subclass, left 16-bit by bitsandbytes
-        Linear("o_a_proj", nh * d // g, g * ca.o_lora_rank, quantizable=False, slot="o"),
+        Linear("o_a_proj", nh * d // g, g * ca.o_lora_rank, quantizable=False, slot="o_group"),
         Linear("o_b_proj", g * ca.o_lora_rank, h, slot="o"),
     )
 
@@ -178,7 +178,7 @@ def read(r: Reader, name: str) -> ModelSpec:
             linears,
             "moe",
             attention=attention,
-            window=ca.window,
+            window=ca.window if attention == "sliding" else None,  # (every kind slides: CompressedAttention.window)
             intermediate_size=fe,
             router="hash" if mlp_kind == "hash_moe" else "",
         )
