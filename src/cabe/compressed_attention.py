@@ -203,7 +203,17 @@ def _attention(layer: Any, ca: CompressedAttention) -> None:
     # forward, as the probabilities are made: the masked scores (a·nh·L, ``attn_weights`` until reassigned) and
     # ``combined_logits - max`` (fp32, nh·(L+1)) beside the softmax; backward, at softmax's: its input gradient and
     # output (fp32 nh·(L+1) each), the gradients of the probabilities made before them freed
-    layer.softmax_moment = a * nh * length + 4 * nh * (length + 1)
+    # (the masked scores are in the wider of the scores' and the mask's dtype: the mask is the embeddings' output's,
+    # create_sliding_window_causal_mask(inputs_embeds=...); without the probabilities' copy, when the value is fp32,
+    # ``attn_weights`` is rebound to a view of the softmax and the masked scores are freed before bmm's cast)
+    masked = max(a, rho) * nh * length
+    copied = lo != 4  # ``.to(value_states.dtype)``: the value is a projection's output
+    cast = a * nh * length if a != 4 else 0
+    layer.softmax_moment = 4 * nh * (length + 1) + (masked if copied else max(masked - cast, 0))
+    # the masks alive then, per token: the model's causal mask (b, 1, s, s) in the embeddings' dtype
+    # (DeepseekV4Model.forward's create_sliding_window_causal_mask, eager: a 4-D float mask), and in a compressed
+    # layer the compressor's block bias (b, 1, s, T [+ 1]) and the mask extended by it (``torch.cat``, (b, 1, s, L))
+    layer.softmax_moment += rho * s + ((lo * (t + 1) + rho * length) if compressed else 0)
     layer.softmax_backward = 2 * 4 * nh * (length + 1)
     layer.q = q
     if bt:
