@@ -1206,7 +1206,8 @@ def _checkpointed_steps(spec: ModelSpec, dt: Dtypes, act: _Activations) -> list[
     selective checkpointing, the full activations of the layers left out."""
     ckpt_layers = act.checkpointed_layers
     inputs = sum(n * r.saved_layer_bytes for r, n, ck in act.pieces() if ck)
-    params = {"layers": ckpt_layers, "tokens": act.tokens, "rho": dt.residual, "h": spec.hidden_size}
+    # (the residual's width: h, or DeepSeek-V4's hc_mult streams of it)
+    params = {"layers": ckpt_layers, "tokens": act.tokens, "rho": dt.residual, "h": spec.residual_width}
     formula = "{layers} × {tokens} tokens × {rho}·{h} = {bytes} B = {gib} GiB"
     code = "activations.offloaded" if act.offload else "activations.checkpointed"
     steps = [Step(code, formula, 0 if act.offload else inputs, {**params, "bytes": inputs, "gib": inputs / GiB})]

@@ -106,7 +106,7 @@ def _moments(layer: Any) -> None:
         return sum(t.bytes_per_token for t in terms[i:])
 
     indexer = layer.indexer_transient - after(layer.indexer_from) if layer.indexer_transient else 0
-    layer.indexer_transient = max(indexer, layer.softmax_moment - after(layer.probs_at), 0)
+    layer.indexer_transient = max(indexer, layer.softmax_moment - after(layer.softmax_at), 0)
     layer.indexer_from = len(terms)
     attention_after = sum(t.bytes_per_token for t in terms[layer.softmax_at : layer.mlp_from])
     layer.mixer_backward = max(0, layer.softmax_backward - attention_after)
@@ -199,17 +199,13 @@ def _attention(layer: Any, ca: CompressedAttention) -> None:
     layer.softmax_at = len(layer.terms)
     if a != 4:
         layer.add("attn.probs", a * nh * length, f"{a}·nh·L")
-    layer.probs_at = len(layer.terms)
-    # forward, as the probabilities are made: the masked scores (a·nh·L, ``attn_weights`` until reassigned) and
-    # ``combined_logits - max`` (fp32, nh·(L+1)) beside the softmax; backward, at softmax's: its input gradient and
-    # output (fp32 nh·(L+1) each), the gradients of the probabilities made before them freed
-    # (the masked scores are in the wider of the scores' and the mask's dtype: the mask is the embeddings' output's,
-    # create_sliding_window_causal_mask(inputs_embeds=...); without the probabilities' copy, when the value is fp32,
-    # ``attn_weights`` is rebound to a view of the softmax and the masked scores are freed before bmm's cast)
+    # forward, at ``combined_logits - max``: the fp32 scores with the sink column and their shifted copy, beside the
+    # masked scores (``attn_weights + attention_mask``: the wider of the scores' and the mask's dtype, the mask being
+    # the embeddings' output's), before the softmax exists; then the softmax replaces the first. The trace of tiny
+    # V4 layers (fp32 weights under autocast, b = 1 × 4096; QLoRA 4 × 4096) holds these two fp32 tensors and the
+    # masked scores beyond what the layer saved up to its softmax, and no probabilities' copy yet
     masked = max(a, rho) * nh * length
-    copied = lo != 4  # ``.to(value_states.dtype)``: the value is a projection's output
-    cast = a * nh * length if a != 4 else 0
-    layer.softmax_moment = 4 * nh * (length + 1) + (masked if copied else max(masked - cast, 0))
+    layer.softmax_moment = 4 * nh * (length + 1) + masked
     # the masks alive then, per token: the model's causal mask (b, 1, s, s) in the embeddings' dtype
     # (DeepseekV4Model.forward's create_sliding_window_causal_mask, eager: a 4-D float mask), and in a compressed
     # layer the compressor's block bias (b, 1, s, T [+ 1]) and the mask extended by it (``torch.cat``, (b, 1, s, L))
