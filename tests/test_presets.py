@@ -79,6 +79,7 @@ REQUIRED_PRESETS = {
     "granite-4.0-h-1b",
     "granite-4.0-h-350m",
     "deepseek-v3.2-exp",
+    "deepseek-v4-flash",
     "smollm3-3b",
     "mistral-small-3.1-24b",
     "mistral-small-3.2-24b",

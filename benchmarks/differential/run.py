@@ -117,6 +117,21 @@ DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3-next-80b-a3b-8l": ("qwen3-next-80b-a3b", {"num_hidden_layers": 8}),
     # Qwen3.5-35B-A3B's text model at its widths (256 experts top-8, vocab 248320), 4 layers (3 linear, 1 full)
     "qwen3.5-35b-a3b-4l": ("qwen3.5-35b-a3b", {"num_hidden_layers": 4}),
+    # DeepSeek-V4-Flash at its widths (hidden 4096, 64 heads of 512, 8 output groups, 256 experts top-6, 4 streams),
+    # one layer of each attention kind (sliding, CSA, HCA, CSA), the first two hash-routed
+    "deepseek-v4-flash-4l": (
+        "deepseek-v4-flash",
+        {
+            "num_hidden_layers": 4,
+            "layer_types": [
+                "sliding_attention",
+                "compressed_sparse_attention",
+                "heavily_compressed_attention",
+                "compressed_sparse_attention",
+            ],
+            "mlp_layer_types": ["hash_moe", "hash_moe", "moe", "moe"],
+        },
+    ),
 }
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cabe import linear_attention, ssm
+from cabe import compressed_attention, linear_attention, ssm
 from cabe.architecture import LayerGroup, Linear, ModelSpec
 from cabe.method import head_targets, lora_parameter_targets, lora_targets, saved_modules, wrapped_adapter_sizes
 from cabe.precision import Dtypes
@@ -558,6 +558,8 @@ class _Layer:
     def rms_norm_block(self) -> int:
         """RMSNorm blocks (Llama, Gemma, Phi-3, Mixtral, OLMo 2): attention, then a gated or MoE MLP.
         Returns the backward workspace per token."""
+        if self.spec.compressed_attention:  # DeepSeek-V4's layer (cabe.compressed_attention)
+            return compressed_attention.add_block(self)
         if self.group.mixer == "mamba2":
             ssm.mixer_terms(self)
         elif self.group.mixer == "gated_deltanet":
@@ -1486,6 +1488,8 @@ def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
         ln_in = 4 if dt.autocast else rho  # autocast runs layer_norm on an fp32 cast of its input
         final_norm = ln_in * h + 8 + (rho * h if full else 0)
     final_norm += lm_head_lora_saved(spec, setup, dt) + lm_head_saved_input(spec, setup, dt)
+    if spec.hyper_connections:  # DeepSeek-V4's hc_head and fp32 final norm (cabe.compressed_attention)
+        final_norm += compressed_attention.head_saved(spec, rho, dt.autocast, full)
     # Gemma 2's final soft-capping (logits / cap, tanh, × cap) saves tanh's 16-bit output
     softcap = a * v if spec.final_logit_softcapping else 0
     loss = setup.resolved_loss

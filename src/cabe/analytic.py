@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cabe import ssm
+from cabe import compressed_attention, ssm
 from cabe.activations import (
     HeadActivations,
     LayerActivations,
@@ -307,6 +307,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         # get_target_dtype): fp32 here, which the kernel refuses
         raise InvalidValueError("flash_needs_16bit", "attention", value="flash", dtype=setup.dtype)
     ssm.refusal(spec, setup.method)
+    compressed_attention.refusal(spec, setup.method)
     dt = dtypes_for(setup)
     states = _model_states(spec, setup)
     given, setup = setup, _row_shape(setup)  # padding-free: the batch as one row (the report keeps the request)
@@ -604,7 +605,7 @@ def _run_activations(
         full_layer_bytes = max(full_layer_bytes, masked_bytes)
         per_layer = per_masked if 2 * masked >= layers else per_layer
     if setup.checkpointing:
-        saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.hidden_size
+        saved_layer_bytes = tokens * checkpointed_layer_bytes_per_token(dt) * spec.residual_width
     else:
         saved_layer_bytes = mean_layer_bytes
     recompute_bytes = full_layer_bytes - tokens * per_layer.input_alias_per_token
@@ -640,7 +641,9 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
     # (activations._moe); Llama 4's dense dispatch runs them through torch.bmm, which autocast casts
     experts_cast = spec.expert_dispatch == "dense"
     # nor are a Mamba-2 mixer's conv1d, dt_bias, A_log, D and norm weights: the fused kernel reads them as they are
-    uncast = ("ssm",) if experts_cast else ("ssm", "experts")
+    # nor DeepSeek-V4's bare fp32 vectors (norm weights, hyper-connections' base and scale, position biases), which
+    # only element-wise ops read
+    uncast = ("ssm", "vector") if experts_cast else ("ssm", "experts", "vector")
     base = sum(
         round_alloc(lin.weight_count * 2)
         for lin in layer.linears
@@ -854,7 +857,7 @@ def _step_parts(
         cuda_workspaces=CUDA_WORKSPACES,
         embedding_saved=tokens * embedding_lora_saved(spec, setup, dt),
         embedding_grad_input=(
-            tokens * dt.residual * spec.hidden_size
+            tokens * dt.residual * spec.residual_width
             if not spec.tie_word_embeddings and _grad_bytes(states, lambda t: t.kind == "embedding")
             else 0
         ),
@@ -923,7 +926,7 @@ def _offload_leaf(spec: ModelSpec, dt: Dtypes, states: _States, act: _Activation
     ``variable``). (Under checkpointing without offloading it is layer 0's saved input, counted there.)"""
     if not act.offload or _grad_bytes(states, lambda t: t.kind == "embedding"):
         return 0
-    return act.tokens * dt.residual * spec.hidden_size
+    return act.tokens * dt.residual * spec.residual_width
 
 
 def _layer_run(
@@ -1249,7 +1252,8 @@ def _checkpointed_steps(spec: ModelSpec, dt: Dtypes, act: _Activations) -> list[
     selective checkpointing, the full activations of the layers left out."""
     ckpt_layers = act.checkpointed_layers
     inputs = sum(n * r.saved_layer_bytes for r, n, ck in act.pieces() if ck)
-    params = {"layers": ckpt_layers, "tokens": act.tokens, "rho": dt.residual, "h": spec.hidden_size}
+    # (the residual's width: h, or DeepSeek-V4's hc_mult streams of it)
+    params = {"layers": ckpt_layers, "tokens": act.tokens, "rho": dt.residual, "h": spec.residual_width}
     formula = "{layers} × {tokens} tokens × {rho}·{h} = {bytes} B = {gib} GiB"
     code = "activations.offloaded" if act.offload else "activations.checkpointed"
     steps = [Step(code, formula, 0 if act.offload else inputs, {**params, "bytes": inputs, "gib": inputs / GiB})]

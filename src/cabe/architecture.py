@@ -41,11 +41,18 @@ SLOTS = (
     "ssm",
     "mixer",
     "indexer",
+    "hc",
+    "vector",
+    "o_group",
 )
 #: ``mixer``: the bare parameters of a linear-attention token mixer (a gated DeltaNet's depthwise conv1d weight,
 #: ``dt_bias``, ``A_log`` and its gated norm's weight), none of them an ``nn.Linear``
 #: ``indexer`` is DeepSeek-V3.2's lightning indexer (``wq_b``, ``wk``, ``weights_proj``), which runs under
 #: ``torch.no_grad``.
+#: ``hc`` is the matrix of DeepSeek-V4's manifold-constrained hyper-connections (``attn_hc.fn`` / ``ffn_hc.fn``, a
+#: bare fp32 parameter ``F.linear`` reads); ``vector`` a bare parameter only element-wise ops read (their ``base``
+#: and ``scale``, norm weights, a compressor's ``position_bias``): never cast by autocast, never a LoRA module;
+#: ``o_group`` DeepSeek-V4's grouped ``o_a_proj`` (per head group, before the ``o`` projection to hidden_size).
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,9 @@ class Linear:
     # transformers' bitsandbytes integration replaces `type(m) is nn.Linear` and Conv1D, not subclasses
     quantizable: bool = True
     slot: str = "qkv"  # one of SLOTS
+    #: the model keeps this tensor in fp32 whatever dtype it is loaded in (transformers'
+    #: ``_keep_in_fp32_modules_strict``, or an ``.to(torch.float32)`` in the module's ``__init__``: DeepSeek-V4)
+    fp32: bool = False
 
     @property
     def quantized_by_bnb(self) -> bool:
@@ -110,6 +120,9 @@ class LayerGroup:
     #: ``"gated_deltanet"`` (Qwen3-Next's linear attention, :class:`GatedDeltaNet`); the last two keep a fixed
     #: state per sequence, no KV cache
     mixer: str = "attention"
+    #: how this group's MoE picks its experts when it differs from the model's ``router``: ``"hash"`` (DeepSeek-V4's
+    #: ``hash_moe`` layers: a frozen token id -> experts table, ``tid2eid[input_ids]``; the gate only weighs them)
+    router: str = ""
 
     @cached_property
     def linear_count(self) -> int:
@@ -117,13 +130,18 @@ class LayerGroup:
 
     def same_tensors(self, other: LayerGroup) -> bool:
         """True when ``other``'s layers are made of the same tensors and save the same ones (only the attention
-        span may differ)."""
-        return (self.linears, self.mlp, self.intermediate_size, self.rope, self.mixer) == (
+        span may differ; DeepSeek-V4's compressed kinds save different tensors, so they differ in tensors)."""
+        compressed = ("compressed_sparse", "heavily_compressed")
+        kind = self.attention if self.attention in compressed else ""
+        other_kind = other.attention if other.attention in compressed else ""
+        return (self.linears, self.mlp, self.intermediate_size, self.rope, self.mixer, kind, self.router) == (
             other.linears,
             other.mlp,
             other.intermediate_size,
             other.rope,
             other.mixer,
+            other_kind,
+            other.router,
         )
 
     def slot_names(self, slot: str) -> list[str]:
@@ -171,6 +189,40 @@ class LatentAttention:
         with an indexer its key (``cache.update_indexer(k)``: ``DynamicIndexedLayer.indexer_keys``, (b, s,
         index_head_dim), cache_utils.py 5.24)."""
         return self.kv_lora_rank + self.rope_dim + self.index_head_dim
+
+
+@dataclass(frozen=True)
+class CompressedAttention:
+    """DeepSeek-V4's attention (transformers 5.24, models/deepseek_v4/modeling_deepseek_v4.py,
+    ``DeepseekV4Attention``): a low-rank query (``q_a_proj`` h -> q_lora_rank, fp32 ``q_a_norm``, ``q_b_proj`` ->
+    heads × head_dim, an unweighted RMSNorm per head), one shared key = value head (``kv_proj`` h -> head_dim, fp32
+    ``kv_norm``), partial interleaved rotary on the last ``rope_dim`` channels, eager attention with a learned sink
+    per head over the last ``window`` tokens, and a grouped low-rank output (``o_a_proj``: ``o_groups`` blocks of
+    heads × head_dim / o_groups -> ``o_lora_rank``, then ``o_b_proj`` o_groups × o_lora_rank -> h).
+
+    Layers whose group ``attention`` is ``compressed_sparse`` (CSA) or ``heavily_compressed`` (HCA) add a compressor
+    (``kv_proj`` / ``gate_proj`` h -> 2 × head_dim for CSA's overlapping windows, head_dim for HCA; an fp32
+    ``position_bias`` (rate × width) and ``kv_norm``) whose softmax-pooled entries, one per ``csa_rate`` /
+    ``hca_rate`` tokens, join the keys; CSA's lightning indexer (kv_proj / gate_proj h -> 2 × index_head_dim, fp32
+    position_bias and kv_norm, ``q_b_proj`` q_lora_rank -> index_heads × index_head_dim, ``weights_proj`` h ->
+    index_heads) keeps ``index_topk`` of them per query: its output is integer indices, so its weights get no
+    gradient."""
+
+    head_dim: int
+    q_lora_rank: int
+    rope_dim: int
+    o_groups: int
+    o_lora_rank: int
+    window: int
+    csa_rate: int
+    hca_rate: int
+    index_heads: int
+    index_head_dim: int
+    index_topk: int
+
+    def rate(self, attention: str) -> int:
+        """Tokens per compressed entry of a layer kind (0: a sliding layer, no compressor)."""
+        return {"compressed_sparse": self.csa_rate, "heavily_compressed": self.hca_rate}.get(attention, 0)
 
 
 @dataclass(frozen=True)
@@ -482,6 +534,16 @@ class ModelSpec:
     attn_logit_softcapping: float | None = None
     #: multi-head latent attention (DeepSeek-V3); None for attention with separate q, k, v projections
     latent_attention: LatentAttention | None = None
+    #: DeepSeek-V4's compressed attention (:class:`CompressedAttention`), whose kind each group's ``attention``
+    #: names (``sliding``, ``compressed_sparse``, ``heavily_compressed``); None for other attentions
+    compressed_attention: CompressedAttention | None = None
+    #: manifold-constrained hyper-connections (DeepSeek-V4, ``hc_mult``): the residual is this many streams of
+    #: hidden_size, mixed into each block's input and out of its output; 0 for a plain residual
+    hyper_connections: int = 0
+    #: parameters on top of the last layer kept in fp32 besides the final norm (DeepSeek-V4's ``hc_head``:
+    #: hc_fn, hc_base, hc_scale); the norms' weights too are fp32 when ``fp32_norms`` (``_keep_in_fp32_modules_strict``)
+    fp32_head_parameters: int = 0
+    fp32_norms: bool = False
     #: the Mamba-2 mixer of the layers whose ``mixer`` is ``"mamba2"`` (Granite-4.0-H); None without one
     mamba2: Mamba2 | None = None
     #: the shape of the gated DeltaNet layers (groups whose ``mixer`` is ``"gated_deltanet"``); None when none
@@ -565,6 +627,12 @@ class ModelSpec:
     # ---- the layers ---------------------------------------------------------------------------
     # NOTE: cached_property on a frozen dataclass: the values live in the instance's __dict__, outside the
     # fields that equality and hashing read; an estimate asks for them dozens of times
+    @property
+    def residual_width(self) -> int:
+        """Values per token of the residual stream between layers: hidden_size, or ``hyper_connections`` streams of
+        it (DeepSeek-V4: the decoder layers' input is (b, s, hc_mult, h))."""
+        return self.hidden_size * max(1, self.hyper_connections)
+
     @cached_property
     def num_layers(self) -> int:
         return sum(g.count for g in self.layer_groups)
@@ -628,6 +696,8 @@ class ModelSpec:
             kind = "gqa" if self.num_kv_heads < self.num_heads else "mha"
         chunked = any(g.attention == "chunked" for g in self.layer_groups)
         kind += ("+sliding" if self.sliding_layers else "") + ("+chunked" if chunked else "")
+        compressed = {"compressed_sparse": "+csa", "heavily_compressed": "+hca"}  # DeepSeek-V4's compressors
+        kind += "".join(dict.fromkeys(compressed[g.attention] for g in self.layer_groups if g.attention in compressed))
         mixers = dict.fromkeys(g.mixer for g in self.layer_groups if g.mixer != "attention")
         return kind + ("+gated" if self.attention_output_gate else "") + "".join("+" + m for m in mixers)
 
@@ -642,7 +712,8 @@ class ModelSpec:
         layers then MoE layers); ``+shared`` when the MoE layers have a shared expert."""
         kinds = list(dict.fromkeys(g.mlp for g in self.runs))
         shared = any(g.slot_names("shared_up") for g in self.runs)
-        return "+".join(kinds) + ("+shared" if shared else "")
+        hashed = any(g.router == "hash" for g in self.runs)  # DeepSeek-V4's hash-routed MoE layers
+        return "+".join(kinds) + ("+hash" if hashed else "") + ("+shared" if shared else "")
 
     @property
     def sliding_layers(self) -> int:
@@ -728,6 +799,7 @@ class ModelSpec:
             + self.lm_head_count
             + self.classifier_count
             + self.vision_parameters
+            + self.fp32_head_parameters
         )
 
     def parameter_breakdown(self) -> dict[str, int]:
@@ -742,6 +814,7 @@ class ModelSpec:
             "lm_head": self.lm_head_count,
             "classifier": self.classifier_count,
             "vision_tower": self.vision_parameters,
+            "hyper_connection_head": self.fp32_head_parameters,
         }
         return {k: v for k, v in out.items() if v}
 

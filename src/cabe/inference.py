@@ -271,6 +271,13 @@ def _vision_step(spec: ModelSpec, images: int, image_size: str, context: int, ba
 
 def _kv_step(spec: ModelSpec, kv: int, kv_dtype: str, context: int, batch: int) -> dict[str, Any]:
     params = {"layers": spec.attention_layers, "b": kv_dtype_bytes(kv_dtype), "tokens": context, "batch": batch}
+    if spec.compressed_attention:  # DeepSeek-V4: per layer kind (cabe.compressed_attention.kv_cache_elements)
+        return {
+            "key": "infer.kv",
+            "formula": "{layers} × (window + ⌊{tokens} / rate⌋ entries) × {d} × {b} B × {batch}",
+            "bytes": kv,
+            "params": {**params, "d": spec.head_dim},
+        }
     la = spec.latent_attention
     if la:  # multi-head latent attention caches the latent and the rotary key (cabe.kv_cache.latent_token_elements)
         return {
@@ -335,6 +342,8 @@ def serving(
     state = ssm.state_bytes_per_sequence(spec, SSM_CONV_BYTES)  # Mamba-2 layers: fixed per sequence
 
     def seq_bytes(length: int) -> float:
+        if spec.compressed_attention:  # DeepSeek-V4's windows and compressed entries (cabe.compressed_attention)
+            return kv_cache_bytes(spec, length, 1, kv_dtype) + state
         # the blocks of every attention group: a sliding group's layers hold at most its window
         blocks = sum(
             g.count * math.ceil(attended(g, length) / block_size) for g in spec.layer_groups if g.mixer == "attention"

@@ -9,7 +9,7 @@ serving engine with a sliding-window-aware cache (vLLM's hybrid allocator, HF's
 
 from __future__ import annotations
 
-from cabe import linear_attention
+from cabe import compressed_attention, linear_attention
 from cabe.architecture import LayerGroup, ModelSpec
 from cabe.errors import InvalidValueError
 
@@ -80,6 +80,8 @@ def kv_cache_bytes(
         )
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise InvalidValueError("out_of_range", "batch", value=batch, minimum=1, maximum=1 << 20)
+    if spec.compressed_attention:  # DeepSeek-V4: windows, compressed entries, open windows (cabe.compressed_attention)
+        return compressed_attention.kv_cache_bytes(spec, context, batch, kv_dtype_bytes(kv_dtype))
     per = per_layer_token_bytes(spec, kv_dtype)
     tokens = sum(
         g.count * (attended(g, context) if cap_sliding else context)
@@ -106,6 +108,8 @@ def attended(group: LayerGroup, context: int) -> int:
 def breakdown(spec: ModelSpec, context: int, batch: int, kv_dtype: str) -> dict[str, object]:
     per = per_layer_token_bytes(spec, kv_dtype)
     sliding = spec.sliding_layers if spec.sliding_window else 0
+    if spec.compressed_attention:  # DeepSeek-V4: not linear in the context; the mean over this context's tokens
+        per = kv_cache_bytes(spec, context, 1, kv_dtype) / max(1, context) / spec.num_layers
     out: dict[str, object] = {
         "bytes_per_token_per_layer": per,
         "bytes_per_token": per * spec.attention_layers,
@@ -122,6 +126,9 @@ def breakdown(spec: ModelSpec, context: int, batch: int, kv_dtype: str) -> dict[
 
 def _formula(spec: ModelSpec, kv_dtype: str) -> str:
     b = kv_dtype_bytes(kv_dtype)
+    ca = spec.compressed_attention
+    if ca:  # DeepSeek-V4 (cabe.compressed_attention.kv_cache_elements)
+        return f"{spec.num_layers} × (window {ca.window} + entries ⌊L / rate⌋) × {ca.head_dim} × {b} B"
     if spec.latent_attention:
         la = spec.latent_attention
         index = f" + {la.index_head_dim}" if la.index_head_dim else ""  # DeepSeek-V3.2: the indexer's key

@@ -360,7 +360,17 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
     )
     for run, count, trainable in parts:
         _layer_tensors(add, spec, run, count, trainable, method == "qlora")
-    add("final_norm", spec.hidden_size, 2 if spec.norm_bias else 1, method == "full", "norm")
+    add(
+        "final_norm",
+        spec.hidden_size,
+        2 if spec.norm_bias else 1,
+        method == "full",
+        "fp32" if spec.fp32_norms else "norm",
+    )
+    if spec.fp32_head_parameters:  # DeepSeek-V4's hc_head: hc_fn (n × n·h), hc_base (n), hc_scale (1), fp32
+        n = spec.hyper_connections
+        for part, numel in (("hc_fn", n * n * spec.hidden_size), ("hc_base", n), ("hc_scale", 1)):
+            add(f"hc_head.{part}", numel, 1, method == "full", "fp32")
     add("lm_head", spec.lm_head_count, 1, method == "full", "lm_head", spec.vocab_size, spec.hidden_size)
     for ht in saved_modules(spec, setup):  # the trainable copies (the originals above stay, frozen)
         add(
@@ -440,7 +450,8 @@ def adapter_learns(lin: Linear) -> bool:
     adapters trainable, and full training leaves its own weights requiring grad, but their ``.grad`` stays None, so
     no gradient is made and the optimizers, which skip parameters without one (torch 2.13 torch/optim/adam.py:151,
     ``_init_group``: ``if p.grad is not None``), never make their state. cabe holds them as frozen. (A tiny
-    V3.2 under bf16-amp: 168,960 indexer parameters, 1.35 MB of AdamW state the trace never makes.)"""
+    V3.2 under bf16-amp: 168,960 indexer parameters, 1.35 MB of AdamW state the trace never makes.) DeepSeek-V4's
+    indexer (``DeepseekV4Indexer.forward``) returns integer top-k indices: no gradient reaches its weights either."""
     return lin.slot != "indexer"
 
 
@@ -581,8 +592,8 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
                 lin.name,
                 lin.in_features * lin.out_features,
                 count * lin.copies,
-                trainable and adapter_learns(lin),  # (DeepSeek-V3.2's indexer: never given a gradient)
-                "base",
+                trainable and adapter_learns(lin),  # (DeepSeek-V3.2's and V4's indexers: never given a gradient)
+                "fp32" if lin.fp32 else "base",
                 rows,
                 cols,
                 role=lin.role,
@@ -604,7 +615,7 @@ def _layer_tensors(add: Any, spec: ModelSpec, run: LayerGroup, count: int, train
         spec.norm_param_count // (2 if spec.norm_bias else 1),
         count * spec.norms_per_layer * (2 if spec.norm_bias else 1),
         trainable,
-        "norm",
+        "fp32" if spec.fp32_norms else "norm",
     )
     if run.mixer != "attention":  # a linear-attention layer: no q / k norms (its gated norm is a mixer parameter)
         return
@@ -638,6 +649,8 @@ def stored_bytes(t: Tensor, setup: TrainingSetup, dt: Any) -> int:
         return dt.adapter
     if t.kind == "prompt":
         return 4  # PEFT's prompt embeddings are fp32
+    if t.kind == "fp32":
+        return 4  # kept in fp32 by the model whatever its dtype (DeepSeek-V4: _keep_in_fp32_modules_strict)
     if t.kind in ("norm", "embedding", "lm_head") and setup.method == "qlora" and setup.kbit_prep:
         return 4  # prepare_model_for_kbit_training casts them to fp32
     return dt.weight if t.trainable else dt.frozen

@@ -295,7 +295,8 @@ class Optimizer:
         the state buffers of tensors of at least :data:`BNB_PAGED_MIN` elements, except its ``resident``
         part (8-bit absmax)."""
         per = self.tensor_state(t, b, impl, setup)
-        if self.paged and t.numel >= BNB_PAGED_MIN:
+        # (a fused expert stack is one parameter: its size decides, not one expert's)
+        if self.paged and t.param_numel >= BNB_PAGED_MIN:
             kept = self.resident(t, b, impl)
             return kept, per - kept
         return per, 0

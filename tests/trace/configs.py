@@ -181,3 +181,6 @@ DEEPSEEK_V32 = json.loads(
 QWEN2_5_VL = json.loads(
     (Path(__file__).parents[1] / "configs" / "files" / "qwen2_5_vl_tiny_config.json").read_text(encoding="utf-8")
 )
+DEEPSEEK_V4 = json.loads(
+    (Path(__file__).resolve().parents[1] / "configs/files/deepseek_v4_tiny_config.json").read_text()
+)

@@ -81,8 +81,11 @@ def test_deepseek_v4_lora_on_its_grouped_output_projection_is_refused_with_the_r
         "layer_types": cfg["layer_types"][:2],
         "mlp_layer_types": cfg["mlp_layer_types"][:2],
     }
+    # (no targets: the family's default, every nn.Linear but o_a_proj, traces; all-linear takes o_a_proj)
     with pytest.raises(ConfigError) as e:
-        trace_step(dict(cfg), TrainingSetup(method="lora", precision="bf16", batch=1, seq=128))
+        trace_step(
+            dict(cfg), TrainingSetup(method="lora", precision="bf16", batch=1, seq=128, lora_targets=("all-linear",))
+        )
     assert e.value.code == "lora_target_not_linear" and "o_a_proj" in str(e.value.params)
     traced = trace_step(
         dict(cfg), TrainingSetup(method="lora", precision="bf16", batch=1, seq=128, lora_targets=("o_b_proj",))

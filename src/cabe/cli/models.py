@@ -63,16 +63,34 @@ def kinds(spec: Any) -> dict[str, str]:
         attn += str(linear)
     if spec.latent_attention and spec.latent_attention.index_heads:  # DeepSeek-V3.2's lightning indexer, its top-k
         attn += f"+indexer{spec.latent_attention.index_topk}"
+    attn += _compressed(spec)
     mlps: dict[str, None] = {}
     for run in spec.runs:
         if run.mlp == "moe":
             gate = "" if spec.expert_gate == "swiglu" else f"({spec.expert_gate})"
             gate += "(every-expert)" if spec.expert_dispatch == "dense" else ""
             shared = "+shared" if run.slot_names("shared_up") else ""
-            mlps.setdefault(f"moe{spec.num_experts}x{spec.experts_per_token}{gate}{shared}", None)
+            routing = "hash-" if run.router == "hash" else ""  # DeepSeek-V4's hash-routed layers
+            mlps.setdefault(f"{routing}moe{spec.num_experts}x{spec.experts_per_token}{gate}{shared}", None)
         else:
             mlps.setdefault(run.mlp, None)
     return {"attention": attn, "mlp": "+".join(mlps)}
+
+
+def _compressed(spec: Any) -> str:
+    """DeepSeek-V4's attention kinds: ``+sliding<window>`` (every layer attends over its window), then
+    ``+csa<rate>x<layers>`` / ``+hca<rate>x<layers>`` (a compressor of one entry per ``rate`` tokens in that many
+    layers) and ``+indexer<top-k>`` (CSA's lightning indexer); "" for other attentions."""
+    ca = spec.compressed_attention
+    if ca is None:
+        return ""
+    out = "" if spec.sliding_window else f"+sliding{ca.window}"
+    for kind, code in (("compressed_sparse", "csa"), ("heavily_compressed", "hca")):
+        n = sum(g.count for g in spec.layer_groups if g.attention == kind)
+        out += f"+{code}{ca.rate(kind)}x{n}" if n else ""
+    if any(g.attention == "compressed_sparse" for g in spec.layer_groups):
+        out += f"+indexer{ca.index_topk}"
+    return out
 
 
 def render(rows: list[dict[str, Any]], args: argparse.Namespace, lang: str, units: str) -> str:
