@@ -10,6 +10,17 @@ from cabe.architecture import LayerGroup, Linear, ModelSpec
 from cabe.errors import ConfigError
 
 
+def config_section(c: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    """A nested config (``text_config``, ``vision_config``): a copy of it, None when the key is absent or null,
+    a typed error when it is not a mapping."""
+    sub = c.get(key)
+    if sub is None:
+        return None
+    if not isinstance(sub, Mapping):
+        raise ConfigError("config_bad_value", "model", key=key, detail=type(sub).__name__)
+    return dict(sub)
+
+
 class Reader:
     """Typed access to config keys with clear errors (never a KeyError traceback)."""
 

@@ -24,6 +24,7 @@ from cabe.errors import ConfigError
 from cabe.families._common import (
     Reader,
     attention_shape,
+    config_section,
     decoder,
     gated_mlp,
     groups,
@@ -98,12 +99,7 @@ def siglip_vision_parameters(v: Reader) -> int:
 
 
 def _section(r: Reader, key: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    sub = r.c.get(key)
-    if sub is None:
-        sub = {}
-    if not isinstance(sub, Mapping):
-        raise ConfigError("config_bad_value", "model", key=key, detail=type(sub).__name__)
-    return {**defaults, **sub}
+    return {**defaults, **(config_section(r.c, key) or {})}
 
 
 def read_gemma3(r: Reader, name: str) -> ModelSpec:

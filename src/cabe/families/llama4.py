@@ -54,7 +54,7 @@ from typing import Any
 
 from cabe.architecture import LayerGroup, Linear, ModelSpec
 from cabe.errors import ConfigError
-from cabe.families._common import Reader, attention_shape, decoder, gated_mlp, qkvo
+from cabe.families._common import Reader, attention_shape, config_section, decoder, gated_mlp, qkvo
 
 MODEL_TYPES = ("llama4", "llama4_text")
 
@@ -100,12 +100,7 @@ LLAMA4_VISION_DEFAULTS: dict[str, Any] = {
 
 
 def _section(c: Mapping[str, Any], key: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    sub = c.get(key)
-    if sub is None:
-        sub = {}
-    if not isinstance(sub, Mapping):
-        raise ConfigError("config_bad_value", "model", key=key, detail=type(sub).__name__)
-    return {**defaults, **sub}
+    return {**defaults, **(config_section(c, key) or {})}
 
 
 def vision_parameters(v: Reader, text_hidden: int) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 
 from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
-from cabe.families._common import Reader
+from cabe.families._common import Reader, config_section
 
 MODEL_TYPES = ("mistral3",)
 
@@ -72,12 +72,8 @@ PIXTRAL_DEFAULTS: dict[str, Any] = {
 
 
 def _section(c: Mapping[str, Any], key: str, missing: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
-    sub = c.get(key)
-    if sub is None:
-        return {**given, **missing}
-    if not isinstance(sub, Mapping):
-        raise ConfigError("config_bad_value", "model", key=key, detail=type(sub).__name__)
-    return {**given, **sub}
+    sub = config_section(c, key)
+    return {**given, **(missing if sub is None else sub)}
 
 
 def pixtral_parameters(v: Reader) -> tuple[int, int]:

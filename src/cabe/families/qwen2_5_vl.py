@@ -21,7 +21,7 @@ from typing import Any
 from cabe.architecture import ModelSpec, VisionTower
 from cabe.errors import ConfigError
 from cabe.families import llama
-from cabe.families._common import Reader
+from cabe.families._common import Reader, config_section
 
 MODEL_TYPES = ("qwen2_5_vl",)
 
@@ -63,12 +63,7 @@ _TEXT_KEYS = (*TEXT_DEFAULTS, "rope_theta", "rope_scaling", "rope_parameters", "
 
 
 def _section(c: Mapping[str, Any], key: str) -> dict[str, Any]:
-    sub = c.get(key)
-    if sub is None:
-        return {}
-    if not isinstance(sub, Mapping):
-        raise ConfigError("config_bad_value", "model", key=key, detail=type(sub).__name__)
-    return dict(sub)
+    return config_section(c, key) or {}
 
 
 def tower(v: Reader) -> VisionTower:

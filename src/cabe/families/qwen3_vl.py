@@ -24,7 +24,7 @@ from typing import Any
 from cabe.architecture import ModelSpec, VisionTower
 from cabe.errors import ConfigError
 from cabe.families import llama
-from cabe.families._common import Reader
+from cabe.families._common import Reader, config_section
 
 MODEL_TYPES = ("qwen3_vl",)
 
@@ -67,12 +67,7 @@ MIN_PIXELS, MAX_PIXELS = 64 * 32 * 32, 16_384 * 32 * 32
 
 
 def _section(c: Mapping[str, Any], key: str) -> dict[str, Any]:
-    sub = c.get(key)
-    if sub is None:
-        return {}
-    if not isinstance(sub, Mapping):
-        raise ConfigError("config_bad_value", "model", key=key, detail=type(sub).__name__)
-    return dict(sub)
+    return config_section(c, key) or {}
 
 
 def tower(v: Reader) -> VisionTower:
