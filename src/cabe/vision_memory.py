@@ -29,13 +29,13 @@ from dataclasses import dataclass, replace
 
 from cabe import vision_qwen3, vision_siglip
 from cabe.activations import layer_activations
-from cabe.architecture import LayerGroup, ModelSpec, VisionTower
+from cabe.architecture import ModelSpec, VisionTower
 from cabe.method import Tensor, vision_lora_targets
 from cabe.precision import Dtypes
 from cabe.step import StepParts
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
-from cabe.vision import ImageGrid
+from cabe.vision import ImageGrid, tower_block_spec
 
 
 @dataclass(frozen=True)
@@ -56,24 +56,8 @@ class TowerActivations:
 
 def block_spec(tower: VisionTower) -> ModelSpec:
     """One tower block as a :class:`ModelSpec` the decoder-layer estimator reads."""
-    nh = tower.num_heads
-    group = LayerGroup(1, tower.block_linears, "gated", intermediate_size=tower.intermediate_size)
-    return ModelSpec(
-        model_type="qwen2_5_vl_vision",
-        family="qwen2_5_vl",
-        hidden_size=tower.hidden_size,
-        num_heads=nh,
-        num_kv_heads=nh,
-        head_dim=tower.hidden_size // nh,
-        intermediate_size=tower.intermediate_size,
-        vocab_size=1,
-        tie_word_embeddings=True,
-        activation="silu",
-        rotary_dim=tower.hidden_size // nh,
-        max_positions=1 << 24,
-        layer_groups=(group,),
-        value_is_qkv_view=True,
-        peft_default_targets=("all-linear",),
+    return tower_block_spec(
+        tower, "qwen2_5_vl_vision", "qwen2_5_vl", "gated", "silu", rotary=True, value_is_qkv_view=True
     )
 
 

@@ -24,34 +24,19 @@ an fp32 product before the blocks run: a transient of the tower's forward, not s
 
 from __future__ import annotations
 
-from cabe.architecture import LayerGroup, ModelSpec, VisionTower
+from cabe.architecture import ModelSpec, VisionTower
 from cabe.precision import Dtypes
 from cabe.units import round_alloc
+from cabe.vision import tower_block_spec
 
 
 def block_spec(tower: VisionTower) -> ModelSpec:
     """One Qwen3-VL block as a :class:`ModelSpec` the decoder-layer estimator reads (LayerNorm blocks, a fused qkv
     whose v is a view, rotary, a plain MLP)."""
-    h, nh, f = tower.hidden_size, tower.num_heads, tower.intermediate_size
-    return ModelSpec(
-        model_type="qwen3_vl_vision",
-        family="qwen3_vl",
-        hidden_size=h,
-        num_heads=nh,
-        num_kv_heads=nh,
-        head_dim=h // nh,
-        intermediate_size=f,
-        vocab_size=1,
-        tie_word_embeddings=True,
-        activation=tower.hidden_act,
-        rotary_dim=h // nh,
-        max_positions=1 << 24,
-        layer_groups=(LayerGroup(1, tower.block_linears, "plain", intermediate_size=f),),
-        norm="layernorm",
-        norm_bias=True,
-        value_is_qkv_view=True,
-        peft_default_targets=("all-linear",),
-    )
+    return tower_block_spec(
+        tower, "qwen3_vl_vision", "qwen3_vl", "plain", tower.hidden_act, rotary=True,
+        norm="layernorm", norm_bias=True, value_is_qkv_view=True,
+    )  # fmt: skip
 
 
 def positions_transient(tower: VisionTower, n: int, weight: int) -> int:

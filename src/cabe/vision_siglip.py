@@ -25,34 +25,19 @@ forward's largest moment is one block's.
 
 from __future__ import annotations
 
-from cabe.architecture import LayerGroup, ModelSpec, VisionTower
+from cabe.architecture import ModelSpec, VisionTower
 from cabe.precision import Dtypes
 from cabe.units import round_alloc
+from cabe.vision import tower_block_spec
 
 
 def block_spec(tower: VisionTower) -> ModelSpec:
     """One SigLIP block as a :class:`ModelSpec` the decoder-layer estimator reads (LayerNorm blocks with a plain
     MLP, no rotary)."""
-    h, nh, f = tower.hidden_size, tower.num_heads, tower.intermediate_size
-    return ModelSpec(
-        model_type="siglip_vision_model",
-        family="gemma",
-        hidden_size=h,
-        num_heads=nh,
-        num_kv_heads=nh,
-        head_dim=h // nh,
-        intermediate_size=f,
-        vocab_size=1,
-        tie_word_embeddings=True,
-        activation=tower.hidden_act,
-        rotary_dim=0,
-        max_positions=1 << 24,
-        layer_groups=(LayerGroup(1, tower.block_linears, "plain", intermediate_size=f),),
-        norm="layernorm",
-        norm_bias=True,
-        position="learned",
-        peft_default_targets=("all-linear",),
-    )
+    return tower_block_spec(
+        tower, "siglip_vision_model", "gemma", "plain", tower.hidden_act, rotary=False,
+        norm="layernorm", norm_bias=True, position="learned",
+    )  # fmt: skip
 
 
 def pixel_values(tower: VisionTower) -> int:
