@@ -60,6 +60,14 @@ def test_published_totals_and_active():
     assert preset("granite-4.0-h-1b").spec.mlp_kinds == "gated"
 
 
+def test_models_listing_names_each_mixer_once():
+    """``cabe models``: H-Tiny's 40 layers are 36 Mamba-2 and 4 attention layers without rotary (its config's
+    layer_types); the Mamba-2 count is written once (it was also appended a second time, as a linear mixer)."""
+    from cabe.cli.models import kinds
+
+    assert kinds(preset("granite-4.0-h-tiny").spec) == {"attention": "gqa+nope+mamba2x36", "mlp": "moe64x6+shared"}
+
+
 def test_layer_types_spellings_and_errors():
     spec = families.from_config({**TINY, "layer_types": ["linear_attention"] * 3 + ["full_attention"]})
     assert [(r.count, r.mixer) for r in spec.runs] == [(3, "mamba2"), (1, "attention")]

@@ -47,7 +47,7 @@ def test_qwen3_next_80b_parameters_by_hand():
 
 def test_models_lists_the_linear_attention_layers():
     spec = preset("qwen3-next-80b-a3b").spec
-    assert kinds(spec) == {"attention": "gqa+gated+gated_deltanet36", "mlp": "moe512x10+shared"}
+    assert kinds(spec) == {"attention": "gqa+gated+gated_deltanetx36", "mlp": "moe512x10+shared"}
 
 
 def test_serving_keeps_kv_in_attention_layers_and_a_fixed_state_in_linear_ones():

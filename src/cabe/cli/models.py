@@ -57,10 +57,9 @@ def kinds(spec: Any) -> dict[str, str]:
         attn += "+sinks"
     if spec.attention_output_gate:
         attn += "+gated"
-    linear = sum(g.count for g in spec.layer_groups if g.mixer != "attention")
-    if linear:  # linear-attention layers among the attention ones: ``+gated_deltanet36`` (their kind and count)
-        attn += "".join(f"+{m}" for m in dict.fromkeys(g.mixer for g in spec.layer_groups if g.mixer != "attention"))
-        attn += str(linear)
+    for mixer in dict.fromkeys(g.mixer for g in spec.layer_groups if g.mixer not in ("attention", "mamba2")):
+        # linear-attention layers among the attention ones: ``+gated_deltanetx36`` (their kind and count)
+        attn += f"+{mixer}x{sum(g.count for g in spec.layer_groups if g.mixer == mixer)}"
     if spec.latent_attention and spec.latent_attention.index_heads:  # DeepSeek-V3.2's lightning indexer, its top-k
         attn += f"+indexer{spec.latent_attention.index_topk}"
     attn += _compressed(spec)
