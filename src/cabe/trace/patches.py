@@ -100,6 +100,55 @@ def _patch_falcon_split_heads(p: _Patch) -> None:
     p.set(mf.FalconAttention, "_split_heads", split_heads)
 
 
+def _patch_falcon_flash(p: _Patch) -> None:
+    """Falcon does not go through transformers' attention interface: ``FalconDecoderLayer`` picks its attention class
+    from ``FALCON_ATTENTION_CLASSES[config._attn_implementation]`` unless ``is_flash_attention_requested`` (a name
+    containing "flash"), and ``FalconFlashAttention2.forward`` calls the module's own ``_flash_attention_forward``
+    (transformers 5.24 models/falcon/modeling_falcon.py:414-547), imported only when the flash-attn package is there.
+    The trace's ``cabe_fa2`` therefore gets Falcon's own flash class, whose forward (the 16-bit casts of fp32 inputs,
+    the (b, s, h, d) transposes) runs as written, and its kernel call reaches ``aten._flash_attention_forward``, the
+    same FlashAttention-2 code :func:`cabe.trace.attention.flash_attention_forward` uses (no mask: causal)."""
+    try:
+        from transformers.models.falcon import modeling_falcon as mf
+    except ImportError:
+        return
+    import torch
+
+    def flash_forward(
+        query_states: Any,
+        key_states: Any,
+        value_states: Any,
+        attention_mask: Any,
+        query_length: int,
+        is_causal: bool,
+        dropout: float = 0.0,
+        softmax_scale: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        with contextlib.suppress(IndexError):
+            state.current().note("flash_attention_2")
+        q = query_states
+        return torch.ops.aten._flash_attention_forward(
+            q,
+            key_states,
+            value_states,
+            None,
+            None,
+            q.size(1),
+            key_states.size(1),
+            float(dropout),
+            bool(is_causal and q.size(1) > 1),
+            False,
+            scale=softmax_scale,
+        )[0]
+
+    classes = dict(mf.FALCON_ATTENTION_CLASSES)
+    classes["cabe_fa2"] = mf.FalconFlashAttention2
+    p.set(mf, "FALCON_ATTENTION_CLASSES", classes)
+    p.set(mf, "_flash_attention_forward", flash_forward)
+    p.set(mf, "flash_attn_supports_top_left_mask", lambda: False)  # flash-attn >= 2.1: bottom-right causal mask
+
+
 def _find_packed_sequence_indices(position_ids: Any) -> None:
     """``transformers.masking_utils.find_packed_sequence_indices`` for unpacked batches."""
     import torch
@@ -249,6 +298,7 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
         packed = has_documents(setup)
         p.set(mu, "find_packed_sequence_indices", _packed_sequence_indices if packed else _find_packed_sequence_indices)
         _patch_falcon_split_heads(p)
+        _patch_falcon_flash(p)
         if kind == "fake" and not torch.cuda.is_available() and _native.available():
             _fake_cuda(p)
         if bnb_opt is not None and kind != "cuda":
