@@ -17,6 +17,7 @@ to ``total_bytes``. CUDA context and allocator slack are reported beside it, nev
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -469,6 +470,14 @@ class _Activations:
         """The gradient's path, bottom first, as (run, layers, checkpointed) pieces: under selective
         checkpointing transformers checkpoints the layers whose index is a multiple of ``every``
         (transformers 5.24 modeling_utils.py:3245-3247, ``layer_index % every_n_layers == 0``)."""
+        return list(self._pieces)
+
+    @functools.cached_property
+    def _pieces(self) -> tuple[tuple[_RunActivations, int, bool], ...]:
+        # computed once per estimate (several parts walk the path); without selective checkpointing each run is
+        # one piece, so the walk is per run rather than per layer
+        if self.every in (0, 1):
+            return tuple((r, r.count, self.every == 1) for r in self.runs if r.count)
         out: list[tuple[_RunActivations, int, bool]] = []
         i = self.first
         for r in self.runs:
@@ -479,7 +488,7 @@ class _Activations:
                 else:
                     out.append((r, 1, ckpt))
                 i += 1
-        return out
+        return tuple(out)
 
     def checkpointed(self, i: int) -> bool:
         """Whether the model's layer ``i`` (from the bottom) is checkpointed."""
