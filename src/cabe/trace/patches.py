@@ -306,5 +306,12 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
         yield
     finally:
         p.restore()
+        # torch.utils._device caches its set of factory functions on first use (an lru_cache of the functions
+        # then in ``torch``); built during a trace it holds the patched ``torch.tensor``, and a later
+        # ``with torch.device("meta")`` would make the real ``torch.tensor``'s tensors on the host (a preset test's
+        # meta build of phi-4-mini failed after a trace in the same process). Forget it with the patches.
+        from torch.utils._device import _device_constructors
+
+        _device_constructors.cache_clear()
         if kind == "fake":
             _native.enable(False)

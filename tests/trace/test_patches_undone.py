@@ -1,0 +1,30 @@
+"""What a trace patches is undone when it ends, including what torch cached while the patches stood."""
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from conftest import fake_trace
+
+from cabe import models
+from cabe.trace import _native
+from cabe.training import TrainingSetup
+
+pytestmark = pytest.mark.trace
+
+
+def test_torch_device_context_still_makes_torch_tensor_on_its_device_after_a_trace():
+    """torch.utils._device caches its factory functions on first use; built during a trace it held the patched
+    ``torch.tensor``, so ``torch.tensor(...)`` under ``with torch.device("meta")`` stayed on the host afterwards
+    and a meta build of phi-4-mini (longrope's ``ext_factors * base**…``) failed in the same process."""
+    if not _native.available():
+        pytest.skip("the trace runs in a subprocess here: nothing of it stays in this process")
+    import torch
+    from torch.utils._device import _device_constructors
+
+    _device_constructors.cache_clear()  # the cache built first inside the trace, as when a trace runs first
+    fake_trace(models.preset("gpt2").config, TrainingSetup(method="lora", dtype="bf16", batch=1, seq=64))
+    with torch.device("meta"):
+        assert torch.tensor([1.0, 2.0]).device.type == "meta"
+        assert (torch.tensor([1.0, 2.0]) * torch.arange(2).float()).device.type == "meta"
