@@ -117,6 +117,12 @@ DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3-next-80b-a3b-8l": ("qwen3-next-80b-a3b", {"num_hidden_layers": 8}),
     # Qwen3.5-35B-A3B's text model at its widths (256 experts top-8, vocab 248320), 4 layers (3 linear, 1 full)
     "qwen3.5-35b-a3b-4l": ("qwen3.5-35b-a3b", {"num_hidden_layers": 4}),
+    # Qwen3-MoE at its widths (30B-A3B: hidden 2048, 32 / 4 heads of 128, 128 experts of 768 top-8; 235B-A22B: hidden
+    # 4096, 64 / 4 heads, 128 experts of 1536 top-8), 4 layers: the family's own sample (no 30B-A3B row was ever drawn)
+    "qwen3-30b-a3b-4l": ("qwen3-30b-a3b", {"num_hidden_layers": 4}),
+    "qwen3-235b-a22b-4l": ("qwen3-235b-a22b", {"num_hidden_layers": 4}),
+    # Mistral Small 3 (24B: hidden 5120, 32 / 8 heads of 128, vocab 131072), 4 layers
+    "mistral-small-24b-4l": ("mistral-small-24b", {"num_hidden_layers": 4}),
     # DeepSeek-V4-Flash at its widths (hidden 4096, 64 heads of 512, 8 output groups, 256 experts top-6, 4 streams),
     # one layer of each attention kind (sliding, CSA, HCA, CSA), the first two hash-routed
     "deepseek-v4-flash-4l": (
