@@ -23,8 +23,24 @@ def test_torch_device_context_still_makes_torch_tensor_on_its_device_after_a_tra
     import torch
     from torch.utils._device import _device_constructors
 
-    _device_constructors.cache_clear()  # the cache built first inside the trace, as when a trace runs first
+    _device_constructors()  # the cache built before the trace, as in a process that made a meta model first
     fake_trace(models.preset("gpt2").config, TrainingSetup(method="lora", dtype="bf16", batch=1, seq=64))
     with torch.device("meta"):
         assert torch.tensor([1.0, 2.0]).device.type == "meta"
         assert (torch.tensor([1.0, 2.0]) * torch.arange(2).float()).device.type == "meta"
+
+
+def test_phi4_mini_longrope_is_traced_after_a_meta_build_in_the_same_process():
+    """The differential's worker builds presets on the meta device before tracing them: the factory cache then
+    held the real ``torch.tensor``, the trace's patched one was not in it, and phi-4-mini's longrope tables (a
+    ``torch.tensor`` of the factors times a meta ``arange``) failed to build inside the trace."""
+    if not _native.available():
+        pytest.skip("the trace runs in a subprocess here")
+    import torch
+    from torch.utils._device import _device_constructors
+
+    _device_constructors()
+    with torch.device("meta"):
+        torch.tensor([1.0])
+    result = fake_trace(models.preset("phi-4-mini").config, TrainingSetup(method="lora", dtype="bf16", batch=1, seq=64))
+    assert result.peak_bytes > 0

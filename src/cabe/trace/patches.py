@@ -247,6 +247,15 @@ def _tensor_data_to_fake_cuda(p: _Patch) -> None:
         host = real(data, *args, **{k: v for k, v in kwargs.items() if k not in ("device", "pin_memory")})
         return torch.empty(host.shape, dtype=host.dtype, device=device, requires_grad=grad)
 
+    # torch.utils._device caches its set of factory functions (an lru_cache of the functions then in ``torch``), by
+    # identity. The wrapper above calls the real ``torch.tensor``, which ``with torch.device("meta")`` must still
+    # redirect: the set is built now, before the patch, so that it holds the real function (built while the
+    # patch stood it held only the wrapper, and phi-4-mini's longrope ``torch.tensor(factors) * meta arange``
+    # failed, meta against cpu, in that trace and in any meta build after it).
+    from torch.utils._device import _device_constructors
+
+    _device_constructors.cache_clear()
+    _device_constructors()
     p.set(torch, "tensor", tensor)
 
 
@@ -306,10 +315,8 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
         yield
     finally:
         p.restore()
-        # torch.utils._device caches its set of factory functions on first use (an lru_cache of the functions
-        # then in ``torch``); built during a trace it holds the patched ``torch.tensor``, and a later
-        # ``with torch.device("meta")`` would make the real ``torch.tensor``'s tensors on the host (a preset test's
-        # meta build of phi-4-mini failed after a trace in the same process). Forget it with the patches.
+        # torch.utils._device's cache of factory functions: rebuilt from the restored functions on next use
+        # (see _tensor_data_to_fake_cuda)
         from torch.utils._device import _device_constructors
 
         _device_constructors.cache_clear()
