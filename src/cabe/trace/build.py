@@ -433,7 +433,21 @@ def _all_linear_and(model: Any, cfg: Any, targets: list[str]) -> list[str]:
 
     probe = LoraConfig(target_modules="all-linear", task_type=_peft_task(cfg))
     linear = set(_maybe_include_all_linear_layers(probe, model).target_modules)  # type: ignore[attr-defined]
-    return sorted(linear | {t for t in targets if t != "all-linear"})
+    return sorted(linear | _moe_all_linear_names(model) | {t for t in targets if t != "all-linear"})
+
+
+def _moe_all_linear_names(model: Any) -> set[str]:
+    """For a model type whose experts transformers 5 fused (PEFT's ``_MOE_TARGET_MODULE_MAPPING``), the v4 names
+    ``all-linear`` alone resolves to besides the linears: the experts' projections and the router (peft 0.21.2
+    utils/transformers_weight_conversion.py:364-373, ``_resolve_string_target_modules``), which PEFT then moves onto
+    the fused parameters. Expanded by hand beside other names, the shorthand must reach them too (Qwen3-MoE QLoRA
+    ``all-linear,embed_tokens`` traced without the experts' LoRA: the estimate read +30%)."""
+    from peft.utils import transformers_weight_conversion as twc
+
+    base = twc._MODEL_TO_CONVERSION_PATTERN.get(getattr(model.config, "model_type", None))
+    if base is None or not twc._MOE_FUSED_TARGETS.get(base):
+        return set()
+    return set(twc._MOE_TARGET_MODULE_MAPPING.get(base) or {})
 
 
 def _default_targets(cfg: Any) -> tuple[str, ...]:
