@@ -444,7 +444,7 @@ def _moe_all_linear_names(model: Any) -> set[str]:
     ``all-linear,embed_tokens`` traced without the experts' LoRA: the estimate read +30%)."""
     from peft.utils import transformers_weight_conversion as twc
 
-    base = twc._MODEL_TO_CONVERSION_PATTERN.get(getattr(model.config, "model_type", None))
+    base = twc._MODEL_TO_CONVERSION_PATTERN.get(str(getattr(model.config, "model_type", "")))
     if base is None or not twc._MOE_FUSED_TARGETS.get(base):
         return set()
     return set(twc._MOE_TARGET_MODULE_MAPPING.get(base) or {})
