@@ -138,3 +138,39 @@ def test_bad_input(body, code):
 def test_cli_bad_input_exit_2(capsys):
     assert main(["infer", "--model", "llama-3.1-8b", "--weights", "q4"]) == 2
     assert main(["infer", "--model", "llama-3.1-8b", "--context", "abc"]) == 2
+
+
+def test_auto_serves_the_checkpoint_as_shipped():
+    """``--weights auto`` (the default): gpt-oss's experts in MXFP4 and DeepSeek-V3's weights in fp8, as their
+    ``quantization_config`` says and as vLLM serves them; a bf16 checkpoint in bf16; a config without a dtype in
+    fp16. gpt-oss-20b: 20,914,757,184 parameters, of which the 24 layers' 32 experts (2 × 2880 × 2880 gate_up +
+    2880 × 2880 down = 24,883,200 each, 19,110,297,600 in all) at 0.5 + 1/32 B (9,555,148,800 + 597,196,800) and the
+    rest (1,804,459,584) at 2 B:
+    10,152,345,600 + 3,608,919,168 = 13,761,264,768 B ≈ 13.8 GB, not the 41.8 GB of fp16."""
+    oss = preset("gpt-oss-20b").spec
+    auto = weights_bytes(oss)
+    assert auto["format"] == "mxfp4" and auto["shipped"]
+    assert auto["total_bytes"] == weights_bytes(oss, "mxfp4")["total_bytes"] == 13_761_264_768
+    assert weights_bytes(preset("deepseek-v3").spec)["format"] == "fp8"
+    assert weights_bytes(preset("llama-3.1-8b").spec)["format"] == "bf16"
+    explicit = weights_bytes(oss, "bf16")
+    assert explicit["format"] == "bf16" and not explicit["shipped"]
+    assert estimate_inference(oss)["weights_format"] == "mxfp4"
+    assert infer_json({"model": "gpt-oss-20b"})["weights"]["format"] == "mxfp4"
+
+
+@pytest.mark.parametrize(
+    "qcfg, fmt",
+    [
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "gptq-4bit"),
+        ({"quant_method": "gptq", "bits": 8}, "gptq-8bit"),
+        ({"quant_method": "awq", "bits": 4}, "awq-4bit"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, "nf4"),
+        ({"quant_method": "bitsandbytes", "load_in_8bit": True}, "int8"),
+        ({"quant_method": "compressed-tensors"}, None),  # no format of cabe's: served in its dtype
+    ],
+)
+def test_quantized_checkpoints_read_from_their_quantization_config(qcfg, fmt):
+    from cabe.families import config_weights_format
+
+    assert config_weights_format({"quantization_config": qcfg}) == fmt

@@ -604,6 +604,10 @@ class ModelSpec:
     #: the checkpoint's dtype as its config says (``dtype``, or ``torch_dtype`` before transformers 5):
     #: what ``from_pretrained(dtype="auto")`` loads; None when the config does not say
     dtype: str | None = None
+    #: the format the checkpoint stores its weights in, for serving it as shipped (``cabe infer --weights auto``):
+    #: its ``quantization_config`` (gpt-oss's ``mxfp4`` experts, DeepSeek-V3's block-scaled ``fp8``, GPTQ / AWQ /
+    #: bitsandbytes checkpoints), else its dtype; None when the config says neither
+    weights_format: str | None = None
     #: parameters of a vision tower and its projector the checkpoint carries (Gemma 3's SigLIP):
     #: held as frozen weights; their activations are not modelled (0 for a text-only model)
     vision_parameters: int = 0

@@ -4,6 +4,8 @@ vLLM-style KV pool (how many sequences of a length fit).
 Weight formats (bytes per weight of the quantized matrices; embeddings, norms, biases, routers and
 lm_head stay 16-bit except in GGUF, whose bits per weight are llama.cpp's whole-file averages):
 
+* ``auto`` (the default): as the checkpoint ships, :func:`shipped_format` (its ``quantization_config``, else its
+  dtype, else fp16);
 * ``fp32`` 4, ``fp16`` / ``bf16`` 2, ``fp8`` 1 (+ one fp32 scale per matrix);
 * ``int8`` (bitsandbytes LLM.int8): 1 + an fp32 scale per output row;
 * ``nf4`` / ``fp4`` (bitsandbytes 4-bit, double quantization): :func:`cabe.method.quantized_bytes`,
@@ -56,7 +58,8 @@ GGUF_BPW: dict[str, float] = {
 }
 PLAIN = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}
 FORMATS = (
-    tuple(PLAIN)
+    ("auto",)
+    + tuple(PLAIN)
     + ("fp8", "int8", "nf4", "fp4", "mxfp4", "gptq-4bit", "gptq-8bit", "gptq-3bit", "gptq-2bit", "awq-4bit")
     + tuple("gguf-" + k for k in GGUF_BPW)
 )
@@ -74,9 +77,26 @@ def _check_format(fmt: str) -> str:
     return f
 
 
-def weights_bytes(spec: ModelSpec, fmt: str = "fp16", group_size: int = 128) -> dict[str, Any]:
-    """Bytes of the weights in a format: ``{"total_bytes", "quantized_params", "other_params", "bytes_per_weight"}``."""
+def shipped_format(spec: ModelSpec) -> str:
+    """``--weights auto``: the model served as its checkpoint ships (vLLM and transformers load gpt-oss's MXFP4
+    experts and DeepSeek-V3's fp8 weights as they are on a GPU with the kernels): the checkpoint's quantization,
+    else its dtype, else fp16."""
+    return spec.weights_format if spec.weights_format in FORMATS else "fp16"
+
+
+def weights_bytes(spec: ModelSpec, fmt: str = "auto", group_size: int = 128) -> dict[str, Any]:
+    """Bytes of the weights in a format: ``{"total_bytes", "quantized_params", "other_params", "bytes_per_weight"}``
+    (``format``: the one counted, ``auto`` resolved; ``shipped``: whether it is the checkpoint's own)."""
     f = _check_format(fmt)
+    shipped = f == "auto"
+    if shipped:
+        f = shipped_format(spec)
+    out = _weights_bytes(spec, f, group_size)
+    out["shipped"] = shipped
+    return out
+
+
+def _weights_bytes(spec: ModelSpec, f: str, group_size: int) -> dict[str, Any]:
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise InvalidValueError("out_of_range", "group_size", value=group_size, minimum=1, maximum=1 << 20)
     n = spec.parameter_count
@@ -177,7 +197,7 @@ def logits_bytes(spec: ModelSpec, rows: int) -> int:
 def estimate_inference(
     spec: ModelSpec,
     *,
-    weights: str = "fp16",
+    weights: str = "auto",
     kv_dtype: str = "fp16",
     context: int = 4096,
     batch: int = 1,
@@ -314,7 +334,7 @@ def serving(
     spec: ModelSpec,
     card: Gpu,
     *,
-    weights: str = "fp16",
+    weights: str = "auto",
     kv_dtype: str = "fp16",
     context: int = 4096,
     gpu_memory_utilization: float = 0.9,

@@ -603,7 +603,7 @@ _SERVING: tuple[Field, ...] = (
         str,
         "serving",
         _INFER,
-        "fp16",
+        "auto",
         choices_from="cabe.inference:FORMATS",
         flags=_flag("weights"),
         cli_default=True,

@@ -51,7 +51,8 @@ def format_infer(out: dict, lang: str, units: str) -> str:
             "infer.header",
             lang,
             model=out.get("model") or "",
-            weights=out["weights_format"],
+            weights=out["weights_format"]
+            + (t("infer.as_shipped", lang) if out.get("weights", {}).get("shipped") else ""),
             kv_dtype=out["kv_dtype"],
             batch=out["batch"],
             context=out["context"],

@@ -21,7 +21,7 @@ from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
 from cabe.families._common import Reader
 
-__all__ = ["config_dtype", "from_config", "modules", "supported_model_types"]
+__all__ = ["config_dtype", "config_weights_format", "from_config", "modules", "supported_model_types"]
 
 
 @cache
@@ -68,7 +68,8 @@ def from_config(config: Mapping[str, Any], *, name: str = "") -> ModelSpec:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError("config_bad_value", "model", detail=str(exc)) from None
-    return replace(spec, dtype=config_dtype(config))
+    dtype = config_dtype(config)
+    return replace(spec, dtype=dtype, weights_format=config_weights_format(config) or dtype)
 
 
 #: config dtype names -> cabe's
@@ -82,4 +83,27 @@ def config_dtype(config: Mapping[str, Any]) -> str | None:
         v = config.get(key)
         if isinstance(v, str):
             return _DTYPES.get(v.removeprefix("torch."))
+    return None
+
+
+def config_weights_format(config: Mapping[str, Any]) -> str | None:
+    """The weight format a quantized checkpoint ships in, from its ``quantization_config`` (transformers'
+    quantizers read the same keys: ``quant_method``, ``bits``, ``load_in_4bit`` / ``load_in_8bit``,
+    ``bnb_4bit_quant_type``), as one of :data:`cabe.inference.FORMATS`; None for an unquantized checkpoint or a
+    method cabe has no format for (compressed-tensors, HQQ, ...), which is then served in its dtype."""
+    q = config.get("quantization_config")
+    if not isinstance(q, Mapping):
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    if method in ("mxfp4", "fp8"):  # gpt-oss's experts; DeepSeek-V3 / R1 / V3.2's e4m3 weights, 128 × 128 blocks
+        return method
+    if method in ("gptq", "awq"):
+        bits = q.get("bits", 4)
+        fmt = f"{method}-{bits}bit"
+        return fmt if fmt in ("gptq-2bit", "gptq-3bit", "gptq-4bit", "gptq-8bit", "awq-4bit") else None
+    if method == "bitsandbytes":
+        if q.get("load_in_4bit"):
+            return "fp4" if str(q.get("bnb_4bit_quant_type", "fp4")).lower() == "fp4" else "nf4"
+        if q.get("load_in_8bit"):
+            return "int8"
     return None
