@@ -58,10 +58,12 @@ def test_what_the_lm_head_adapter_saves():
 
 def test_what_the_embedding_adapter_saves():
     """``after_A @ lora_embedding_B.T`` saves after_A: r values per token (bf16 under autocast) until backward
-    reaches the embedding; autocast's cast of lora_embedding_B.T (h × r, bf16) is saved with it."""
+    reaches the embedding; autocast's cast of lora_embedding_B.T (h × r, bf16) is saved with it. And the
+    embedding's output now requires grad, so layer 0's input RMSNorm saves its fp32 upcast and rsqrt (4·h + 4 per
+    token), which it does not when that input needs no grad (q_proj alone: the norm runs outside autograd)."""
     base = estimate_model(QWEN, TrainingSetup(**KW, precision="bf16-mixed", lora_targets=("q_proj",)))
     emb = estimate_model(QWEN, TrainingSetup(**KW, precision="bf16-mixed", lora_targets=("q_proj", "embed_tokens")))
-    assert emb.components["activations"] - base.components["activations"] == 256 * 16 * 2
+    assert emb.components["activations"] - base.components["activations"] == 256 * 16 * 2 + 256 * (4 * 896 + 4)
     assert emb.components["weight_copies"] - base.components["weight_copies"] == 896 * 16 * 2
 
 

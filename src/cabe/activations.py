@@ -35,6 +35,8 @@ the fp32 logits, and counts dropout masks Llama does not have: see :func:`korthi
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cabe import compressed_attention, linear_attention, ssm
@@ -175,11 +177,13 @@ def layer_activations(
     adapters: bool,
     group: LayerGroup | None = None,
     masked: bool = False,
+    bottom: bool = False,
 ) -> LayerActivations:
     """Saved bytes per token of ONE decoder layer of ``group`` (the first run's when None) through which
     gradients flow. A model whose layers differ asks once per run (:attr:`ModelSpec.runs`). ``masked``: a
-    layer whose SDPA call gets a mask (see :func:`sdpa_masked_layers`)."""
-    layer = _Layer(spec, group or spec.runs[0], setup, dt, base_trainable, adapters)
+    layer whose SDPA call gets a mask (see :func:`sdpa_masked_layers`). ``bottom``: the lowest layer of the
+    gradient's path when its input requires no grad (see ``_Layer.live``)."""
+    layer = _Layer(spec, group or spec.runs[0], setup, dt, base_trainable, adapters, bottom)
     if (
         layer.group.mixer == "gated_deltanet"
     ):  # a linear-attention layer runs no attention kernel (cabe.linear_attention)
@@ -237,7 +241,14 @@ class _Layer:
     method per kind of block (RMSNorm blocks of the Llama lineage, LayerNorm blocks of GPT-2's)."""
 
     def __init__(
-        self, spec: ModelSpec, group: LayerGroup, setup: TrainingSetup, dt: Dtypes, base_trainable: bool, adapters: bool
+        self,
+        spec: ModelSpec,
+        group: LayerGroup,
+        setup: TrainingSetup,
+        dt: Dtypes,
+        base_trainable: bool,
+        adapters: bool,
+        bottom: bool = False,
     ) -> None:
         # the layer groups: what this layer is made of (its linears, MLP kind and width) is its group's
         self.spec, self.group, self.base_trainable, self.setup = spec, group, base_trainable, setup
@@ -313,13 +324,43 @@ class _Layer:
         self.indexer_transient = 0  # per token: DeepSeek-V3.2's indexer (see _indexer_transient)
         self.indexer_from = 0  # the first term saved after the indexer ran
         self.dispatch_workspace = 0  # per token: the grouped_mm experts' backward (see _dispatch_workspace)
+        # Whether the tensor flowing through the block being counted requires grad. Autograd saves a tensor for an
+        # op only when one of the op's inputs requires grad (torch/csrc/autograd: a node is recorded only then), so
+        # in the lowest layer of LoRA's gradient path without checkpointing — its input, the frozen embedding's
+        # output, requires none — nothing is saved until an adapted module's output joins the stream: its norms,
+        # attention kernel and MLP save nothing below that point, and only what the adapters save for their own
+        # weights' gradients is kept (``owned``). Blocks that do not follow ``live`` set it first (their old count).
+        self.live = not bottom
+        self.bottom = bottom
+        self.owned = 0  # > 0 while counting what an adapted module saves for its own weights (kept in any case)
+        self.input_live = self.live  # LayerNorm blocks: whether the layer's input (what a parallel MLP reads) is live
+        self.ln2_pending = False  # GPT-2's second norm, on the residual after attention: counted if that is live
 
     def add(self, name: str, nbytes: int, formula: str) -> None:
-        if nbytes:
+        if nbytes and (self.live or self.owned):
             self.terms.append(Term(name, nbytes, formula))
+
+    @contextlib.contextmanager
+    def adapter_owned(self) -> Iterator[None]:
+        """What is added inside is saved by an adapted module for its own weights' gradients: kept in the lowest
+        layer of the gradient's path too (see ``live``)."""
+        self.owned += 1
+        try:
+            yield
+        finally:
+            self.owned -= 1
+
+    def joins(self, names: list[str]) -> None:
+        """An adapted module among ``names`` adds its LoRA output to the stream: what follows requires grad."""
+        if any(n in self.targets for n in names):
+            self.live = True
 
     def linear_inputs(self, group: str, names: list[tuple[str, int]], shared_bytes: int, shared_formula: str) -> None:
         """Inputs saved by the linear layers ``names`` (name, in_features) that read one tensor."""
+        with self.adapter_owned():
+            self._linear_inputs(group, names, shared_bytes, shared_formula)
+
+    def _linear_inputs(self, group: str, names: list[tuple[str, int]], shared_bytes: int, shared_formula: str) -> None:
         spec, targets, adapter_cast = self.spec, self.targets, self.adapter_cast
         for n, inf in names:
             self.note_lora_input(n, inf, shared_bytes // inf if inf else 0)
@@ -414,11 +455,13 @@ class _Layer:
 
     def lora_mid(self, names: list[str]) -> None:
         r = self.r
-        for n in names:
-            if n in self.targets:
-                per = 2 * r if self.autocast else 4 * r
-                self.add(f"lora.{n}.A_output", per, f"{per // r}·r")
-        self.lora_variants(names)
+        with self.adapter_owned():
+            for n in names:
+                if n in self.targets:
+                    per = 2 * r if self.autocast else 4 * r
+                    self.add(f"lora.{n}.A_output", per, f"{per // r}·r")
+            self.lora_variants(names)
+        self.joins(names)
 
     def lora_variants(self, names: list[str]) -> None:
         """What LoRA dropout and DoRA save for each adapted module of ``names`` (PEFT 0.21).
@@ -558,6 +601,8 @@ class _Layer:
     def rms_norm_block(self) -> int:
         """RMSNorm blocks (Llama, Gemma, Phi-3, Mixtral, OLMo 2): attention, then a gated or MoE MLP.
         Returns the backward workspace per token."""
+        if self.spec.compressed_attention or self.spec.latent_attention or self.group.mixer != "attention":
+            self.live = True  # NOTE: these mixers do not follow ``live``: counted whole, as before
         if self.spec.compressed_attention:  # DeepSeek-V4's layer (cabe.compressed_attention)
             return compressed_attention.add_block(self)
         if self.group.mixer == "mamba2":
@@ -791,6 +836,10 @@ class _Layer:
 
     def _o_proj_input(self) -> None:
         """What the output projection's input leaves saved (its LoRA, a contiguous copy, casts)."""
+        with self.adapter_owned():
+            self._o_proj_saved()
+
+    def _o_proj_saved(self) -> None:
         a, q, targets = self.a, self.q, self.targets
         o_name, adapter_cast, base_trainable = self.o_name, self.adapter_cast, self.base_trainable
         # eager, and flash after a rotary written with torch.cat (Phi-3): the kernel's output is laid out
@@ -834,6 +883,8 @@ class _Layer:
         else:
             self.rms_norm("mlp_norm", h, "h", base_trainable, wf)
             mlp_in_bytes = rho * h
+        if self.group.mlp == "moe":
+            self.live = True  # NOTE: the MoE blocks do not follow ``live``: counted whole, as before
         if self.group.mlp == "moe" and spec.expert_gate == "swiglu_clamp":
             a_experts = self.dt_weight if base_trainable else self.dt_frozen
             router_in = 2 if self.autocast else rho  # under autocast F.linear saves its 16-bit cast of the input
@@ -864,14 +915,15 @@ class _Layer:
             self.add("mlp.gate_output", m * f, f"{m}·f")
             self.add("mlp.act_output", m * f, f"{m}·f")
             self.add("mlp.up_output", m * f, f"{m}·f")
-            if quantized and self.autocast:
-                if down_name in targets:
-                    self.add(f"mlp.{down_name}.input_cast", 2 * f, "2·f")
-            elif base_trainable or (down_name in targets and not adapter_cast):
-                self.add("mlp.product", a * f, f"{a}·f")
-                self.product_saved = not self.autocast and not self.dropout
-            if adapter_cast and down_name in targets:
-                self.add(f"mlp.{down_name}.lora_input_fp32", 4 * f, "4·f")
+            with self.adapter_owned():  # what down_proj (or its lora_A) saves: its input
+                if quantized and self.autocast:
+                    if down_name in targets:
+                        self.add(f"mlp.{down_name}.input_cast", 2 * f, "2·f")
+                elif base_trainable or (down_name in targets and not adapter_cast):
+                    self.add("mlp.product", a * f, f"{a}·f")
+                    self.product_saved = not self.autocast and not self.dropout
+                if adapter_cast and down_name in targets:
+                    self.add(f"mlp.{down_name}.lora_input_fp32", 4 * f, "4·f")
             self.note_lora_input(down_name, f, m)  # the product, in the MLP outputs' dtype
             self.lora_mid([down_name])
         if sandwich or post_norm_only:
@@ -1039,13 +1091,16 @@ class _Layer:
         ln_stats = 8  # mean and rstd, fp32 per token
         parallel = spec.parallel_block
         n_ln = spec.norms_per_layer
-        if self.autocast and rho != 4:
+        if not self.live:  # the lowest layer of the gradient's path: no norm reading its input saves anything
+            self.ln2_pending = not parallel and n_ln == 2  # the MLP's norm reads the residual after attention
+        elif self.autocast and rho != 4:
             # layer_norm is on autocast's fp32 list: each norm saves its own fp32 cast of a 16-bit input
             self.add("ln.input_fp32", 4 * h * n_ln, f"{n_ln}·4·h" if n_ln > 1 else "4·h")
         else:
             formula = f"{rho}·h" if parallel or n_ln == 1 else f"{n_ln}·{rho}·h"
             self.add("ln.input", rho * h * (1 if parallel else n_ln), formula)
         self.add("ln.mean_rstd", ln_stats * n_ln, f"{n_ln}·8")
+        self.input_live = self.live
         # one fused projection (GPT-2's c_attn), or separate q, k, v reading the same norm output (SigLIP's)
         self.linear_inputs("attn", [(n, h) for n in qkv_names], rho * h, f"{rho}·h")
         self.lora_mid(list(qkv_names))
@@ -1056,6 +1111,10 @@ class _Layer:
 
     def _dense_input(self) -> None:
         """What the LayerNorm blocks' output projection (dense / c_proj) leaves saved."""
+        with self.adapter_owned():
+            self._dense_saved()
+
+    def _dense_saved(self) -> None:
         a, q, targets = self.a, self.q, self.targets
         base_trainable, adapter_cast = self.base_trainable, self.adapter_cast
         out_name = self.o_name
@@ -1078,6 +1137,13 @@ class _Layer:
         up_names, down_name = self.up_names, self.down_name
         parallel, n_ln = spec.parallel_block, spec.norms_per_layer
         fc_name = up_names[0]
+        if parallel:  # the MLP reads the layer's input through its norm, beside attention: not what attention made
+            self.live = self.input_live
+        elif self.ln2_pending and self.live:  # GPT-2's ln_2 on the residual attention made
+            self.add(
+                "ln2.input", (4 if self.autocast and rho != 4 else rho) * h, "4·h" if self.autocast else f"{rho}·h"
+            )
+            self.add("ln2.mean_rstd", 8, "8")
         if not parallel or n_ln == 2:
             self.linear_inputs("mlp", [(fc_name, h)], rho * h if n_ln == 2 else 0, f"{rho}·h")
         else:
@@ -1092,16 +1158,19 @@ class _Layer:
             pb = 4 if quantized else 2
             self.add("mlp.gelu_product", pb * f, f"{pb}·f")
             if base_trainable or down in targets:
-                self.add(f"mlp.{down}.input_cast", 2 * f, "2·f")
+                with self.adapter_owned():
+                    self.add(f"mlp.{down}.input_cast", 2 * f, "2·f")
         else:
             m = 4 if quantized else a  # Linear4bit returns its output in the input's dtype (fp32 here)
             self.add("mlp.fc_output", m * f, f"{m}·f")
             if chain > 1:
                 self.add("mlp.gelu_tanh_chain", (chain - 1) * a * f, f"{chain - 1}·{a}·f")
             if base_trainable or (down in targets and not adapter_cast):
-                self.add("mlp.act_output", a * f, f"{a}·f")
+                with self.adapter_owned():  # the input down (or its lora_A) saves
+                    self.add("mlp.act_output", a * f, f"{a}·f")
         if adapter_cast and down in targets:
-            self.add(f"mlp.{down}.lora_input_fp32", 4 * f, "4·f")
+            with self.adapter_owned():
+                self.add(f"mlp.{down}.lora_input_fp32", 4 * f, "4·f")
         self.lora_mid([down])  # lora_A's output, saved by lora_B, as for every other adapted module
         if spec.hidden_dropout > 0:
             self.add("mlp.dropout_mask", h, "1·h")

@@ -545,6 +545,10 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
         if _kind(run) not in kinds:
             kinds[_kind(run)] = _run_activations(spec, setup, dt, run, 0, tokens, trainable_layers > 0)
     runs = tuple(replace(kinds[_kind(run)], group=run, count=n) for run, n in path)
+    if runs and not trainable_layers and _input_needs_no_grad(spec, setup):
+        # the path's lowest layer saves only from its first adapted module on (activations._Layer.live)
+        low = _run_activations(spec, setup, dt, path[0][0], 1, tokens, False, bottom=True)
+        runs = (low, *((replace(runs[0], count=runs[0].count - 1),) if runs[0].count > 1 else ()), *runs[1:])
     if not runs:  # no layer in the gradient's path: the top layer, for the figures that explain it
         runs = (_run_activations(spec, setup, dt, spec.runs[-1], 0, tokens, False),)
     # cos and sin tables, (1, s, rotary_dim) in the residual dtype, shared by every layer
@@ -561,6 +565,15 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
         offload=ckpt and setup.offload_activations,
         index_offset=spec.vision.depth if spec.vision is not None else 0,  # Qwen2.5-VL's tower blocks come first
     )
+
+
+def _input_needs_no_grad(spec: ModelSpec, setup: TrainingSetup) -> bool:
+    """Whether the decoder's first layer gets an input that requires no grad: LoRA / QLoRA without checkpointing
+    (with it ``enable_input_require_grads`` makes every layer's input require grad), no adapted or trained
+    embedding, no images (a vision tower's LoRA, PEFT's default on Gemma 3, makes the image features require grad)."""
+    if not setup.adapters or setup.checkpointing or setup.images:
+        return False
+    return not any(t.kind == "embedding" for t in head_targets(spec, setup.lora_targets) + saved_modules(spec, setup))
 
 
 def _below_adapters(spec: ModelSpec, setup: TrainingSetup) -> int:
@@ -592,12 +605,19 @@ def _kind(run: LayerGroup) -> tuple[Any, ...]:
 
 
 def _run_activations(
-    spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: LayerGroup, count: int, tokens: int, trained: bool
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    dt: Dtypes,
+    run: LayerGroup,
+    count: int,
+    tokens: int,
+    trained: bool,
+    bottom: bool = False,
 ) -> _RunActivations:
-    kw = (
+    kw: dict[str, bool] = (
         {"base_trainable": True, "adapters": False}
         if trained
-        else {"base_trainable": False, "adapters": setup.adapters}
+        else {"base_trainable": False, "adapters": setup.adapters, "bottom": bottom}
     )
     per_layer = layer_activations(spec, setup, dt, group=run, **kw)
     full_layer_bytes = tokens * per_layer.bytes_per_token + per_layer.constant_bytes
@@ -798,14 +818,16 @@ def _step_parts(
     grads_head = _grad_bytes(states, lambda t: t.kind == "lm_head" or t.name == "final_norm")
     grads_layer = states.grads - grads_head - _grad_bytes(states, lambda t: t.kind in ("embedding", "prompt"))
     grads_layer -= _grad_bytes(states, lambda t: t.name.startswith(VISION_PREFIX))  # the tower's (images)
-    kinds: dict[tuple[Any, ...], LayerRun] = {}  # per kind of layer (and checkpointed or not)
+    # per kind of layer (and checkpointed or not): runs of one kind share their per-layer figures (one object), the
+    # gradient path's lowest layer has its own when its input requires no grad (see _input_needs_no_grad)
+    kinds: dict[tuple[Any, ...], LayerRun] = {}
     for r, _, ck in act.pieces():
-        if (_kind(r.group), ck) not in kinds:
-            kinds[(_kind(r.group), ck)] = _layer_run(spec, setup, states, act, r, ck)
+        if (id(r.per_layer), ck) not in kinds:
+            kinds[(id(r.per_layer), ck)] = _layer_run(spec, setup, states, act, r, ck)
     ckpt_cached = setup.checkpointing and copies.trained_layers
     # under selective checkpointing, runs of checkpointed and of plain layers alternate
     runs = tuple(
-        replace(kinds[(_kind(r.group), ck)], count=n, cached_count=n if ckpt_cached and ck else 0)
+        replace(kinds[(id(r.per_layer), ck)], count=n, cached_count=n if ckpt_cached and ck else 0)
         for r, n, ck in act.pieces()
     )
 
