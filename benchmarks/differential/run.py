@@ -158,7 +158,9 @@ def source(model: str) -> ModelSource:
         base, changes = DERIVED[model]
         cfg = preset(base).config
         # a dict change (a nested text_config's keys) merges into the preset's dict of that name
-        nested = {k: {**cfg[k], **v} for k, v in changes.items() if isinstance(v, dict) and isinstance(cfg.get(k), dict)}
+        nested = {
+            k: {**cfg[k], **v} for k, v in changes.items() if isinstance(v, dict) and isinstance(cfg.get(k), dict)
+        }
         return from_mapping({**cfg, **changes, **nested}, model)
     return from_file(model) if model.endswith(".json") else preset(model)
 

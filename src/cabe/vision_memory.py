@@ -285,6 +285,8 @@ def vision_forward_bytes(tower: VisionTower, n: int, act_bytes: int = 2) -> int:
     :func:`cabe.inference.forward_bytes` does a decoder layer's)."""
     if tower.kind == "siglip":  # LayerNorm blocks, no rotary (cabe.vision_siglip), pixels cast to the weights'
         return n * (vision_siglip.pixel_values(tower) * (4 + act_bytes) + vision_siglip.serving_block(tower, act_bytes))
+    if tower.kind == "qwen3_vl":  # LayerNorm blocks, a plain MLP, learned positions (cabe.vision_qwen3), not SwiGLU
+        return n * _patch_values(tower) * (4 + act_bytes) + vision_qwen3.serving_transient(tower, n, act_bytes)
     h, f = tower.hidden_size, tower.intermediate_size
     d = h // tower.num_heads
     pixels = _patch_values(tower) * (4 + act_bytes)
