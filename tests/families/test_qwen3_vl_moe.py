@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cabe import api, families, models
+from cabe.errors import InvalidValueError
 from cabe.inference import estimate_inference
 from cabe.method import lora_targets, parameter_tensors
 from cabe.training import TrainingSetup
@@ -88,6 +89,16 @@ def test_lora_default_is_all_linear_and_never_the_experts():
     assert "lora_experts_not_adapted" in text.notes and "lora_targets_moved_to_experts" not in text.notes
     images = api.build({**body, "images": 1, "image_size": "448x448"})
     assert images.trainable_parameters == 6_684_672 + 27 * 142_592 + 4 * (73_728 + 53_248) == 11_042_560
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "gate"], ["experts"], ["v_proj", "experts"]])
+def test_router_and_experts_refused_as_peft_refuses_them(targets):
+    """PEFT matches ``gate`` (the Qwen3VLMoeTextTopKRouter module) and ``experts`` (Qwen3VLMoeTextExperts) by name
+    and raises "Target module ... is not supported" for the whole adapter (peft/tuners/lora/model.py:559, 0.21.2;
+    traced: cabe trace answers bad_lora_targets with that reason): cabe refuses them too, beside other names."""
+    with pytest.raises(InvalidValueError) as err:
+        api.build({"model": "qwen3-vl-30b-a3b-instruct", "method": "lora", "seq": 512, "lora_targets": targets})
+    assert err.value.code == "lora_target_unsupported"
 
 
 def test_qlora_leaves_the_experts_16bit():

@@ -70,5 +70,5 @@ def read(r: Reader, name: str) -> ModelSpec:
         text["num_experts"] = text["num_local_experts"]
     spec = qwen_moe.read(Reader(text, "qwen3_moe"), name)
     # no conversion pattern for qwen3_vl_moe in PEFT 0.21.2: nothing moves onto the fused experts (module docstring)
-    spec = replace(spec, peft_parameter_targets=())
+    spec = replace(spec, peft_parameter_targets=(), lora_unsupported=("gate", "experts"))
     return qwen3_vl.with_tower(spec, r, VISION_DEFAULTS, "qwen3_vl_moe")
