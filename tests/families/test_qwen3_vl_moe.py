@@ -55,6 +55,14 @@ def test_30b_a3b_by_hand():
     assert spec.vision.kind == "qwen3_vl" and spec.vision.deepstack_indexes == (8, 16, 24)
 
 
+def test_cabe_models_lists_its_kinds():
+    # 32 query heads over 4 KV heads: gqa; 128 experts, 8 per token, SwiGLU: moe128x8; TINY: a dense layer, then MoE
+    from cabe.cli.models import kinds
+
+    assert kinds(models.preset("qwen3-vl-30b-a3b-instruct").spec) == {"attention": "gqa", "mlp": "moe128x8"}
+    assert kinds(families.from_config(copy.deepcopy(TINY)))["mlp"] == "gated+moe8x2"
+
+
 def test_defaults_are_qwen3vlmoetextconfigs():
     # Qwen3VLMoeTextConfig(): 60 experts of 1,408, 4 per token, head_dim 2048 / 16 = 128, tied off by the top config
     spec = families.from_config({"model_type": "qwen3_vl_moe", "text_config": {"num_hidden_layers": 2}})
