@@ -142,6 +142,10 @@ PUBLISHED_ROUNDED = {
     "qwen3-vl-4b-instruct": (4.44, None),
     "qwen3-vl-8b-instruct": (8.77, None),
     "qwen3-vl-32b-instruct": (33.4, None),
+    # the Hub's model cards: "31.1B" (safetensors) and "236B", the vision tower included (31,070,754,032 and
+    # 235,670,022,896 on the meta device)
+    "qwen3-vl-30b-a3b-instruct": (31.1, None),
+    "qwen3-vl-235b-a22b-instruct": (236, None),
     # "35B total, 3B activated" with its vision tower; the text model alone builds 34,660,610,688
     "qwen3.5-35b-a3b": (35, None),
 }
@@ -208,7 +212,7 @@ def test_config_shape(path: Path):
     # (and multimodal Gemma 3, Llama 4 and Mistral Small 3.x and Qwen2.5-VL as published: Gemma3ForConditionalGeneration,
     # Llama4ForConditionalGeneration, Mistral3ForConditionalGeneration)
     causal = ("ForCausalLM", "LMHeadModel", "ForSequenceClassification")
-    multimodal = cfg["model_type"] in ("gemma3", "llama4", "mistral3", "qwen2_5_vl", "qwen3_vl")
+    multimodal = cfg["model_type"] in ("gemma3", "llama4", "mistral3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
     assert archs[0].endswith(causal + (("ForConditionalGeneration",) if multimodal else ())), archs
     # Every integer size that exists is positive.
     for key in (

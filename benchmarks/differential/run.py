@@ -121,6 +121,11 @@ DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
     # 4096, 64 / 4 heads, 128 experts of 1536 top-8), 4 layers: the family's own sample (no 30B-A3B row was ever drawn)
     "qwen3-30b-a3b-4l": ("qwen3-30b-a3b", {"num_hidden_layers": 4}),
     "qwen3-235b-a22b-4l": ("qwen3-235b-a22b", {"num_hidden_layers": 4}),
+    # Qwen3-VL-MoE at its widths, 4 decoder layers (the text_config's: a dict change merges into the preset's) and the
+    # whole tower (27 blocks of 1152, DeepStack after 8, 16, 24): 30B-A3B (hidden 2048, 128 experts of 768 top-8),
+    # 235B-A22B (hidden 4096, 64 / 4 heads, 128 experts of 1536 top-8); images drawn by _images
+    "qwen3-vl-30b-a3b-instruct-4l": ("qwen3-vl-30b-a3b-instruct", {"text_config": {"num_hidden_layers": 4}}),
+    "qwen3-vl-235b-a22b-instruct-4l": ("qwen3-vl-235b-a22b-instruct", {"text_config": {"num_hidden_layers": 4}}),
     # Mistral Small 3 (24B: hidden 5120, 32 / 8 heads of 128, vocab 131072), 4 layers
     "mistral-small-24b-4l": ("mistral-small-24b", {"num_hidden_layers": 4}),
     # DeepSeek-V4-Flash at its widths (hidden 4096, 64 heads of 512, 8 output groups, 256 experts top-6, 4 streams),
@@ -151,7 +156,12 @@ def source(model: str) -> ModelSource:
     family's tiny config, whose traces take seconds where its preset's take minutes on two shared cores)."""
     if model in DERIVED:  # one of DERIVED: its preset's config with fewer layers
         base, changes = DERIVED[model]
-        return from_mapping({**preset(base).config, **changes}, model)
+        cfg = preset(base).config
+        # a dict change (a nested text_config's keys) merges into the preset's dict of that name
+        nested = {
+            k: {**cfg[k], **v} for k, v in changes.items() if isinstance(v, dict) and isinstance(cfg.get(k), dict)
+        }
+        return from_mapping({**cfg, **changes, **nested}, model)
     return from_file(model) if model.endswith(".json") else preset(model)
 
 

@@ -1062,9 +1062,19 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("lora_target_unmatched")  # the names: extra["lora_unmatched"] (render fills the note)
     if setup.adapters and moved_targets(spec, setup.lora_targets):
         notes.append("lora_targets_moved_to_experts")
+    if setup.adapters and not moved_targets(spec, setup.lora_targets) and _bare_experts(spec):
+        # PEFT matches target_modules against modules (tuners_utils.py check_target_module_exists, 0.21.2) and wraps
+        # nn.Linear / Conv1D ones; the fused 3-D experts and a bare router weight are neither, and for this model
+        # type or these targets nothing moves onto them (transformers_weight_conversion.py _convert_peft_config_moe)
+        notes.append("lora_experts_not_adapted")
     if any(g.mixer == "gated_deltanet" for g in spec.layer_groups):  # fla's / causal-conv1d's saved tensors
         notes.append("gated_deltanet_kernels_modelled")
     return tuple(notes + ssm.notes(spec))
+
+
+def _bare_experts(spec: ModelSpec) -> bool:
+    """Whether the model's routed experts are bare parameters (transformers 5's fused 3-D stacks), not modules."""
+    return any(lin.role == "expert" and not lin.is_module for lin in spec.layer_linears)
 
 
 def _loss_notes(setup: TrainingSetup) -> list[str]:

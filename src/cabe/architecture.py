@@ -568,6 +568,11 @@ class ModelSpec:
     #: Llama 4's router returns a tuple, and PEFT 0.21's ``Linear.forward`` reads ``result.dtype``
     #: (peft/tuners/lora/layer.py:1089)
     lora_breaks: tuple[str, ...] = ()
+    #: module names PEFT matches in ``target_modules`` (by the module's last name) but refuses to wrap: not an
+    #: ``nn.Linear`` / ``Conv1D`` / ``Embedding`` and not moved onto parameters for this model type (Qwen3-VL-MoE's
+    #: ``gate``, a ``Qwen3VLMoeTextTopKRouter``, and ``experts``): "Target module ... is not supported"
+    #: (peft/tuners/lora/model.py:559, ``_create_new_module``, 0.21.2)
+    lora_unsupported: tuple[str, ...] = ()
     #: Llama 4: the queries of the layers without rotary are scaled per position (``attn_temperature_tuning``)
     nope_temperature_tuning: bool = False
     expert_groups: tuple[int, int] = (1, 1)

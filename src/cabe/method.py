@@ -81,6 +81,9 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | 
     broken = [n for n in spec.lora_breaks if n in targets or "all-linear" in targets]
     if broken:
         raise InvalidValueError("lora_target_breaks", "lora_targets", value=", ".join(broken))
+    refused = [n for n in spec.lora_unsupported if n in targets]
+    if refused:  # PEFT raises on the whole config (ModelSpec.lora_unsupported)
+        raise InvalidValueError("lora_target_unsupported", "lora_targets", value=", ".join(refused))
     if any(t == "all-linear" for t in targets):
         wanted = set(names)
     else:

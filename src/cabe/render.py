@@ -59,6 +59,7 @@ REPORT_NOTES = (
     "vision_text_only",
     "vision_images",
     "lora_targets_moved_to_experts",
+    "lora_experts_not_adapted",
     "lora_target_unmatched",
     "gated_deltanet_kernels_modelled",
     "loss_assumed_hf",

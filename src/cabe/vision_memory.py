@@ -282,9 +282,13 @@ def vision_forward_bytes(tower: VisionTower, n: int, act_bytes: int = 2) -> int:
     block's attention moment — residual, normed input, the fused qkv output, q and k upcast to fp32 and the
     rotated fp32 product being made (apply_rotary_pos_emb_vision, modeling_qwen2_5_vl.py:200-210) — and its MLP
     moment — residual, normed input, gate, up and the activation (modelled as
-    :func:`cabe.inference.forward_bytes` does a decoder layer's)."""
+    :func:`cabe.inference.forward_bytes` does a decoder layer's). SigLIP's and Qwen3-VL's towers have their own
+    (:mod:`cabe.vision_siglip`, :func:`cabe.vision_qwen3.serving_transient`: LayerNorm blocks, a plain MLP, learned
+    positions; traced in tests/families/test_qwen3_vl_moe.py)."""
     if tower.kind == "siglip":  # LayerNorm blocks, no rotary (cabe.vision_siglip), pixels cast to the weights'
         return n * (vision_siglip.pixel_values(tower) * (4 + act_bytes) + vision_siglip.serving_block(tower, act_bytes))
+    if tower.kind == "qwen3_vl":  # LayerNorm blocks, a plain MLP, learned positions (cabe.vision_qwen3), not SwiGLU
+        return n * _patch_values(tower) * (4 + act_bytes) + vision_qwen3.serving_transient(tower, n, act_bytes)
     h, f = tower.hidden_size, tower.intermediate_size
     d = h // tower.num_heads
     pixels = _patch_values(tower) * (4 + act_bytes)

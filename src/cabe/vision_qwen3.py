@@ -63,6 +63,17 @@ def forward_transient(tower: VisionTower, n: int, dt: Dtypes, in_path: bool) -> 
     return n * (max(attention, mlp) + positions)
 
 
+def serving_transient(tower: VisionTower, n: int, act_bytes: int) -> int:
+    """The largest moment of the tower's forward without gradients (serving's prefill) over ``n`` patches, its
+    weights and activations ``act_bytes`` wide, beside the pixels: :func:`forward_transient` of a tower no gradient
+    flows through (one block's attention moment — residual, LayerNorm output, the fused qkv output, the fp32 rotary
+    temporaries and tables — or its plain MLP's — residual, LayerNorm output, ``linear_fc1``'s output and the
+    GELU's — beside the fp32 positions), or the learned positions' gather and product before the blocks."""
+    c = act_bytes
+    dt = Dtypes(weight=c, frozen=c, grad=c, compute=c, residual=c, adapter=c, weight_copies=False)
+    return max(forward_transient(tower, n, dt, False), positions_transient(tower, n, c))
+
+
 def around(tower: VisionTower, n: int, dt: Dtypes, trains: bool, mlp_saved: bool) -> int:
     """Saved outside the blocks for ``n`` patches (see the module's docstring); ``mlp_saved``: the mergers'
     linears train or LoRA adapts them (their inputs saved)."""

@@ -95,20 +95,31 @@ def tower(v: Reader) -> VisionTower:
     )
 
 
-def read(r: Reader, name: str) -> ModelSpec:
+def text_fields(r: Reader, defaults: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """The decoder's config: ``text_config`` over ``defaults`` (the text config class's), read as ``model_type``."""
     nested = _section(r.c, "text_config")
-    text = {**TEXT_DEFAULTS, **nested, "model_type": "qwen3"}
-    # Qwen3VLConfig's own tie_word_embeddings (default False) ties the head
+    text = {**defaults, **nested, "model_type": model_type}
+    # the top config's own tie_word_embeddings (Qwen3VLConfig / Qwen3VLMoeConfig: default False) ties the head
     text["tie_word_embeddings"] = bool(r.c.get("tie_word_embeddings", nested.get("tie_word_embeddings", False)))
-    spec = llama.read(Reader(text, "qwen3"), name)
-    vt = tower(Reader({**VISION_DEFAULTS, **_section(r.c, "vision_config")}, "qwen3_vl_vision"))
+    return text
+
+
+def with_tower(spec: ModelSpec, r: Reader, vision_defaults: Mapping[str, Any], model_type: str) -> ModelSpec:
+    """``spec`` (the decoder) with the tower of ``r``'s ``vision_config`` (over ``vision_defaults``), as
+    ``model_type`` (also its family's name)."""
+    vt = tower(Reader({**vision_defaults, **_section(r.c, "vision_config")}, model_type + "_vision"))
     if any(b >= vt.depth for b in vt.deepstack_indexes):
         raise ConfigError("config_bad_value", "model", key="deepstack_visual_indexes", detail=str(vt.deepstack_indexes))
     return replace(
         spec,
-        model_type="qwen3_vl",
-        family="qwen3_vl",
+        model_type=model_type,
+        family=model_type,
         config=dict(r.c),
         vision=vt,
         vision_parameters=vt.parameter_count,
     )
+
+
+def read(r: Reader, name: str) -> ModelSpec:
+    spec = llama.read(Reader(text_fields(r, TEXT_DEFAULTS, "qwen3"), "qwen3"), name)
+    return with_tower(spec, r, VISION_DEFAULTS, "qwen3_vl")

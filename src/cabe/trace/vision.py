@@ -185,17 +185,22 @@ def _qwen3_vl_inputs(cfg: Any, setup: TrainingSetup, device: Any, ids: Any) -> d
 
 def _static_deepstack() -> Any:
     """Qwen3-VL's DeepStack step (transformers 5.24 ``Qwen3VLTextModel._deepstack_process``,
-    modeling_qwen3_vl.py:841-850) indexes the hidden states with the image tokens' boolean mask, whose
+    modeling_qwen3_vl.py:841-850, and Qwen3-VL-MoE's, the same lines at modeling_qwen3_vl_moe.py:960-968) indexes
+    the hidden states with the image tokens' boolean mask, whose
     ``nonzero`` has a data-dependent shape the fake mode cannot give. The image tokens are the first of each row
     here (:func:`_qwen3_vl_inputs`), so the same step is run on that slice: the same clone of the hidden states,
     the same sum, written back in place. What differs: the gathered copy of the image tokens' rows (a transient the
     sum replaces at once) and the int64 indices the two index nodes save (16 bytes per image token and layer).
     Returns the function that restores transformers' own."""
-    try:
-        from transformers.models.qwen3_vl import modeling_qwen3_vl as m
-    except ImportError:  # (an older transformers without Qwen3-VL)
-        return lambda: None
-    own = m.Qwen3VLTextModel._deepstack_process
+    import importlib
+
+    classes = []
+    for module, name in (("qwen3_vl.modeling_qwen3_vl", "Qwen3VLTextModel"), _QWEN3_VL_MOE_TEXT):
+        try:
+            classes.append(getattr(importlib.import_module("transformers.models." + module), name))
+        except (ImportError, AttributeError):  # (an older transformers without Qwen3-VL)
+            continue
+    owns = [(cls, cls._deepstack_process) for cls in classes]
 
     def static(self: Any, hidden_states: Any, visual_pos_masks: Any, visual_embeds: Any) -> Any:
         visual_embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)
@@ -206,9 +211,15 @@ def _static_deepstack() -> Any:
         hidden_states[:, :k, :] = local_this
         return hidden_states
 
-    setattr(m.Qwen3VLTextModel, "_deepstack_process", static)  # noqa: B010 (mypy: no method assignment)
+    for cls, _ in owns:
+        setattr(cls, "_deepstack_process", static)  # noqa: B010 (mypy: no method assignment)
 
     def restore() -> None:
-        setattr(m.Qwen3VLTextModel, "_deepstack_process", own)  # noqa: B010
+        for cls, own in owns:
+            setattr(cls, "_deepstack_process", own)  # noqa: B010
 
     return restore
+
+
+#: Qwen3-VL-MoE's text model, whose DeepStack step is Qwen3-VL's (:func:`_static_deepstack`)
+_QWEN3_VL_MOE_TEXT = ("qwen3_vl_moe.modeling_qwen3_vl_moe", "Qwen3VLMoeTextModel")
