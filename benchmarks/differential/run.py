@@ -115,8 +115,18 @@ DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
     # (3 linear, 1 full; 6 and 2), as full_attention_interval draws them
     "qwen3-next-80b-a3b-4l": ("qwen3-next-80b-a3b", {"num_hidden_layers": 4}),
     "qwen3-next-80b-a3b-8l": ("qwen3-next-80b-a3b", {"num_hidden_layers": 8}),
-    # Qwen3.5-35B-A3B's text model at its widths (256 experts top-8, vocab 248320), 4 layers (3 linear, 1 full)
-    "qwen3.5-35b-a3b-4l": ("qwen3.5-35b-a3b", {"num_hidden_layers": 4}),
+    # Qwen3.5 as published (vision-language: Qwen3_5{,Moe}ForConditionalGeneration, images drawn by _images) at its
+    # widths with fewer layers, 4 (3 linear, 1 full) and a 2-block tower: the text model's keys are nested
+    # (text_config, vision_config: merged key by key in source()). 35B-A3B: 256 experts top-8, vocab 248320 (the
+    # preset was its text model alone until the tower was read); 27B: hidden 5120, ffn 17408; 0.8B: hidden 1024,
+    # tied; 122B-A10B: hidden 3072, 256 experts of 1024
+    "qwen3.5-35b-a3b-4l": ("qwen3.5-35b-a3b", {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}}),
+    "qwen3.5-27b-4l": ("qwen3.5-27b", {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}}),
+    "qwen3.5-0.8b-4l": ("qwen3.5-0.8b", {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}}),
+    "qwen3.5-122b-a10b-4l": (
+        "qwen3.5-122b-a10b",
+        {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}},
+    ),
     # Qwen3-MoE at its widths (30B-A3B: hidden 2048, 32 / 4 heads of 128, 128 experts of 768 top-8; 235B-A22B: hidden
     # 4096, 64 / 4 heads, 128 experts of 1536 top-8), 4 layers: the family's own sample (no 30B-A3B row was ever drawn)
     "qwen3-30b-a3b-4l": ("qwen3-30b-a3b", {"num_hidden_layers": 4}),
@@ -151,7 +161,12 @@ def source(model: str) -> ModelSource:
     family's tiny config, whose traces take seconds where its preset's take minutes on two shared cores)."""
     if model in DERIVED:  # one of DERIVED: its preset's config with fewer layers
         base, changes = DERIVED[model]
-        return from_mapping({**preset(base).config, **changes}, model)
+        config = preset(base).config
+        merged = {**config, **changes}
+        for key in ("text_config", "vision_config"):  # a nested section's changes merge key by key
+            if isinstance(changes.get(key), dict):
+                merged[key] = {**config.get(key, {}), **changes[key]}
+        return from_mapping(merged, model)
     return from_file(model) if model.endswith(".json") else preset(model)
 
 
