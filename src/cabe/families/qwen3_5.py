@@ -45,6 +45,7 @@ _TEXT_TYPE = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 #: does not already default the same way (configuration_qwen3_5.py, configuration_qwen3_5_moe.py)
 TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3_5": {
+        "vocab_size": 248_320,
         "hidden_size": 4096,
         "num_hidden_layers": 32,
         "num_attention_heads": 16,
@@ -53,6 +54,7 @@ TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 32768,
     },
     "qwen3_5_moe": {
+        "vocab_size": 248_320,
         "hidden_size": 2048,
         "num_hidden_layers": 40,
         "num_attention_heads": 16,
