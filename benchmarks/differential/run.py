@@ -127,6 +127,13 @@ DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
         "qwen3.5-122b-a10b",
         {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}},
     ),
+    # 397B-A17B: hidden 4096, 512 experts of 1024 top-10; 9B: hidden 4096, ffn 12288; 4B: hidden 2560, tied
+    "qwen3.5-397b-a17b-4l": (
+        "qwen3.5-397b-a17b",
+        {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}},
+    ),
+    "qwen3.5-9b-4l": ("qwen3.5-9b", {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}}),
+    "qwen3.5-4b-4l": ("qwen3.5-4b", {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}}),
     # Qwen3-MoE at its widths (30B-A3B: hidden 2048, 32 / 4 heads of 128, 128 experts of 768 top-8; 235B-A22B: hidden
     # 4096, 64 / 4 heads, 128 experts of 1536 top-8), 4 layers: the family's own sample (no 30B-A3B row was ever drawn)
     "qwen3-30b-a3b-4l": ("qwen3-30b-a3b", {"num_hidden_layers": 4}),
