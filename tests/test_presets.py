@@ -146,8 +146,15 @@ PUBLISHED_ROUNDED = {
     # 235,670,022,896 on the meta device)
     "qwen3-vl-30b-a3b-instruct": (31.1, None),
     "qwen3-vl-235b-a22b-instruct": (236, None),
-    # "35B total, 3B activated" with its vision tower; the text model alone builds 34,660,610,688
+    # Qwen3.5 as published (vision-language, the tower counted, the MTP layer not built): "35B total, 3B activated"
+    # for 35,107,181,936 (the text model alone 34,660,610,688); "2B" 2,213,241,664, "9B" 9,409,813,744, "27B"
+    # 27,356,728,560, "397B" 396,802,360,816. The other names are not rounded totals: "0.8B" 852,985,920, "4B"
+    # 4,539,265,536, "122B" 122,562,817,776 (their text models: 752,393,024; 4,205,751,296; 122,111,526,912)
     "qwen3.5-35b-a3b": (35, None),
+    "qwen3.5-2b": (2, None),
+    "qwen3.5-9b": (9, None),
+    "qwen3.5-27b": (27, None),
+    "qwen3.5-397b-a17b": (397, None),
 }
 
 CABE_KEYS = {
@@ -212,7 +219,16 @@ def test_config_shape(path: Path):
     # (and multimodal Gemma 3, Llama 4 and Mistral Small 3.x and Qwen2.5-VL as published: Gemma3ForConditionalGeneration,
     # Llama4ForConditionalGeneration, Mistral3ForConditionalGeneration)
     causal = ("ForCausalLM", "LMHeadModel", "ForSequenceClassification")
-    multimodal = cfg["model_type"] in ("gemma3", "llama4", "mistral3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+    multimodal = cfg["model_type"] in (
+        "gemma3",
+        "llama4",
+        "mistral3",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "qwen3_vl_moe",
+        "qwen3_5",
+        "qwen3_5_moe",
+    )
     assert archs[0].endswith(causal + (("ForConditionalGeneration",) if multimodal else ())), archs
     # Every integer size that exists is positive.
     for key in (

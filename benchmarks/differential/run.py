@@ -115,8 +115,25 @@ DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
     # (3 linear, 1 full; 6 and 2), as full_attention_interval draws them
     "qwen3-next-80b-a3b-4l": ("qwen3-next-80b-a3b", {"num_hidden_layers": 4}),
     "qwen3-next-80b-a3b-8l": ("qwen3-next-80b-a3b", {"num_hidden_layers": 8}),
-    # Qwen3.5-35B-A3B's text model at its widths (256 experts top-8, vocab 248320), 4 layers (3 linear, 1 full)
-    "qwen3.5-35b-a3b-4l": ("qwen3.5-35b-a3b", {"num_hidden_layers": 4}),
+    # Qwen3.5 as published (vision-language: Qwen3_5{,Moe}ForConditionalGeneration, images drawn by _images) at its
+    # widths with fewer layers, 4 (3 linear, 1 full) and a 2-block tower: the text model's keys are nested
+    # (text_config, vision_config: merged key by key in source()). 35B-A3B: 256 experts top-8, vocab 248320 (the
+    # preset was its text model alone until the tower was read); 27B: hidden 5120, ffn 17408; 0.8B: hidden 1024,
+    # tied; 122B-A10B: hidden 3072, 256 experts of 1024
+    "qwen3.5-35b-a3b-4l": ("qwen3.5-35b-a3b", {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}}),
+    "qwen3.5-27b-4l": ("qwen3.5-27b", {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}}),
+    "qwen3.5-0.8b-4l": ("qwen3.5-0.8b", {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}}),
+    "qwen3.5-122b-a10b-4l": (
+        "qwen3.5-122b-a10b",
+        {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}},
+    ),
+    # 397B-A17B: hidden 4096, 512 experts of 1024 top-10; 9B: hidden 4096, ffn 12288; 4B: hidden 2560, tied
+    "qwen3.5-397b-a17b-4l": (
+        "qwen3.5-397b-a17b",
+        {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}},
+    ),
+    "qwen3.5-9b-4l": ("qwen3.5-9b", {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}}),
+    "qwen3.5-4b-4l": ("qwen3.5-4b", {"text_config": {"num_hidden_layers": 4}, "vision_config": {"depth": 2}}),
     # Qwen3-MoE at its widths (30B-A3B: hidden 2048, 32 / 4 heads of 128, 128 experts of 768 top-8; 235B-A22B: hidden
     # 4096, 64 / 4 heads, 128 experts of 1536 top-8), 4 layers: the family's own sample (no 30B-A3B row was ever drawn)
     "qwen3-30b-a3b-4l": ("qwen3-30b-a3b", {"num_hidden_layers": 4}),

@@ -112,6 +112,12 @@ def add_block(layer: Any) -> None:
     spec = layer.spec
     dn: GatedDeltaNet = spec.gated_deltanet
     h, a, rho, bt = layer.h, layer.a, layer.rho, layer.base_trainable
+    if layer.quantized:
+        # QLoRA on the prepared model: the 4-bit in_proj_* return their fp32 input's dtype (bitsandbytes 0.50
+        # nn/modules.py Linear4bit.forward, ``out.to(inp_dtype)``; autocast does not reach that custom function), so
+        # conv, q, k, v, beta, the kernel's saved tensors and the gated norm's input are fp32 (traced: a 4-layer
+        # Qwen3.5-0.8B text model under QLoRA, activations -14.6% against the trace with a = 2 here)
+        a = 4
     kd, vd, hv, hk = dn.key_dim, dn.value_dim, dn.num_v_heads, dn.num_k_heads
     layer.rms_norm("input_norm", h, "h", bt, spec.norm_weight_fp32)
     if rho == 4:

@@ -22,8 +22,8 @@ from the same modular file):
   is dense (a SwiGLU MLP in every layer); Qwen3.5-MoE (``qwen3_5_moe_text``) is MoE in every layer.
 
 The multi-token-prediction layer of the checkpoints (``mtp.*`` weights) is not built by transformers
-(``_keys_to_ignore_on_load_unexpected``): not counted. The vision-language wrappers ``qwen3_5`` / ``qwen3_5_moe``
-(a vision tower around this text model) are not read here: they go through the trace (cabe.via_trace).
+(``_keys_to_ignore_on_load_unexpected``): not counted. The vision-language checkpoints ``qwen3_5`` / ``qwen3_5_moe``
+(a vision tower around this text model, as Qwen3.5 is published) are read by :mod:`cabe.families.qwen3_5`.
 """
 
 from __future__ import annotations

@@ -273,9 +273,18 @@ def _image_text_class(cfg: Any) -> Any:
     from transformers.models.auto import modeling_auto as ma
 
     mt = getattr(cfg, "model_type", "")
+    if mt in _PUBLISHED_IMAGE_TEXT:
+        return transformers.AutoModelForImageTextToText
     if mt in ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or mt not in ma.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
         return None
     return transformers.AutoModelForImageTextToText
+
+
+#: vision-language types transformers 5.24 also maps to a text-only causal LM "for VLM compatibility"
+#: (models/auto/modeling_auto.py:941-942: ``Qwen3_5ForCausalLM``, which drops the tower on load), whose
+#: checkpoints are published as ``...ForConditionalGeneration``: traced as that class, the tower included
+#: (cabe.families.qwen3_5 counts it)
+_PUBLISHED_IMAGE_TEXT = ("qwen3_5", "qwen3_5_moe")
 
 
 def _from_config(cfg: Any, setup: TrainingSetup, attn: str, dtype: Any, notes: list[str], head: str = "lm") -> Any:

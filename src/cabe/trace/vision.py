@@ -33,6 +33,12 @@ def wants_images(cfg: Any, setup: TrainingSetup) -> bool:
     return setup.images > 0 and _vision_config(cfg) is not None and hasattr(cfg, "image_token_id")
 
 
+def _learned_positions(cfg: Any) -> bool:
+    """A Qwen3-VL-style tower (learned positions, no windows): Qwen3-VL's, and Qwen3.5's
+    (``Qwen3_5VisionConfig`` has ``num_position_embeddings`` and no ``deepstack_visual_indexes``)."""
+    return getattr(_vision_config(cfg), "num_position_embeddings", None) is not None
+
+
 def _grid(cfg: Any, setup: TrainingSetup) -> tuple[int, int, int]:
     """(grid_t, grid_h, grid_w) of one image, by the processor's resize (cabe.vision.resized)."""
     from cabe import families, vision
@@ -51,7 +57,7 @@ def image_inputs(cfg: Any, setup: TrainingSetup, device: Any, ids: Any) -> dict[
         return {}
     if getattr(cfg, "mm_tokens_per_image", None) is not None:  # Gemma 3: fixed-size images, no grid
         return _fixed_size_inputs(cfg, setup, device, ids)
-    if getattr(_vision_config(cfg), "deepstack_visual_indexes", None) is not None:  # Qwen3-VL: no windows
+    if getattr(_vision_config(cfg), "deepstack_visual_indexes", None) is not None or _learned_positions(cfg):
         return _qwen3_vl_inputs(cfg, setup, device, ids)
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
