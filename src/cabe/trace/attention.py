@@ -315,24 +315,21 @@ def flash_attention_forward(
         else:
             target = getattr(module, "_cabe_flash_dtype", torch.bfloat16)
         q, k, v = q.to(target), k.to(target), v.to(target)
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    out = flash_kernel(q, k, v, float(dropout if module.training else 0.0), bool(causal), scaling)
+    return (out if out.size(-1) == v_head_dim else out[..., :v_head_dim]), None
+
+
+def flash_kernel(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float, causal: bool, scale: float | None
+) -> torch.Tensor:
+    """FlashAttention-2's forward on (b, s, h, d) inputs, no mask (causal past one query), as
+    ``aten._flash_attention_forward``: the kernel every ``flash`` path of the trace runs."""
     with contextlib.suppress(IndexError):
         state.current().note("flash_attention_2")
-    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    causal = bool(causal and q.size(1) > 1)
-    out = torch.ops.aten._flash_attention_forward(
-        q,
-        k,
-        v,
-        None,
-        None,
-        q.size(1),
-        k.size(1),
-        float(dropout if module.training else 0.0),
-        causal,
-        False,
-        scale=scaling,
+    return torch.ops.aten._flash_attention_forward(
+        q, k, v, None, None, q.size(1), k.size(1), dropout, causal and q.size(1) > 1, False, scale=scale
     )[0]
-    return (out if out.size(-1) == v_head_dim else out[..., :v_head_dim]), None
 
 
 _REGISTERED = False

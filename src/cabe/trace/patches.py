@@ -112,7 +112,7 @@ def _patch_falcon_flash(p: _Patch) -> None:
         from transformers.models.falcon import modeling_falcon as mf
     except ImportError:
         return
-    import torch
+    from cabe.trace.attention import flash_kernel
 
     def flash_forward(
         query_states: Any,
@@ -125,22 +125,7 @@ def _patch_falcon_flash(p: _Patch) -> None:
         softmax_scale: float | None = None,
         **kwargs: Any,
     ) -> Any:
-        with contextlib.suppress(IndexError):
-            state.current().note("flash_attention_2")
-        q = query_states
-        return torch.ops.aten._flash_attention_forward(
-            q,
-            key_states,
-            value_states,
-            None,
-            None,
-            q.size(1),
-            key_states.size(1),
-            float(dropout),
-            bool(is_causal and q.size(1) > 1),
-            False,
-            scale=softmax_scale,
-        )[0]
+        return flash_kernel(query_states, key_states, value_states, float(dropout), bool(is_causal), softmax_scale)
 
     classes = dict(mf.FALCON_ATTENTION_CLASSES)
     classes["cabe_fa2"] = mf.FalconFlashAttention2
