@@ -601,10 +601,10 @@ class _Layer:
     def rms_norm_block(self) -> int:
         """RMSNorm blocks (Llama, Gemma, Phi-3, Mixtral, OLMo 2): attention, then a gated or MoE MLP.
         Returns the backward workspace per token."""
-        if self.spec.compressed_attention or self.spec.latent_attention or self.group.mixer != "attention":
-            self.live = True  # NOTE: these mixers do not follow ``live``: counted whole, as before
-        if self.spec.compressed_attention:  # DeepSeek-V4's layer (cabe.compressed_attention)
+        if self.spec.compressed_attention:  # DeepSeek-V4's layer (cabe.compressed_attention): follows ``live``
             return compressed_attention.add_block(self)
+        if self.spec.latent_attention or self.group.mixer != "attention":
+            self.live = True  # NOTE: these mixers do not follow ``live``: counted whole, as before
         if self.group.mixer == "mamba2":
             ssm.mixer_terms(self)
         elif self.group.mixer == "gated_deltanet":

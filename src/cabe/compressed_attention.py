@@ -66,19 +66,26 @@ def add_block(layer: Any) -> int:
     ca = spec.compressed_attention
     assert ca is not None
     h, rho, bt = layer.h, layer.rho, layer.base_trainable
+    # In the lowest layer of LoRA's gradient path (``layer.live`` false: its streams, built from the frozen
+    # embeddings' output at modeling_deepseek_v4.py ``hidden_states.unsqueeze(2).expand(...)``, require no grad, and
+    # the hyper-connections' fn / base / scale are frozen) autograd records nothing until an adapted projection's
+    # output joins (``_Layer.joins``): only the adapters' own inputs are saved before that
+    streams_live = layer.live
     _hyper_connection(layer, "attn_hc")
-    if rho == 4:  # the fp32 streams' ``.float()`` is the layer's input itself: the checkpoint's saved input
+    if rho == 4 and layer.live:  # the fp32 streams' ``.float()`` is the layer's input itself: the checkpoint's saved input
         layer.input_alias = 4 * spec.hyper_connections * h
     layer.rms_norm("input_norm", h, "h", bt, True)
     _attention(layer, ca)
-    _mix_back(layer, "attn", _out(layer))
+    _mix_back(layer, "attn", _out(layer), streams_live)
     layer.mlp_from = len(layer.terms)
     layer.block = "mlp"
+    streams_live = layer.live
     _hyper_connection(layer, "ffn_hc")
     layer.rms_norm("post_attention_norm", h, "h", bt, True)
+    experts_live = layer.live  # the routed experts read the normalised streams: their backward runs only then
     _moe(layer)
     # routed + shared: the routed experts' output is in their own dtype (grouped_mm runs outside autocast)
-    _mix_back(layer, "mlp", max(_out(layer), layer.dt_weight if bt else layer.dt_frozen))
+    _mix_back(layer, "mlp", max(_out(layer), layer.dt_weight if bt else layer.dt_frozen), streams_live)
     _moments(layer)
     # the MLP block's backward, beside the gradients of the streams in and out (2·ρ·n·h): the shared expert's (a gated
     # MLP's, 3·f) runs first, then the routed experts' in their dtype: ``weighted_out[inv_perm]``'s and the routing
@@ -86,7 +93,7 @@ def add_block(layer: Any) -> int:
     # and of the chunked gate_up (4·k·f) (transformers 5.24 integrations/moe.py ``grouped_mm_experts_forward``)
     ae = layer.dt_weight if bt else layer.dt_frozen
     k = spec.experts_per_token
-    experts = ae * k * max(2 * h, 4 * layer.f)
+    experts = ae * k * max(2 * h, 4 * layer.f) if experts_live else 0
     return max(3 * _out(layer) * layer.f, experts) + 2 * rho * spec.hyper_connections * h
 
 
@@ -148,12 +155,16 @@ def head_saved(spec: ModelSpec, rho: int, autocast: bool, full: bool) -> int:
     return out
 
 
-def _mix_back(layer: Any, block: str, out_bytes: int) -> None:
+def _mix_back(layer: Any, block: str, out_bytes: int, streams_live: bool = True) -> None:
     """``post.to(dtype) * out.unsqueeze(-2) + matmul(comb.to(dtype).T, streams)`` after a block whose output has
     ``out_bytes`` per element: ``mul`` saves both, ``matmul`` comb's cast and the streams — under autocast its own
-    16-bit casts of both (the fp32 streams' is a new 2·n·h)."""
+    16-bit casts of both (the fp32 streams' is a new 2·n·h). When the streams required no grad (``streams_live``
+    false: the bottom layer of LoRA's path) and an adapter made the block's output require it, ``mul`` saves only
+    ``post`` (for the output's gradient: MulBackward0 keeps an operand only for the other's) and ``matmul`` nothing."""
     n, rho, h = layer.spec.hyper_connections, layer.rho, layer.h
     layer.add(f"{block}.hc_post", rho * n, f"{rho}·n")
+    if not streams_live:
+        return
     layer.add(f"{block}.hc_output", out_bytes * h, f"{out_bytes}·h")
     comb = 2 if layer.autocast else rho
     layer.add(f"{block}.hc_comb", comb * n * n, f"{comb}·n²")
@@ -189,11 +200,13 @@ def _attention(layer: Any, ca: CompressedAttention) -> None:
     t = entries(ca, group.attention, s)
     if compressed:
         _compressor(layer, ca, group.attention, t)
-    layer.constant += calls * 2 * round_alloc(s * ca.rope_dim * rope_bytes)
+    if layer.live:  # (saved by rotary's multiplies only when q or kv requires grad)
+        layer.constant += calls * 2 * round_alloc(s * ca.rope_dim * rope_bytes)
     length = s + t
     layer.add("attn.query", a * q, f"{a}·q")
     # repeat_kv: the one key = value head copied to every query head, for the key and for the value
-    layer.constant += 2 * round_alloc(a * b * nh * length * d)
+    if layer.live:
+        layer.constant += 2 * round_alloc(a * b * nh * length * d)
     layer.add("attn.sink_max_indices", 8 * nh, "8·nh")
     layer.add("attn.softmax_with_sink", 4 * nh * (length + 1), "4·nh·(L+1)")
     layer.softmax_at = len(layer.terms)
@@ -229,11 +242,12 @@ def _compressor(layer: Any, ca: CompressedAttention, kind: str, t: int) -> None:
     layer.add("compressor.kv", a * w, f"{a}·w")
     # kv_norm over each entry: fp32 input, rsqrt, normalised (b·T rows)
     rows = b * t
-    layer.constant += round_alloc(4 * rows * d) + round_alloc(4 * rows)
-    if bt:
-        layer.constant += round_alloc(4 * rows * d)
-    rope_bytes = layer.dt_weight if bt else layer.dt_frozen
-    layer.constant += 2 * round_alloc(rows * ca.rope_dim * rope_bytes)
+    if layer.live:  # (the bottom layer of LoRA's path: saved once the compressor's kv requires grad)
+        layer.constant += round_alloc(4 * rows * d) + round_alloc(4 * rows)
+        if bt:
+            layer.constant += round_alloc(4 * rows * d)
+        rope_bytes = layer.dt_weight if bt else layer.dt_frozen
+        layer.constant += 2 * round_alloc(rows * ca.rope_dim * rope_bytes)
     if kind == "compressed_sparse":
         _indexer_transient(layer, ca, t)
 
@@ -314,7 +328,8 @@ def _moe(layer: Any) -> None:
         layer.add("moe.product", k * ae * f, f"k·{ae}·f")
     layer.add("moe.routing_weights", k * ar, f"k·{ar}")
     layer.add("moe.expert_output", k * ae * h, f"k·{ae}·h")
-    layer.constant += round_alloc(4 * e)  # the int32 offsets (cumsum of the histogram)
+    if layer.live:
+        layer.constant += round_alloc(4 * e)  # the int32 offsets (cumsum of the histogram)
     if not shared_up:
         return
     layer.add("mlp.shared_gate_up", 2 * a * f, f"2·{a}·f")
