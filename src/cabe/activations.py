@@ -96,6 +96,10 @@ class LayerActivations:
     # the routed experts' backward before any MLP gradient exists (grouped_mm dispatch: _dispatch_workspace), per
     # token, beside every tensor the layer saved; 0: none
     dispatch_workspace_per_token: int = 0
+    # of ``terms``: what the routed experts' backward has released by the time it makes their weights' last
+    # gradient (the experts' outputs, products and activations, and all the block saved after them), per token;
+    # the MLP block's gradient moment holds every gradient beside the rest (step.LayerRun.experts_freed)
+    experts_freed_per_token: int = 0
 
     @property
     def indexer_moment_per_token(self) -> int:
@@ -228,6 +232,7 @@ def layer_activations(
         else 0,
         max(0, layer.dora_result_moment - layer.tokens * sum(t.bytes_per_token for t in layer.terms)),
         dispatch_workspace_per_token=layer.dispatch_workspace,
+        experts_freed_per_token=layer.experts_freed,
     )
 
 
@@ -324,6 +329,7 @@ class _Layer:
         self.indexer_transient = 0  # per token: DeepSeek-V3.2's indexer (see _indexer_transient)
         self.indexer_from = 0  # the first term saved after the indexer ran
         self.dispatch_workspace = 0  # per token: the grouped_mm experts' backward (see _dispatch_workspace)
+        self.experts_freed = 0  # per token: see LayerActivations.experts_freed_per_token
         # Whether the tensor flowing through the block being counted requires grad. Autograd saves a tensor for an
         # op only when one of the op's inputs requires grad (torch/csrc/autograd: a node is recorded only then), so
         # in the lowest layer of LoRA's gradient path without checkpointing — its input, the frozen embedding's

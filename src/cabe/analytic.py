@@ -1008,6 +1008,7 @@ def _layer_run(
         accum_grad_mlp=largest.get(True, 0) if accum else 0,
         accum_grad_attention=largest.get(False, 0) if accum else 0,
         dispatch_workspace=tokens * r.per_layer.dispatch_workspace_per_token,
+        experts_freed=tokens * r.per_layer.experts_freed_per_token,
     )
 
 

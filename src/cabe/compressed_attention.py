@@ -72,7 +72,9 @@ def add_block(layer: Any) -> int:
     # output joins (``_Layer.joins``): only the adapters' own inputs are saved before that
     streams_live = layer.live
     _hyper_connection(layer, "attn_hc")
-    if rho == 4 and layer.live:  # the fp32 streams' ``.float()`` is the layer's input itself: the checkpoint's saved input
+    if (
+        rho == 4 and layer.live
+    ):  # the fp32 streams' ``.float()`` is the layer's input itself: the checkpoint's saved input
         layer.input_alias = 4 * spec.hyper_connections * h
     layer.rms_norm("input_norm", h, "h", bt, True)
     _attention(layer, ca)
@@ -87,6 +89,23 @@ def add_block(layer: Any) -> int:
     # routed + shared: the routed experts' output is in their own dtype (grouped_mm runs outside autocast)
     _mix_back(layer, "mlp", max(_out(layer), layer.dt_weight if bt else layer.dt_frozen), streams_live)
     _moments(layer)
+    # the block's first backward node, the mix back's (modeling_deepseek_v4.py:1197), with everything the layer saved
+    # alive: the incoming gradient of the streams, matmul's gradient of the streams (cast back to their dtype under
+    # autocast) and the two products' gradients before their sums (``post`` broadcast over h, the output over the n
+    # streams): four tensors of the streams' shape (b, s, n, h). The trace of a tiny V4 (fp16 weights under bf16
+    # autocast: fp32 streams, checkpointed) peaks here
+    mix_back = 4 * rho * spec.hyper_connections * h
+    if bt and experts_live:
+        # Backward runs the block in reverse: the mix back, the shared expert (built last, run first), then the routed
+        # experts (transformers 5.24 integrations/moe.py ``grouped_mm_experts_forward``): the output's mul with the
+        # routing weights, down's grouped_mm (its weight gradient), the clamped SwiGLU, gate_up's grouped_mm (the
+        # last weight gradient). Each node releases what it saved once it ran (torch/csrc/autograd/engine.cpp), so by
+        # the time every expert gradient exists all the block saved after the experts' input is gone; before any
+        # exists, the dispatch's own first nodes run beside everything the layer saved (activations._dispatch_workspace)
+        from cabe.activations import _dispatch_workspace  # (activations imports this module)
+
+        layer.experts_freed = sum(t.bytes_per_token for t in layer.terms[layer.experts_from :])
+        layer.dispatch_workspace = max(_dispatch_workspace(layer, layer.dt_weight), mix_back)
     # the MLP block's backward, beside the gradients of the streams in and out (2·ρ·n·h): the shared expert's (a gated
     # MLP's, 3·f) runs first, then the routed experts' in their dtype: ``weighted_out[inv_perm]``'s and the routing
     # weights' gradients (k·h each), then at ``_apply_gate`` the gradients of silu's and up's outputs, of their clamps
@@ -94,7 +113,7 @@ def add_block(layer: Any) -> int:
     ae = layer.dt_weight if bt else layer.dt_frozen
     k = spec.experts_per_token
     experts = ae * k * max(2 * h, 4 * layer.f) if experts_live else 0
-    return max(3 * _out(layer) * layer.f, experts) + 2 * rho * spec.hyper_connections * h
+    return max(max(3 * _out(layer) * layer.f, experts) + 2 * rho * spec.hyper_connections * h, mix_back)
 
 
 def _out(layer: Any) -> int:
@@ -322,6 +341,7 @@ def _moe(layer: Any) -> None:
     layer.add("moe.dispatch_indices", 3 * 8 * k, "24·k")
     if bt:
         layer.add("moe.expert_input", k * ae * h, f"k·{ae}·h")
+    layer.experts_from = len(layer.terms)
     layer.add("moe.gate_up_output", 2 * k * ae * f, f"2·k·{ae}·f")
     layer.add("moe.clamped_silu", 3 * k * ae * f, f"3·k·{ae}·f")
     if bt:

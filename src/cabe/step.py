@@ -52,6 +52,9 @@ class LayerRun:
     # the routed experts' backward before any MLP gradient is made (cabe.activations _dispatch_workspace): a
     # transient beside everything the layer saved; 0: no such moment
     dispatch_workspace: int = 0
+    # the MLP block's gradient moment: what the routed experts' backward released before their last weight gradient
+    # (cabe.activations LayerActivations.experts_freed_per_token)
+    experts_freed: int = 0
 
 
 @dataclass(frozen=True)
@@ -307,7 +310,12 @@ def _layer_moments(
             # tensors once it has run: torch/csrc/autograd/engine.cpp), the MLP's gradients stay.
             stray = stray_above + r.stray_grads * from_top
             moments_of_layer = [
-                ("", before + r.grads_mlp, acts + max(r.workspace, r.accum_grad_mlp), stray + r.stray_grads_mlp)
+                (
+                    "",
+                    before + r.grads_mlp,
+                    acts - r.experts_freed + max(r.workspace, r.accum_grad_mlp),
+                    stray + r.stray_grads_mlp,
+                )
             ]
             if r.dispatch_workspace:  # the routed experts' first backward nodes, before any MLP gradient
                 moments_of_layer.insert(0, (".experts", before, acts + r.dispatch_workspace, stray))
