@@ -100,6 +100,9 @@ class LayerActivations:
     # gradient (the experts' outputs, products and activations, and all the block saved after them), per token;
     # the MLP block's gradient moment holds every gradient beside the rest (step.LayerRun.experts_freed)
     experts_freed_per_token: int = 0
+    # checkpointing: the gradient of the layer's output, waiting in autograd's input buffer while the layer is
+    # recomputed (set where it is not small beside the rest: DeepSeek-V4's n streams, cabe.compressed_attention)
+    output_grad_per_token: int = 0
 
     @property
     def indexer_moment_per_token(self) -> int:
@@ -233,6 +236,7 @@ def layer_activations(
         max(0, layer.dora_result_moment - layer.tokens * sum(t.bytes_per_token for t in layer.terms)),
         dispatch_workspace_per_token=layer.dispatch_workspace,
         experts_freed_per_token=layer.experts_freed,
+        output_grad_per_token=layer.output_grad,
     )
 
 
@@ -330,6 +334,7 @@ class _Layer:
         self.indexer_from = 0  # the first term saved after the indexer ran
         self.dispatch_workspace = 0  # per token: the grouped_mm experts' backward (see _dispatch_workspace)
         self.experts_freed = 0  # per token: see LayerActivations.experts_freed_per_token
+        self.output_grad = 0  # per token: see LayerActivations.output_grad_per_token
         # Whether the tensor flowing through the block being counted requires grad. Autograd saves a tensor for an
         # op only when one of the op's inputs requires grad (torch/csrc/autograd: a node is recorded only then), so
         # in the lowest layer of LoRA's gradient path without checkpointing — its input, the frozen embedding's

@@ -922,12 +922,17 @@ def _frozen_inputs(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, act: _Acti
     its input (none on the device when offloaded), one left out of selective checkpointing keeps what a
     layer with frozen weights saves."""
     ckpt = sum(1 for i in range(act.first) if act.checkpointed(i))
-    plain = act.first - ckpt
     kept = 0 if act.offload else ckpt * act.runs[0].saved_layer_bytes
-    if plain:
-        # NOTE: the bottom run's layer stands for every frozen one (exact when the layers are alike)
-        fdt = _frozen_dtypes(setup, dt)
-        kept += plain * _run_activations(spec, setup, fdt, spec.runs[0], 0, act.tokens, False).plain_layer_bytes
+    fdt = _frozen_dtypes(setup, dt)
+    plain: dict[int, int] = {}  # each frozen plain layer as its own run saves (DeepSeek-V4's kinds differ)
+    index = 0
+    for run in spec.runs:
+        for _ in range(run.count):
+            if index < act.first and not act.checkpointed(index):
+                if id(run) not in plain:
+                    plain[id(run)] = _run_activations(spec, setup, fdt, run, 0, act.tokens, False).plain_layer_bytes
+                kept += plain[id(run)]
+            index += 1
     return kept
 
 
@@ -1015,9 +1020,10 @@ def _layer_run(
 def _recompute_transient(per_layer: LayerActivations, tokens: int) -> int:
     """A checkpointed layer's largest transient while it is recomputed: PEFT's casts of an adapted module's input
     (at the end of the recompute, all the layer saves is back), DeepSeek-V3.2's indexer or a DoRA module's output
-    arithmetic (inside it: less what the layer saves after it)."""
+    arithmetic (inside it: less what the layer saves after it), beside the gradient of the layer's output that waits
+    for it (``LayerActivations.output_grad_per_token``)."""
     per_token = max(per_layer.lora_forward_transient_per_token, per_layer.indexer_moment_per_token)
-    return max(tokens * per_token, per_layer.dora_result_bytes)
+    return max(tokens * per_token, per_layer.dora_result_bytes) + tokens * per_layer.output_grad_per_token
 
 
 def _temporaries_key(setup: TrainingSetup) -> str:

@@ -95,6 +95,8 @@ def add_block(layer: Any) -> int:
     # streams): four tensors of the streams' shape (b, s, n, h). The trace of a tiny V4 (fp16 weights under bf16
     # autocast: fp32 streams, checkpointed) peaks here
     mix_back = 4 * rho * spec.hyper_connections * h
+    # under checkpointing the layer is recomputed while its output's gradient, the n streams' (ρ·n·h), waits
+    layer.output_grad = rho * spec.hyper_connections * h
     if bt and experts_live:
         # Backward runs the block in reverse: the mix back, the shared expert (built last, run first), then the routed
         # experts (transformers 5.24 integrations/moe.py ``grouped_mm_experts_forward``): the output's mul with the
@@ -223,8 +225,12 @@ def _attention(layer: Any, ca: CompressedAttention) -> None:
         layer.constant += calls * 2 * round_alloc(s * ca.rope_dim * rope_bytes)
     length = s + t
     layer.add("attn.query", a * q, f"{a}·q")
-    # repeat_kv: the one key = value head copied to every query head, for the key and for the value
-    if layer.live:
+    # repeat_kv: the one key = value head expanded to every query head (a view: ``expand`` then ``reshape`` merges
+    # the size-1 head dim with the stride-0 one), for the key and for the value. ``at::matmul`` folds the batch dims
+    # for bmm (aten/src/ATen/native/LinearAlgebra.cpp, ``_matmul_impl``: ``expand(...).reshape(...)``): with one
+    # sequence the stride-0 heads become bmm's stride-0 batch, no copy; with b > 1 they cannot merge with the batch
+    # stride and reshape copies them (a·b·nh·L·d each), which bmm saves
+    if layer.live and b > 1:
         layer.constant += 2 * round_alloc(a * b * nh * length * d)
     layer.add("attn.sink_max_indices", 8 * nh, "8·nh")
     layer.add("attn.softmax_with_sink", 4 * nh * (length + 1), "4·nh·(L+1)")
