@@ -203,28 +203,41 @@ def _attention(layer: Any, ca: CompressedAttention) -> None:
     compressed = ca.rate(group.attention)
     # (the compressor's kv_proj is a second module of that name: under autocast each casts its input)
     readers = ["q_a_proj", "kv_proj"] + (["kv_proj", "gate_proj"] if compressed else [])
+    # The bottom layer of LoRA's path (``layer.live`` false on entry) has two paths: the query's, which requires grad
+    # from an adapted q_a_proj or q_b_proj on, and the key = value's, from an adapted kv_proj (or the compressor's
+    # kv_proj / gate_proj) on. Each op saves only for the inputs that require grad: q @ kᵀ the key for the query's
+    # gradient (the query for the key's), probs @ v the value for the probabilities' (the probabilities for v's)
+    entry = layer.live
+    targets = layer.targets
+    q_live = entry or "q_a_proj" in targets or "q_b_proj" in targets
+    kv_live = entry or "kv_proj" in targets or (bool(compressed) and "gate_proj" in targets)
     layer.linear_inputs("attn", [(n_, h) for n_ in readers], rho * h, f"{rho}·h")
     layer.lora_mid(readers)
     lo = _out(layer)
+    layer.live = entry or "q_a_proj" in targets
     layer.rms_norm("attn.q_a_norm", rq, "r_q", bt, True, in_bytes=lo)
     layer.linear_inputs("attn.q_b_proj", [("q_b_proj", rq)], lo * rq, f"{lo}·r_q")
     layer.lora_mid(["q_b_proj"])
+    layer.live = q_live
     # q_b_norm: x * rsqrt(x.float().square().mean(-1) + eps).to(x.dtype), per head
     if lo != 4:
         layer.add("attn.q_b_norm.fp32_input", 4 * q, "4·q")
         layer.add("attn.q_b_norm.rsqrt_cast", lo * nh, f"{lo}·nh")
     layer.add("attn.q_b_norm.rsqrt", 4 * nh, "4·nh")
     layer.add("attn.q_b_output", lo * q, f"{lo}·q")
+    layer.live = kv_live
     layer.rms_norm("attn.kv_norm", d, "d", bt, True, in_bytes=lo)
     rope_bytes = layer.dt_weight if bt else layer.dt_frozen  # cos / sin in the embeddings' dtype
     calls = 3  # rotary on q, on kv, and its inverse on the attention output: cos and sin each
     t = entries(ca, group.attention, s)
     if compressed:
         _compressor(layer, ca, group.attention, t)
+    layer.live = q_live or kv_live
     if layer.live:  # (saved by rotary's multiplies only when q or kv requires grad)
         layer.constant += calls * 2 * round_alloc(s * ca.rope_dim * rope_bytes)
     length = s + t
-    layer.add("attn.query", a * q, f"{a}·q")
+    if kv_live:  # q @ kᵀ saves the query for the key's gradient
+        layer.add("attn.query", a * q, f"{a}·q")
     # repeat_kv: the one key = value head expanded to every query head (a view: ``expand`` then ``reshape`` merges
     # the size-1 head dim with the stride-0 one), for the key and for the value. ``at::matmul`` folds the batch dims
     # for bmm (aten/src/ATen/native/LinearAlgebra.cpp, ``_matmul_impl``: ``expand(...).reshape(...)``): with one
@@ -235,7 +248,7 @@ def _attention(layer: Any, ca: CompressedAttention) -> None:
     layer.add("attn.sink_max_indices", 8 * nh, "8·nh")
     layer.add("attn.softmax_with_sink", 4 * nh * (length + 1), "4·nh·(L+1)")
     layer.softmax_at = len(layer.terms)
-    if a != 4:
+    if a != 4 and kv_live:  # probs @ v saves the probabilities' cast for v's gradient
         layer.add("attn.probs", a * nh * length, f"{a}·nh·L")
     # forward, at ``combined_logits - max``: the fp32 scores with the sink column and their shifted copy, beside the
     # masked scores (``attn_weights + attention_mask``: the wider of the scores' and the mask's dtype, the mask being
