@@ -108,6 +108,9 @@ class StepParts:
     extra_forward: dict[str, int] = field(default_factory=dict)
     extra_backward: dict[str, int] = field(default_factory=dict)
     extra_optimizer: dict[str, int] = field(default_factory=dict)
+    # ... and buffers that exist only once the layers' backward has begun (FSDP's unsharded gradients of the unit
+    # running backward and the previous unit's reduce-scatter input): not beside the loss head's backward
+    extra_layer_backward: dict[str, int] = field(default_factory=dict)
     # the layers in the gradient's path, run by run from the bottom, when their figures are known run by
     # run (a model whose layers differ); empty: ``grad_layers`` layers of the per-layer fields above
     runs: tuple[LayerRun, ...] = ()
@@ -255,6 +258,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     "activations": p.embedding_grad_input + p.frozen_inputs + p.embedding_saved,
                     "weight_copies": p.frozen_copies,
                     **p.extra_backward,
+                    **p.extra_layer_backward,
                 },
             )
         )
@@ -268,6 +272,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     "gradients": p.grads + strays_all,
                     "activations": p.embedding_backward_workspace,
                     **p.extra_backward,
+                    **p.extra_layer_backward,
                 },
             )
         )
@@ -342,6 +347,7 @@ def _layer_moments(
                             "weight_copies": weight_copies,
                             "activations": activations,
                             **p.extra_backward,
+                            **p.extra_layer_backward,
                         },
                     )
                 )
@@ -363,6 +369,7 @@ def _vision_moment(p: StepParts, base: dict[str, int]) -> Moment:
             "activations": p.vision_backward + p.frozen_inputs + p.embedding_saved,
             "weight_copies": p.frozen_copies,
             **p.extra_backward,
+            **p.extra_layer_backward,
         },
     )
 

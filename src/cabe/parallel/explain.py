@@ -18,7 +18,7 @@ COMMUNICATION = ("ddp_buckets", "ipg_buckets", "p2p_buffers", "tp_comm", "moe_al
 def per_gpu(new: StepParts, master_weights: float, host: int) -> dict[str, Any]:
     """Model states, communication buffers, gathered parameters and host RAM of one GPU."""
     master = round(master_weights)
-    buffers = {**new.extra_forward, **new.extra_backward, **new.extra_optimizer}
+    buffers = {**new.extra_forward, **new.extra_backward, **new.extra_layer_backward, **new.extra_optimizer}
     return {
         "weights_bytes": new.weights,
         "gradients_bytes": new.grads,
@@ -27,7 +27,8 @@ def per_gpu(new: StepParts, master_weights: float, host: int) -> dict[str, Any]:
         "model_states_bytes": new.weights + new.grads + new.optimizer + master,
         "communication_bytes": {k: v for k, v in buffers.items() if k in COMMUNICATION},
         "gathered_params_bytes": max(
-            new.extra_forward.get("gathered_params", 0), new.extra_backward.get("gathered_params", 0)
+            new.extra_forward.get("gathered_params", 0),
+            new.extra_backward.get("gathered_params", 0) + new.extra_layer_backward.get("prefetched_params", 0),
         ),
         "host_bytes": host,
     }

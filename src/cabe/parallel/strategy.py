@@ -85,6 +85,8 @@ class States:
     host: float = 0.0  # host RAM per GPU process
     keep_copies: bool = True  # autocast's 16-bit weight copies (the module itself stays fp32)
     buffers: dict[str, dict[str, float]] = field(default_factory=lambda: {p: {} for p in PHASES})
+    # live in the layers' backward only, not beside the loss head's (step.StepParts.extra_layer_backward)
+    layer_backward: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def everywhere(self, name: str, nbytes: float) -> None:

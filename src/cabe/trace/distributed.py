@@ -14,7 +14,9 @@ engine's mixed precision. ``reshard_after_forward`` is FSDP2's default (True).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from cabe.errors import ConfigError
@@ -93,6 +95,34 @@ def _local_tracker(setup: TrainingSetup) -> Any:
     return tracker
 
 
+@contextlib.contextmanager
+def _storage_resizes(tracker: Any) -> Iterator[None]:
+    """FSDP2 frees a unit's all-gathered parameters by shrinking their storage in place and gathers into it again
+    by growing it (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param.py:1066-1074, ``free_storage`` /
+    ``alloc_storage``: ``untyped_storage().resize_``): no tensor op the dispatch mode sees, and the storage object
+    lives on. Without this each unit's gathered parameters stayed counted from their first gather on (a 4-layer
+    llama's rank 0: every layer's bf16 gather alive at the loss's backward, not one)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    alloc0, free0 = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+
+    def free_storage(tensor: Any) -> None:
+        tracker.release(tensor)
+        free0(tensor)
+
+    def alloc_storage(tensor: Any) -> None:
+        alloc0(tensor)
+        tracker.record(tensor, "fsdp_all_gather")
+
+    _fsdp_param.alloc_storage, _fsdp_param.free_storage = alloc_storage, free_storage
+    _fsdp_param_group.alloc_storage = alloc_storage
+    try:
+        yield
+    finally:
+        _fsdp_param.alloc_storage, _fsdp_param.free_storage = alloc0, free0
+        _fsdp_param_group.alloc_storage = alloc0
+
+
 def _local(p: Any) -> Any:
     return p.to_local() if hasattr(p, "to_local") else p
 
@@ -103,7 +133,7 @@ def _run(model: Any, cfg: Any, setup: TrainingSetup, steps: int, device: Any, as
     from cabe.trace.step import fill_random, train
 
     tracker = _local_tracker(setup)
-    with tracker:
+    with tracker, _storage_resizes(tracker):
         tracker.set_phase("setup")
         model.to_empty(device=device)
         fill_random(model)

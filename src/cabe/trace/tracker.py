@@ -77,6 +77,7 @@ class AllocationTracker(TorchDispatchMode):
         self.device_type = device_type  # only storages on this device count
         self.intercept = intercept  # (tracker, func, args, kwargs) -> result or NotImplemented
         self.ignored: set[int] = set()  # allocations no longer counted (see forget)
+        self.released: set[int] = set()  # allocations freed while their storage object lives on (see release)
         self.host_scalars_in_optimizer = False
         self.live: dict[int, int] = {}  # storage key -> allocation id
         self.size = array("q")  # allocation id -> rounded bytes
@@ -126,7 +127,7 @@ class AllocationTracker(TorchDispatchMode):
     def _free(self, key: int, aid: int) -> None:
         if self.live.get(key) == aid:
             del self.live[key]
-        if aid in self.ignored:
+        if aid in self.ignored or aid in self.released:
             return
         if aid not in self.paged:
             self.live_bytes -= self.size[aid]
@@ -175,6 +176,17 @@ class AllocationTracker(TorchDispatchMode):
             return
         self._free(-1, aid)
         self.ignored.add(aid)
+
+    def release(self, t: torch.Tensor) -> None:
+        """Count ``t``'s storage as freed now, though the storage object lives on (FSDP2 shrinks it in place with
+        ``untyped_storage().resize_(0)``, which no dispatch mode sees); a later :meth:`record` of the regrown
+        storage is a new allocation."""
+        st = t.untyped_storage()
+        aid = self.live.get(st._cdata)
+        if aid is None or aid in self.ignored or st.nbytes() == 0:
+            return
+        self._free(st._cdata, aid)
+        self.released.add(aid)  # (its finalizer, when the storage object dies, finds it freed)
 
     def aid_of(self, t: torch.Tensor) -> int | None:
         return self.live.get(storage_key(t))
