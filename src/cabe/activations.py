@@ -614,8 +614,6 @@ class _Layer:
         Returns the backward workspace per token."""
         if self.spec.compressed_attention:  # DeepSeek-V4's layer (cabe.compressed_attention): follows ``live``
             return compressed_attention.add_block(self)
-        if self.spec.latent_attention or self.group.mixer != "attention":
-            self.live = True  # NOTE: these mixers do not follow ``live``: counted whole, as before
         if self.group.mixer == "mamba2":
             ssm.mixer_terms(self)
         elif self.group.mixer == "gated_deltanet":
@@ -705,23 +703,35 @@ class _Layer:
         la = spec.latent_attention
         assert la is not None
         bt, names = self.base_trainable, self.qkv_names
+        # In the bottom layer of LoRA's path (``live`` false on entry) the query's path requires grad from an adapted
+        # q_a_proj / q_proj / q_b_proj on, the key and value's from an adapted kv_a_proj_with_mqa / kv_b_proj on;
+        # each op saves only for the inputs that require grad (eager's q @ kᵀ the key for the query's gradient and
+        # the query for the key's, probs @ v the probabilities for v's); the fused kernels save all they read
+        entry, targets = self.live, self.targets
+        q_live = entry or any(n in targets for n in ("q_a_proj", "q_proj", "q_b_proj"))
+        kv_live = entry or any(n in targets for n in ("kv_a_proj_with_mqa", "kv_b_proj"))
         self.rms_norm("input_norm", h, "h", bt, spec.norm_weight_fp32)
         readers = [n for n in names if n in ("q_a_proj", "q_proj", "kv_a_proj_with_mqa")]
         self.linear_inputs("attn", [(n, h) for n in readers], rho * h, f"{rho}·h")
         self.lora_mid(readers)
-        for norm, rank, sym, proj in (
-            ("q_a_layernorm", la.q_lora_rank, "r_q", "q_b_proj"),
-            ("kv_a_layernorm", la.kv_lora_rank, "r_kv", "kv_b_proj"),
+        for norm, rank, sym, proj, first in (
+            ("q_a_layernorm", la.q_lora_rank, "r_q", "q_b_proj", "q_a_proj"),
+            ("kv_a_layernorm", la.kv_lora_rank, "r_kv", "kv_b_proj", "kv_a_proj_with_mqa"),
         ):
             if not rank:
                 continue
+            self.live = entry or first in targets
             self.rms_norm(f"attn.{norm}", rank, sym, bt, False, in_bytes=a)
             self.linear_inputs(f"attn.{proj}", [(proj, rank)], a * rank, f"{a}·{sym}")
             self.lora_mid([proj])
+        self.live = q_live or kv_live
+        eager = self.attn == "eager" and self.setup_attention != "flash"
         a_attn = self.a_attn
         qk, kvb, vo = nh * la.qk_head_dim, nh * (la.nope_dim + la.v_head_dim), nh * la.v_head_dim
-        self.add("attn.query", a_attn * qk, f"{a_attn}·nh·(d_nope + d_rope)")
-        self.add("attn.key", a_attn * qk, f"{a_attn}·nh·(d_nope + d_rope)")
+        if kv_live or not eager:
+            self.add("attn.query", a_attn * qk, f"{a_attn}·nh·(d_nope + d_rope)")
+        if q_live or not eager:
+            self.add("attn.key", a_attn * qk, f"{a_attn}·nh·(d_nope + d_rope)")
         if la.index_heads:
             self._indexer_transient()
         if la.index_heads and self.attn != "eager":
@@ -739,7 +749,7 @@ class _Layer:
             # matmul(probs, v) reshapes the strided value view for bmm: a copy, saved in its place
             self.add("attn.value", a * vo, f"{a}·nh·d_v")
             self.add("attn.softmax_fp32", 4 * nh * s, "4·nh·s")
-            if a != 4:
+            if a != 4 and kv_live:
                 self.add("attn.probs", a * nh * s, f"{a}·nh·s")
         elif self.quantized and self.autocast:
             # QLoRA under autocast: kv_b_proj's 4-bit layer returns fp32, and autocast casts q, k and v to 16 bits

@@ -125,6 +125,9 @@ def add_block(layer: Any) -> None:
     names = layer.qkv_names
     layer.linear_inputs("attn", [(n, h) for n in names], rho * h, f"{rho}·h")
     layer.lora_mid(names)
+    # in the bottom layer of LoRA's path (``layer.live`` false until an adapted in_proj joins) the mixer saves
+    # nothing: the kernel is an autograd Function whose inputs need no grad
+    mixer_live = layer.live
     layer.add("gdn.beta", a * hv, f"{a}·Hv")
     layer.add("gdn.softplus_input", 4 * hv, "4·Hv")
     if bt:
@@ -146,7 +149,8 @@ def add_block(layer: Any) -> None:
     layer.linear_inputs("attn.out", [(out, vd)], a * vd, f"{a}·vd")
     layer.lora_mid([out])
     layer.mixer_forward = forward_workspace(dn, a, layer.s)
-    layer.mixer_backward = backward_workspace(dn, a, layer.s)
+    # (the bottom layer of LoRA's path with no in_proj adapted: the kernel's inputs need no grad, no backward runs)
+    layer.mixer_backward = backward_workspace(dn, a, layer.s) if mixer_live else 0
 
 
 def add_output_gate(layer: Any, copies_output: bool, output_counted: bool) -> None:
