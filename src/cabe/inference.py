@@ -189,6 +189,114 @@ def forward_bytes(spec: ModelSpec, tokens: int, act_bytes: int = 2) -> int:
     return tokens * act_bytes * (2 * h + max(attn, mlp))
 
 
+def indexer_moments(spec: ModelSpec, batch: int, queries: int, keys: int, act_bytes: int = 2) -> dict[str, int]:
+    """DeepSeek-V3.2's layer at its lightning indexer, ``queries`` new tokens of each of ``batch`` sequences scored
+    against ``keys`` cached ones (prefill: keys = queries; a later prefill chunk: every token cached so far), as
+    transformers 5.24 runs it (models/deepseek_v32/modeling_deepseek_v32.py, ``DeepseekV32Attention.forward`` and
+    ``DeepseekV32Indexer.forward``, under ``torch.no_grad``): named bytes, the cache apart (the KV cache holds the
+    latent, the rotary key and the indexer's key). ``layer_inputs`` + ``attention_locals`` + ``indexer_locals`` live
+    through every one of the indexer's moments (``matmul``, ``scaled``, ``selection``); the largest is the peak.
+
+    * ``layer_inputs``: the decoder layer's residual and normed input (b·s·2h);
+    * ``attention_locals``: what ``DeepseekV32Attention.forward`` holds when it calls the indexer (l.416-434):
+      q_resid (l.416), q_b_proj's output (l.417, q_pass is a view of it), kv_a_proj_with_mqa's output (l.420, kv_pass
+      a view), the rotated q_rot (l.426), query_states (l.432), and ``expand_kv`` over every *cached* token
+      (l.393-400): kv_b_proj's output (value_states a view of it) and key_states;
+    * ``indexer_locals``: wq_b's output (l.213; q_pass a view), the rotated q_rot (l.221) and ``torch.cat``'d q
+      (l.222), k_norm's output (l.217; k_pass a view) and the rotated k_rot (l.221); the cat'd k goes when
+      ``cache.update_indexer`` returns the cache's keys (l.226);
+    * ``matmul`` (l.228): ``q.float()`` (b, s, H_I, D_I) and ``k.float()`` (b, t, D_I) beside the fp32 scores
+      (b, s, H_I, t); ``at::matmul`` broadcasts k's (b, 1) batch dimensions with ``expand(...).reshape(...)``
+      (``_matmul_impl``, aten/src/ATen/native/LinearAlgebra.cpp), a copy of k per query, (b·s, D_I, t) fp32, when
+      b > 1 (with b = 1 the size-1 dimension merges with the stride-0 one: a view);
+    * ``scaled`` (l.228-229): the scores times softmax_scale beside the scores, then relu's output beside those;
+    * ``selection`` (l.232-242): the relu'd scores (a local to the end), weights_proj's output, its fp32 cast and
+      scaled copy, the summed (b, s, t) fp32 index scores, the masked copy (``masked_fill`` with the negated bool
+      SDPA mask, (b, s, t) bytes, l.236-239), then ``topk``'s fp32 values, int64 indices and their int32 cast.
+
+    The mask the attention builds next from the top-k (l.447-458: a bool (b, s, t) ``new_ones``, its ``scatter``
+    copy, the combined (b, 1, s, t) mask) and SDPA's working memory over the masked keys hold a few bytes per
+    (query, key) pair where the indexer holds 8·H_I: transformers' eager / SDPA path attends to every key with a
+    mask, so the sparsity saves no memory there; not counted.
+
+    NOTE: serving engines do not build these: vLLM computes the indexer's logits with DeepGEMM's fp8 MQA-logits
+    kernel (the heads summed inside it: one fp32 value per (query, key)) and attends to the top-k keys only with
+    FlashMLA's sparse kernel (vllm-project/recipes, DeepSeek/DeepSeek-V3_2-Exp.md); :func:`serving` keeps
+    :func:`forward_bytes`.
+    """
+    la = spec.latent_attention
+    if la is None or not la.index_heads:
+        return {}
+    a, b, s, t, h, nh = act_bytes, batch, queries, keys, spec.hidden_size, spec.num_heads
+    hi, di, r = la.index_heads, la.index_head_dim, la.rope_dim  # the indexer rotates config.qk_rope_head_dim
+    topk = min(la.index_topk, t)
+    q_head = la.qk_head_dim
+    scores = 4 * b * s * hi * t  # fp32 (b, s, H_I, t)
+    pairs = b * s * t
+    weights = a * b * s * hi + 2 * 4 * b * s * hi  # weights_proj's output, .float(), × n_heads^-0.5
+    return {
+        "layer_inputs": a * b * s * 2 * h,
+        "attention_locals": a * b * s * (la.q_lora_rank + 2 * nh * q_head + la.kv_lora_rank + r + nh * r)
+        + a * b * t * nh * (la.nope_dim + la.v_head_dim + q_head),
+        "indexer_locals": a * b * s * (2 * hi * di + hi * r + di + r),
+        "matmul": 4 * b * s * hi * di + 4 * b * t * di + (4 * b * s * di * t if b > 1 else 0) + scores,
+        "scaled": 2 * scores,
+        "selection": scores
+        + weights
+        + max(2 * 4 * pairs + pairs, 4 * pairs + (4 + 8 + 4) * b * s * topk),  # masked_fill's, then topk's moment
+    }
+
+
+def indexer_prefill_bytes(spec: ModelSpec, batch: int, queries: int, keys: int, act_bytes: int = 2) -> int:
+    """Peak bytes of a DeepSeek-V3.2 layer at its indexer (:func:`indexer_moments`); 0 without an indexer."""
+    m = indexer_moments(spec, batch, queries, keys, act_bytes)
+    if not m:
+        return 0
+    return (
+        m["layer_inputs"] + m["attention_locals"] + m["indexer_locals"] + max(m["matmul"], m["scaled"], m["selection"])
+    )
+
+
+def prefill_chunks(context: int, chunk: int) -> tuple[tuple[int, int], ...]:
+    """(new tokens, cached tokens after them) of the prefill chunks whose working memory can be the largest:
+    transformers' ``generate`` splits the prompt with ``torch.split(prefill_ids, chunk_size)`` (generation/utils.py
+    5.24, the chunked prefill), so the last chunk may be short; a cost that grows with both the chunk and the keys
+    peaks at the last chunk or the last full one before it."""
+    n = -(-context // chunk)
+    last = context - chunk * (n - 1)
+    return ((last, context),) if n == 1 else ((last, context), (chunk, context - last))
+
+
+def _indexer_step(spec: ModelSpec, context: int, chunk: int, batch: int) -> dict[str, Any] | None:
+    """DeepSeek-V3.2's indexer at the prefill chunk where it peaks, as a step (None without an indexer)."""
+    la = spec.latent_attention
+    if la is None or not la.index_heads:
+        return None
+    s, t = max(prefill_chunks(context, chunk), key=lambda st: indexer_prefill_bytes(spec, batch, *st))
+    m = indexer_moments(spec, batch, s, t)
+    total = indexer_prefill_bytes(spec, batch, s, t)
+    # the moment's per-(query, key) bytes, the rest being per token
+    per_pair = 4 * la.index_heads + (4 * la.index_head_dim if batch > 1 else 0)
+    if max(m["scaled"], m["selection"]) > m["matmul"]:
+        # the scaled scores beside the scores, or the scores beside the summed index scores
+        per_pair = 8 * la.index_heads if m["scaled"] >= m["selection"] else 4 * la.index_heads + 4
+    return {
+        "key": "infer.indexer",
+        "formula": "{b} × {s} queries × {t} keys × {per_pair} B + {rest} B",
+        "bytes": total,
+        "params": {
+            "b": batch,
+            "s": s,
+            "t": t,
+            "per_pair": per_pair,
+            "rest": total - batch * s * t * per_pair,
+            "heads": la.index_heads,
+            "topk": la.index_topk,
+        },
+        "moments": m,
+    }
+
+
 def logits_bytes(spec: ModelSpec, rows: int) -> int:
     """Logits of ``rows`` positions: 16-bit output + the fp32 upcast for sampling / the loss."""
     return rows * spec.vocab_size * (2 + 4)
@@ -214,6 +322,10 @@ def estimate_inference(
     prefill, before the decoder, and its working memory (:func:`cabe.vision_memory.vision_forward_bytes`) is
     the activations' when it is the larger.
 
+    DeepSeek-V3.2's lightning indexer scores every new token against every cached one at prefill
+    (:func:`indexer_moments`, at the chunk of :func:`prefill_chunks` where it peaks): the working memory is the
+    larger of that moment and :func:`forward_bytes`.
+
     ``mode="generate"``: prefill (in chunks of ``prefill_chunk`` tokens, default the whole prompt)
     then decoding; logits of the last token only. ``mode="prefill"``: scoring a whole prompt,
     logits of every position (perplexity, reward models).
@@ -233,6 +345,8 @@ def estimate_inference(
     act = forward_bytes(spec, batch * chunk)
     vision = _vision_step(spec, images, image_size, context, batch)
     act = max(act, vision["bytes"]) if vision else act
+    indexer = _indexer_step(spec, context, chunk, batch)
+    act = max(act, indexer["bytes"]) if indexer else act
     logits = logits_bytes(spec, batch * (context if mode == "prefill" else 1))
     comps = {"weights": w["total_bytes"], "kv_cache": kv, "activations": act, "logits": logits}
     state = batch * ssm.state_bytes_per_sequence(spec, SSM_CONV_BYTES)
@@ -266,6 +380,7 @@ def estimate_inference(
                 "params": {"rows": batch * (context if mode == "prefill" else 1), "v": spec.vocab_size},
             },
             *([vision] if vision else []),
+            *([indexer] if indexer else []),
         ],
     }
 

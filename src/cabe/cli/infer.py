@@ -89,6 +89,12 @@ def format_infer(out: dict, lang: str, units: str) -> str:
                 window=kv["sliding_window"],
             )
         )
+    indexer = next((st for st in out.get("steps", ()) if st["key"] == "infer.indexer"), None)
+    if indexer:  # DeepSeek-V3.2's lightning indexer at prefill (cabe.inference.indexer_moments)
+        p = indexer["params"]
+        lines.append(
+            t("infer.indexer", lang, s=p["s"], t=p["t"], heads=p["heads"], topk=p["topk"], bytes=b(indexer["bytes"]))
+        )
     if "fit" in out:
         f = out["fit"]
         lines.append("")

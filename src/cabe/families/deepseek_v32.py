@@ -11,7 +11,8 @@ The indexer runs under ``torch.no_grad`` (``DeepseekV32Indexer.forward``): it sa
 weights get no gradient; what it costs in training is a transient — its fp32 (b, s, index_n_heads, s) scores, made
 in the forward and again in a checkpointed layer's recompute — and the additive mask it folds into the attention
 mask, which SDPA's memory-efficient kernel saves in every layer (see :mod:`cabe.activations`). Serving caches the
-indexer's key beside the latent (``DynamicIndexedLayer``, cache_utils.py).
+indexer's key beside the latent (``DynamicIndexedLayer``, cache_utils.py), and its prefill makes the same
+scores over every cached key (:func:`cabe.inference.indexer_moments`).
 
 NOTE: ``_supports_flash_attn = False``; ``indexer.weights_proj`` is in ``_keep_in_fp32_modules``, which
 ``from_pretrained`` honours only when loading in fp16 (modeling_utils.py ``_get_dtype_plan``): cabe counts it in
