@@ -56,6 +56,7 @@ REPORT_NOTES = (
     "grad_accum_keeps_grads",
     "qlora_moe_experts_unquantized",
     "vision_tower_weights_only",
+    "llama4_causal_lm_drops_tower",
     "vision_text_only",
     "vision_images",
     "vision_images_siglip",
