@@ -161,3 +161,27 @@ def test_method_semantics_on_the_tower():
     text_all = 28 * r * ((3584 + 3584) + 2 * (3584 + 512) + (3584 + 3584) + 2 * (3584 + 18944) + (18944 + 3584))
     assert decoder == 28 * r * ((3584 + 3584) + (3584 + 512))
     assert everything.trainable_parameters == text_all + tower_adapters
+
+
+def test_qlora_quantizes_the_towers_linears_by_hand():
+    """bitsandbytes makes every exact ``nn.Linear`` 4-bit (integrations/bitsandbytes.py:189; only ``lm_head`` is
+    skipped, quantizers/base.py:39-63): the blocks' qkv, proj and gated MLP and the merger's two linears
+    (``merger.mlp``, an nn.Sequential of nn.Linear, modeling_qwen2_5_vl.py:189-194); the Conv3d patch embedding,
+    the RMSNorms and the biases stay, fp32 after prepare_model_for_kbit_training."""
+    import json
+    from pathlib import Path
+
+    from cabe.method import VISION_PREFIX, parameter_tensors
+
+    config = json.loads((Path(__file__).parents[1] / "configs" / "files" / "qwen2_5_vl_tiny_config.json").read_text())
+    h, f, depth, m, out = 256, 512, 5, 4 * 256, 128  # the tiny tower; the merger is 4 patches wide
+    block = h * 3 * h + h * h + 2 * h * f + f * h  # qkv, proj, gate / up, down: 655,360
+    merger = m * m + m * out  # 1,179,648
+    conv = 3 * 2 * 14 * 14 * h  # no bias: 301,056
+    norms = (2 * depth + 1) * h  # RMSNorm weights, the merger's ln_q included: 2,816
+    biases = depth * (3 * h + h + 2 * f + h) + m + out  # 11,520 + 1,152
+    setup = TrainingSetup(method="qlora", seq=1024)
+    tower = [t for t in parameter_tensors(families.from_config(config), setup) if t.name.startswith(VISION_PREFIX)]
+    quantized = sum(t.total for t in tower if t.kind == "quantized")
+    rest = sum(t.total for t in tower if t.kind not in ("quantized", "adapter"))
+    assert (quantized, rest) == (depth * block + merger, conv + norms + biases) == (4_456_448, 316_544)
