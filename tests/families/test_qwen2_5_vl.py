@@ -143,6 +143,25 @@ def test_tower_saved_tensors_by_hand():
     assert acts.saved == acts.blocks + acts.around
 
 
+def test_qlora_frozen_tower_forward_by_hand():
+    """QLoRA on the decoder alone: the 4-bit tower runs without a graph, its largest moment is one block's rotary.
+    After prepare_model_for_kbit_training the RMSNorm weights are fp32, so the normed input is fp32, and
+    ``Linear4bit`` returns its input's dtype (bitsandbytes/nn/modules.py:626-637): qkv and, from the second block
+    on, the residual are fp32; rotary needs no ``.float()`` copies. Without kbit prep it is the 16-bit moment."""
+    spec = _spec()
+    grid = image_grid(spec.vision, "448x448")
+    h, f, d, n = 1280, 3420, 80, 2 * 1024  # two images of 32 x 32 patches
+    prep = resolve(TrainingSetup(method="qlora", images=2, seq=1024), "bf16")
+    fwd = tower_activations(spec, prep, dtypes_for(prep), grid).forward_transient
+    attention = 4 * (h + h + 3 * h + 4 * h)  # residual, normed, qkv, q_embed and k's three rotary temporaries: fp32
+    mlp = 4 * (2 * h + 3 * f)  # residual, normed, the activation, up and their product: fp32
+    assert max(attention, mlp) == mlp == 51_280  # the MLP moment is the larger here (46,080 for attention)
+    assert fwd == n * (mlp + 2 * 4 * d) == 106_332_160  # and the fp32 cos and sin; no 16-bit copy of the pixels
+    plain = resolve(TrainingSetup(method="qlora", images=2, seq=1024, kbit_prep=False), "bf16")
+    sixteen = n * (max(2 * (5 * h) + 4 * 6 * h, 2 * 2 * h + 3 * 2 * f) + 2 * 4 * d) + n * 1176 * 2
+    assert tower_activations(spec, plain, dtypes_for(plain), grid).forward_transient == sixteen
+
+
 def test_method_semantics_on_the_tower():
     spec = _spec()
     n_tower = spec.vision.parameter_count
