@@ -72,9 +72,7 @@ def add_block(layer: Any) -> int:
     # output joins (``_Layer.joins``): only the adapters' own inputs are saved before that
     streams_live = layer.live
     _hyper_connection(layer, "attn_hc")
-    if (
-        rho == 4 and layer.live
-    ):  # the fp32 streams' ``.float()`` is the layer's input itself: the checkpoint's saved input
+    if rho == 4 and layer.live:  # the fp32 streams' ``.float()`` is the layer's input itself: the checkpoint's saved input
         layer.input_alias = 4 * spec.hyper_connections * h
     layer.rms_norm("input_norm", h, "h", bt, True)
     _attention(layer, ca)
