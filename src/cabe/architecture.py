@@ -464,7 +464,9 @@ class VisionTower:
         if self.kind != "siglip":
             return (("patch_embed", self.patch_embed_count, 1, "base"), ("norm", h, 2 * self.depth + 1, "norm"))
         f = self.intermediate_size
-        head = h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * f + f) + (f * h + h) if self.use_head else 0
+        # the head: probe, nn.MultiheadAttention (in_proj weight and bias, out_proj), LayerNorm, the MLP's biases;
+        # the MLP's two matrices apart (``head.mlp``: nn.Linear, see :attr:`around_linears`)
+        head = h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + f + h if self.use_head else 0
         return (
             ("patch_embed", self.patch_embed_count, 1, "base"),
             ("patch_embed.bias", h, 1, "base"),
@@ -472,9 +474,21 @@ class VisionTower:
             ("norm", h, 2 * self.depth + 1, "norm"),
             ("norm.bias", h, 2 * self.depth + 1, "norm"),
             ("head", head, 1 if head else 0, "base"),
+            ("head.mlp", 2 * h * f, 1 if head else 0, "base"),
             ("projector", h * self.out_hidden_size, 1, "base"),
             ("projector_norm", h, 1, "norm"),
         )
+
+    @property
+    def around_linears(self) -> tuple[str, ...]:
+        """The entries of :attr:`around_tensors` that are ``nn.Linear`` weights, which QLoRA's bitsandbytes
+        quantizes (``replace_with_bnb_linear`` converts modules whose type is exactly ``nn.Linear``,
+        integrations/bitsandbytes.py:189, 5.24): SigLIP's head MLP (``SiglipMLP``'s fc1 and fc2,
+        siglip/modeling_siglip.py:315-316). The head's ``nn.MultiheadAttention`` keeps its packed ``in_proj_weight``
+        (a bare parameter) and its ``out_proj`` (``NonDynamicallyQuantizableLinear``, a subclass): both stay; so do
+        the patch embeddings (Conv2d / Conv3d), the positions and Gemma 3's projector (``mm_input_projection_weight``,
+        a bare parameter, gemma3/modeling_gemma3.py:639)."""
+        return ("head.mlp",) if self.kind == "siglip" and self.use_head else ()
 
     @property
     def parameter_count(self) -> int:

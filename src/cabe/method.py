@@ -481,9 +481,12 @@ def vision_lora_targets(spec: ModelSpec, setup: TrainingSetup) -> tuple[tuple[Li
 def _vision_tensors(add: Any, spec: ModelSpec, tower: VisionTower, setup: TrainingSetup) -> None:
     """The tower's tensors (``model.visual``): trained by ``full`` when images run through it (text-only batches
     never run it: no gradient, no optimizer state), frozen otherwise; its linears 4-bit under QLoRA
-    (transformers' bitsandbytes integration replaces every ``nn.Linear`` but the output layer,
-    quantizers/base.py:39-63, 5.24; the Conv3d patch embedding stays); LoRA adapters on the linears PEFT
-    matches (:func:`vision_lora_targets`), trained when images run."""
+    (transformers' bitsandbytes integration replaces every module whose type is exactly ``nn.Linear``,
+    integrations/bitsandbytes.py:189, but those of ``get_keys_to_not_convert`` -- the output embedding, tied
+    weights and the last parameter's module, quantizers/base.py:39-63, 5.24 -- none of which is in a tower: the
+    blocks', the mergers' and SigLIP's head MLP; the Conv2d / Conv3d patch embeddings, the norms, the positions
+    and Gemma 3's bare projector matrix stay, fp32 after ``prepare_model_for_kbit_training``); LoRA adapters on
+    the linears PEFT matches (:func:`vision_lora_targets`), trained when images run."""
     trains = setup.method == "full" and setup.images > 0
     quantize = setup.method == "qlora"
     v = VISION_PREFIX
@@ -494,7 +497,10 @@ def _vision_tensors(add: Any, spec: ModelSpec, tower: VisionTower, setup: Traini
         rows = h if name in ("patch_embed", "projector") else 0
         # SigLIP's head runs but its output is dropped (Gemma3Model.get_image_features keeps the last hidden state):
         # never a gradient
-        learns = trains and name != "head"
+        learns = trains and not name.startswith("head")
+        if quantize and name in tower.around_linears:  # (SigLIP's head MLP: nn.Linear, 4-bit like the blocks')
+            add(v + name, numel, count, False, "quantized")
+            continue
         add(v + name, numel, count, learns, kind, *((rows, numel // rows) if rows else ()))
     blocks = [(lin, tower.depth, False) for lin in tower.block_linears]
     for lin, count, merger in blocks + [(lin, tower.mergers, True) for lin in tower.merger_linears]:

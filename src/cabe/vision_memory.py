@@ -119,6 +119,16 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
     # qkv output are 5 compute-dtype h-wide tensors); and cos and sin, fp32, all along the tower's forward
     h, f, d = tower.hidden_size, tower.intermediate_size, tower.hidden_size // tower.num_heads
     fwd = n * (max((5 * c + 24) * h, c * 2 * h + 3 * c * f) + 2 * 4 * d)
+    # NOTE: QLoRA after prepare_model_for_kbit_training: the RMSNorm weights are fp32 (peft/utils/other.py:205-209),
+    # so ``self.weight * hidden_states.to(input_dtype)`` (modeling_qwen2_5_vl.py:79) makes an fp32 normed input,
+    # and ``Linear4bit.forward`` casts its output back to its input's dtype (bitsandbytes/nn/modules.py:626-637):
+    # qkv, the MLP and, from the second block on, the residual are fp32. q and k are fp32 already, so rotary makes
+    # no ``.float()`` copies: four fp32 h-wide temporaries (q_embed, and k's product with cos, rotate_half's cat
+    # and its product with sin). The Conv3d's weight is fp32 too: ``.to(dtype=target_dtype)`` on the fp32 pixels
+    # is no copy (modeling_qwen2_5_vl.py:117-121)
+    kbit = setup.method == "qlora" and setup.kbit_prep
+    if kbit:
+        fwd = n * (max((5 * 4 + 16) * h, 4 * 2 * h + 3 * 4 * f) + 2 * 4 * d)
     if in_path:  # the residual, the normed input, qkv and the tables are saved already: the fp32 rotary temporaries
         fwd = n * 24 * h
     if siglip:
@@ -177,7 +187,7 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
         fwd = max(fwd, positions - (sum(kept) + around))
     else:
         around = _around(tower, n, dt, trains, every_merger) if in_path else 0
-        pixel_copy = round_alloc(n * _patch_values(tower) * c)
+        pixel_copy = 0 if kbit else round_alloc(n * _patch_values(tower) * c)
     return TowerActivations(
         saved=sum(kept) + around,
         # beside the pixels' 16-bit cast (saved as the Conv3d's input when it trains)

@@ -119,3 +119,43 @@ def test_estimate_within_3_percent_of_trace(kw):
     )
     if setup.method in ("full", "lora"):
         assert traced.trainable_parameters == estimated.trainable_parameters
+
+
+def _tower_split(config: dict, **kw) -> tuple[int, int, set[int]]:
+    """(4-bit elements, other elements but the adapters, their bytes per element) of the tower under QLoRA."""
+    from cabe.method import VISION_PREFIX, parameter_tensors, stored_bytes
+
+    setup = resolve(TrainingSetup(method="qlora", seq=1024, **kw), "bf16")
+    tower = [
+        t
+        for t in parameter_tensors(families.from_config(copy.deepcopy(config)), setup)
+        if t.name.startswith(VISION_PREFIX) and t.kind != "adapter"
+    ]
+    rest = [t for t in tower if t.kind != "quantized"]
+    widths = {stored_bytes(t, setup, dtypes_for(setup)) for t in rest}
+    return sum(t.total for t in tower if t.kind == "quantized"), sum(t.total for t in rest), widths
+
+
+def test_qlora_quantizes_the_siglip_linears_by_hand():
+    """bitsandbytes makes every exact ``nn.Linear`` 4-bit (integrations/bitsandbytes.py:189): the blocks' q / k / v /
+    out_proj and fc1 / fc2, and the head's MLP when there is one; the Conv2d patch embedding, the positions, the
+    LayerNorms, the biases, the head's nn.MultiheadAttention (in_proj a bare parameter, out_proj a subclass of
+    nn.Linear) and Gemma 3's projector matrix (a bare parameter, modeling_gemma3.py:639) stay, in fp32 after
+    prepare_model_for_kbit_training (peft/utils/other.py:205-209), in the load dtype without it."""
+    h, f, depth = 192, 512, 3  # the tiny tower: 224 px, 14 px patches
+    quantized = depth * (4 * h * h + 2 * h * f)  # 3 · (147,456 + 196,608)
+    conv = 3 * 14 * 14 * h + h  # 113,088
+    positions = (224 // 14) ** 2 * h  # 49,152
+    norms = (2 * depth + 1) * 2 * h  # 2,688: two LayerNorms a block and the post-LayerNorm, weight and bias
+    biases = depth * (4 * h + f + h)  # 4,416
+    projector = h * 256 + h  # mm_input_projection_weight (vision x text width) and its RMSNorm: 49,344
+    rest = conv + positions + norms + biases + projector
+    assert (quantized, rest) == (1_032_192, 218_688)
+    assert _tower_split(TINY) == (quantized, rest, {4})
+    assert _tower_split(TINY, kbit_prep=False) == (quantized, rest, {2})
+    # with SigLIP's attention-pooling head: its MLP's fc1 and fc2 are 4-bit, the rest of it stays
+    head_mlp = 2 * h * f  # 196,608
+    head_rest = h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (f + h)  # probe, in_proj, out_proj, LayerNorm, biases
+    assert head_rest == 149_504
+    with_head = {**TINY, "vision_config": {**TINY["vision_config"], "vision_use_head": True}}
+    assert _tower_split(with_head) == (quantized + head_mlp, rest + head_rest, {4})

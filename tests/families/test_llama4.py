@@ -164,3 +164,32 @@ def test_nested_text_config_reads_with_defaults():
     assert spec.parameter_count - spec.vision_parameters == flat.parameter_count
     with pytest.raises(Exception):
         families.from_config(copy.deepcopy({"model_type": "llama4", "text_config": [1]}))
+
+
+def test_qlora_quantizes_the_vision_linears_by_hand():
+    """transformers' bitsandbytes integration makes every exact ``nn.Linear`` 4-bit (integrations/bitsandbytes.py:
+    189) but the output embedding (quantizers/base.py:39-63): in Scout's tower that is the patch embedding (an
+    nn.Linear over unfolded patches, ``Llama4UnfoldConvolution``, modeling_llama4.py:959), q / k / v / o and fc1 /
+    fc2 of each layer, the vision adapter's fc1 / fc2 and the projector; the class embedding, the positions, the
+    LayerNorms and the biases stay (fp32 after prepare_model_for_kbit_training)."""
+    from cabe.method import parameter_tensors, quantized_bytes
+
+    vh, vf = 1408, 5632
+    layer = 4 * vh * vh + 2 * vh * vf  # 7,929,856 + 15,859,712
+    linear = 3 * 14 * 14 * vh + 34 * layer + 23_068_672 + 16_777_216 + 20_971_520
+    assert linear == 870_490_624
+    # class embedding, positions, layernorm_pre / post; per layer the biases (4·vh + vf + vh) and two LayerNorms
+    rest = vh + 812_416 + 4 * vh + 34 * (4 * vh + vf + vh + 4 * vh)
+    assert rest == 1_441_792 and linear + rest == VISION
+    spec = preset("llama-4-scout-17b-16e").spec
+    assert spec.vision_linear_parameters == linear
+    setup = TrainingSetup(method="qlora")
+    tower = {t.name: t for t in parameter_tensors(spec, setup) if t.name.startswith("vision_tower")}
+    assert tower["vision_tower.linear"].kind == "quantized" and tower["vision_tower.linear"].total == linear
+    assert tower["vision_tower"].total == rest
+    # its bytes under QLoRA: the 4-bit weights (0.5 B each, a uint8 absmax per 64, an fp32 absmax per 256 of those,
+    # the two code books and the offset) and the rest in fp32 -- 3.03 GB less than fp32 throughout
+    blocks = linear // 64  # 13,601,416
+    four_bit = linear // 2 + blocks + 4 * -(-blocks // 256) + 1024 + 4 + 64
+    assert four_bit == quantized_bytes(linear, True) == 449_060_344
+    assert 4 * VISION - (four_bit + 4 * rest) == 3_032_902_152

@@ -143,6 +143,25 @@ def test_tower_saved_tensors_by_hand():
     assert acts.saved == acts.blocks + acts.around
 
 
+def test_qlora_frozen_tower_forward_by_hand():
+    """QLoRA on the decoder alone: the 4-bit tower runs without a graph, its largest moment is one block's rotary.
+    After prepare_model_for_kbit_training the RMSNorm weights are fp32, so the normed input is fp32, and
+    ``Linear4bit`` returns its input's dtype (bitsandbytes/nn/modules.py:626-637): qkv and, from the second block
+    on, the residual are fp32; rotary needs no ``.float()`` copies. Without kbit prep it is the 16-bit moment."""
+    spec = _spec()
+    grid = image_grid(spec.vision, "448x448")
+    h, f, d, n = 1280, 3420, 80, 2 * 1024  # two images of 32 x 32 patches
+    prep = resolve(TrainingSetup(method="qlora", images=2, seq=1024), "bf16")
+    fwd = tower_activations(spec, prep, dtypes_for(prep), grid).forward_transient
+    attention = 4 * (h + h + 3 * h + 4 * h)  # residual, normed, qkv, q_embed and k's three rotary temporaries: fp32
+    mlp = 4 * (2 * h + 3 * f)  # residual, normed, the activation, up and their product: fp32
+    assert max(attention, mlp) == mlp == 51_280  # the MLP moment is the larger here (46,080 for attention)
+    assert fwd == n * (mlp + 2 * 4 * d) == 106_332_160  # and the fp32 cos and sin; no 16-bit copy of the pixels
+    plain = resolve(TrainingSetup(method="qlora", images=2, seq=1024, kbit_prep=False), "bf16")
+    sixteen = n * (max(2 * (5 * h) + 4 * 6 * h, 2 * 2 * h + 3 * 2 * f) + 2 * 4 * d) + n * 1176 * 2
+    assert tower_activations(spec, plain, dtypes_for(plain), grid).forward_transient == sixteen
+
+
 def test_method_semantics_on_the_tower():
     spec = _spec()
     n_tower = spec.vision.parameter_count
@@ -161,3 +180,27 @@ def test_method_semantics_on_the_tower():
     text_all = 28 * r * ((3584 + 3584) + 2 * (3584 + 512) + (3584 + 3584) + 2 * (3584 + 18944) + (18944 + 3584))
     assert decoder == 28 * r * ((3584 + 3584) + (3584 + 512))
     assert everything.trainable_parameters == text_all + tower_adapters
+
+
+def test_qlora_quantizes_the_towers_linears_by_hand():
+    """bitsandbytes makes every exact ``nn.Linear`` 4-bit (integrations/bitsandbytes.py:189; only ``lm_head`` is
+    skipped, quantizers/base.py:39-63): the blocks' qkv, proj and gated MLP and the merger's two linears
+    (``merger.mlp``, an nn.Sequential of nn.Linear, modeling_qwen2_5_vl.py:189-194); the Conv3d patch embedding,
+    the RMSNorms and the biases stay, fp32 after prepare_model_for_kbit_training."""
+    import json
+    from pathlib import Path
+
+    from cabe.method import VISION_PREFIX, parameter_tensors
+
+    config = json.loads((Path(__file__).parents[1] / "configs" / "files" / "qwen2_5_vl_tiny_config.json").read_text())
+    h, f, depth, m, out = 256, 512, 5, 4 * 256, 128  # the tiny tower; the merger is 4 patches wide
+    block = h * 3 * h + h * h + 2 * h * f + f * h  # qkv, proj, gate / up, down: 655,360
+    merger = m * m + m * out  # 1,179,648
+    conv = 3 * 2 * 14 * 14 * h  # no bias: 301,056
+    norms = (2 * depth + 1) * h  # RMSNorm weights, the merger's ln_q included: 2,816
+    biases = depth * (3 * h + h + 2 * f + h) + m + out  # 11,520 + 1,152
+    setup = TrainingSetup(method="qlora", seq=1024)
+    tower = [t for t in parameter_tensors(families.from_config(config), setup) if t.name.startswith(VISION_PREFIX)]
+    quantized = sum(t.total for t in tower if t.kind == "quantized")
+    rest = sum(t.total for t in tower if t.kind not in ("quantized", "adapter"))
+    assert (quantized, rest) == (depth * block + merger, conv + norms + biases) == (4_456_448, 316_544)

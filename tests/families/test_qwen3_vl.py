@@ -111,3 +111,29 @@ def test_estimate_within_3_percent_of_trace(kw):
     )
     if setup.method in ("full", "lora"):
         assert traced.trainable_parameters == estimated.trainable_parameters
+
+
+def test_qlora_quantizes_the_towers_linears_by_hand():
+    """bitsandbytes makes every exact ``nn.Linear`` 4-bit (integrations/bitsandbytes.py:189; only ``lm_head`` is
+    skipped, quantizers/base.py:39-63): the blocks' qkv, proj, linear_fc1 / fc2 and the three mergers' linear_fc1 /
+    fc2 (the final one and 2 DeepStack ones, modeling_qwen3_vl.py:171-185); the Conv3d patch embedding (with bias),
+    the learned positions (nn.Embedding), the LayerNorms and the biases stay, fp32 after
+    prepare_model_for_kbit_training."""
+    from cabe.method import VISION_PREFIX, parameter_tensors
+
+    h, f, depth, m, out = 192, 512, 4, 4 * 192, 256  # the tiny tower
+    block = h * 3 * h + h * h + h * f + f * h  # 344,064
+    mergers = 3 * (m * m + m * out)  # 2,359,296
+    conv = 3 * 2 * 16 * 16 * h + h  # 295,104
+    positions = 256 * h  # 49,152
+    norms = (2 * depth + 1) * 2 * h + 2 * 2 * m  # LayerNorm weight and bias; the DeepStack mergers' over 4h: 6,528
+    biases = depth * (3 * h + h + f + h) + 3 * (m + out)  # 5,888 + 3,072
+    setup = TrainingSetup(method="qlora", seq=1024)
+    tower = [
+        t
+        for t in parameter_tensors(families.from_config(copy.deepcopy(TINY)), setup)
+        if t.name.startswith(VISION_PREFIX)
+    ]
+    quantized = sum(t.total for t in tower if t.kind == "quantized")
+    rest = sum(t.total for t in tower if t.kind not in ("quantized", "adapter"))
+    assert (quantized, rest) == (depth * block + mergers, conv + positions + norms + biases) == (3_735_552, 359_744)

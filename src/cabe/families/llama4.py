@@ -103,8 +103,9 @@ def _section(c: Mapping[str, Any], key: str, defaults: Mapping[str, Any]) -> dic
     return {**defaults, **(config_section(c, key) or {})}
 
 
-def vision_parameters(v: Reader, text_hidden: int) -> int:
-    """Parameters of ``Llama4VisionModel`` and ``Llama4MultiModalProjector`` (modeling_llama4.py):
+def vision_parameters(v: Reader, text_hidden: int) -> tuple[int, int]:
+    """Parameters of ``Llama4VisionModel`` and ``Llama4MultiModalProjector`` (modeling_llama4.py), and of those the
+    weights of their ``nn.Linear`` layers (every matrix below; not the biases, embeddings or LayerNorms):
 
     * patch embedding: ``Llama4UnfoldConvolution``'s linear, channels·p·p -> vh, no bias; the class embedding (vh)
       and learned positions ((image // p)² + 1 patches × vh); ``layernorm_pre`` and ``layernorm_post`` (LayerNorm
@@ -113,16 +114,28 @@ def vision_parameters(v: Reader, text_hidden: int) -> int:
       LayerNorms (4·vh);
     * the vision adapter (``Llama4VisionMLP2``): ``fc1`` intermediate_size -> projector_input_dim and ``fc2``
       projector_output_dim -> projector_output_dim, no biases;
-    * the projector: vision_output_dim -> the text hidden size, no bias."""
+    * the projector: vision_output_dim -> the text hidden size, no bias.
+
+    NOTE: QLoRA's bitsandbytes quantizes every one of those matrices: ``replace_with_bnb_linear`` converts each
+    module whose type is exactly ``nn.Linear`` (integrations/bitsandbytes.py:189) outside ``modules_to_not_convert``,
+    which for ``Llama4ForConditionalGeneration`` holds only the output embedding ``language_model.lm_head``
+    (quantizers/base.py:39-63: tied keys, the last parameter's module, ``get_output_embeddings``; no
+    ``_keep_in_fp32_modules``). The patch embedding is an ``nn.Linear`` over unfolded patches
+    (``Llama4UnfoldConvolution.linear``, modeling_llama4.py:959), so it is 4-bit too; the class embedding, the
+    positions and the LayerNorms stay in the load dtype (fp32 after ``prepare_model_for_kbit_training``)."""
     vh, vf = v.int("hidden_size"), v.int("intermediate_size")
     p, image = v.int("patch_size"), v.int("image_size")
     patches = (image // p) ** 2 + 1
-    embeddings = v.int("num_channels") * p * p * vh + vh + patches * vh + 2 * 2 * vh
-    layer = 4 * (vh * vh + vh) + (vh * vf + vf) + (vf * vh + vh) + 2 * 2 * vh
+    patch_linear = v.int("num_channels") * p * p * vh
+    embeddings = patch_linear + vh + patches * vh + 2 * 2 * vh
+    layer_linear = 4 * vh * vh + vh * vf + vf * vh
+    layer = layer_linear + 4 * vh + vf + vh + 2 * 2 * vh  # the linears' biases, two LayerNorms
     po = v.int("projector_output_dim")
     adapter = vf * v.int("projector_input_dim") + po * po
     projector = v.int("vision_output_dim") * text_hidden
-    return embeddings + v.int("num_hidden_layers") * layer + adapter + projector
+    layers = v.int("num_hidden_layers")
+    linear = patch_linear + layers * layer_linear + adapter + projector
+    return embeddings + layers * layer + adapter + projector, linear
 
 
 def _listed(r: Reader, key: str, layers: int) -> list[Any] | None:
@@ -219,6 +232,11 @@ def read(r: Reader, name: str) -> ModelSpec:
         text["tie_word_embeddings"] = r.c["tie_word_embeddings"]
     spec = read_text(Reader(text, "llama4_text"), name)
     vision = Reader(_section(r.c, "vision_config", LLAMA4_VISION_DEFAULTS), "llama4_vision_model")
+    parameters, linear = vision_parameters(vision, spec.hidden_size)
     return replace(
-        spec, model_type="llama4", config=dict(r.c), vision_parameters=vision_parameters(vision, spec.hidden_size)
+        spec,
+        model_type="llama4",
+        config=dict(r.c),
+        vision_parameters=parameters,
+        vision_linear_parameters=linear,
     )
