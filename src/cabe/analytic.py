@@ -1065,10 +1065,7 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("vision_images" + kind if setup.images else "vision_text_only")
     elif spec.vision_parameters:  # Gemma 3's SigLIP tower: weights only, text-only batches never run it
         notes.append("vision_tower_weights_only")
-        if spec.model_type == "llama4":
-            # transformers 5.24 models/auto/modeling_auto.py maps llama4 to Llama4ForCausalLM for causal LM: the
-            # decoder alone (the tower is dropped on load); Llama4ForConditionalGeneration.forward reads
-            # ``outputs.image_outputs`` from that decoder's output, which has none (modeling_llama4.py:1318)
+        if spec.causal_lm_drops_tower:  # (Llama 4: cabe.families.llama4)
             notes.append("llama4_causal_lm_drops_tower")
     if setup.adapters and unmatched_lora_targets(spec, setup.lora_targets):
         notes.append("lora_target_unmatched")  # the names: extra["lora_unmatched"] (render fills the note)

@@ -633,6 +633,9 @@ class ModelSpec:
     #: of ``vision_parameters``: the weights of the tower's and projector's ``nn.Linear`` layers, which QLoRA's
     #: bitsandbytes quantizes with the decoder's (every nn.Linear but the LM head); 0 when not known
     vision_linear_parameters: int = 0
+    #: transformers' AutoModelForCausalLM builds the decoder alone (Llama 4: ``Llama4ForCausalLM``), dropping the
+    #: ``vision_parameters`` the spec counts: text-only trainers (and ``cabe trace``) load less (a report note)
+    causal_lm_drops_tower: bool = False
     #: the vision tower whose images join the text sequence (:class:`VisionTower`; Qwen2.5-VL), when the family
     #: models its activations; ``vision_parameters`` is then its parameter count
     vision: VisionTower | None = None

@@ -239,4 +239,8 @@ def read(r: Reader, name: str) -> ModelSpec:
         config=dict(r.c),
         vision_parameters=parameters,
         vision_linear_parameters=linear,
+        # transformers 5.24 models/auto/modeling_auto.py maps llama4 to Llama4ForCausalLM for causal LM: the decoder
+        # alone (the tower is dropped on load); Llama4ForConditionalGeneration.forward reads
+        # ``outputs.image_outputs`` from that decoder's output, which has none (modeling_llama4.py:1318)
+        causal_lm_drops_tower=True,
     )
