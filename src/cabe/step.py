@@ -111,6 +111,9 @@ class StepParts:
     # ... and buffers that exist only once the layers' backward has begun (FSDP's unsharded gradients of the unit
     # running backward and the previous unit's reduce-scatter input): not beside the loss head's backward
     extra_layer_backward: dict[str, int] = field(default_factory=dict)
+    # ... and those that exist only once a layer below the top one runs backward (FSDP's reduce-scatter input of the
+    # unit above, kept until the next unit's post-backward reclaims it)
+    extra_below_top: dict[str, int] = field(default_factory=dict)
     # the layers in the gradient's path, run by run from the bottom, when their figures are known run by
     # run (a model whose layers differ); empty: ``grad_layers`` layers of the per-layer fields above
     runs: tuple[LayerRun, ...] = ()
@@ -259,6 +262,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     "weight_copies": p.frozen_copies,
                     **p.extra_backward,
                     **p.extra_layer_backward,
+                    **p.extra_below_top,
                 },
             )
         )
@@ -273,6 +277,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     "activations": p.embedding_backward_workspace,
                     **p.extra_backward,
                     **p.extra_layer_backward,
+                    **p.extra_below_top,
                 },
             )
         )
@@ -348,6 +353,7 @@ def _layer_moments(
                             "activations": activations,
                             **p.extra_backward,
                             **p.extra_layer_backward,
+                            **({} if where.startswith("top_layer") else p.extra_below_top),
                         },
                     )
                 )
@@ -370,6 +376,7 @@ def _vision_moment(p: StepParts, base: dict[str, int]) -> Moment:
             "weight_copies": p.frozen_copies,
             **p.extra_backward,
             **p.extra_layer_backward,
+            **p.extra_below_top,
         },
     )
 

@@ -34,12 +34,12 @@ def test_fsdp2_rank0_states_and_peak(param_dtype):
     assert 0 <= traced.components["weights"] - est.components["weights"] <= 1024
     # the peak (backward), measured on 2026-12-05 once the trace follows FSDP2's in-place storage frees
     # (distributed._storage_resizes): bf16 at the loss's backward, trace 38,282,752 B vs 38,276,608 B (root + one
-    # unit gathered); fp32 at the top unit's backward, 51,598,336 B vs 56,258,927 B: the estimate's layer moments
-    # count the previous unit's reduce-scatter input and the root's sharded gradients at the top unit too (+9%)
+    # unit gathered); fp32 at the top unit's backward, 51,598,336 B vs 53,094,767 B (+2.9%: the estimate holds the
+    # unit's whole unsharded gradient and the next unit's gather there, the trace the gradients made so far)
     assert traced.peak_phase == est.peak_phase == "backward"
     # the rank runs on real CPU tensors: no cuBLAS workspaces (cabe.units.CUDA_WORKSPACES) in the trace
     error = (est.total_bytes - CUDA_WORKSPACES - traced.peak_bytes) / traced.peak_bytes
-    assert (abs(error) < 0.005) if param_dtype == "bf16" else (0 < error < 0.10), error
+    assert (abs(error) < 0.005) if param_dtype == "bf16" else (0 < error < 0.04), error
 
 
 def test_fsdp2_frees_resharded_units():

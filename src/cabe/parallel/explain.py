@@ -18,7 +18,13 @@ COMMUNICATION = ("ddp_buckets", "ipg_buckets", "p2p_buffers", "tp_comm", "moe_al
 def per_gpu(new: StepParts, master_weights: float, host: int) -> dict[str, Any]:
     """Model states, communication buffers, gathered parameters and host RAM of one GPU."""
     master = round(master_weights)
-    buffers = {**new.extra_forward, **new.extra_backward, **new.extra_layer_backward, **new.extra_optimizer}
+    buffers = {
+        **new.extra_forward,
+        **new.extra_backward,
+        **new.extra_layer_backward,
+        **new.extra_below_top,
+        **new.extra_optimizer,
+    }
     return {
         "weights_bytes": new.weights,
         "gradients_bytes": new.grads,

@@ -54,7 +54,8 @@ def states(c: Context) -> States:
         # the previous unit's reduce-scatter input (its gradients flattened, in reduce_dtype, which defaults
         # to param_dtype) stays alive until the next unit's post-backward reclaims it:
         # reduce_scatter_max_input_buffers = 1 (torch 2.13 _fsdp_param_group.py:107-112, 640-657)
-        out.layer_backward["reduce_scatter_input"] = layer_grad
+        # (none at the top unit: no unit above it has run its backward yet)
+        out.below_top["reduce_scatter_input"] = layer_grad
     if c.dt.gathered:
         out.notes.append("fsdp_param_dtype_" + c.setup.param_dtype)
     if c.offload_parameters:

@@ -208,4 +208,5 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         extra_backward={**parts.extra_backward, **extra["backward"]},
         extra_optimizer={**parts.extra_optimizer, **extra["optimizer"]},
         extra_layer_backward={**parts.extra_layer_backward, **{k: round(v) for k, v in st.layer_backward.items() if v}},
+        extra_below_top={**parts.extra_below_top, **{k: round(v) for k, v in st.below_top.items() if v}},
     )

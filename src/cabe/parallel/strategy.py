@@ -87,6 +87,8 @@ class States:
     buffers: dict[str, dict[str, float]] = field(default_factory=lambda: {p: {} for p in PHASES})
     # live in the layers' backward only, not beside the loss head's (step.StepParts.extra_layer_backward)
     layer_backward: dict[str, float] = field(default_factory=dict)
+    # live once a layer below the top one runs backward (step.StepParts.extra_below_top)
+    below_top: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def everywhere(self, name: str, nbytes: float) -> None:
