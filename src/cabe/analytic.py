@@ -856,6 +856,7 @@ def _step_parts(
         saved_layer=act.saved_layer_bytes,
         recompute_layer=act.mean(lambda r: r.recompute_bytes) if ckpt else 0,
         recompute_transient_layer=act.mean(lambda r: _recompute_transient(r.per_layer, tokens)) if ckpt else 0,
+        dispatch_workspace_layer=max((tokens * r.per_layer.dispatch_workspace_per_token for r in act.runs), default=0),
         workspace_layer=act.mean(
             lambda r: tokens * r.per_layer.mlp_workspace_per_token + r.per_layer.mlp_workspace_constant
         ),

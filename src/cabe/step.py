@@ -114,6 +114,9 @@ class StepParts:
     # ... and those that exist only once a layer below the top one runs backward (FSDP's reduce-scatter input of the
     # unit above, kept until the next unit's post-backward reclaims it)
     extra_below_top: dict[str, int] = field(default_factory=dict)
+    # ... and those of the layer's own gradients, once it makes them (FSDP's unsharded gradients of the unit): not
+    # at the moments before its first gradient (the experts' dispatch, the end of its recomputed forward)
+    extra_layer_grads: dict[str, int] = field(default_factory=dict)
     # the layers in the gradient's path, run by run from the bottom, when their figures are known run by
     # run (a model whose layers differ); empty: ``grad_layers`` layers of the per-layer fields above
     runs: tuple[LayerRun, ...] = ()
@@ -131,6 +134,9 @@ class StepParts:
     forward_transient: int = 0
     # checkpointing: the largest transient of a recomputed layer's forward (LayerRun.recompute_transient)
     recompute_transient_layer: int = 0
+    # the routed experts' first backward nodes beside everything a layer saved (LayerRun.dispatch_workspace): the
+    # largest over the runs, for plans that walk a mean layer (a MoE layer among dense ones holds it)
+    dispatch_workspace_layer: int = 0
     # images (cabe.vision_memory): what the vision tower saves for backward, alive from its forward (before the first
     # decoder layer) until its own backward (after the bottom layer's), and the gradients of its weights. Its
     # backward runs from the merger down to the bottom block, releasing each block's saved tensors and making its
@@ -164,6 +170,7 @@ class StepParts:
                 self.mlp_saved_layer,
                 self.attention_workspace_layer,
                 self.recompute_transient_layer,
+                dispatch_workspace=self.dispatch_workspace_layer,
             ),
         )
 
@@ -263,6 +270,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     **p.extra_backward,
                     **p.extra_layer_backward,
                     **p.extra_below_top,
+                    **p.extra_layer_grads,
                 },
             )
         )
@@ -278,6 +286,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     **p.extra_backward,
                     **p.extra_layer_backward,
                     **p.extra_below_top,
+                    **p.extra_layer_grads,
                 },
             )
         )
@@ -354,6 +363,7 @@ def _layer_moments(
                             **p.extra_backward,
                             **p.extra_layer_backward,
                             **({} if where.startswith("top_layer") else p.extra_below_top),
+                            **({} if suffix in (".experts", ".recompute") else p.extra_layer_grads),
                         },
                     )
                 )
@@ -377,6 +387,7 @@ def _vision_moment(p: StepParts, base: dict[str, int]) -> Moment:
             **p.extra_backward,
             **p.extra_layer_backward,
             **p.extra_below_top,
+            **p.extra_layer_grads,
         },
     )
 

@@ -23,6 +23,7 @@ def per_gpu(new: StepParts, master_weights: float, host: int) -> dict[str, Any]:
         **new.extra_backward,
         **new.extra_layer_backward,
         **new.extra_below_top,
+        **new.extra_layer_grads,
         **new.extra_optimizer,
     }
     return {

@@ -50,7 +50,7 @@ def states(c: Context) -> States:
     layer_grad = mine.layer_trainable_elements * unit_b
     if layer_grad:
         # (from the top unit's backward on: the loss head's backward, in the root unit, precedes them)
-        out.layer_backward["unsharded_grads"] = layer_grad
+        out.layer_grads["unsharded_grads"] = layer_grad
         # the previous unit's reduce-scatter input (its gradients flattened, in reduce_dtype, which defaults
         # to param_dtype) stays alive until the next unit's post-backward reclaims it:
         # reduce_scatter_max_input_buffers = 1 (torch 2.13 _fsdp_param_group.py:107-112, 640-657)

@@ -183,6 +183,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         frozen_copies=round(_frozen_share(parts.frozen_copies, parts, spec, lay.stage_layers, grad_layers) * per_tp),
         recompute_layer=round(parts.recompute_layer * f.saved),
         recompute_transient_layer=round(parts.recompute_transient_layer * f.saved),
+        dispatch_workspace_layer=round(parts.dispatch_workspace_layer * f.saved),
         workspace_layer=round(parts.workspace_layer * f.saved),
         # the layer's backward split (step.LayerRun): the MLP's gradients shrink as the layer's do, its saved
         # tensors and attention's workspace as the layer's activations do
@@ -209,4 +210,5 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         extra_optimizer={**parts.extra_optimizer, **extra["optimizer"]},
         extra_layer_backward={**parts.extra_layer_backward, **{k: round(v) for k, v in st.layer_backward.items() if v}},
         extra_below_top={**parts.extra_below_top, **{k: round(v) for k, v in st.below_top.items() if v}},
+        extra_layer_grads={**parts.extra_layer_grads, **{k: round(v) for k, v in st.layer_grads.items() if v}},
     )

@@ -89,6 +89,8 @@ class States:
     layer_backward: dict[str, float] = field(default_factory=dict)
     # live once a layer below the top one runs backward (step.StepParts.extra_below_top)
     below_top: dict[str, float] = field(default_factory=dict)
+    # live once the layer running backward makes its gradients (step.StepParts.extra_layer_grads)
+    layer_grads: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def everywhere(self, name: str, nbytes: float) -> None:
