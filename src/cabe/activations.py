@@ -505,7 +505,11 @@ class _Layer:
                 # ``base_result = base_result - bias`` (dora.py:158): a new tensor in the promoted dtype of the
                 # output and the bias (the frozen weights' dtype; prepare_model_for_kbit_training's fp32 for 4-bit
                 # layers), which the product then saves (pythia-1.4b DoRA, fp32 weights under autocast: -9.2%)
-                rb = max(rb, 4 if self.quantized and lin.quantized_by_bnb else self.dt_frozen)
+                # 16-bit weights under the other half's autocast (fp16 weights, bf16 autocast: an fp32 residual): the
+                # autocast output minus the bias of the other half type promotes to fp32 (starcoderbase-1b DoRA, fp16
+                # weights under bf16 autocast, b1 × 4096: −12.4% with it 16-bit)
+                halves = self.autocast and rb == 2 and self.dt_frozen == 2 and self.rho == 4
+                rb = max(rb, 4 if (self.quantized and lin.quantized_by_bnb) or halves else self.dt_frozen)
             rl = 2 if self.autocast else self.ad  # lora_B's output
             self.add(f"dora.{n}.base_result", rb * o, f"{rb}·{_sym(o, self.spec)}")
             self.add(f"dora.{n}.lora_result", rl * o, f"{rl}·{_sym(o, self.spec)}")
