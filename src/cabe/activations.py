@@ -351,6 +351,11 @@ class _Layer:
         if nbytes and (self.live or self.owned):
             self.terms.append(Term(name, nbytes, formula))
 
+    def add_owned(self, name: str, nbytes: int, formula: str) -> None:
+        """A term kept whether or not the block is ``live`` (its caller decides: :func:`_moe`)."""
+        with self.adapter_owned():
+            self.add(name, nbytes, formula)
+
     @contextlib.contextmanager
     def adapter_owned(self) -> Iterator[None]:
         """What is added inside is saved by an adapted module for its own weights' gradients: kept in the lowest
@@ -934,12 +939,7 @@ class _Layer:
             router_in = (2 if self.autocast else rho) if keeps_x else 0
             # the block's input requires grad (see ``live``), or a LoRA-wrapped router makes the routing weights do
             entry = self.live = self.live or router_grad
-
-            def own(name: str, nbytes: int, formula: str) -> None:
-                with self.adapter_owned():
-                    self.add(name, nbytes, formula)
-
-            _moe(own, spec, f, a_experts, router_in, down_grad, rho, up_grad, live=entry)
+            _moe(self.add_owned, spec, f, a_experts, router_in, down_grad, rho, up_grad, live=entry)
             if entry or up_grad or down_grad:  # (no expert backward runs in the bottom layer without them)
                 self.dispatch_workspace = _dispatch_workspace(self, a_experts)
             self._wrapped_parameters(a_experts, entry)

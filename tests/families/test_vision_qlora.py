@@ -32,30 +32,8 @@ GEMMA3 = _file("gemma3_vision_tiny_config.json")
 GEMMA3_HEAD = {**GEMMA3, "vision_config": {**GEMMA3["vision_config"], "vision_use_head": True}}
 QWEN2_5_VL = _file("qwen2_5_vl_tiny_config.json")
 QWEN3_VL = _file("qwen3_vl_tiny_config.json")
-#: a multimodal llama4 config (tests/trace/test_llama4_trace.py's MULTIMODAL): a tiny decoder and tower
-LLAMA4 = {
-    "model_type": "llama4",
-    "architectures": ["Llama4ForConditionalGeneration"],
-    "text_config": {
-        "num_hidden_layers": 2,
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "intermediate_size_mlp": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "vocab_size": 300,
-    },
-    "vision_config": {
-        "num_hidden_layers": 2,
-        "hidden_size": 32,
-        "intermediate_size": 48,
-        "vision_output_dim": 40,
-        "projector_input_dim": 24,
-        "projector_output_dim": 24,
-        "image_size": 56,
-    },
-}
+#: a multimodal llama4 config: a tiny decoder and tower (also tests/trace/test_llama4_trace.py's)
+LLAMA4 = _file("llama4_multimodal_tiny_config.json")
 CONFIGS = [
     pytest.param(GEMMA3, id="gemma3"),
     pytest.param(GEMMA3_HEAD, id="gemma3-head"),

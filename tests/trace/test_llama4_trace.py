@@ -3,6 +3,8 @@
 the parameter counts of tiny configs equal transformers' meta-device build, the vision tower included."""
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 
@@ -49,29 +51,9 @@ def test_llama4_estimate_within_3_percent_of_trace(cfg, kw):
 
 
 #: a multimodal llama4 config: a tiny text_config and a tiny vision tower (Llama4VisionConfig keys)
-MULTIMODAL = {
-    "model_type": "llama4",
-    "architectures": ["Llama4ForConditionalGeneration"],
-    "text_config": {
-        "num_hidden_layers": 2,
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "intermediate_size_mlp": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "vocab_size": 300,
-    },
-    "vision_config": {
-        "num_hidden_layers": 2,
-        "hidden_size": 32,
-        "intermediate_size": 48,
-        "vision_output_dim": 40,
-        "projector_input_dim": 24,
-        "projector_output_dim": 24,
-        "image_size": 56,
-    },
-}
+MULTIMODAL = json.loads(
+    (Path(__file__).parents[1] / "configs" / "files" / "llama4_multimodal_tiny_config.json").read_text()
+)
 
 
 def _meta_count(cfg: dict) -> int:
