@@ -8,7 +8,8 @@ and a few hundred random ones drawn by a seeded sampler over every flag of ``est
 ``infer`` and ``lora`` (the same seed each run: this is a regression set, not proof of accuracy;
 the differential benchmark is that). Each is recorded with its exit code, stdout and stderr, in
 JSON and in text, English and Spanish. It also records the analytic estimate of every
-configuration of the accuracy grid, the HTTP API's answers to the same requests, and the trace
+configuration of the accuracy grid, the whole report of every request the differential benchmark has
+stored (its ``results*.json`` files), the HTTP API's answers to the same requests, and the trace
 of tiny models of every traced family (``--no-trace`` skips those).
 
 ``--compare`` prints each command whose output changed (the first differing line) and exits 1
@@ -270,6 +271,45 @@ def _grid() -> list[dict]:
     return out
 
 
+def _stored(requests: list[tuple[str, dict]] | None = None) -> list[dict]:
+    """Every request stored by the differential benchmark (each ``results*.json`` / ``.partial.jsonl`` under
+    ``benchmarks/differential``, deduplicated), estimated anew: the whole report's JSON, or the error's code.
+    ``requests``: the (model, setup) pairs to estimate instead (``--compare`` takes the baseline's own, so a
+    result file removed or moved since does not shrink the comparison)."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "differential"))
+    from run import source  # benchmarks/differential/run.py
+
+    from cabe.analytic import estimate_model
+    from cabe.errors import CabeError
+    from cabe.training import TrainingSetup
+
+    seen: set[str] = set()
+    reqs: list[tuple[str, dict]] = list(requests or [])
+    base = ROOT / "benchmarks" / "differential"
+    for path in [] if requests is not None else sorted(base.rglob("results*.json")) + sorted(base.rglob("results*.partial.jsonl")):
+        if path.suffix == ".jsonl":
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        else:
+            rows = json.loads(path.read_text()).get("rows", [])
+        for r in rows:
+            key = json.dumps([r["model"], r["setup"]], sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                reqs.append((r["model"], r["setup"]))
+    reqs.sort(key=lambda mr: json.dumps(mr, sort_keys=True))
+    out = []
+    for model, setup in reqs:
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in setup.items()}
+        try:
+            rep = json.loads(json.dumps(estimate_model(source(model).spec, TrainingSetup(**kw)).to_json(), default=str))
+        except CabeError as e:
+            rep = {"error": e.code}
+        except FileNotFoundError as e:  # a config file a later commit moved
+            rep = {"missing": str(e)}
+        out.append({"model": model, "setup": setup, "report": rep})
+    return out
+
+
 def _http(cmds: list[list[str]]) -> list[dict]:
     """The same estimate / fit / infer requests through the HTTP API (JSON answers)."""
     from starlette.testclient import TestClient
@@ -342,7 +382,9 @@ def _traces() -> list[dict]:
     return out
 
 
-def snapshot(n_random: int, seed: int, with_traces: bool = True) -> dict:
+def snapshot(
+    n_random: int, seed: int, with_traces: bool = True, stored: list[tuple[str, dict]] | None = None
+) -> dict:
     traces = _traces() if with_traces else []
     from cabe import gpus as gpu_catalog
     from cabe.models import preset_names
@@ -353,7 +395,14 @@ def snapshot(n_random: int, seed: int, with_traces: bool = True) -> dict:
     fixed = _fixed(presets, gpus)
     rand = _random(rng, presets, gpus, n_random)
     cli = [_run_cli(a) for a in fixed + rand]
-    return {"seed": seed, "cli": cli, "grid": _grid(), "http": _http(rand), "trace": traces}
+    return {
+        "seed": seed,
+        "cli": cli,
+        "grid": _grid(),
+        "stored": _stored(stored),
+        "http": _http(rand),
+        "trace": traces,
+    }
 
 
 def _first_diff(a: str, b: str) -> str:
@@ -375,6 +424,13 @@ def compare(old: dict, new: dict) -> int:
         if o != n:
             bad += 1
             print(f"grid {o['model']} {o['setup']}: {_first_diff(json.dumps(o, indent=1), json.dumps(n, indent=1))}")
+    if len(old.get("stored", [])) != len(new.get("stored", [])):
+        bad += 1
+        print(f"stored requests: {len(old.get('stored', []))} -> {len(new.get('stored', []))}")
+    for o, n in zip(old.get("stored", []), new.get("stored", [])):
+        if o != n:
+            bad += 1
+            print(f"stored {o['model']} {o['setup']}: {_first_diff(json.dumps(o, indent=1), json.dumps(n, indent=1))}")
     for o, n in zip(old["http"], new["http"]):
         if o != n:
             bad += 1
@@ -387,9 +443,11 @@ def compare(old: dict, new: dict) -> int:
         bad += 1
         print("different number of commands")
     n_trace = len(new.get("trace", [])) and len(old.get("trace", []))
-    total = len(old["cli"]) + len(old["grid"]) + len(old["http"]) + n_trace
+    n_stored = len(old.get("stored", []))
+    total = len(old["cli"]) + len(old["grid"]) + n_stored + len(old["http"]) + n_trace
     print(
         f"{total - bad} of {total} outputs identical ({len(old['cli'])} CLI, {len(old['grid'])} grid, "
+        f"{n_stored} stored requests, "
         f"{len(old['http'])} HTTP, {n_trace} traces)"
     )
     return 1 if bad else 0
@@ -405,15 +463,16 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=20261203)
     ap.add_argument("--no-trace", action="store_true", help="skip the tiny traces (needs cabe[trace]; ~40 s)")
     args = ap.parse_args()
-    snap = snapshot(args.random, args.seed, with_traces=not args.no_trace)
+    old = json.loads(Path(args.compare).read_text()) if args.compare else None
+    stored = [(r["model"], r["setup"]) for r in old.get("stored", [])] if old and "stored" in old else None
+    snap = snapshot(args.random, args.seed, with_traces=not args.no_trace, stored=stored)
     if args.write:
         Path(args.write).write_text(json.dumps(snap, ensure_ascii=False, indent=0, sort_keys=True) + "\n")
         print(
             f"wrote {len(snap['cli'])} CLI, {len(snap['grid'])} grid, {len(snap['http'])} HTTP outputs "
             f"(seed {args.seed}) to {args.write}"
         )
-    if args.compare:
-        old = json.loads(Path(args.compare).read_text())
+    if old is not None:
         return compare(old, json.loads(json.dumps(snap, ensure_ascii=False, sort_keys=True)))
     return 0
 
