@@ -286,7 +286,11 @@ def _stored(requests: list[tuple[str, dict]] | None = None) -> list[dict]:
     seen: set[str] = set()
     reqs: list[tuple[str, dict]] = list(requests or [])
     base = ROOT / "benchmarks" / "differential"
-    for path in [] if requests is not None else sorted(base.rglob("results*.json")) + sorted(base.rglob("results*.partial.jsonl")):
+    for path in (
+        []
+        if requests is not None
+        else sorted(base.rglob("results*.json")) + sorted(base.rglob("results*.partial.jsonl"))
+    ):
         if path.suffix == ".jsonl":
             rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         else:
@@ -382,9 +386,7 @@ def _traces() -> list[dict]:
     return out
 
 
-def snapshot(
-    n_random: int, seed: int, with_traces: bool = True, stored: list[tuple[str, dict]] | None = None
-) -> dict:
+def snapshot(n_random: int, seed: int, with_traces: bool = True, stored: list[tuple[str, dict]] | None = None) -> dict:
     traces = _traces() if with_traces else []
     from cabe import gpus as gpu_catalog
     from cabe.models import preset_names
