@@ -18,10 +18,10 @@ import json
 
 import torch
 
+from cabe.activations.mamba import backward_workspace, forward_workspace
 from cabe.architecture import Mamba2
 from cabe.families import from_config
 from cabe.models import preset
-from cabe.ssm import backward_workspace, forward_workspace
 
 CASES = [("granite-4.0-h-1b", 1, 4096), ("granite-4.0-h-1b", 2, 2048), ("granite-4.0-h-small", 1, 4096)]
 

@@ -26,17 +26,15 @@ from cabe import compressed_attention, ssm
 from cabe.activations import (
     HeadActivations,
     LayerActivations,
-    attention_kind,
     checkpointed_layer_bytes_per_token,
     dora_stray_parameter,
     embedding_lora_saved,
     head_activations,
     layer_activations,
-    sdpa_gqa_math,
-    sdpa_masked_layers,
 )
 from cabe.architecture import LayerGroup, ModelSpec
 from cabe.errors import InvalidValueError
+from cabe.facts import attention_kind, sdpa_gqa_math, sdpa_masked_layers
 from cabe.method import (
     VISION_PREFIX,
     Tensor,
@@ -546,7 +544,7 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
             kinds[_kind(run)] = _run_activations(spec, setup, dt, run, 0, tokens, trainable_layers > 0)
     runs = tuple(replace(kinds[_kind(run)], group=run, count=n) for run, n in path)
     if runs and not trainable_layers and _input_needs_no_grad(spec, setup):
-        # the path's lowest layer saves only from its first adapted module on (activations._Layer.live)
+        # the path's lowest layer saves only from its first adapted module on (activations.state.LayerState.live)
         low = _run_activations(spec, setup, dt, path[0][0], 1, tokens, False, bottom=True)
         runs = (low, *((replace(runs[0], count=runs[0].count - 1),) if runs[0].count > 1 else ()), *runs[1:])
     if not runs:  # no layer in the gradient's path: the top layer, for the figures that explain it

@@ -130,7 +130,7 @@ class StepParts:
     # cuBLAS's workspaces, held by the caching allocator from the first step on (cabe.units.CUDA_WORKSPACES)
     cuda_workspaces: int = 0
     # a transient of the top layer's forward when every layer below holds its activations (DoRA's weight
-    # norms: cabe.activations ``_Layer._dora_norm_transient``); 0: none worth a moment
+    # norms: cabe.activations ``adapters._dora_norm_transient``); 0: none worth a moment
     forward_transient: int = 0
     # checkpointing: the largest transient of a recomputed layer's forward (LayerRun.recompute_transient)
     recompute_transient_layer: int = 0
@@ -180,7 +180,7 @@ def timeline(p: StepParts) -> list[Moment]:
 
     Between the top and the bottom layer of a run of like layers, live memory during backward is linear
     in the layer index (activations freed, gradients added at constant rates), so the run's two ends
-    bound it: each run of :meth:`StepParts.layer_runs` adds its two ends.
+    bound it: each run of :func:`StepParts.layer_runs` adds its two ends.
     """
     base = {"weights": p.weights, "optimizer": p.optimizer}
     g_acc = p.grads if p.grads_in_forward else 0
@@ -340,7 +340,7 @@ def _layer_moments(
                 moments_of_layer.insert(0, (".experts", before, acts + r.dispatch_workspace, stray))
             if r.recompute_transient:
                 # the recomputed forward's end, before this layer's first gradient: all it saves is back, and
-                # its last adapted module's transient (cabe.activations _Layer.note_lora_input)
+                # its last adapted module's transient (cabe.activations.adapters.note_lora_input)
                 moments_of_layer.insert(0, (".recompute", before, acts + r.recompute_transient, stray))
             for suffix, grads, activations, strays in (
                 *moments_of_layer,

@@ -139,7 +139,7 @@ def test_peft_adapter_config():
         "up_proj",
         "down_proj",
     }
-    # lora_dropout 0.05: nn.Dropout before each lora_A (a saved mask and copy, cabe.activations.lora_variants)
+    # lora_dropout 0.05: nn.Dropout before each lora_A (a saved mask and copy, cabe.activations.adapters.lora_variants)
     assert s.fields["lora_dropout"] == 0.05 and s.fields["dora"] is False  # "use_dora": false
 
 

@@ -14,7 +14,8 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 from cabe import families  # noqa: E402
-from cabe.activations import layer_activations, sdpa_gqa_math  # noqa: E402
+from cabe.activations import layer_activations  # noqa: E402
+from cabe.facts import sdpa_gqa_math  # noqa: E402
 from cabe.precision import dtypes_for  # noqa: E402
 from cabe.training import TrainingSetup  # noqa: E402
 

@@ -133,7 +133,8 @@ def test_unknown_model_type_lists_what_is_supported():
 
 # The estimators dispatch on kinds (spec.norm, spec.mlp, slots, traits), never on family names.
 ESTIMATORS = [
-    "activations.py",
+    *sorted(f"activations/{p.name}" for p in (SRC / "activations").glob("*.py")),
+    "facts.py",
     "analytic.py",
     "kv_cache.py",
     "flops.py",

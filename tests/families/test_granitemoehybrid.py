@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cabe import families, ssm
-from cabe.activations import layer_activations
+from cabe.activations import layer_activations, mamba
 from cabe.analytic import estimate_model
 from cabe.errors import ConfigError, InvalidValueError
 from cabe.inference import estimate_inference
@@ -105,10 +105,10 @@ def test_fused_kernel_workspaces_by_hand():
     states32, states_x = 4 * 16_384 * 4 // s, 2 * 16_384 * 4 // s  # 1,024 and 512 per token
     da_dt, cb, final = 2 * 4 * 8, 4 * 64, 4 * 16_384 // s  # fp32 each
     held = x * conv + da_dt + states_x + final
-    assert ssm.forward_workspace(spec, s, x, 2) == max(held + states32, held + cb, held + x * d_inner + 2 * 256)
+    assert mamba.forward_workspace(spec, s, x, 2) == max(held + states32, held + cb, held + x * d_inner + 2 * 256)
     base = x * (d_inner + conv + width + conv)  # out_recompute, xBC, dzxbcdt, dxBC
     scan = base + x * d_inner + x * 8 + da_dt + cb
-    assert ssm.backward_workspace(spec, s, x, 2) == max(
+    assert mamba.backward_workspace(spec, s, x, 2) == max(
         base + 2 * d_inner + x * d_inner,
         scan + 2 * states32 + 2 * states_x,
         scan + 2 * states_x + 4 * 8 + 2 * 4 * 32 + cb,

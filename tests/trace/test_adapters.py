@@ -1,6 +1,6 @@
 """LoRA variants on the trace (issue 11): DoRA (``use_dora=True``) and LoRA dropout run through PEFT's own
 code on fake CUDA tensors, against the analytic estimate (cabe.method's magnitude vectors,
-cabe.activations ``_Layer.lora_variants``)."""
+cabe.activations.adapters ``lora_variants``)."""
 
 import pytest
 
@@ -99,7 +99,7 @@ def test_dora_output_arithmetic_sets_a_recompute_peak():
     """phi-3-mini DoRA + dropout, bf16 weights under bf16 autocast, checkpointing, one 4096-token sequence: the
     recomputed gate_up_proj's output arithmetic (three fp32 tokens × 2f products, the base layer's output, the
     input's fp32 and dropped copies, and the fp32 casts of W and of lora_B·lora_A, i × o each) sets the peak:
-    −3.95% without it (activations._Layer._note_dora_result), −1.62% with it. The rest is open: fp32 tensors of
+    −3.95% without it (activations.adapters._note_dora_result), −1.62% with it. The rest is open: fp32 tensors of
     the layer's earlier norms and adapted modules that the trace shows alive at that moment."""
     src = models.preset("phi-3-mini")
     setup = TrainingSetup(

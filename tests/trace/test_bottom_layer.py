@@ -3,7 +3,7 @@
 Without checkpointing the first decoder layer's input (the frozen embedding's output) requires no grad, and
 autograd records an op — saving its inputs — only when one of them requires grad. So that layer's norms, attention
 kernel and MLP save nothing below its first adapted module; only what the adapters save for their own weights'
-gradients is kept (activations._Layer.live). With ``o_proj`` / ``down_proj`` as the only targets the bottom layer's
+gradients is kept (activations.state.LayerState.live). With ``o_proj`` / ``down_proj`` as the only targets the bottom layer's
 attention scores were counted whole: llama-3.2-1b eager b4 s2048 +4.58%, falcon-7b (parallel attention and MLP,
 one LayerNorm) ``dense,dense_4h_to_h`` eager b8 s1024 +2.56% (fresh seed 989519472's row).
 """
@@ -54,8 +54,8 @@ def test_bottom_layer_saves_from_its_first_adapter_on(case):
 
 
 #: MoE blocks and DeepSeek-V4's hyper-connected layer follow ``live`` too: the router's softmax and top-k, the
-#: experts' outputs and a wrapped down_proj's W' save nothing below the first adapted module (activations._moe,
-#: compressed_attention.add_block); V4's query and key = value paths join apart
+#: experts' outputs and a wrapped down_proj's W' save nothing below the first adapted module (activations.moe._moe,
+#: activations.compressed.add_block); V4's query and key = value paths join apart
 V4 = str(Path(__file__).parents[1] / "configs" / "files" / "deepseek_v4_tiny_config.json")
 MOE_CASES = {
     # the bottom layer counted whole: +4.76% (Qwen3-30B-A3B, 4 layers)

@@ -2,7 +2,7 @@
 
 ``base_result = base_result - bias`` (peft 0.21.2 tuners/lora/dora.py:158) subtracts the frozen bias (fp16 weights)
 from the layer's autocast output (bf16): torch's type promotion of the two half types is fp32, so the product that
-saves ``base_result`` keeps an fp32 tensor per adapted module (activations._Layer.lora_variants). Counted 16-bit,
+saves ``base_result`` keeps an fp32 tensor per adapted module (activations.adapters.lora_variants). Counted 16-bit,
 starcoderbase-1b (GPTBigCode: biased linears) read −12.44% (fresh seed 20474086's starcoder row: −10.04%).
 """
 

@@ -8,8 +8,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from cabe.activations import masked_sdpa_kind, sdpa_masked_layers
 from cabe.analytic import estimate_model
+from cabe.facts import masked_sdpa_kind, sdpa_masked_layers
 from cabe.models import from_mapping
 from cabe.precision import dtypes_for, resolve
 from cabe.training import TrainingSetup

@@ -1,5 +1,5 @@
 """LoRA on transformers 5's fused MoE experts, as PEFT 0.21.2 really places it (cabe.method.lora_parameter_targets,
-cabe.activations ``_Layer._wrapped_parameters``): for the model types it converts (Mixtral, Qwen3-MoE, DeepSeek-V3;
+cabe.activations.moe ``_wrapped_parameters``): for the model types it converts (Mixtral, Qwen3-MoE, DeepSeek-V3;
 not Qwen2-MoE itself), the expert and router names of ``all-linear`` become ``ParamWrapper`` adapters on the 3-D
 expert stacks (gate_up_proj at twice the rank) and the router, each MoE layer keeps W + ΔW of its whole stack for
 backward, and the dense / shared MLPs lose their adapters. Before: DeepSeek-V3 QLoRA was −50% against the trace

@@ -16,7 +16,7 @@ memory:
   over all E in fp32 (its output saved, 4·E per token). Then ``Llama4TextMoe.forward`` sends **every token through
   every expert** — ``hidden_states.repeat(E, 1)`` times the router scores (zero for the experts not picked), then
   ``torch.bmm`` over the E experts — so the saved activations and the FLOPs of a MoE layer are E× those of the k
-  picked experts (``expert_dispatch = "dense"``, see :func:`cabe.activations._moe_dense`). The published "17B
+  picked experts (``expert_dispatch = "dense"``, see :func:`cabe.activations.moe._dense_experts`). The published "17B
   active" counts the k picked experts; transformers computes all E.
 * **Chunked local attention** (``attention_chunk_size``, ``layer_types``): the layers that rotate q and k attend
   only within their ``attention_chunk_size``-token chunk (``chunked_attention``); the others attend globally. No

@@ -1,0 +1,100 @@
+"""One decoder layer being counted: what the rooms have saved so far, and the operations every room uses.
+
+:class:`LayerState` holds the request's decisions for the layer (``facts``, a :class:`cabe.facts.LayerFacts`,
+resolved once) and what the rooms write as they walk the layer's forward: the saved :class:`Term` list, the saved
+bytes that do not grow with tokens, the transients of moments inside the layer, and ``live`` — whether the tensor
+flowing through the block being counted requires grad (the bottom-layer rule, below). Proved through every room's
+trace test; the bottom-layer rule by tests/trace/test_bottom_layer.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from cabe.activations.terms import Term
+from cabe.architecture import Linear, ModelSpec
+from cabe.facts import LayerFacts
+
+
+class LayerState:
+    """The saved tensors of one decoder layer, term by term, as the rooms add them."""
+
+    def __init__(self, facts: LayerFacts) -> None:
+        self.facts = facts
+        self.q = facts.spec.q_dim  # the width the output projection reads (latent and linear attention narrow it)
+        self.backward_constant = 0  # a backward transient that does not grow with tokens (per layer)
+        self.block = ""  # the block being counted ("attn" / "mlp"): GPT-2's two c_proj share a name
+        self.dora_norm_bytes = 0  # the largest of the adapted modules' weight-norm transients
+        self.dora_result_moment = 0  # bytes: see adapters._note_dora_result
+        self.input_copies: dict[str, int] = {}  # per token: PEFT's copies of an adapted module's input
+        self.lora_pending: dict[str, int] = {}  # per token: see adapters.note_lora_input
+        self.stray_grads = self.stray_grads_mlp = 0  # DoRA + dropout on Conv1D (see adapters._dora_stray_parameter)
+        self.terms: list[Term] = []
+        self.constant = 0  # saved bytes per layer that do not grow with tokens
+        self.mlp_from = 0  # the first term of the MLP block
+        self.product_saved = False
+        self.dense_experts_backward = 0  # the routed experts' own backward transient (expert_dispatch "dense")
+        self.copy_before_shared = 0
+        # a saved term that is the layer's input storage itself (see LayerActivations.input_alias_per_token)
+        self.input_alias = 0  # the gated MLP's product is saved as it is (not a cast of it) by down_proj
+        # a linear-attention mixer's kernel transients per token, forward and backward (activations.deltanet)
+        self.mixer_forward = self.mixer_backward = 0
+        self.indexer_transient = 0  # per token: DeepSeek-V3.2's indexer (see latent._indexer_transient)
+        self.indexer_from = 0  # the first term saved after the indexer ran
+        self.dispatch_workspace = 0  # per token: the grouped_mm experts' backward (see moe.dispatch_workspace)
+        self.experts_freed = 0  # per token: see LayerActivations.experts_freed_per_token
+        self.experts_from = 0  # the first term the routed experts save after their input (activations.compressed)
+        self.output_grad = 0  # per token: see LayerActivations.output_grad_per_token
+        # compressed attention's softmax: the moment's bytes, the first term after it, its backward (compressed)
+        self.softmax_moment = self.softmax_at = self.softmax_backward = 0
+        # Whether the tensor flowing through the block being counted requires grad. Autograd saves a tensor for an
+        # op only when one of the op's inputs requires grad (torch/csrc/autograd: a node is recorded only then), so
+        # in the lowest layer of LoRA's gradient path without checkpointing — its input, the frozen embedding's
+        # output, requires none — nothing is saved until an adapted module's output joins the stream: its norms,
+        # attention kernel and MLP save nothing below that point, and only what the adapters save for their own
+        # weights' gradients is kept (``owned``). Blocks that do not follow ``live`` set it first (their old count).
+        self.live = not facts.bottom
+        self.owned = 0  # > 0 while counting what an adapted module saves for its own weights (kept in any case)
+        self.input_live = self.live  # LayerNorm blocks: whether the layer's input (what a parallel MLP reads) is live
+        self.ln2_pending = False  # GPT-2's second norm, on the residual after attention: counted if that is live
+
+    def add(self, name: str, nbytes: int, formula: str) -> None:
+        if nbytes and (self.live or self.owned):
+            self.terms.append(Term(name, nbytes, formula))
+
+    def add_owned(self, name: str, nbytes: int, formula: str) -> None:
+        """A term kept whether or not the block is ``live`` (its caller decides: :func:`cabe.activations.moe._moe`)."""
+        with self.adapter_owned():
+            self.add(name, nbytes, formula)
+
+    @contextlib.contextmanager
+    def adapter_owned(self) -> Iterator[None]:
+        """What is added inside is saved by an adapted module for its own weights' gradients: kept in the lowest
+        layer of the gradient's path too (see ``live``)."""
+        self.owned += 1
+        try:
+            yield
+        finally:
+            self.owned -= 1
+
+    def joins(self, names: list[str]) -> None:
+        """An adapted module among ``names`` adds its LoRA output to the stream: what follows requires grad."""
+        if any(n in self.facts.targets for n in names):
+            self.live = True
+
+    def linear(self, n: str) -> Linear | None:
+        """The layer's linear named ``n``, the one of the block being counted when two share the name (GPT-2 and
+        GPTBigCode call both output projections ``c_proj``: 768 -> 768 in attention, 3072 -> 768 in the MLP)."""
+        same = [lin for lin in self.facts.group.linears if lin.name == n]
+        return next((lin for lin in same if lin.role == self.block), same[-1] if same else None)
+
+
+def sym(n: int, spec: ModelSpec) -> str:
+    if n == spec.hidden_size:
+        return "h"
+    if n == spec.q_dim:
+        return "q"
+    if n == spec.intermediate_size:  # NOTE: a narrower MLP (an MoE model's dense layers) shows its width
+        return "f"
+    return str(n)
