@@ -6,8 +6,8 @@ import pytest
 from cabe import api, optimizer
 from cabe.analytic import estimate_model
 from cabe.errors import InvalidValueError
-from cabe.method import Tensor
 from cabe.models import preset
+from cabe.tensors import Tensor
 from cabe.training import TrainingSetup
 
 MiB = 1 << 20

@@ -37,7 +37,6 @@ from cabe.errors import InvalidValueError
 from cabe.facts import attention_kind, sdpa_gqa_math, sdpa_masked_layers
 from cabe.method import (
     VISION_PREFIX,
-    Tensor,
     head_targets,
     layer_tensors,
     lora_parameter_targets,
@@ -51,11 +50,12 @@ from cabe.method import (
     unmatched_lora_targets,
 )
 from cabe.optimizer import get as optimizer_entry
-from cabe.optimizer import layerwise_figures, optimizer_memory
+from cabe.optimizer_memory import layerwise_figures, optimizer_memory
 from cabe.precision import Dtypes, dtype_source, dtypes_for, resolve
 from cabe.report import GB, GiB, Report, Step
 from cabe.schema import state_fields
 from cabe.step import LayerRun, StepParts, layerwise, timeline
+from cabe.tensors import Tensor
 from cabe.training import TrainingSetup, number
 from cabe.units import CUDA_WORKSPACES, round_alloc
 

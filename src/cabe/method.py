@@ -11,6 +11,7 @@ from typing import Any
 
 from cabe.architecture import LayerGroup, Linear, ModelSpec, VisionTower
 from cabe.errors import InvalidValueError
+from cabe.tensors import Tensor
 from cabe.training import TrainingSetup
 
 #: bitsandbytes 4-bit: one absmax per block of 64 weights; double quantization stores those
@@ -19,40 +20,6 @@ QUANT_BLOCK = 64
 DOUBLE_QUANT_BLOCK = 256
 QUANT_CODE_BYTES = 16 * 4  # the 16-entry NF4/FP4 code book, fp32
 DOUBLE_QUANT_CODE_BYTES = 256 * 4  # the 8-bit dynamic code for the absmax values
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """A group of identical parameter tensors: ``count`` tensors of ``numel`` elements each."""
-
-    name: str
-    numel: int
-    count: int
-    trainable: bool
-    kind: str  # "base" | "norm" | "embedding" | "lm_head" | "adapter" | "quantized" | "prompt"
-    rows: int = 0  # for 2-D tensors (Adafactor factors rows + cols)
-    cols: int = 0
-    role: str = ""  # a layer linear's (and its adapters'): attn | mlp | router | expert
-    # the nn.Linear module's path in the layer as transformers names it (``self_attn.q_proj``), or "" when the
-    # tensor is not an nn.Linear weight (Conv1D, bare MoE parameters, norms): what GaLore's targets match
-    path: str = ""
-    #: a fused MoE expert stack (transformers 5's 3-D ``gate_up_proj`` / ``down_proj``): this many of the ``count``
-    #: tensors of ``numel`` are one parameter, which is what an optimizer's step sees (its temporaries)
-    stack: int = 1
-
-    @property
-    def total(self) -> int:
-        return self.numel * self.count
-
-    @property
-    def param_numel(self) -> int:
-        """Elements of one parameter as PyTorch holds it (a whole expert stack)."""
-        return self.numel * self.stack
-
-    @property
-    def params(self) -> int:
-        """How many parameters as PyTorch holds them."""
-        return self.count // self.stack
 
 
 @dataclass(frozen=True)

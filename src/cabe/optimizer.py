@@ -28,14 +28,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from cabe.errors import InvalidValueError
+from cabe.tensors import Tensor
 from cabe.units import round_alloc
 
-if TYPE_CHECKING:
-    from cabe.method import Tensor
-    from cabe.training import TrainingSetup
+
+class LowRankSetup(Protocol):
+    """What a GaLore optimizer's state reads of the request (a :class:`cabe.training.TrainingSetup`)."""
+
+    @property
+    def galore_targets(self) -> tuple[str, ...]: ...
+
+    @property
+    def galore_rank(self) -> int: ...
+
 
 BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes Optimizer8bit min_8bit_size
 BNB_BLOCK = 256  # blockwise quantization block for 8-bit optimizer state
@@ -55,7 +62,7 @@ GALORE_RANK = 128
 
 # ---- state rules: bytes of one copy of a tensor's optimizer state --------------------------------
 #: ``(tensor, parameter bytes per element, optimizer_impl) -> bytes`` for one of ``tensor.count`` copies.
-StateRule = Callable[["Tensor", int, str], int]
+StateRule = Callable[[Tensor, int, str], int]
 
 
 def _no_state(t: Tensor, b: int, impl: str) -> int:
@@ -167,7 +174,7 @@ def galore_targeted(t: Tensor, targets: tuple[str, ...]) -> bool:
     return bool(t.path) and ("all-linear" in targets or ALL_BUT_HEAD in targets or any(x in t.path for x in targets))
 
 
-def _low_rank(t: Tensor, rank: int) -> tuple[Tensor, int, int]:
+def low_rank_shape(t: Tensor, rank: int) -> tuple[Tensor, int, int]:
     """The projected gradient of a targeted weight (rows = out, cols = in), the rank kept and min(rows, cols).
 
     galore_projector.py:15-22 (proj_type "std"): rows >= cols projects on the right, ``grad @ B.T`` with
@@ -185,38 +192,9 @@ def galore_state(t: Tensor, b: int, impl: str, inner: StateRule, rank: int) -> i
     16-bit gradient's SVD runs on an fp32 copy and the kept factor is cast back (``.type(original_type)``:
     r × min(rows, cols) in 16 bits); an fp32 gradient's factor is a slice (``Vh[:rank, :]`` / ``U[:, :rank]``)
     that keeps the whole min(rows, cols)² fp32 factor of the SVD alive."""
-    low, r, k = _low_rank(t, rank)
+    low, r, k = low_rank_shape(t, rank)
     proj = round_alloc(r * k * b) if b != 4 else round_alloc(k * k * 4)
     return inner(low, b, impl) + proj
-
-
-def _svd_temporaries(t: Tensor, b: int, r: int, k: int) -> int:
-    """galore_projector.py:74-95, a projection step (the first step and every ``update_proj_gap``): an fp32
-    copy of a 16-bit gradient (:78), U (rows × k), S and Vh (k × cols) of ``torch.linalg.svd`` (:83) and the
-    other factor times diag(S) it computes and drops (:87 / :95). cuSOLVER's own workspace is not counted."""
-    m, n = t.rows, t.cols
-    out = (round_alloc(m * n * 4) if b != 4 else 0) + round_alloc(m * k * 4) + round_alloc(k * 4)
-    return out + round_alloc(k * n * 4) + round_alloc((m if m >= n else n) * r * 4) + round_alloc(r * r * 4)
-
-
-def galore_step_temporaries(o: Optimizer, t: Tensor, b: int, rank: int, targeted: bool) -> int:
-    """The most one parameter's GaLore step holds at once (a for-loop: one parameter at a time; modelled).
-
-    GaLore AdamW: ``denom`` and ``norm_grad`` (galore_torch/adamw.py:114, 123) of the (projected) gradient.
-    GaLore's 8-bit AdamW: bitsandbytes' kernel updates in place; a targeted weight is cloned (adamw8bit.py:55).
-    GaLore Adafactor: a 16-bit gradient and weight are upcast to fp32 (adafactor.py:178-179, 221-223) and the
-    update is made twice (:230, :239). A targeted weight adds the projection step (:func:`_svd_temporaries`) or
-    the projected update and ``project_back`` with its ``* self.scale`` (galore_projector.py:51-67, two
-    full-size tensors)."""
-    g = 4 if o.step_upcasts else b  # the gradient as the step computes with it
-    # a fused expert stack is one parameter: the step's copies are of all of it (Tensor.param_numel)
-    upcast = 2 * round_alloc(t.param_numel * 4) if o.step_upcasts and b != 4 else 0
-    if not targeted:
-        return 0 if o.clones_weight else upcast + 2 * round_alloc(t.param_numel * g)
-    low, r, k = _low_rank(t, rank)
-    svd = _svd_temporaries(t, g, r, k) + (round_alloc(t.numel * 4) if o.step_upcasts and b != 4 else 0)
-    update = upcast + 3 * round_alloc(low.numel * g) + 2 * round_alloc(t.numel * g)
-    return max(svd, update + (round_alloc(t.numel * b) if o.clones_weight else 0))
 
 
 # ---- temporaries of optimizer.step(), by implementation ------------------------------------------
@@ -283,14 +261,14 @@ class Optimizer:
         """Modelled from its source, not traced (no trace factory)."""
         return not self.trace_factory
 
-    def tensor_state(self, t: Tensor, b: int, impl: str, setup: TrainingSetup | None = None) -> int:
+    def tensor_state(self, t: Tensor, b: int, impl: str, setup: LowRankSetup | None = None) -> int:
         """One copy of ``t``'s state, GaLore's projection included when ``t`` is targeted."""
         g = 4 if self.step_upcasts else b
         if self.low_rank and setup is not None and galore_targeted(t, setup.galore_targets):
             return galore_state(t, g, impl, self.state, setup.galore_rank)
         return self.state(t, g, impl)
 
-    def device_and_paged(self, t: Tensor, b: int, impl: str, setup: TrainingSetup | None = None) -> tuple[int, int]:
+    def device_and_paged(self, t: Tensor, b: int, impl: str, setup: LowRankSetup | None = None) -> tuple[int, int]:
         """One copy of ``t``'s state split into (device memory, unified memory): a paged optimizer pages
         the state buffers of tensors of at least :data:`BNB_PAGED_MIN` elements, except its ``resident``
         part (8-bit absmax)."""
@@ -590,130 +568,19 @@ def from_deepspeed(kind: str) -> str | None:
     return next((o.name for o in REGISTRY if kind in o.deepspeed_types), None)
 
 
-@dataclass(frozen=True)
-class OptimizerMemory:
-    state_bytes: int  # on-GPU optimizer state counted by the allocator
-    paged_bytes: int  # unified-memory state (paged optimizers), not counted by the allocator
-    temp_bytes: int  # extra memory live during optimizer.step()
-    moments: int  # state tensors per parameter (for explanations)
-    state_bytes_per_param: float  # for explanations
-
-
-def optimizer_memory(tensors: list[Tensor], setup: TrainingSetup, param_bytes_of: dict[str, int]) -> OptimizerMemory:
-    """State and step temporaries for the trainable tensors.
-
-    ``param_bytes_of`` maps a tensor ``kind`` to its stored bytes per element.
-    """
-    opt = get(setup.optimizer)
-    impl = setup.resolved_optimizer_impl
-    trainable = [t for t in tensors if t.trainable]
-    if opt.low_rank and not any(galore_targeted(t, setup.galore_targets) for t in trainable):
-        # the HF Trainer refuses too: trainer_optimizer.py:153-154 "No target modules found for {optimizer_name}"
-        raise InvalidValueError("galore_no_targets", "galore_targets", value=", ".join(setup.galore_targets))
-    state = 0
-    paged = 0
-    largest = 0
-    total_numel = 0
-    for t in trainable:
-        b = param_bytes_of[t.kind]
-        total_numel += t.total
-        largest = max(largest, t.numel * b)
-        on_device, in_unified = opt.device_and_paged(t, b, impl, setup)
-        state += on_device * t.count
-        paged += in_unified * t.count
-    if opt.low_rank:
-        temp = low_rank_temporaries([(t, param_bytes_of[t.kind]) for t in trainable], opt, setup)
-    else:
-        temp = step_temporaries(opt, impl, [(t, param_bytes_of[t.kind]) for t in trainable])
-    per_param = (state + paged) / total_numel if total_numel else 0.0
-    return OptimizerMemory(state, paged, temp, opt.moments, per_param)
-
-
-def step_temporaries(opt: Optimizer, impl: str, items: list[tuple[Tensor, int]]) -> int:
-    """What ``optimizer.step()`` allocates for the trainable ``(tensor, bytes per element)``: a copy of every
-    tensor (``"all"``), two copies of the largest (``"largest"``), one (``"one"``) or nothing."""
-    temps = dict(opt.temporaries).get(impl)
-    # per parameter as PyTorch holds it: a fused expert stack is one tensor (Tensor.param_numel)
-    if temps == "all":
-        return sum(round_alloc(t.param_numel * b) * t.params for t, b in items)
-    if temps in ("largest", "one"):
-        # a for-loop step keeps the previous parameter's temporary bound to its local name until this parameter's
-        # replaces it (torch/optim/adam.py 2.13 ``_single_tensor_adam``: ``denom = (exp_avg_sq.sqrt() / ...)
-        # .add_(eps)``, sqrt and quotient beside the old denom; rmsprop.py ``_single_tensor_rmsprop``: ``avg =
-        # square_avg.sqrt()`` beside the old avg): the previous tensor in the layer's order, plus this one's own
-        own = 2 if temps == "largest" else 1
-        best = prev = 0
-        for t, b in items:
-            cur = round_alloc(t.param_numel * b)
-            best, prev = max(best, prev + own * cur), cur
-        return best
-    return 0
-
-
-def low_rank_temporaries(items: list[tuple[Tensor, int]], opt: Optimizer, setup: TrainingSetup) -> int:
-    """GaLore's step (a for-loop, one parameter at a time): the most one parameter's step holds
-    (:func:`galore_step_temporaries`)."""
-    targets, rank = setup.galore_targets, setup.galore_rank
-    if opt.step_upcasts or opt.clones_weight:  # GaLore's Adafactor and 8-bit AdamW
-        return max((galore_step_temporaries(opt, t, b, rank, galore_targeted(t, targets)) for t, b in items), default=0)
-    # GaLore AdamW (galore_torch/adamw.py:115-123): ``denom`` and ``norm_grad`` stay bound from one parameter to the
-    # next, so each step runs beside the previous parameter's: both until this one's sqrt replaces denom, then its
-    # norm_grad (full-size after ``project_back``). The Trainer's groups step the untargeted parameters first, then
-    # the targeted ones (trainer_optimizer.py, ``param_groups``)
-    ordered = [(t, b, False) for t, b in items if not galore_targeted(t, targets)]
-    ordered += [(t, b, True) for t, b in items if galore_targeted(t, targets)]
-    best = prev_denom = prev_norm = 0
-    for t, b, targeted in ordered:
-        full = round_alloc(t.param_numel * b)
-        denom = round_alloc(_low_rank(t, rank)[0].numel * b) if targeted else full
-        own = galore_step_temporaries(opt, t, b, rank, targeted)
-        best = max(best, prev_denom + prev_norm + denom, prev_norm + own)
-        prev_denom, prev_norm = denom, full
-    return best
-
-
-def layerwise_figures(tensors: list[Tensor], param_bytes_of: dict[str, int], setup: TrainingSetup) -> LayerwiseStep:
-    """What a layer-wise optimizer holds at once: one parameter's gradient and its step's temporaries (the
-    parameter steps in its post-accumulate-grad hook, then its gradient is set to None), the largest over every
-    trainable tensor and over those inside the layers."""
-    opt = get(setup.optimizer)
-    items = [(t, param_bytes_of[t.kind]) for t in tensors if t.trainable]
-    inside = [(t, b) for t, b in items if t.kind not in ("embedding", "lm_head", "prompt")]
-
-    def largest(of: list[tuple[Tensor, int]]) -> tuple[int, int]:
-        grad = max((round_alloc(t.param_numel * b) for t, b in of), default=0)
-        # one optimizer per parameter: nothing of one step outlives it (no loop-carried temporaries)
-        temps = max((low_rank_temporaries([item], opt, setup) for item in of), default=0) if opt.low_rank else 0
-        return grad, temps
-
-    (gradient, temporaries), (layer_gradient, layer_temporaries) = largest(items), largest(inside)
-    return LayerwiseStep(gradient, temporaries, layer_gradient, layer_temporaries)
-
-
-@dataclass(frozen=True)
-class LayerwiseStep:
-    """A layer-wise optimizer's figures (bytes): the largest gradient and step temporaries of any parameter,
-    and of a parameter inside the layers."""
-
-    gradient: int
-    temporaries: int
-    layer_gradient: int
-    layer_temporaries: int
-
-
-def refusal(setup: TrainingSetup) -> tuple[str, str] | None:
+def refusal(name: str, *, grad_accum: int, gpus: int, shard: str, tp: int) -> tuple[str, str] | None:
     """Why the setup's optimizer cannot run it, as ``(field, error code)``, or None.
 
     The HF Trainer's layer-wise GaLore refuses gradient accumulation and DDP (transformers
     trainer_optimizer.py:116-117, 161-162); GaLore's projector needs whole 2-D weights (galore_projector.py:15
     reads ``shape[1]``), which ZeRO / FSDP flat shards and tensor-parallel cuts are not."""
-    opt = get(setup.optimizer)
+    opt = get(name)
     if not opt.low_rank:
         return None
-    if opt.layerwise and setup.grad_accum != 1:
+    if opt.layerwise and grad_accum != 1:
         return "grad_accum", "layerwise_no_grad_accum"
-    if opt.layerwise and setup.gpus > 1:
+    if opt.layerwise and gpus > 1:
         return "gpus", "layerwise_single_gpu"
-    if setup.shard not in ("none", "ddp") or setup.tp > 1:
+    if shard not in ("none", "ddp") or tp > 1:
         return "shard", "galore_whole_weights"
     return None

@@ -268,7 +268,7 @@ def _canonical_optimizer(setup: TrainingSetup) -> None:
     if impl is not None:
         object.__setattr__(setup, "optimizer_impl", impl)
     object.__setattr__(setup, "_optimizer_given", given)
-    refused = optimizer.refusal(setup)
+    refused = optimizer.refusal(name, grad_accum=setup.grad_accum, gpus=setup.gpus, shard=setup.shard, tp=setup.tp)
     if refused is not None:
         field, code = refused
         raise InvalidValueError(code, field, value=getattr(setup, field), optimizer=name)

@@ -30,9 +30,10 @@ from dataclasses import dataclass, replace
 from cabe import vision_qwen3, vision_siglip
 from cabe.activations import layer_activations
 from cabe.architecture import ModelSpec, VisionTower
-from cabe.method import Tensor, vision_lora_targets
+from cabe.method import vision_lora_targets
 from cabe.precision import Dtypes
 from cabe.step import StepParts
+from cabe.tensors import Tensor
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
 from cabe.vision import ImageGrid, tower_block_spec

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cabe.errors import InvalidValueError
-from cabe.method import Tensor
 from cabe.parallel.shares import (
     Piece,
     dense_bytes,
@@ -26,6 +25,7 @@ from cabe.parallel.shares import (
     zero3_shard,
 )
 from cabe.parallel.strategy import Context, States
+from cabe.tensors import Tensor
 
 
 def zero_paper_model_states(params: float, gpus: int, stage: int, k: int = 12) -> float:
