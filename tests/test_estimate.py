@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 from cabe.analytic import estimate_model
 from cabe.errors import InvalidValueError
 from cabe.models import preset
-from cabe.report import GiB
 from cabe.training import TrainingSetup
+from cabe.units import GiB
 
 LLAMA7 = preset("llama-7b").spec
 

@@ -10,7 +10,7 @@ from cabe import api
 from cabe.analytic import estimate_model
 from cabe.errors import InvalidValueError
 from cabe.models import preset
-from cabe.render import format_report
+from cabe.report.text import format_report
 from cabe.training import TrainingSetup
 
 LLAMA = preset("llama-3.2-1b").spec

@@ -6,8 +6,8 @@ import pytest
 
 from cabe.analytic import estimate_lesson, estimate_simple
 from cabe.cli import main
-from cabe.report import GB, GiB
 from cabe.training import TrainingSetup
+from cabe.units import GB, GiB
 
 
 def test_seed_004_worked_example_112_gb():

@@ -20,8 +20,9 @@ from cabe.errors import (
     MissingDependencyError,
     UnknownPresetError,
 )
-from cabe.report import GB, GiB, Report, Step
+from cabe.report import Report, Step
 from cabe.training import TrainingSetup
+from cabe.units import GB, GiB
 
 __version__ = "0.1.0"
 

@@ -52,12 +52,12 @@ from cabe.method import (
 from cabe.optimizer import get as optimizer_entry
 from cabe.optimizer_memory import layerwise_figures, optimizer_memory
 from cabe.precision import Dtypes, dtype_source, dtypes_for, resolve
-from cabe.report import GB, GiB, Report, Step
+from cabe.report import Report, Step
 from cabe.schema import state_fields
 from cabe.step import LayerRun, StepParts, layerwise, timeline
 from cabe.tensors import Tensor
 from cabe.training import TrainingSetup, number
-from cabe.units import CUDA_WORKSPACES, round_alloc
+from cabe.units import CUDA_WORKSPACES, GB, GiB, round_alloc
 
 #: The seed calculator's presets for bytes per parameter (mixed-precision Adam, 8-bit Adam, SGD+momentum).
 BYTES_PER_PARAM_PRESETS = {"adam-mixed": 16.0, "adam-8bit": 12.0, "sgd-momentum": 8.0}

@@ -102,7 +102,7 @@ def test_json_output_is_strict(capsys):
 def test_python_api_refuses_unknown_units():
     import cabe
     from cabe.errors import InvalidValueError
-    from cabe.render import format_report
+    from cabe.report.text import format_report
 
     report = cabe.estimate(model="llama-7b")
     with pytest.raises(InvalidValueError) as e:

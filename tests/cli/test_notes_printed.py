@@ -4,7 +4,7 @@ what is modelled rather than traced, or how images become tokens, must not be JS
 import json
 from pathlib import Path
 
-from cabe.render import REPORT_NOTES
+from cabe.report.text import REPORT_NOTES
 
 CATALOG = Path(__file__).resolve().parents[2] / "src/cabe/i18n/en/core.json"
 #: note texts printed through another path: the lesson's reason (render._lesson), the recipe's unmodelled topics

@@ -14,8 +14,8 @@ from cabe.analytic import estimate_model
 from cabe.errors import InvalidValueError
 from cabe.models import preset
 from cabe.parallel import ShardConfig, zero_paper_model_states
-from cabe.report import GB
 from cabe.training import TrainingSetup
+from cabe.units import GB
 
 LLAMA2_7B = preset("llama-2-7b").spec
 P7 = LLAMA2_7B.parameter_count  # 6,738,415,616

@@ -28,7 +28,8 @@ def gather(args: argparse.Namespace) -> Any:
 
 def render(report: Any, args: argparse.Namespace, lang: str, units: str) -> str:
     from cabe import gpus
-    from cabe.render import fmt_bytes, format_report
+    from cabe.report.text import format_report
+    from cabe.units import fmt_bytes
 
     if args.json:
         out = report.to_json()

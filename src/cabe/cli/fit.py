@@ -48,7 +48,7 @@ def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str)
 
 
 def _b(n: int, lang: str, units: str) -> str:
-    from cabe.render import fmt_bytes
+    from cabe.units import fmt_bytes
 
     return fmt_bytes(n, lang, units, both=False)
 

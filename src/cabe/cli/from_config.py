@@ -45,7 +45,7 @@ def gather(args: argparse.Namespace) -> tuple[Any, Any]:
 def render(result: tuple[Any, Any], args: argparse.Namespace, lang: str, units: str) -> str:
     from cabe import gpus
     from cabe.cli.estimate import fits_on_line
-    from cabe.render import format_report
+    from cabe.report.text import format_report
 
     combined, report = result
     if args.json:

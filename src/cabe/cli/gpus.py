@@ -21,7 +21,7 @@ def gather(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def render(rows: list[dict[str, Any]], args: argparse.Namespace, lang: str, units: str) -> str:
-    from cabe.render import fmt_bytes
+    from cabe.units import fmt_bytes
 
     if args.json:
         return jsonio.dumps(rows, indent=2)

@@ -41,7 +41,7 @@ def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str)
 
 def format_infer(out: dict, lang: str, units: str) -> str:
     from cabe.i18n import fmt_number, t
-    from cabe.render import fmt_bytes
+    from cabe.units import fmt_bytes
 
     def b(n: float) -> str:
         return fmt_bytes(round(n), lang, units)

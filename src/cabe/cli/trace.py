@@ -67,7 +67,7 @@ def gather(args: argparse.Namespace) -> dict[str, Any]:
 def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str) -> str:
     """Byte figures with both units, counts as counts, the inventory as text; JSON with --json."""
     from cabe.i18n import fmt_number
-    from cabe.render import fmt_bytes
+    from cabe.units import fmt_bytes
 
     if args.json:
         return jsonio.dumps({k: v for k, v in out.items() if k != "inventory_text"}, indent=2, default=str)

@@ -162,7 +162,7 @@ class CabeCallback(TrainerCallback):
         (self._log or print)(text)
 
     def _bytes(self, n: int) -> str:
-        from cabe.render import fmt_bytes
+        from cabe.units import fmt_bytes
 
         return fmt_bytes(int(n), self.lang, self.units)
 
@@ -170,7 +170,7 @@ class CabeCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         from cabe import api
         from cabe.i18n import error_message, t
-        from cabe.render import format_report
+        from cabe.report.text import format_report
 
         if model is None:
             return None

@@ -20,7 +20,7 @@ from urllib.parse import urlencode
 from cabe import api, i18n, models, schema
 from cabe import gpus as gpu_catalog
 from cabe.errors import CabeError
-from cabe.report import GB, GiB
+from cabe.units import GB, GiB
 from cabe.web import charts
 
 # ------------------------------------------------------------------------------ form fields
@@ -399,7 +399,7 @@ def _steps(out: Mapping[str, Any], u: Units, lang: str) -> list[tuple[str, str, 
 
 
 def _notes(out: Mapping[str, Any], lang: str) -> list[str]:
-    # the placeholders some notes fill, as the text report fills them (cabe.render.format_report)
+    # the placeholders some notes fill, as the text report fills them (cabe.report.text.format_report)
     facts = {
         "model_type": (out.get("model") or {}).get("model_type", ""),
         **(out.get("setup") or {}),

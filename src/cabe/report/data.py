@@ -1,8 +1,7 @@
-"""The report every interface returns: named components in bytes that sum to the total.
-
-The core fills codes and numbers only; :mod:`cabe.render` and :mod:`cabe.i18n` turn them into
-words. ``to_json()`` is the object the CLI's ``--json`` prints and the HTTP API returns.
-"""
+"""The report's data: named components in bytes that sum to the total, the explained steps (:class:`Step`), the
+model, the setup and the notes, and ``to_json()`` — the object the CLI's ``--json`` prints and the HTTP API returns.
+The core fills codes and numbers only; the views (:mod:`cabe.report.text`, :mod:`cabe.report.html`) turn them into
+words through :mod:`cabe.i18n`. Proved by tests/test_python_api.py and tests/web/test_schema_agreement.py."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Report:
+class ReportData:
     mode: str  # "simple" | "lesson" | "architecture"
     total_bytes: int
     components: dict[str, int]
@@ -66,17 +65,6 @@ class Report:
     @property
     def total_gib(self) -> float:
         return self.total_bytes / GiB
-
-    def _repr_html_(self) -> str:
-        """Rich display in notebooks: a table in GB and GiB and a stacked bar (no network assets)."""
-        from cabe.notebook import report_html
-
-        return report_html(self)
-
-    def explain(self, lang: str = "en", units: str = "GB") -> str:
-        from cabe.render import render_explain
-
-        return render_explain(self, lang=lang, units=units)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -7,13 +7,10 @@ fonts or style sheets), so it renders the same offline and in exported notebooks
 from __future__ import annotations
 
 from html import escape
-from typing import TYPE_CHECKING
 
 from cabe.i18n import fmt_number, t
+from cabe.report.data import ReportData
 from cabe.units import GB, GiB
-
-if TYPE_CHECKING:  # Report._repr_html_ imports this module lazily; no runtime import back
-    from cabe.report import Report
 
 #: One colour per component, in report order; others cycle through the tail.
 COLORS = {
@@ -40,7 +37,7 @@ def _num(x: float, lang: str) -> str:
     return fmt_number(round(x, 2 if x < 10 else 1), lang, 2 if x < 10 else 1)
 
 
-def report_html(report: Report, lang: str = "en") -> str:
+def report_html(report: ReportData, lang: str = "en") -> str:
     """An HTML fragment: a caption, a stacked bar (inline SVG) and a table of components in GB and GiB."""
     total = report.total_bytes
     parts = [(name, n) for name, n in report.components.items() if n > 0]

@@ -6,16 +6,14 @@ other beside it in parentheses.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cabe.i18n import fill, fmt_number, t
+from cabe.report.data import ReportData
 from cabe.units import check_output, fmt_bytes
 
-if TYPE_CHECKING:  # the report imports this module lazily (Report.explain); no runtime import back
-    from cabe.report import Report
 
-
-def format_report(report: Report, *, lang: str = "en", units: str = "GB", explain: bool = False) -> str:
+def format_report(report: ReportData, *, lang: str = "en", units: str = "GB", explain: bool = False) -> str:
     check_output(units, lang)
     lines = _header(report, lang, units)
     lines.append("")
@@ -44,7 +42,7 @@ def format_report(report: Report, *, lang: str = "en", units: str = "GB", explai
 
 #: Components listed even when zero (the others only when they hold memory).
 ALWAYS_SHOWN = ("weights", "gradients", "optimizer", "activations", "model_states")
-#: Report notes printed under the table (the distributed notes come with their section).
+#: ReportData notes printed under the table (the distributed notes come with their section).
 REPORT_NOTES = (
     "simple_mode",
     "lesson_mode",
@@ -84,7 +82,7 @@ REPORT_NOTES = (
 WIDTH = 44
 
 
-def _header(report: Report, lang: str, units: str) -> list[str]:
+def _header(report: ReportData, lang: str, units: str) -> list[str]:
     """The total (and the phase of the peak), the model, and the parameter and setup lines."""
     lines = [
         f"{t('ui.total', lang)}: {fmt_bytes(report.total_bytes, lang, units)}"
@@ -118,7 +116,7 @@ def _header(report: Report, lang: str, units: str) -> list[str]:
     return lines
 
 
-def _loss_line(report: Report, lang: str) -> list[str]:
+def _loss_line(report: ReportData, lang: str) -> list[str]:
     """The loss kernel and the recipe: what was given, what was assumed, what is not modelled."""
     info = report.extra.get("loss")
     if not info:
@@ -135,7 +133,7 @@ def _loss_line(report: Report, lang: str) -> list[str]:
     return out
 
 
-def _components(report: Report, lang: str, units: str) -> list[str]:
+def _components(report: ReportData, lang: str, units: str) -> list[str]:
     """One row per component (label, bytes, share of the total), a rule, and the total."""
     lines: list[str] = []
     for name, nbytes in report.components.items():
@@ -149,7 +147,7 @@ def _components(report: Report, lang: str, units: str) -> list[str]:
     return lines
 
 
-def _beside_peak(report: Report, lang: str, units: str) -> list[str]:
+def _beside_peak(report: ReportData, lang: str, units: str) -> list[str]:
     """Architecture mode: the allocator slack, CUDA context and device figure beside the peak."""
     if report.mode != "architecture":
         return []
@@ -167,7 +165,7 @@ def _beside_peak(report: Report, lang: str, units: str) -> list[str]:
     ]
 
 
-def _distributed(report: Report, lang: str, units: str) -> list[str]:
+def _distributed(report: ReportData, lang: str, units: str) -> list[str]:
     """Several GPUs: the layout, the host RAM per node, and the distributed notes."""
     dist = report.extra.get("distributed")
     if not dist:
@@ -202,7 +200,7 @@ def _distributed(report: Report, lang: str, units: str) -> list[str]:
     return lines
 
 
-def _lesson(report: Report, lang: str) -> list[str]:
+def _lesson(report: ReportData, lang: str) -> list[str]:
     """Lesson mode: the lesson's figure beside the correct one."""
     if not report.lesson:
         return []
@@ -218,7 +216,7 @@ def _lesson(report: Report, lang: str) -> list[str]:
     ]
 
 
-def _fit(report: Report, lang: str, units: str) -> list[str]:
+def _fit(report: ReportData, lang: str, units: str) -> list[str]:
     """With a card: whether it fits, what is needed and the margin."""
     if not report.gpu:
         return []
@@ -239,7 +237,7 @@ def _fit(report: Report, lang: str, units: str) -> list[str]:
     ]
 
 
-def format_explain(report: Report, *, lang: str = "en") -> str:
+def format_explain(report: ReportData, *, lang: str = "en") -> str:
     lines = [t("ui.explain", lang) + ":"]
     steps = [(s.key, s.formula, s.params) for s in report.steps]
     dist = report.extra.get("distributed")
@@ -257,7 +255,7 @@ def format_explain(report: Report, *, lang: str = "en") -> str:
     return "\n".join(lines)
 
 
-def render_explain(report: Report, *, lang: str = "en", units: str = "GB") -> str:
+def render_explain(report: ReportData, *, lang: str = "en", units: str = "GB") -> str:
     check_output(units, lang)
     return format_explain(report, lang=lang)
 
