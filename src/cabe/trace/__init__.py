@@ -16,8 +16,9 @@ eagerly, so ``import cabe.trace`` works without the ``[trace]`` extra (calls the
 Modules: :mod:`~cabe.trace.engine` (the entry points), :mod:`~cabe.trace.result` (the result and
 its JSON), :mod:`~cabe.trace.build` (model, training method, optimizer), :mod:`~cabe.trace.patches`
 (fake CUDA and the hooks a trace patches), :mod:`~cabe.trace.step` (the training steps),
-:mod:`~cabe.trace.analysis` (events to peak, components, timeline), :mod:`~cabe.trace.inventory`
-(the layer inventory), :mod:`~cabe.trace.worker` (the subprocess), :mod:`~cabe.trace.state` (the
+:mod:`~cabe.trace.analysis` (events to peak, components, timeline), :mod:`~cabe.trace.saved`
+(the layer inventory; its command line :mod:`~cabe.trace.inventory`), :mod:`~cabe.trace.worker` (the subprocess) and
+:mod:`~cabe.trace.serve` (its server), :mod:`~cabe.trace.state` (the
 attention state of the running trace), :mod:`~cabe.trace.tracker` (allocations and components), :mod:`~cabe.trace.attention` (CUDA SDPA backend choice, FlashAttention scratch),
 :mod:`~cabe.trace.quant` (bitsandbytes 4-bit), :mod:`~cabe.trace.allocator` (caching-allocator
 replay, CUDA context table), :mod:`~cabe.trace.plot` (SVG), :mod:`~cabe.trace.measure` (real

@@ -19,7 +19,7 @@ Modes:
 This module orchestrates; the rooms are :mod:`~cabe.trace.result` (the result and its JSON),
 :mod:`~cabe.trace.build` (model, method, optimizer), :mod:`~cabe.trace.patches` (the environment),
 :mod:`~cabe.trace.step` (the steps), :mod:`~cabe.trace.analysis` (events to a result),
-:mod:`~cabe.trace.inventory` (layer inventory) and :mod:`~cabe.trace.worker` (the subprocess).
+:mod:`~cabe.trace.saved` (layer inventory) and :mod:`~cabe.trace.worker` (the subprocess).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def _traced(
         trainable = [p for p in model.parameters() if p.requires_grad]
         n_train = sum(p.numel() for p in trainable)
         if inventory:
-            from cabe.trace.inventory import collect
+            from cabe.trace.saved import collect
 
             return collect(model, cfg, setup, device, tracker)
         if not trainable:

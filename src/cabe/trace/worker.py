@@ -1,10 +1,9 @@
-"""The trace worker: a second interpreter where the fake-CUDA shim is loaded before torch.
+"""The trace worker, this process's side: a second interpreter where the fake-CUDA shim is loaded before torch.
 
 When torch was imported before :mod:`cabe.trace`, the shim cannot be installed in-process, so
-:func:`request` sends each trace to a long-lived ``python -m cabe.trace.worker --serve`` (torch
-is imported once): one JSON request per line on stdin, one JSON response per line on stdout
-(anything else the libraries print goes to stderr). ``python -m cabe.trace.worker`` without
-``--serve`` answers one request read from stdin.
+:func:`request` sends each trace to a long-lived ``python -m cabe.trace.serve --serve`` (torch
+is imported once; the other side is :mod:`cabe.trace.serve`): one JSON request per line on stdin, one JSON
+response per line on stdout (anything else the libraries print goes to stderr).
 
 Requests: ``{"fn": "trace"|"inventory", "config": {...}, "setup": {...}, "steps": n,
 "include_events": bool}``; responses: the result (``TraceResult.to_json`` with the note codes), or
@@ -42,7 +41,7 @@ def time_limit() -> float:
 
 
 class _Worker:
-    """A long-lived ``python -m cabe.trace.worker --serve`` (torch is imported once)."""
+    """A long-lived ``python -m cabe.trace.serve --serve`` (torch is imported once)."""
 
     def __init__(self) -> None:
         self.proc: Any = None
@@ -53,7 +52,7 @@ class _Worker:
         src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cabe.trace.worker", "--serve"],
+            [sys.executable, "-m", "cabe.trace.serve", "--serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -114,70 +113,3 @@ def request(
             cls = ConfigError
         raise cls(err["code"], err.get("field"), **err.get("params", {}))
     return out
-
-
-# ---- the server (``python -m cabe.trace.worker``) ------------------------------------------------
-def _error(exc: Exception) -> dict[str, Any]:
-    if isinstance(exc, CabeError):
-        return {
-            "type": type(exc).__name__,
-            "code": exc.code,
-            "field": exc.field,
-            "params": {
-                k: (v if isinstance(v, (str, int, float, bool)) or v is None else str(v)) for k, v in exc.params.items()
-            },
-        }
-    return {
-        "type": "ConfigError",
-        "code": "trace_failed",
-        "field": None,
-        "params": {"why": "exception", "detail": f"{type(exc).__name__}: {str(exc)[:400]}"},
-    }
-
-
-def handle(payload: dict[str, Any]) -> dict[str, Any]:
-    """The answer to one request."""
-    from cabe.trace.tracker import NO_WORKSPACES_ENV
-
-    if payload.get("no_workspaces"):
-        os.environ[NO_WORKSPACES_ENV] = "1"
-    else:
-        os.environ.pop(NO_WORKSPACES_ENV, None)
-    try:
-        sd = dict(payload["setup"])
-        if isinstance(sd.get("lora_targets"), list):
-            sd["lora_targets"] = tuple(sd["lora_targets"])
-        setup = TrainingSetup(**sd)
-        if payload["fn"] == "inventory":
-            from cabe.trace.engine import layer_inventory
-
-            return {"rows": layer_inventory(payload["config"], setup, mode="fake")}
-        from cabe.trace.engine import trace_step
-
-        res = trace_step(payload["config"], setup, steps=payload["steps"], mode="fake")
-        return res.to_json(include_events=bool(payload.get("include_events")), note_codes=True)
-    except Exception as exc:
-        return {"error": _error(exc)}
-
-
-def main(argv: list[str] | None = None) -> int:
-    from cabe.trace import _native
-
-    _native.preload()
-    argv = sys.argv[1:] if argv is None else argv
-    out = sys.stdout
-    sys.stdout = sys.stderr  # keep library chatter off the protocol channel
-    if "--serve" in argv:
-        for line in sys.stdin:
-            if not line.strip():
-                continue
-            out.write(json.dumps(handle(json.loads(line))) + "\n")
-            out.flush()
-        return 0
-    out.write("\n" + json.dumps(handle(json.loads(sys.stdin.read()))) + "\n")
-    out.flush()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
