@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cabe import compressed_attention, ssm
+from cabe import compressed_attention, recipes, ssm
 from cabe.activations import (
     HeadActivations,
     LayerActivations,
@@ -51,6 +51,7 @@ from cabe.method import (
 )
 from cabe.optimizer import get as optimizer_entry
 from cabe.optimizer_memory import layerwise_figures, optimizer_memory
+from cabe.parallel import shard_parts
 from cabe.precision import Dtypes, dtype_source, dtypes_for, resolve
 from cabe.report import Report, Step
 from cabe.schema import state_fields
@@ -58,6 +59,7 @@ from cabe.step import LayerRun, StepParts, layerwise, timeline
 from cabe.tensors import Tensor
 from cabe.training import TrainingSetup, number
 from cabe.units import CUDA_WORKSPACES, GB, GiB, round_alloc
+from cabe.vision_memory import with_images
 
 #: The seed calculator's presets for bytes per parameter (mixed-precision Adam, 8-bit Adam, SGD+momentum).
 BYTES_PER_PARAM_PRESETS = {"adam-mixed": 16.0, "adam-8bit": 12.0, "sgd-momentum": 8.0}
@@ -315,8 +317,6 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     head = head_activations(spec, setup, dt)
     parts = _step_parts(spec, setup, dt, states, act, head, copies)
     if given.images:  # the vision tower's saved tensors and backward (cabe.vision_memory)
-        from cabe.vision_memory import with_images
-
         parts = with_images(parts, spec, given, dt, states.tensors, states.bytes_of)
     if optimizer_entry(setup.optimizer).layerwise:  # single-GPU only (optimizer.refusal)
         lw = layerwise_figures(states.tensors, states.bytes_of, setup)
@@ -324,8 +324,6 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     shard_info: dict[str, Any] = {}
     if setup.distributed:
         # Multi-GPU plans: sharding transforms the per-GPU parts; the walk of the step is the same.
-        from cabe.parallel import shard_parts
-
         # NOTE: the plans share out the per-layer figures; where the layers differ they take the mean layer
         # of the gradient's path (StepParts' scalar fields), not each run
         parts, shard_info = shard_parts(replace(parts, runs=()), spec, setup)
@@ -1092,11 +1090,8 @@ def _loss_notes(setup: TrainingSetup) -> list[str]:
         notes.append("loss_assumed_hf")  # no --loss and no recipe that sets one: transformers' own loss
     if setup.resolved_loss in ("liger", "cce"):
         notes.append("loss_modelled")  # Triton kernels: modelled from their source, not traced
-    if setup.recipe is not None:
-        from cabe import recipes
-
-        if recipes.unmodelled(setup.recipe):
-            notes.append("recipe_unmodelled")
+    if setup.recipe is not None and recipes.unmodelled(setup.recipe):
+        notes.append("recipe_unmodelled")
     return notes
 
 
@@ -1117,8 +1112,6 @@ def _unmatched_json(spec: ModelSpec, setup: TrainingSetup) -> dict[str, Any]:
 
 def _recipe_json(setup: TrainingSetup) -> dict[str, Any]:
     """What the report says of the recipe and loss: the recipe (or none), the loss, what was assumed."""
-    from cabe import recipes
-
     return {
         "recipe": setup.recipe,
         "loss": setup.resolved_loss,

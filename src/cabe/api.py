@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cabe import gpus as gpu_catalog
-from cabe import models, schema
+from cabe import models, schema, via_trace
 from cabe.analytic import estimate_lesson, estimate_model, estimate_simple
 from cabe.errors import CabeError, InvalidValueError
 from cabe.report import Report
@@ -82,8 +82,6 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False, trace: str | No
             **{k: v for k, v in src.meta.items() if k in ("display", "hf_id", "gated", "family")},
         }
         if not src.known and trace is not None:
-            from cabe import via_trace
-
             report = via_trace.report(src.config, setup, name=src.name, meta=meta, where=trace)
             limit = (report.model or {}).get("max_positions")
             report = _with(report, notes=report.notes + beyond_limits(_Limit(limit or 0), setup.seq))

@@ -21,6 +21,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from cabe.i18n import error_message, fmt_number
+
 
 class CabeError(ValueError):
     """Base class of all user-facing errors."""
@@ -32,8 +34,6 @@ class CabeError(ValueError):
         super().__init__(f"{code}: field={field} {self.params}")
 
     def to_dict(self, lang: str = "en") -> dict[str, Any]:
-        from cabe.i18n import error_message
-
         return {
             "code": self.code,
             "field": self.field,
@@ -48,8 +48,6 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 63:
-        from cabe.i18n import fmt_number
-
         return fmt_number(v, "en")
     if isinstance(v, (str, int, float, bool)) or v is None:
         return v

@@ -29,14 +29,17 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from cabe import api, linear_attention, ssm
 from cabe import gpus as gpu_catalog
-from cabe import linear_attention, ssm
 from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers)
 from cabe.architecture import Linear, ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
 from cabe.kv_cache import attended, breakdown, kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes
 from cabe.method import quantized_bytes
+from cabe.training import number
+from cabe.vision import check_images
+from cabe.vision_memory import vision_forward_bytes
 
 GGUF_BPW: dict[str, float] = {
     "q8_0": 8.5,
@@ -387,9 +390,6 @@ def estimate_inference(
 
 def _vision_step(spec: ModelSpec, images: int, image_size: str, context: int, batch: int) -> dict[str, Any] | None:
     """The vision tower's forward at prefill, as a step (None without images)."""
-    from cabe.vision import check_images
-    from cabe.vision_memory import vision_forward_bytes
-
     if isinstance(images, bool) or not isinstance(images, int) or not 0 <= images <= 1 << 12:
         raise InvalidValueError("out_of_range", "images", value=images, minimum=0, maximum=1 << 12)
     grid = check_images(spec, images, image_size, context)
@@ -463,8 +463,6 @@ def serving(
     ``max_num_seqs`` sequences) and non-torch memory (CUDA context), the rest is the KV pool, cut
     into blocks of ``block_size`` tokens. A sequence of L tokens takes ceil(L / block_size) blocks
     in every full-attention layer and at most the window in sliding layers."""
-    from cabe.training import number
-
     util = number("gpu_memory_utilization", gpu_memory_utilization, minimum=0.0, maximum=1.0, strict=True)
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
         raise InvalidValueError("out_of_range", "context", value=context, minimum=1, maximum=1 << 24)
@@ -562,8 +560,6 @@ def max_batch(spec: ModelSpec, card: Gpu, *, context: int = 4096, **kw: Any) -> 
 def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
     """``POST /api/infer``: {model | config, weights, kv_dtype, context, batch, mode, prefill_chunk,
     group_size, gpu, gpu_memory_utilization}. Raises CabeError."""
-    from cabe import api
-
     if not isinstance(body, Mapping):
         raise InvalidValueError("body_not_object", None)
     allowed = (

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from cabe.errors import InvalidValueError
+
 if TYPE_CHECKING:
     from cabe.training import TrainingSetup
 
@@ -101,8 +103,6 @@ def dtype_source(setup: TrainingSetup, checkpoint_dtype: str | None) -> str:
 def dtypes_for(setup: TrainingSetup) -> Dtypes:
     """Bytes per element for a setup whose ``dtype`` is resolved (:func:`resolve`)."""
     if setup.param_dtype != "none" and not setup.shard.startswith(("zero", "fsdp")):
-        from cabe.errors import InvalidValueError
-
         raise InvalidValueError("param_dtype_needs_sharding", "param_dtype", value=setup.param_dtype, shard=setup.shard)
     if setup.method == "qlora" and not setup.kbit_prep:
         # NOTE: QLoRA without prepare_model_for_kbit_training (unsloth, LLaMA-Factory): what is not 4-bit stays in

@@ -31,6 +31,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cabe import optimizer, recipes
+from cabe.errors import InvalidValueError
+from cabe.i18n import t
 from cabe.optimizer import ACCEPTED as OPTIMIZER_NAMES
 from cabe.optimizer import GALORE_RANK, LOW_RANK_NAMES
 from cabe.recipes import NAMES as RECIPES
@@ -813,8 +816,6 @@ def _optimizer_of(values: Mapping[str, Any]) -> Any:
         return values["optimizer"]
     recipe = values.get("recipe")
     if isinstance(recipe, str) and recipe in RECIPES:
-        from cabe import recipes
-
         return recipes.load(recipe)["sets"].get("optimizer", field("optimizer").default)
     return field("optimizer").default
 
@@ -862,8 +863,6 @@ def _loss_of(values: Mapping[str, Any]) -> Any:
         return values["loss"]
     recipe = values.get("recipe")
     if isinstance(recipe, str) and recipe in RECIPES:
-        from cabe import recipes
-
         return recipes.load(recipe)["sets"].get("loss", "hf")
     return "hf"
 
@@ -882,8 +881,6 @@ def _companions(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any
     if _sent(values.get("optimizer_impl")):
         name = _optimizer_of(values)
         if isinstance(name, str) and name in OPTIMIZER_NAMES:
-            from cabe import optimizer
-
             known = name in optimizer.OPTIMIZERS or name in optimizer.HF_NAMES
             entry = optimizer.get(name) if known else None
             if entry is not None and not (entry.temporaries or entry.impl_flags):
@@ -960,8 +957,6 @@ def _resolve_precision(values: Mapping[str, Any], out: dict[str, Any]) -> None:
     for name, implied in zip(("dtype", "autocast"), PRECISIONS[prec], strict=True):
         given = values.get(name)
         if _given(given) and given != implied:
-            from cabe.errors import InvalidValueError
-
             raise InvalidValueError("precision_conflict", name, value=given, precision=prec, implied=implied)
         out[name] = implied
 
@@ -986,8 +981,6 @@ def _resolve_recipe(values: Mapping[str, Any], out: dict[str, Any]) -> None:
     """A recipe's defaults (``cabe/data/recipes/<name>.json``, ``sets``) for the fields not given; a
     given ``precision`` keeps the dtype and autocast it implies, a given ``optimizer`` its own
     implementation."""
-    from cabe import recipes
-
     name = values["recipe"]
     if not isinstance(name, str) or name not in recipes.NAMES:
         return  # a bad value TrainingSetup refuses with a typed error
@@ -1014,8 +1007,6 @@ _GROUP_TITLES = {
 
 def help_text(f: Field, lang: str = "en") -> str:
     """``--help`` text: the catalog sentence, then the choices and the default from the schema."""
-    from cabe.i18n import t
-
     text = t(f.key, lang)
     allowed = f.choices  # catalogs read lazily (choices_from) would import the core on every start
     extra = []
@@ -1088,8 +1079,6 @@ def values_from_args(args: argparse.Namespace, command: str, *, groups: Iterable
     for f in taken:
         v = getattr(args, f.dest, None)
         if f.type is tuple and isinstance(v, str) and not v.replace(",", "").strip():
-            from cabe.errors import InvalidValueError
-
             raise InvalidValueError("empty_list", f.name)  # `--lora-targets ""`: given, but blank
         if v is not None and f.type in (str, bool, tuple, dict):
             body[f.name] = v
@@ -1103,8 +1092,6 @@ def values_from_args(args: argparse.Namespace, command: str, *, groups: Iterable
 
 def to_int(name: str, text: Any) -> int:
     """A command-line integer (``1_000`` allowed) or a typed ``not_integer`` error."""
-    from cabe.errors import InvalidValueError
-
     try:
         return int(str(text).replace("_", ""))
     except ValueError:
@@ -1113,8 +1100,6 @@ def to_int(name: str, text: Any) -> int:
 
 def to_float(name: str, text: Any) -> float:
     """A command-line real number (``7,5`` and ``7.5``) or a typed ``not_number`` error."""
-    from cabe.errors import InvalidValueError
-
     try:
         return float(str(text).replace(",", "."))
     except ValueError:
@@ -1146,8 +1131,6 @@ def _cell(f: Field) -> tuple[str, str, str, str]:
 
 def markdown(lang: str = "en") -> str:
     """The options table of docs/options.md, one section per group."""
-    from cabe.i18n import t
-
     lines = [
         "# Options",
         "",

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from cabe import api
 from cabe import gpus as gpu_catalog
 from cabe.analytic import estimate_model
 from cabe.architecture import ModelSpec
@@ -342,8 +343,6 @@ def solve(spec: ModelSpec, setup: TrainingSetup, card: Gpu, what: tuple[str, ...
 def plan_json(body: Mapping[str, Any], *, allow_files: bool = False) -> dict[str, Any]:
     """``POST /api/fit``: the request dict of :mod:`cabe.api` with ``gpu`` required and an optional
     ``solve`` (a list or comma string of batch, seq, gpus, changes). Raises CabeError."""
-    from cabe import api
-
     if not isinstance(body, Mapping):
         raise InvalidValueError("body_not_object", None)
     body = dict(body)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from cabe import schema, vision
+from cabe import optimizer, schema, vision
 from cabe.errors import InvalidValueError
 from cabe.schema import MAX_BATCH, MAX_RANK, MAX_SEQ
 
@@ -252,8 +252,6 @@ def _canonical_optimizer(setup: TrainingSetup) -> None:
     """An HF Trainer ``optim`` name becomes the registry's name and the implementation it implies (kept as
     ``optimizer_given``, echoed in the report's setup); a name cabe does not model, an implementation that
     contradicts the name, or a request the optimizer cannot run is a typed error."""
-    from cabe import optimizer
-
     given = setup.optimizer
     if given in optimizer.HF_NOT_MODELLED:
         raise InvalidValueError(

@@ -11,7 +11,8 @@
 
 from __future__ import annotations
 
-from cabe.i18n import fmt_number
+from cabe.errors import InvalidValueError
+from cabe.i18n import LANGS, fmt_number
 
 GB = 10**9
 GiB = 2**30
@@ -26,9 +27,6 @@ UNITS = ("GB", "GiB")
 def check_output(units: str, lang: str | None = None) -> None:
     """Refuse a unit (``TB``) or a language (``xx``) the answer cannot be written in, instead of falling
     back to a default without a word (``bad_choice``)."""
-    from cabe.errors import InvalidValueError
-    from cabe.i18n import LANGS
-
     if units not in UNITS:
         raise InvalidValueError("bad_choice", "units", value=units, allowed=", ".join(UNITS))
     if lang is not None and lang not in LANGS:

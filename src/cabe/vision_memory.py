@@ -30,13 +30,13 @@ from dataclasses import dataclass, replace
 from cabe import vision_qwen3, vision_siglip
 from cabe.activations import layer_activations
 from cabe.architecture import ModelSpec, VisionTower
-from cabe.method import vision_lora_targets
+from cabe.method import VISION_PREFIX, vision_lora_targets
 from cabe.precision import Dtypes
 from cabe.step import StepParts
 from cabe.tensors import Tensor
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
-from cabe.vision import ImageGrid, tower_block_spec
+from cabe.vision import ImageGrid, check_images, tower_block_spec
 
 
 @dataclass(frozen=True)
@@ -247,9 +247,6 @@ def with_images(
     autocast with weights of another dtype (fp32, or bf16 under fp16 autocast), each matmul in the tower's
     gradient path saves its 16-bit cast of the weight until that block's backward (cached by autocast when the
     weight trains, cast anew otherwise): counted with what the tower saves."""
-    from cabe.method import VISION_PREFIX
-    from cabe.vision import check_images
-
     grid = check_images(spec, setup.images, setup.image_size, setup.seq)
     tower = spec.vision
     if grid is None or tower is None:

@@ -32,7 +32,9 @@ from types import ModuleType
 from typing import Any
 
 from cabe import schema
+from cabe.configs import _base
 from cabe.errors import ConfigError
+from cabe.i18n import t
 
 #: Formats in detection order (the most specific content markers first).
 FORMATS: tuple[str, ...] = (
@@ -140,8 +142,6 @@ class Combined:
     defaults: list[str] = field(default_factory=list)
 
     def to_json(self, lang: str = "en") -> dict[str, Any]:
-        from cabe.i18n import t
-
         return {
             "files": [{"path": s.path, "format": s.format} for s in self.sources],
             "used": [{"file": s.path, "field": u} for s in self.sources for u in s.used],
@@ -158,8 +158,6 @@ class Combined:
 
 def read_source(item: Any, fmt: str | None = None) -> Source:
     """Read one file (or dict) and map it."""
-    from cabe.configs import _base
-
     path = "<dict>" if isinstance(item, Mapping) else str(item)
     data = _base.read(item)
     name = (fmt and module(fmt).FORMAT) or detect(data, path)

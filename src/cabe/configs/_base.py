@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cabe import jsonio, optimizer
+from cabe import jsonio, models, optimizer
 from cabe.errors import ConfigError, InvalidValueError, MissingDependencyError
 
 #: Largest config file cabe reads (a real one is a few kB).
@@ -289,6 +289,4 @@ def model_name(name: str) -> str:
     architecture) map to the preset, so no download is needed; any other id is passed through.
     The mapping is :func:`cabe.models.preset_for_id`, the resolver every command uses.
     """
-    from cabe import models
-
     return models.preset_for_id(str(name)) or str(name).strip()

@@ -7,6 +7,7 @@ from typing import Any
 
 from cabe.configs import _base
 from cabe.configs._base import Collector
+from cabe.configs.deepspeed import shard_for_stage
 from cabe.errors import ConfigError
 
 FORMAT = "accelerate"
@@ -168,8 +169,6 @@ def _deepspeed(c: Collector, d: Mapping[str, Any]) -> None:
     for key, value in d.items():
         name = f"deepspeed_config.{key}"
         if key == "zero_stage":
-            from cabe.configs.deepspeed import shard_for_stage
-
             c.set("shard", shard_for_stage(value, name), name)
         elif key in ("offload_optimizer_device", "offload_param_device"):
             c.use(name)

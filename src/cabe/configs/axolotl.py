@@ -7,6 +7,8 @@ from typing import Any
 
 from cabe.configs import _base
 from cabe.configs._base import Collector
+from cabe.configs.accelerate import STRATEGIES
+from cabe.configs.training_args import HANDLERS as TA
 from cabe.configs.training_args import set_fsdp
 from cabe.errors import ConfigError
 
@@ -137,8 +139,6 @@ def _activation_offloading(c: Collector, key: str, value: Any, data: Mapping[str
 
 def _checkpointing_kwargs(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
     """``gradient_checkpointing_kwargs``: the Trainer's (every_n_layers, offload, use_reentrant)."""
-    from cabe.configs.training_args import HANDLERS as TA
-
     TA["gradient_checkpointing_kwargs"](c, key, value, data)
 
 
@@ -180,8 +180,6 @@ def _fsdp_config(c: Collector, key: str, value: Any, data: Mapping[str, Any]) ->
         if c.flag(FSDP_FLAGS, kk, v, name) or c.convert(FSDP_FIELDS, kk, v, name):
             continue
         if kk == "sharding_strategy":
-            from cabe.configs.accelerate import STRATEGIES
-
             c.set_known("shard", STRATEGIES.get(str(v).upper()), name)
         elif kk == "reshard_after_forward":
             _reshard(c, name, v)

@@ -8,8 +8,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cabe import optimizer
-from cabe.configs import _base
+from cabe.configs import _base, deepspeed
 from cabe.configs._base import Collector
+from cabe.errors import ConfigError
 
 FORMAT = "training_args"
 TITLE = "TrainingArguments / SFTConfig"
@@ -67,8 +68,6 @@ def collect(data: Mapping[str, Any]) -> Collector:
     fields_ = dict(data)
     bf16, fp16 = fields_.get("bf16"), fields_.get("fp16")
     if bf16 is not None and fp16 is not None and _base.as_bool(bf16, "bf16") and _base.as_bool(fp16, "fp16"):
-        from cabe.errors import ConfigError
-
         raise ConfigError("cfg_contradiction", "precision", first="bf16", second="fp16", source="bf16, fp16")
     for key, value in fields_.items():
         if key.startswith("_"):
@@ -125,8 +124,6 @@ def _deepspeed(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> N
     if not isinstance(value, Mapping):
         c.ignore(key, "other_file")
         return
-    from cabe.configs import deepspeed
-
     sub, used, ignored = deepspeed.to_request(value)
     for f, v in sub.items():
         c.set(f, v, key)
@@ -162,8 +159,6 @@ def _checkpointing_kwargs(c: Collector, key: str, value: Any, all_: Mapping[str,
         try:
             value = json.loads(value)
         except ValueError:
-            from cabe.errors import ConfigError
-
             raise ConfigError("cfg_bad_value", key, value=value[:80], expected="a JSON object") from None
     if not isinstance(value, Mapping):
         _unmapped(c, key)

@@ -56,6 +56,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from cabe import models
 from cabe.configs import _base, bnb, training_args
 from cabe.configs._base import Collector
 from cabe.errors import ConfigError
@@ -205,8 +206,6 @@ UPLOAD_SUFFIXES = ("-unsloth-bnb-4bit", "-bnb-4bit", "-unsloth")
 def _model_name(value: Any) -> str:
     """A preset for unsloth's mirrors of a model: ``unsloth/Meta-Llama-3.1-8B-bnb-4bit`` is Meta's
     ``Llama-3.1-8B`` (the Hub's older ``Meta-Llama-3.1`` name), 4-bit weights of the same architecture."""
-    from cabe import models
-
     name = _base.model_name(str(value))
     org, _, repo = str(value).strip().partition("/")
     if name != str(value).strip() or org.lower() != "unsloth" or not repo:

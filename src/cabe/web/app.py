@@ -15,7 +15,12 @@ from typing import Any
 
 from cabe import api, families, i18n, jsonio, models, schema
 from cabe import gpus as gpu_catalog
-from cabe.errors import CabeError, InvalidValueError
+from cabe.errors import CabeError, HubError, InvalidValueError, MissingDependencyError
+from cabe.hub import ServerHub
+from cabe.inference import infer_json
+from cabe.method import lora_parameters
+from cabe.solver import plan_json
+from cabe.training import parse_targets
 from cabe.web import page
 from cabe.web.openapi import openapi_document
 
@@ -34,8 +39,6 @@ def _starlette() -> Any:
 
     for package in ("starlette", "jinja2"):
         if importlib.util.find_spec(package) is None:  # pragma: no cover - depends on the environment
-            from cabe.errors import MissingDependencyError
-
             raise MissingDependencyError("missing_extra", None, extra="web", package=package)
 
 
@@ -208,15 +211,11 @@ async def estimate(request: Any) -> Any:
 
 async def fit(request: Any) -> Any:
     """Make it fit: largest batch, longest sequence, fewest GPUs, ranked changes (cabe.solver)."""
-    from cabe.solver import plan_json
-
     return await _guarded(request, _checked("api.fit", lambda body: plan_json(body, allow_files=False)))
 
 
 async def infer(request: Any) -> Any:
     """Inference / serving memory: weights by format, KV cache, concurrent sequences (cabe.inference)."""
-    from cabe.inference import infer_json
-
     return await _guarded(request, _checked("api.infer", infer_json))
 
 
@@ -247,8 +246,6 @@ def _int(f: schema.Field, value: Any, name: str) -> int:
 
 def _lora_targets(value: Any, name: str) -> tuple[str, ...]:
     """A list of module names, one comma string, or nothing given (PEFT's default for the model)."""
-    from cabe.training import parse_targets
-
     if value is None or value == "":
         return tuple(schema.field("lora_targets").default)
     if isinstance(value, str):
@@ -261,8 +258,6 @@ def _lora_targets(value: Any, name: str) -> tuple[str, ...]:
 def lora_json(body: Any) -> dict[str, Any]:
     """``POST /api/lora``: adapter parameters per target module (``lora_rank`` / ``lora_targets``, or
     the older ``rank`` / ``targets``). The answer keeps its ``rank`` / ``targets`` keys."""
-    from cabe.method import lora_parameters
-
     if not isinstance(body, Mapping):
         raise InvalidValueError("body_not_object", None)
     check_fields(body, "api.lora")
@@ -436,8 +431,6 @@ class Guard:
         if hub is None:
 
             def disabled(repo_id: str) -> Any:
-                from cabe.errors import HubError
-
                 raise HubError("hub_disabled", "model", repo=repo_id)
 
             return disabled
@@ -579,8 +572,6 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, allow_hub: bool = False)
     are checked, and the socket bound, before the URL is printed (:func:`listen_socket`). Hugging Face
     ids are refused unless ``allow_hub`` (then fetched with the bounds of :class:`cabe.hub.ServerHub`)."""
     sock = listen_socket(host, port)
-    from cabe.hub import ServerHub
-
     app = create_app(hub=ServerHub() if allow_hub else None, allowed_hosts=allowed_hosts_for(host))
     import uvicorn
 
