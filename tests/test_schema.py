@@ -50,9 +50,9 @@ def test_training_setup_is_the_schema() -> None:
 
 
 def test_state_fields_are_the_cache_key() -> None:
-    from cabe import analytic
+    from cabe.analytic import states
 
-    assert tuple(analytic._STATE_FIELDS) == schema.state_fields()
+    assert tuple(states._STATE_FIELDS) == schema.state_fields()
     assert "lora_alpha" not in schema.state_fields() and "batch" not in schema.state_fields()
 
 

@@ -135,7 +135,7 @@ def test_unknown_model_type_lists_what_is_supported():
 ESTIMATORS = [
     *sorted(f"activations/{p.name}" for p in (SRC / "activations").glob("*.py")),
     "facts.py",
-    "analytic.py",
+    *sorted(f"analytic/{p.name}" for p in (SRC / "analytic").glob("*.py")),
     "kv_cache.py",
     "flops.py",
     "method.py",

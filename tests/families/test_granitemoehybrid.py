@@ -142,7 +142,7 @@ def test_lora_below_the_first_adapted_layer_keeps_nothing():
     """q_proj / v_proj only in the attention layer (layer 2 of TINY): without checkpointing layers 0 and 1 carry no
     gradient; with it every layer's input requires grad (enable_input_require_grads). out_proj's adapter never runs
     in the fused kernel, so it does not start the gradient either."""
-    from cabe.analytic import _below_adapters
+    from cabe.analytic.runs import _below_adapters
 
     spec = families.from_config(TINY)
     kw = dict(method="lora", precision="bf16", batch=2, seq=256)

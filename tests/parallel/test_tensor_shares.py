@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cabe import api
-from cabe.analytic import _model_states
+from cabe.analytic.states import _model_states
 from cabe.errors import InvalidValueError
 from cabe.method import parameter_tensors
 from cabe.models import preset

@@ -1,0 +1,122 @@
+"""The analytic estimate, composed (:func:`estimate_model`): (model, setup) -> Report, with the peak taken
+where it really is — model states (:mod:`.states`), the activations of every run (:mod:`.runs`), the step's parts
+(:mod:`.parts`) walked by :func:`cabe.step.timeline`, then the notes (:mod:`.notes`) and the explanation
+(:mod:`.explain`). Proved by tests/test_estimate.py and every trace test."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from cabe import compressed_attention, ssm
+from cabe.activations import (
+    head_activations,
+)
+from cabe.analytic.explain import _explain_model, _packing_steps, _precision_step
+from cabe.analytic.lesson import ALLOCATOR_SLACK_FRACTION, DEFAULT_CUDA_CONTEXT_BYTES
+from cabe.analytic.notes import _host_json, _model_json, _model_notes, _recipe_json, _unmatched_json
+from cabe.analytic.parts import _step_parts
+from cabe.analytic.runs import _layer_activations, _row_shape
+from cabe.analytic.states import _logit_width, _model_states, _weight_copies
+from cabe.architecture import ModelSpec
+from cabe.errors import InvalidValueError
+from cabe.optimizer import get as optimizer_entry
+from cabe.optimizer_memory import layerwise_figures
+from cabe.parallel import shard_parts
+from cabe.precision import dtype_source, dtypes_for, resolve
+from cabe.report import Report
+from cabe.step import layerwise, timeline
+from cabe.training import TrainingSetup
+from cabe.units import round_alloc
+from cabe.vision_memory import with_images
+
+
+def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[str, Any] | None = None) -> Report:
+    """Peak allocated bytes of a training step for an architecture and a setup."""
+    if setup.method == "freeze" and setup.trainable_layers > spec.num_layers:
+        raise InvalidValueError(
+            "out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0, maximum=spec.num_layers
+        )
+    source = dtype_source(setup, spec.dtype)
+    optimizer_given = setup.optimizer_given  # an HF Trainer optim name, echoed beside the registry's
+    setup = resolve(setup, spec.dtype)  # dtype="auto": the checkpoint's, as transformers 5 loads it
+    trains_fp16 = setup.method == "full" or (setup.method == "freeze" and not setup.trainable_fp32)
+    if setup.dtype == "fp16" and setup.autocast == "fp16" and trains_fp16:
+        # torch.amp.GradScaler.unscale_ refuses fp16 gradients ("Attempting to unscale FP16 gradients"):
+        # the Trainer's fp16=True cannot train weights loaded in fp16
+        raise InvalidValueError("fp16_weights_fp16_autocast", "autocast", value="fp16", dtype=setup.dtype)
+    if setup.attention == "flash" and not spec.flash_attention:
+        # the model class sets _supports_flash_attn = False: from_pretrained refuses flash_attention_2
+        # (transformers 5.24 modeling_utils.py:1592, "does not support Flash Attention")
+        raise InvalidValueError("flash_unsupported", "attention", value="flash", model_type=spec.model_type)
+    if setup.attention == "flash" and setup.method != "qlora" and setup.dtype == "fp32" and setup.autocast == "none":
+        # flash-attn runs fp16 / bf16 only; transformers casts fp32 queries to the autocast dtype, or to a
+        # quantized model's dtype, else to the linear layers' dtype (integrations/flash_attention.py,
+        # get_target_dtype): fp32 here, which the kernel refuses
+        raise InvalidValueError("flash_needs_16bit", "attention", value="flash", dtype=setup.dtype)
+    ssm.refusal(spec, setup.method)
+    compressed_attention.refusal(spec, setup.method)
+    dt = dtypes_for(setup)
+    states = _model_states(spec, setup)
+    given, setup = setup, _row_shape(setup)  # padding-free: the batch as one row (the report keeps the request)
+    act = _layer_activations(spec, setup, dt)
+    copies = _weight_copies(spec, setup, dt)
+    head = head_activations(spec, setup, dt)
+    parts = _step_parts(spec, setup, dt, states, act, head, copies)
+    if given.images:  # the vision tower's saved tensors and backward (cabe.vision_memory)
+        parts = with_images(parts, spec, given, dt, states.tensors, states.bytes_of)
+    if optimizer_entry(setup.optimizer).layerwise:  # single-GPU only (optimizer.refusal)
+        lw = layerwise_figures(states.tensors, states.bytes_of, setup)
+        parts = layerwise(parts, lw.gradient, lw.temporaries, lw.layer_gradient, lw.layer_temporaries)
+    shard_info: dict[str, Any] = {}
+    if setup.distributed:
+        # Multi-GPU plans: sharding transforms the per-GPU parts; the walk of the step is the same.
+        # NOTE: the plans share out the per-layer figures; where the layers differ they take the mean layer
+        # of the gradient's path (StepParts' scalar fields), not each run
+        parts, shard_info = shard_parts(replace(parts, runs=()), spec, setup)
+    moments = timeline(parts)
+    copies_fwd = (
+        sum(r.copies * r.count + r.copies_cached * r.cached_count for r in parts.layer_runs()) + parts.copies_head
+    )
+    peak = max(moments, key=lambda m: m.total)
+    phase_peaks: dict[str, int] = {}
+    for m in moments:
+        phase_peaks[m.phase] = max(phase_peaks.get(m.phase, 0), m.total)
+    components = dict(peak.components)
+    for k in ("weights", "gradients", "optimizer", "activations"):
+        components.setdefault(k, 0)
+    total = sum(components.values())
+    tokens = act.tokens
+    steps = [_precision_step(setup, source)] + _packing_steps(spec, given, setup)
+    steps += _explain_model(spec, setup, dt, states, act, copies_fwd, head, peak, total)
+    return Report(
+        mode="architecture",
+        total_bytes=total,
+        components=components,
+        parameters=spec.parameter_count,
+        trainable_parameters=states.n_train,
+        peak_phase=peak.phase,
+        phase_peaks=phase_peaks,
+        steps=tuple(steps),
+        setup={
+            **given.to_dict(),
+            "optimizer_given": optimizer_given,
+            "effective_batch": given.effective_batch,
+            "tokens": tokens,
+        },
+        model=_model_json(spec, model_meta),
+        paged_bytes=states.opt.paged_bytes,
+        cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,
+        allocator_slack_bytes=max(
+            round_alloc(4 * tokens * _logit_width(spec)), round(total * ALLOCATOR_SLACK_FRACTION)
+        ),
+        notes=_model_notes(spec, setup, states),
+        extra={
+            "peak_at": peak.where,
+            "loss": _recipe_json(setup),
+            **_unmatched_json(spec, setup),
+            **_host_json(spec, act),
+            **({"distributed": shard_info} if shard_info else {}),
+            "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments],
+        },
+    )

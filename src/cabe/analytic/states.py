@@ -1,0 +1,182 @@
+"""The model states of a training step: weights (stored dtype, 4-bit storage), gradients and optimizer state
+(:func:`_model_states`, cached by the setup fields that change them), and the weight copies a step makes (autocast's
+16-bit casts, engines' gathered parameters, PEFT's merged weights: :func:`_weight_copies`). Proved by
+tests/test_estimate.py, tests/test_optimizer.py, tests/parallel/test_tensor_shares.py and the trace tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cabe.activations import (
+    dora_stray_parameter,
+)
+from cabe.architecture import LayerGroup, ModelSpec
+from cabe.method import (
+    head_targets,
+    lora_targets,
+    parameter_tensors,
+    quantized_bytes,
+    running_lora_targets,
+    stored_bytes,
+)
+from cabe.optimizer_memory import optimizer_memory
+from cabe.precision import Dtypes, dtypes_for
+from cabe.schema import state_fields
+from cabe.tensors import Tensor
+from cabe.training import TrainingSetup
+from cabe.units import round_alloc
+
+
+@dataclass(frozen=True)
+class _States:
+    tensors: list
+    bytes_of: dict
+    weights: int
+    quant: int
+    grads: int
+    opt: Any
+    n_train: int
+
+
+#: the setup fields that change model states (cabe.schema, ``states=True``): the cache key
+_STATE_FIELDS = state_fields()
+
+
+_STATES_CACHE: dict[tuple, _States] = {}
+
+
+def _model_states(spec: ModelSpec, setup: TrainingSetup) -> _States:
+    """Weights, gradients and optimizer state: independent of batch and sequence, so cached by the
+    fields they depend on (a solver sweeping batch or sequence pays for them once)."""
+    key = (spec, *(getattr(setup, f) for f in _STATE_FIELDS))
+    hit = _STATES_CACHE.get(key)
+    if hit is None:
+        if len(_STATES_CACHE) > 512:
+            _STATES_CACHE.clear()
+        hit = _STATES_CACHE[key] = _compute_model_states(spec, setup)
+    return hit
+
+
+def _compute_model_states(spec: ModelSpec, setup: TrainingSetup) -> _States:
+    dt = dtypes_for(setup)
+    tensors = parameter_tensors(spec, setup)
+    kinds = {t.kind for t in tensors}
+    bytes_of = dict.fromkeys(kinds, 0)
+    weights = 0
+    quant = 0
+    for t in tensors:
+        if t.kind == "quantized":
+            quant += quantized_bytes(t.numel, setup.double_quant) * t.count
+            continue
+        b = stored_bytes(t, setup, dt)
+        bytes_of[t.kind] = b
+        weights += round_alloc(t.numel * b) * t.count
+    bytes_of_trainable = dict(bytes_of)
+    grads = sum(round_alloc(t.numel * bytes_of_trainable[t.kind]) * t.count for t in tensors if t.trainable)
+    opt = optimizer_memory(tensors, setup, bytes_of_trainable)
+    n_train = sum(t.total for t in tensors if t.trainable)
+    return _States(tensors, bytes_of_trainable, weights, quant, grads, opt, n_train)
+
+
+@dataclass(frozen=True)
+class _Copies:
+    """Autocast's 16-bit copies of matmul weights (aten/src/ATen/autocast_mode.cpp, ``cached_cast``), per
+    layer of one run.
+
+    ``layer``: every copy one layer makes (each saved by autograd for backward when the layer is in the
+    gradient's path); ``cached``: the part autocast's cache keeps until forward ends — only casts of fp32
+    leaves that require grad (``arg.requires_grad() && arg.is_leaf()`` with ``scalar_type == kFloat``);
+    ``trained_layers``: layers with such leaves (in the whole model); ``head``: the lm_head's copy."""
+
+    layer: int = 0
+    cached: int = 0
+    trained_layers: int = 0
+    head: int = 0
+
+
+def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: LayerGroup | None = None) -> _Copies:
+    """The copies of one layer of ``run`` (the top run's when None)."""
+    if not dt.autocast:
+        return _Copies()
+    layer = run or spec.runs[-1]
+    # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast when
+    # it is not in the autocast dtype already
+    # The 3-D experts get no copy when transformers' grouped_mm runs them in their own dtype, outside autocast
+    # (activations._moe); Llama 4's dense dispatch runs them through torch.bmm, which autocast casts
+    experts_cast = spec.expert_dispatch == "dense"
+    # nor are a Mamba-2 mixer's conv1d, dt_bias, A_log, D and norm weights: the fused kernel reads them as they are
+    # nor DeepSeek-V4's bare fp32 vectors (norm weights, hyper-connections' base and scale, position biases), which
+    # only element-wise ops read
+    uncast = ("ssm", "vector") if experts_cast else ("ssm", "experts", "vector")
+    base = sum(
+        round_alloc(lin.weight_count * 2)
+        for lin in layer.linears
+        if dt.weight_copies and not (setup.method == "qlora" and lin.quantized_by_bnb) and lin.slot not in uncast
+    )
+    adapters = 0
+    if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
+        adapters = sum(
+            round_alloc(setup.lora_rank * lin.in_features * 2) + round_alloc(setup.lora_rank * lin.out_features * 2)
+            for lin in running_lora_targets(spec, setup.lora_targets, layer)
+        )
+    if setup.method in ("full", "freeze"):  # the trained layers' weights, when they are fp32 leaves
+        cached = base if dt.cached_copies else 0
+        trained = spec.num_layers if setup.method == "full" else min(setup.trainable_layers, spec.num_layers)
+    else:  # LoRA / QLoRA: only the adapters train; prompt tuning: nothing in the layers
+        cached, trained = adapters, (spec.num_layers if setup.adapters else 0)
+        if setup.dora and setup.lora_dropout > 0 and dt.cached_copies:
+            # DoRA + dropout on Conv1D: PEFT's throwaway Parameter(W.T) is an fp32 leaf that requires grad, so
+            # autocast caches its cast until forward ends (activations.dora_stray_parameter); without
+            # checkpointing that cast is the one the matmul saves (counted with the layer's saved tensors)
+            quantized = setup.method == "qlora"
+            cached += sum(
+                round_alloc(lin.weight_count * 2)
+                for lin in lora_targets(spec, setup.lora_targets, layer)
+                if dora_stray_parameter(spec, quantized, dt.adapter, dt.frozen, lin)
+            )
+    # (freeze with fp32 trained layers: the frozen head stays as loaded, cast only when that is not autocast's dtype)
+    head_cast = dt.weight_copies and not (
+        setup.trainable_fp32 and setup.method == "freeze" and setup.dtype == setup.autocast
+    )
+    head = sum(round_alloc(n * 2) for n in _head_matrices(spec)) if head_cast else 0
+    head += _head_adapter_copies(spec, setup)
+    if setup.resolved_loss == "chunked" and not (setup.method == "full" and dt.cached_copies):
+        # torchtune's chunked output calls the lm_head once per chunk: autocast casts a weight that is not
+        # a trained fp32 leaf anew on each call (cached_cast), and each chunk's mm saves its own copy
+        head *= setup.loss_chunks
+    return _Copies(base + adapters, cached, trained, head)
+
+
+def _head_adapter_copies(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """Under autocast, the 16-bit casts of the embedding's and the lm_head's LoRA matrices that their matmuls
+    save: lora_A and lora_B of the lm_head (fp32 leaves: cached, peft tuners/lora/layer.py ``Linear``), and the
+    embedding's ``lora_embedding_B.T`` (``Embedding.forward``; ``F.embedding`` is not on autocast's lists, so
+    lora_embedding_A is read as it is)."""
+    if not setup.adapters:
+        return 0
+    r, h, v = setup.lora_rank, spec.hidden_size, spec.vocab_size
+    out = 0
+    for t in head_targets(spec, setup.lora_targets):
+        out += round_alloc(r * h * 2) + (round_alloc(v * r * 2) if t.kind == "lm_head" else 0)
+    return out
+
+
+def _logit_width(spec: ModelSpec) -> int:
+    """Logits per token: the vocabulary under an lm_head; none under a sequence-classification head."""
+    return spec.vocab_size if spec.head == "lm" else 0
+
+
+def _head_matrices(spec: ModelSpec) -> tuple[int, ...]:
+    """Elements of the head's matmul weights, which autocast casts to 16 bits: the lm_head (or the tied
+    embedding), or the pooler and the classifier."""
+    if spec.head == "sequence_classification":
+        return (spec.hidden_size * spec.hidden_size, spec.num_labels * spec.hidden_size)
+    return (spec.vocab_size * spec.hidden_size,)
+
+
+def _grad_bytes(states: _States, keep: Callable[[Tensor], bool]) -> int:
+    """Gradient bytes (allocator-rounded) of the trainable tensors ``keep`` selects."""
+    b = states.bytes_of
+    return sum(round_alloc(t.numel * b[t.kind]) * t.count for t in states.tensors if t.trainable and keep(t))
