@@ -64,9 +64,19 @@ def _explain_model(
 
 # NOTE: long but flat (radon C or better): one Step literal per explained figure, read top to bottom.
 def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _States, copies: int) -> list[Step]:
-    tensors, weights, quant, grads, opt = states.tensors, states.weights, states.quant, states.grads, states.opt
-    n_params, n_train = spec.parameter_count, states.n_train
-    steps: list[Step] = []
+    """The model states' steps, one kind of state after the other: the parameter count, the weights, the gradients,
+    the optimizer's state and step, the weight copies."""
+    return [
+        _parameters_step(spec),
+        *_weight_steps(spec, states),
+        _gradients_step(setup, dt, states),
+        *_optimizer_steps(setup, states),
+        *_copies_steps(copies),
+    ]
+
+
+def _parameters_step(spec: ModelSpec) -> Step:
+    """The parameter count, term by term: embeddings, one term per run of like layers, norms, head, vision."""
     pos = " + {p}·{h}" if spec.position_embedding_count else ""
     # one "count × per layer" term per run of like layers (one term when the layers are alike)
     runs = spec.runs
@@ -78,26 +88,30 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
     lm_head = "" if spec.tie_word_embeddings or spec.head != "lm" else " + {v}·{h}"
     lm_head += " + {head}" if spec.classifier_count else ""
     lm_head += " + {vision}" if spec.vision_parameters else ""  # a vision tower and its projector (Gemma 3, Llama 4)
-    steps.append(
-        Step(
-            "model.parameters",
-            "{v}·{h}" + pos + " + " + layer_terms + " + {norm}" + lm_head + " = {n}",
-            None,
-            {
-                "v": spec.vocab_size,
-                "h": spec.hidden_size,
-                "p": spec.max_positions,
-                **per_run,
-                "norm": spec.norm_param_count,
-                "n": n_params,
-                # an encoder's token types and classifier head (BERT), only where the model has them
-                **({"t": spec.token_types} if spec.token_type_count else {}),
-                **({"head": spec.classifier_count} if spec.classifier_count else {}),
-                **({"vision": spec.vision_parameters} if spec.vision_parameters else {}),
-            },
-        )
+    return Step(
+        "model.parameters",
+        "{v}·{h}" + pos + " + " + layer_terms + " + {norm}" + lm_head + " = {n}",
+        None,
+        {
+            "v": spec.vocab_size,
+            "h": spec.hidden_size,
+            "p": spec.max_positions,
+            **per_run,
+            "norm": spec.norm_param_count,
+            "n": spec.parameter_count,
+            # an encoder's token types and classifier head (BERT), only where the model has them
+            **({"t": spec.token_types} if spec.token_type_count else {}),
+            **({"head": spec.classifier_count} if spec.classifier_count else {}),
+            **({"vision": spec.vision_parameters} if spec.vision_parameters else {}),
+        },
     )
-    frozen = n_params - sum(t.total for t in tensors if t.trainable and t.kind not in ("adapter", "prompt"))
+
+
+def _weight_steps(spec: ModelSpec, states: _States) -> list[Step]:
+    """The 4-bit weights, the dense ones (with the frozen count) and the model's buffers."""
+    tensors, weights, quant = states.tensors, states.weights, states.quant
+    steps: list[Step] = []
+    frozen = spec.parameter_count - sum(t.total for t in tensors if t.trainable and t.kind not in ("adapter", "prompt"))
     if quant:
         qn = sum(t.total for t in tensors if t.kind == "quantized")
         steps.append(
@@ -132,19 +146,28 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
                 {"bytes": spec.buffer_bytes, "gib": spec.buffer_bytes / GiB},
             )
         )
-    steps.append(
-        Step(
-            "gradients",
-            "{n} × {per} B = {bytes} B = {gib} GiB",
-            grads,
-            {
-                "n": n_train,
-                "per": dt.grad if setup.method in ("full", "freeze") else dt.adapter,
-                "bytes": grads,
-                "gib": grads / GiB,
-            },
-        )
+    return steps
+
+
+def _gradients_step(setup: TrainingSetup, dt: Dtypes, states: _States) -> Step:
+    grads, n_train = states.grads, states.n_train
+    return Step(
+        "gradients",
+        "{n} × {per} B = {bytes} B = {gib} GiB",
+        grads,
+        {
+            "n": n_train,
+            "per": dt.grad if setup.method in ("full", "freeze") else dt.adapter,
+            "bytes": grads,
+            "gib": grads / GiB,
+        },
     )
+
+
+def _optimizer_steps(setup: TrainingSetup, states: _States) -> list[Step]:
+    """The optimizer's state (on the device, paged), CUDA's workspaces and the step's temporaries."""
+    opt, n_train = states.opt, states.n_train
+    steps: list[Step] = []
     steps.append(
         Step(
             "optimizer." + setup.optimizer,
@@ -184,6 +207,12 @@ def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _
                 {"bytes": opt.temp_bytes, "gib": opt.temp_bytes / GiB},
             )
         )
+    return steps
+
+
+def _copies_steps(copies: int) -> list[Step]:
+    """The 16-bit weight copies a step makes, when it makes any."""
+    steps: list[Step] = []
     if copies:
         steps.append(
             Step(
