@@ -321,7 +321,7 @@ def _images(model: str, spec: Any, kw: dict[str, Any]) -> None:
     (after every other knob's): a count and a size whose tokens fit in the sequence, or none."""
     if spec.vision is None:
         return
-    from cabe.vision import image_grid
+    from cabe.vision.images import image_grid
 
     vrng = random.Random(f"images {model} {sorted(kw.items())}")
     if vrng.random() < 0.15:

@@ -338,7 +338,7 @@ class VisionTower:
     #: ``Gemma3MultiModalProjector``: a Conv2d patch embedding with bias and learned positions, LayerNorm blocks with
     #: separate q / k / v / out projections and a plain GELU MLP, all with biases, a post-LayerNorm, then an
     #: average pool to ``tokens_per_image`` tokens, an RMSNorm and a bare projection matrix; images resized to
-    #: ``image_size`` squares: cabe.vision_siglip)
+    #: ``image_size`` squares: cabe.vision.siglip)
     kind: str = "qwen2_5_vl"
     #: SigLIP: the square side every image is resized to (pixels), and the soft tokens one image becomes
     image_size: int = 0

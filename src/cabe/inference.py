@@ -38,8 +38,8 @@ from cabe.gpus import Gpu
 from cabe.kv_cache import attended, breakdown, kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes
 from cabe.method import quantized_bytes
 from cabe.training import number
-from cabe.vision import check_images
-from cabe.vision_memory import vision_forward_bytes
+from cabe.vision.images import check_images
+from cabe.vision.serving import vision_forward_bytes
 
 GGUF_BPW: dict[str, float] = {
     "q8_0": 8.5,
@@ -322,7 +322,7 @@ def estimate_inference(
 
     ``images`` per sequence (a model with a vision tower cabe models): their tokens are part of ``context``, so
     of the KV cache, as the processor writes them into the prompt; the tower runs on all of the batch's images at
-    prefill, before the decoder, and its working memory (:func:`cabe.vision_memory.vision_forward_bytes`) is
+    prefill, before the decoder, and its working memory (:func:`cabe.vision.serving.vision_forward_bytes`) is
     the activations' when it is the larger.
 
     DeepSeek-V3.2's lightning indexer scores every new token against every cached one at prefill

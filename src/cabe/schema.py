@@ -500,7 +500,7 @@ _SETUP: tuple[Field, ...] = (
         flags=_flag("images"),
     ),
     # the images' size in pixels, before the processor's resize (Qwen2VLImageProcessor's smart_resize:
-    # cabe.vision.resized)
+    # cabe.vision.images.resized)
     Field(
         "image_size",
         str,

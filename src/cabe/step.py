@@ -137,7 +137,7 @@ class StepParts:
     # the routed experts' first backward nodes beside everything a layer saved (LayerRun.dispatch_workspace): the
     # largest over the runs, for plans that walk a mean layer (a MoE layer among dense ones holds it)
     dispatch_workspace_layer: int = 0
-    # images (cabe.vision_memory): what the vision tower saves for backward, alive from its forward (before the first
+    # images (cabe.vision.training): what the vision tower saves for backward, alive from its forward (before the first
     # decoder layer) until its own backward (after the bottom layer's), and the gradients of its weights. Its
     # backward runs from the merger down to the bottom block, releasing each block's saved tensors and making its
     # gradients: ``vision_backward`` is the activations at its largest moment (what is still saved and that

@@ -10,9 +10,10 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from cabe import optimizer, schema, vision
+from cabe import optimizer, schema
 from cabe.errors import InvalidValueError
 from cabe.schema import MAX_BATCH, MAX_RANK, MAX_SEQ
+from cabe.vision.images import parse_image_size
 
 __all__ = ["MAX_BATCH", "MAX_RANK", "MAX_SEQ", "TrainingSetup", "number", "parse_targets"]
 
@@ -295,7 +296,7 @@ def validate(setup: TrainingSetup) -> None:
         # PEFT drops position_ids under prompt tuning (peft 0.21.2 peft_model.py:1668-1674, "Position ids are not
         # supported ... Ignoring position ids"): no document would be told apart, the packing would do nothing
         raise InvalidValueError("packing_prompt_tuning", "packing", value=setup.packing)
-    vision.parse_image_size(setup.image_size)  # "HxW" pixels, or a typed error
+    parse_image_size(setup.image_size)  # "HxW" pixels, or a typed error
     if setup.method == "freeze" and setup.trainable_fp32 and setup.autocast == "none" and setup.dtype != "fp32":
         # fp32 trained layers above 16-bit ones without autocast: the 16-bit lm_head meets their fp32 output
         # (F.linear refuses mixed dtypes); LLaMA-Factory casts them for a run under the Trainer's bf16 / fp16

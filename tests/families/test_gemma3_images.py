@@ -15,8 +15,8 @@ from cabe import api, families, models
 from cabe.errors import InvalidValueError
 from cabe.precision import dtypes_for, resolve
 from cabe.training import TrainingSetup
-from cabe.vision import image_grid
-from cabe.vision_memory import tower_activations
+from cabe.vision.images import image_grid
+from cabe.vision.training import tower_activations
 
 TINY_PATH = Path(__file__).parent.parent / "configs" / "files" / "gemma3_vision_tiny_config.json"
 TINY = json.loads(TINY_PATH.read_text())

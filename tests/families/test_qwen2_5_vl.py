@@ -12,8 +12,8 @@ from cabe.analytic import estimate_model
 from cabe.errors import InvalidValueError
 from cabe.precision import dtypes_for, resolve
 from cabe.training import TrainingSetup
-from cabe.vision import image_grid, parse_image_size, resized
-from cabe.vision_memory import tower_activations
+from cabe.vision.images import image_grid, parse_image_size, resized
+from cabe.vision.training import tower_activations
 
 SEVEN_B = "qwen2.5-vl-7b-instruct"
 

@@ -13,7 +13,7 @@ import pytest
 
 from cabe import api, families, models
 from cabe.training import TrainingSetup
-from cabe.vision import image_grid
+from cabe.vision.images import image_grid
 
 TINY = json.loads((Path(__file__).parent.parent / "configs" / "files" / "qwen3_vl_tiny_config.json").read_text())
 

@@ -19,8 +19,8 @@ from cabe.errors import InvalidValueError
 from cabe.inference import estimate_inference
 from cabe.method import lora_targets, parameter_tensors
 from cabe.training import TrainingSetup
-from cabe.vision import image_grid
-from cabe.vision_memory import vision_forward_bytes
+from cabe.vision.images import image_grid
+from cabe.vision.serving import vision_forward_bytes
 
 TINY = json.loads((Path(__file__).parent.parent / "configs" / "files" / "qwen3_vl_moe_tiny_config.json").read_text())
 

@@ -28,7 +28,7 @@ from cabe.report import Report
 from cabe.step import layerwise, timeline
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
-from cabe.vision_memory import with_images
+from cabe.vision.training import with_images
 
 
 def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[str, Any] | None = None) -> Report:
@@ -63,7 +63,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     copies = _weight_copies(spec, setup, dt)
     head = head_activations(spec, setup, dt)
     parts = _step_parts(spec, setup, dt, states, act, head, copies)
-    if given.images:  # the vision tower's saved tensors and backward (cabe.vision_memory)
+    if given.images:  # the vision tower's saved tensors and backward (cabe.vision.training)
         parts = with_images(parts, spec, given, dt, states.tensors, states.bytes_of)
     if optimizer_entry(setup.optimizer).layerwise:  # single-GPU only (optimizer.refusal)
         lw = layerwise_figures(states.tensors, states.bytes_of, setup)

@@ -40,13 +40,14 @@ def _learned_positions(cfg: Any) -> bool:
 
 
 def _grid(cfg: Any, setup: TrainingSetup) -> tuple[int, int, int]:
-    """(grid_t, grid_h, grid_w) of one image, by the processor's resize (cabe.vision.resized)."""
-    from cabe import families, vision
+    """(grid_t, grid_h, grid_w) of one image, by the processor's resize (cabe.vision.images.resized)."""
+    from cabe import families
+    from cabe.vision.images import image_grid
 
     spec = families.from_config(cfg.to_dict())
     if spec.vision is None:
         raise ValueError("no vision tower")
-    g = vision.image_grid(spec.vision, setup.image_size)
+    g = image_grid(spec.vision, setup.image_size)
     return 1, g.grid_h, g.grid_w
 
 

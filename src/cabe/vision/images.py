@@ -18,9 +18,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
 
-from cabe.architecture import LayerGroup, ModelSpec, VisionTower
+from cabe.architecture import ModelSpec, VisionTower
 from cabe.errors import InvalidValueError
 
 #: the largest side cabe accepts, in pixels (a typo guard; smart_resize scales large images down anyway)
@@ -110,28 +109,3 @@ def check_images(spec: ModelSpec, images: int, size: str, tokens: int, field: st
             "images_exceed_seq", field, value=images, tokens=grid.tokens, total=images * grid.tokens, seq=tokens
         )
     return grid
-
-
-def tower_block_spec(
-    tower: VisionTower, model_type: str, family: str, mlp: str, activation: str, rotary: bool, **kinds: Any
-) -> ModelSpec:
-    """One block of a vision tower as a :class:`ModelSpec` the decoder-layer estimator reads: full multi-head
-    attention over the patches, the tower's linears and MLP kind, ``kinds`` for the rest (norm, positions, views)."""
-    h, nh, f = tower.hidden_size, tower.num_heads, tower.intermediate_size
-    return ModelSpec(
-        model_type=model_type,
-        family=family,
-        hidden_size=h,
-        num_heads=nh,
-        num_kv_heads=nh,
-        head_dim=h // nh,
-        intermediate_size=f,
-        vocab_size=1,
-        tie_word_embeddings=True,
-        activation=activation,
-        rotary_dim=h // nh if rotary else 0,
-        max_positions=1 << 24,
-        layer_groups=(LayerGroup(1, tower.block_linears, mlp, intermediate_size=f),),
-        peft_default_targets=("all-linear",),
-        **kinds,
-    )

@@ -27,7 +27,7 @@ from __future__ import annotations
 from cabe.architecture import ModelSpec, VisionTower
 from cabe.precision import Dtypes
 from cabe.units import round_alloc
-from cabe.vision import tower_block_spec
+from cabe.vision.block import tower_block_spec
 
 
 def block_spec(tower: VisionTower) -> ModelSpec:

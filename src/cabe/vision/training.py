@@ -1,11 +1,16 @@
-"""What the vision tower keeps while it runs (Qwen2.5-VL: transformers 5.24
-``Qwen2_5_VisionTransformerPretrainedModel``, models/qwen2_5_vl/modeling_qwen2_5_vl.py:386-489).
+"""The vision tower in a training step: what it saves for backward, its forward and backward moments, its
+gradients, the images' masks, composed per tower kind from :mod:`cabe.vision.qwen25`, :mod:`cabe.vision.siglip` and
+:mod:`cabe.vision.qwen3` (:func:`tower_activations`, :func:`with_images`). Proved by tests/families/test_qwen2_5_vl.py,
+test_gemma3_images.py, test_qwen3_vl.py, test_vision_qlora.py and tests/trace/test_qwen2_5_vl_trace.py.
+
+Qwen2.5-VL's tower (transformers 5.24 ``Qwen2_5_VisionTransformerPretrainedModel``,
+models/qwen2_5_vl/modeling_qwen2_5_vl.py:386-489), the first one modelled:
 
 A tower block is a decoder layer of the Llama lineage with other names: RMSNorm (``Qwen2_5_VLRMSNorm``, the same
 fp32 upcast and rsqrt as Llama's), one fused ``qkv`` linear whose output v is a view of (the whole qkv output stays
 alive while v is saved), 2-D rotary on q and k, SDPA without a mask (``is_causal=False``) on each window or
 image, whose outputs are concatenated for ``proj``, RMSNorm and a SwiGLU MLP. So one block's saved tensors are
-:func:`cabe.activations.layer_activations` of a spec made of the block (:func:`block_spec`), per patch token, with
+:func:`cabe.activations.layer_activations` of a spec made of the block (:func:`cabe.vision.qwen25.block_spec`), per patch token, with
 the attention's span the window's patches (``window_size / patch_size`` squared: 64 for Qwen2.5-VL) or, in the
 full-attention blocks, the image's. The residual between blocks is the patch embedding's output, a 16-bit
 tensor under autocast (Conv3d is on autocast's 16-bit list), the weights' dtype otherwise.
@@ -27,16 +32,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from cabe import vision_qwen3, vision_siglip
 from cabe.activations import layer_activations
-from cabe.architecture import ModelSpec, VisionTower
+from cabe.architecture import ModelSpec
 from cabe.method import VISION_PREFIX, vision_lora_targets
 from cabe.precision import Dtypes
 from cabe.step import StepParts
 from cabe.tensors import Tensor
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
-from cabe.vision import ImageGrid, check_images, tower_block_spec
+from cabe.vision import qwen3, qwen25, siglip
+from cabe.vision.block import patch_values
+from cabe.vision.images import ImageGrid, check_images
 
 
 @dataclass(frozen=True)
@@ -53,13 +59,6 @@ class TowerActivations:
     full: tuple[int, ...] = ()
     workspace: tuple[int, ...] = ()
     checkpointed: tuple[bool, ...] = ()
-
-
-def block_spec(tower: VisionTower) -> ModelSpec:
-    """One tower block as a :class:`ModelSpec` the decoder-layer estimator reads."""
-    return tower_block_spec(
-        tower, "qwen2_5_vl_vision", "qwen2_5_vl", "gated", "silu", rotary=True, value_is_qkv_view=True
-    )
 
 
 def tower_targets(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, ...]:
@@ -94,11 +93,9 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
     n = images * grid.patches  # patch tokens through every block
     trains = setup.method == "full"
     targets = tower_targets(spec, setup)
-    siglip = tower.kind == "siglip"  # (cabe.vision_siglip: LayerNorm blocks over the whole image, a pooled projector)
-    qwen3 = tower.kind == "qwen3_vl"  # (cabe.vision_qwen3: LayerNorm blocks over the whole image, DeepStack mergers)
-    vspec = (
-        vision_siglip.block_spec(tower) if siglip else vision_qwen3.block_spec(tower) if qwen3 else block_spec(tower)
-    )
+    is_siglip = tower.kind == "siglip"  # (LayerNorm blocks over the whole image, a pooled projector)
+    is_qwen3 = tower.kind == "qwen3_vl"  # (cabe.vision.qwen3: LayerNorm blocks over the whole image, DeepStack mergers)
+    vspec = siglip.block_spec(tower) if is_siglip else qwen3.block_spec(tower) if is_qwen3 else qwen25.block_spec(tower)
     # QLoRA with an fp32 residual (fp32 norm weights after prepare_model_for_kbit_training, or without it bf16 norm
     # weights under fp16 autocast, which promote): the normed input is fp32 (``self.weight *
     # hidden_states.to(input_dtype)``, modeling_qwen2_5_vl.py:79) and the 4-bit linears return their input's dtype
@@ -106,8 +103,8 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
     # (traced: Qwen2.5-VL-7B QLoRA without k-bit preparation, bf16 under fp16 autocast, 3 images of 1280x720: −9.6%
     # with the blocks counted in 16 bits)
     fp32_tower = setup.method == "qlora" and dt.residual == 4
-    vdt = dt if siglip else replace(dt, residual=4) if fp32_tower and not qwen3 else tower_dtypes(dt)
-    window = grid.patches if siglip or qwen3 else (tower.window_size // tower.patch_size) ** 2
+    vdt = dt if is_siglip else replace(dt, residual=4) if fp32_tower and not is_qwen3 else tower_dtypes(dt)
+    window = grid.patches if is_siglip or is_qwen3 else (tower.window_size // tower.patch_size) ** 2
     full = len([b for b in tower.full_attention_blocks if b < tower.depth])
     spans = ((tower.depth - full, min(window, grid.patches)), (full, grid.patches))
     lora = bool(targets)
@@ -134,16 +131,16 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
     # no ``.float()`` copies: four fp32 h-wide temporaries (q_embed, and k's product with cos, rotate_half's cat
     # and its product with sin). The Conv3d's weight is fp32 too: ``.to(dtype=target_dtype)`` on the fp32 pixels
     # is no copy (modeling_qwen2_5_vl.py:117-121)
-    kbit = fp32_tower and not qwen3
+    kbit = fp32_tower and not is_qwen3
     if kbit:
         fwd = n * (max((5 * 4 + 16) * h, 4 * 2 * h + 3 * 4 * f) + 2 * 4 * d)
     if in_path:  # the residual, the normed input, qkv and the tables are saved already: the fp32 rotary temporaries
         fwd = n * 24 * h
-    if siglip:
-        fwd = vision_siglip.forward_transient(tower, n, vdt, in_path)
-    if qwen3:
-        fwd = vision_qwen3.forward_transient(tower, n, vdt, in_path)
-    if (siglip or qwen3) and setup.attention == "eager":
+    if is_siglip:
+        fwd = siglip.forward_transient(tower, n, vdt, in_path)
+    if is_qwen3:
+        fwd = qwen3.forward_transient(tower, n, vdt, in_path)
+    if (is_siglip or is_qwen3) and setup.attention == "eager":
         # eager attention runs image by image (Qwen3-VL's blocks split q, k, v per image; SigLIP's batch is of
         # images, all at once): the s×s scores and their scaled copy (a each); then softmax(dtype=float32) of the
         # scaled scores, which converts a bf16 input to fp32 first (aten/src/ATen/native/SoftMax.cpp: only fp16
@@ -155,7 +152,7 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
         convert = 4 if c == 2 and not half else 0
         alone = 0 if in_path else max(4 + convert, 4 + (c if c != 4 else 0))  # the fp32 softmax, then the cast
         scores = tower.num_heads * grid.patches**2 * max(2 * c, c + convert, c + alone)
-        if siglip:  # SigLIP's eager runs once over the batch of images: every image's scores at once
+        if is_siglip:  # SigLIP's eager runs once over the batch of images: every image's scores at once
             scores *= images
         ln = 4 if vdt.autocast else vdt.residual
         held = 0 if in_path else n * (vdt.residual * h + ln * h + 5 * c * h)
@@ -170,7 +167,7 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
         # proj saves the concatenation itself when its weight trains, or when lora_A reads it as it is (no autocast,
         # no cast to the adapters' dtype, no dropout: cabe.activations _Layer.linear_inputs)
         reads = "proj" in targets and not dt.autocast and dt.adapter == dt.compute and setup.lora_dropout == 0
-        per_block += 0 if siglip else _concatenated_output(tower, n, setup, dt, trains or reads)
+        per_block += 0 if is_siglip else qwen25.concatenated_output(tower, n, setup, dt, trains or reads)
         by_span[span] = (per_block, n * acts.backward_workspace_per_token)
     full_blocks = set(tower.full_attention_blocks)
     kept, whole, work, ckpts = [], [], [], []
@@ -183,19 +180,19 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
         work.append(ws if in_path else 0)
         ckpts.append(ckpt)
     every_merger = any(lin.name in targets for lin in tower.merger_linears)
-    if siglip:
+    if is_siglip:
         weight = dt.weight if trains else dt.frozen
-        around = vision_siglip.around(tower, n, dt, trains, weight) if in_path else 0
-        pixel_copy = round_alloc(n * vision_siglip.pixel_values(tower) * vision_siglip.pixel_cast(dt, weight))
-    elif qwen3:
-        around = vision_qwen3.around(tower, n, dt, trains, every_merger) if in_path else 0
-        pixel_copy = round_alloc(n * _patch_values(tower) * c)
+        around = siglip.around(tower, n, dt, trains, weight) if in_path else 0
+        pixel_copy = round_alloc(n * siglip.pixel_values(tower) * siglip.pixel_cast(dt, weight))
+    elif is_qwen3:
+        around = qwen3.around(tower, n, dt, trains, every_merger) if in_path else 0
+        pixel_copy = round_alloc(n * patch_values(tower) * c)
         # the learned positions' gather and product, before any block has saved anything
-        positions = vision_qwen3.positions_transient(tower, n, dt.weight if trains else dt.frozen)
+        positions = qwen3.positions_transient(tower, n, dt.weight if trains else dt.frozen)
         fwd = max(fwd, positions - (sum(kept) + around))
     else:
-        around = _around(tower, n, dt, trains, every_merger) if in_path else 0
-        pixel_copy = 0 if kbit else round_alloc(n * _patch_values(tower) * c)
+        around = qwen25.around(tower, n, dt, trains, every_merger) if in_path else 0
+        pixel_copy = 0 if kbit else round_alloc(n * patch_values(tower) * c)
     return TowerActivations(
         saved=sum(kept) + around,
         # beside the pixels' 16-bit cast (saved as the Conv3d's input when it trains)
@@ -207,35 +204,6 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
         workspace=tuple(work),
         checkpointed=tuple(ckpts),
     )
-
-
-def _concatenated_output(tower: VisionTower, n: int, setup: TrainingSetup, dt: Dtypes, proj_input: bool) -> int:
-    """Outside flash attention, the block runs SDPA once per window (or image) and concatenates the outputs
-    (modeling_qwen2_5_vl.py:314-336): ``proj`` saves the concatenation, a copy beside the outputs SDPA saves (a
-    decoder layer's ``o_proj`` saves SDPA's own output). flash_attention_2 takes the windows at once
-    (``cu_seq_lens``): no copy."""
-    if setup.attention == "flash" or not proj_input:
-        return 0
-    return round_alloc(n * dt.compute * tower.hidden_size)
-
-
-def _patch_values(tower: VisionTower) -> int:
-    """Values of one patch: channels × frames × patch_size²."""
-    return tower.in_channels * tower.temporal_patch_size * tower.patch_size**2
-
-
-def _around(tower: VisionTower, n: int, dt: Dtypes, trains: bool, every: bool) -> int:
-    """Saved outside the blocks, for ``n`` patches: the Conv3d's input (its weight trains), the fp32 cos and sin,
-    the merger (RMSNorm: fp32 input and rsqrt, the normalised tensor when its weight trains; the first linear's
-    input, GELU's input and output)."""
-    h, c, d = tower.hidden_size, dt.compute, tower.hidden_size // tower.num_heads
-    out = round_alloc(n * _patch_values(tower) * c) if trains else 0
-    out += 2 * round_alloc(n * 4 * d)  # cos, sin
-    out += round_alloc(n * 4 * h) + round_alloc(n * 4)  # the merger's RMSNorm: fp32 input, rsqrt
-    out += round_alloc(n * c * h) if trains else 0  # its normalised tensor, saved by the weight's multiply
-    # mlp.0's input and GELU's output (their linears train: full, or all-linear LoRA on them), GELU's input
-    out += (3 if trains or every else 1) * round_alloc(n * c * h)
-    return out
 
 
 def with_images(
@@ -266,7 +234,7 @@ def with_images(
 
     total, per_block, merger = grads(""), grads("", tower.depth), grads("merger")
     # the processor's pixel_values: an fp32 input of the step, alive until it ends
-    pixels = round_alloc(setup.batch * setup.images * grid.patches * _patch_values(tower) * 4)
+    pixels = round_alloc(setup.batch * setup.images * grid.patches * patch_values(tower) * 4)
     copies = merger_copies + sum(0 if ck else block_copies for ck in acts.checkpointed)
     saved = acts.saved + copies + pixels + _image_masks(spec, setup)
     # backward from the top block down: block j runs (recomputed whole when checkpointed) with the blocks below it
@@ -289,28 +257,6 @@ def with_images(
         vision_backward_grads=best[2],
         vision_forward=saved + acts.forward_transient,
     )
-
-
-def vision_forward_bytes(tower: VisionTower, n: int, act_bytes: int = 2) -> int:
-    """Working memory of the tower's forward without gradients (serving's prefill) over ``n`` patches: modelled,
-    not traced. The fp32 pixels and their 16-bit cast, the fp32 rotary tables (cos, sin), and the larger of one
-    block's attention moment — residual, normed input, the fused qkv output, q and k upcast to fp32 and the
-    rotated fp32 product being made (apply_rotary_pos_emb_vision, modeling_qwen2_5_vl.py:200-210) — and its MLP
-    moment — residual, normed input, gate, up and the activation (modelled as
-    :func:`cabe.inference.forward_bytes` does a decoder layer's). SigLIP's and Qwen3-VL's towers have their own
-    (:mod:`cabe.vision_siglip`, :func:`cabe.vision_qwen3.serving_transient`: LayerNorm blocks, a plain MLP, learned
-    positions; traced in tests/families/test_qwen3_vl_moe.py)."""
-    if tower.kind == "siglip":  # LayerNorm blocks, no rotary (cabe.vision_siglip), pixels cast to the weights'
-        return n * (vision_siglip.pixel_values(tower) * (4 + act_bytes) + vision_siglip.serving_block(tower, act_bytes))
-    if tower.kind == "qwen3_vl":  # LayerNorm blocks, a plain MLP, learned positions (cabe.vision_qwen3), not SwiGLU
-        return n * _patch_values(tower) * (4 + act_bytes) + vision_qwen3.serving_transient(tower, n, act_bytes)
-    h, f = tower.hidden_size, tower.intermediate_size
-    d = h // tower.num_heads
-    pixels = _patch_values(tower) * (4 + act_bytes)
-    rotary = 2 * 4 * d
-    attention = act_bytes * (h + 3 * h) + 4 * 6 * h
-    mlp = act_bytes * (2 * h + 3 * f)
-    return n * (pixels + rotary + max(attention, mlp))
 
 
 def _image_masks(spec: ModelSpec, setup: TrainingSetup) -> int:
