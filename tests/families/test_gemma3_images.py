@@ -1,6 +1,6 @@
 """Gemma 3 with images: every image becomes ``mm_tokens_per_image`` soft tokens of the tower's fixed ``image_size``
 square, the SigLIP tower's saved tensors join the step, and the decoder's SDPA gets the bidirectional image mask in
-every layer (cabe.vision_siglip; the trace feeds pixel_values and token_type_ids through the real
+every layer (cabe.vision.siglip; the trace feeds pixel_values and token_type_ids through the real
 Gemma3ForConditionalGeneration)."""
 
 from __future__ import annotations

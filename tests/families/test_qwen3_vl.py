@@ -1,6 +1,6 @@
 """Qwen3-VL (``qwen3_vl``): a Qwen3 decoder and a LayerNorm ViT with learned positions and DeepStack mergers, its
 parameters counted exactly, images resized as the released processor does, the tower's activations against the
-trace (cabe.vision_qwen3; the trace feeds pixel_values and the precomputed bookkeeping through the real
+trace (cabe.vision.qwen3; the trace feeds pixel_values and the precomputed bookkeeping through the real
 Qwen3VLForConditionalGeneration)."""
 
 from __future__ import annotations

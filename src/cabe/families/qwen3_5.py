@@ -13,7 +13,7 @@ a config leaves out mean ``Qwen3_5TextConfig`` / ``Qwen3_5MoeTextConfig`` and ``
   (``Qwen3_5VisionPatchMerger`` is ``Qwen3VLVisionPatchMerger``, line 974) — but no DeepStack mergers (the
   class builds only ``merger``; a config's ``deepstack_visual_indexes`` is not read) and so no DeepStack sums in
   the decoder. It is read as a :class:`cabe.architecture.VisionTower` of kind ``"qwen3_vl"`` with no DeepStack
-  indexes (cabe.vision_qwen3). Images are resized by Qwen3-VL's processor bounds (``Qwen3VLProcessor`` with
+  indexes (cabe.vision.qwen3). Images are resized by Qwen3-VL's processor bounds (``Qwen3VLProcessor`` with
   ``Qwen2VLImageProcessorFast``, patch 16, merge 2, shortest_edge 65,536, longest_edge 16,777,216: what a public
   dump of Qwen/Qwen3.5-2B-Base's preprocessor_config.json shows).
 * **Tied head**: the top-level ``tie_word_embeddings`` ties ``lm_head`` to the decoder's embedding (default False;
