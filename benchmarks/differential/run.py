@@ -15,7 +15,8 @@ freeze depth, prompt tokens, loss kernel, accumulation, QLoRA's quantization) an
 configuration cabe refuses (a typed error) is drawn again; each the trace cannot run is recorded as such,
 never hidden. The seed is printed first and is new on every run unless given.
 
-Writes ``results-<seed>.json`` and ``results-<seed>.md`` here, and prints each configuration, then max and
+Writes ``results/results-<seed>.json`` and ``.md``, appends the run's row to the table of every run
+(``results/README.md``), and prints each configuration, then max and
 median |error| and the invariants checked for every configuration: turning checkpointing on never
 raises the estimate, a larger batch or a longer sequence never lowers it — unless the trace does the
 same (a break PyTorch shows too is not cabe's).
@@ -28,6 +29,7 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +44,8 @@ from cabe.optimizer import REGISTRY
 from cabe.training import TrainingSetup
 
 HERE = Path(__file__).parent
+#: where the runs are recorded: results-<seed>[-rescored|-retraced].{json,md}, and the table of every run (README.md)
+RESULTS = HERE / "results"
 
 #: the optimizers of the first draws, in the registry's order then: drawn from the seed's generator, whose draws
 #: a longer list would change for every earlier seed
@@ -561,13 +565,34 @@ def _write(rows: list[dict[str, Any]], seed: int, out: Path, suffix: str = "") -
         inv = ", ".join(r["invariants_broken"])
         lines.append(f"| {r['model']} | {label} | {est} | {tr} | {e} | {inv} |")
     (out / f"results-{seed}{suffix}.md").write_text("\n".join(lines) + "\n")
+    append_row(out / "README.md", seed, suffix.strip("-") or "first run", s, f"results-{seed}{suffix}.json")
+
+
+def append_row(table: Path, seed: int, kind: str, s: dict[str, Any], file: str, changed: str = "") -> None:
+    """One row for the table of every run (results/README.md): seed, kind, traced of drawn, the code's commit,
+    max and median |error|, what changed (the commit's subject unless given), the raw file."""
+
+    def pct(x: float | None) -> str:
+        return "—" if x is None else f"{100 * x:.2f}%"
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, check=False)
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "?"
+    dirty = " (uncommitted changes)" if git("status", "--porcelain", "--", "../../src") else ""
+    changed = (changed or git("log", "-1", "--format=%s"))[:110].replace("|", "/") + dirty
+    row = f"| {seed} | {kind} | {s['traced']} of {s['configurations']} | {commit} | {pct(s['max_abs_error'])} | "
+    row += f"{pct(s['median_abs_error'])} | {changed} | [{file}]({file}) |\n"
+    with table.open("a", encoding="utf-8") as f:
+        f.write(row)
 
 
 def rescore(seed: int) -> list[dict[str, Any]]:
     """The configurations of ``results-<seed>.json`` again with today's analytic code: each estimate (and
     its invariants) recomputed against the trace recorded then, and the configurations whose trace failed
     traced anew. Valid while the trace's code is unchanged for the recorded rows (say so when quoting it)."""
-    whole, partial = HERE / f"results-{seed}.json", HERE / f"results-{seed}.partial.jsonl"
+    whole, partial = RESULTS / f"results-{seed}.json", RESULTS / f"results-{seed}.partial.jsonl"
     if whole.exists():
         recorded = json.loads(whole.read_text())["rows"]
     else:  # an interrupted run: the rows it logged
@@ -602,7 +627,7 @@ def retrace(seed: int) -> list[dict[str, Any]]:
     """The configurations of ``results-<seed>.json`` traced and estimated anew with today's code (the trace's code
     may have changed since: :func:`rescore` would compare with a stale trace); those today's code refuses are
     recorded as refused, not traced."""
-    recorded = json.loads((HERE / f"results-{seed}.json").read_text())["rows"]
+    recorded = json.loads((RESULTS / f"results-{seed}.json").read_text())["rows"]
     rows = []
     for r in recorded:
         kw = {k: tuple(v) if isinstance(v, list) else v for k, v in r["setup"].items()}
@@ -632,24 +657,24 @@ def main(argv: list[str] | None = None) -> int:
         rows = retrace(a.retrace)
         print(json.dumps({"seed": a.retrace, "retraced": True, **summary(rows)}))
         if not a.no_write:
-            _write(rows, a.retrace, HERE, suffix="-retraced")
+            _write(rows, a.retrace, RESULTS, suffix="-retraced")
         return 0
     if a.rescore is not None:
         rows = rescore(a.rescore)
         print(json.dumps({"seed": a.rescore, "rescored": True, **summary(rows)}))
         if not a.no_write:
-            _write(rows, a.rescore, HERE, suffix="-rescored")
+            _write(rows, a.rescore, RESULTS, suffix="-rescored")
         return 0
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1, 2**31)
     print(f"seed {seed}", flush=True)
     knobs = tuple(k for k in a.knobs.split(",") if k)
     models = frozenset(m for m in a.models.split(",") if m)
-    log = None if a.no_write else HERE / f"results-{seed}.partial.jsonl"
+    log = None if a.no_write else RESULTS / f"results-{seed}.partial.jsonl"
     rows = run(draw(seed, a.n, small=a.small, knobs=knobs, models=models), jobs=a.jobs, log=log)
     s = summary(rows)
     print(json.dumps({"seed": seed, **s}))
     if not a.no_write:
-        _write(rows, seed, HERE)
+        _write(rows, seed, RESULTS)
         if log is not None:
             log.unlink(missing_ok=True)  # the table holds every row now
     return 0
