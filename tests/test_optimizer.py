@@ -14,7 +14,7 @@ MiB = 1 << 20
 
 
 def _t(rows: int, cols: int, name: str = "q_proj", role: str = "attn", kind: str = "base") -> Tensor:
-    # the module path a Llama layer gives it (cabe.method.linear_path), which GaLore's targets match
+    # the module path a Llama layer gives it (cabe.parameters.linear_path), which GaLore's targets match
     path = {"attn": "self_attn.", "mlp": "mlp."}.get(role, "") + name if role in ("attn", "mlp") else ""
     return Tensor(name, rows * cols, 1, True, kind, rows, cols, role, path)
 
@@ -164,7 +164,7 @@ def test_galore_matches_the_family_module_names():
     # transformers' names: GPT-NeoX's attention is ``attention.query_key_value`` ("attn" is no substring of it),
     # GPT-2's matrices are Conv1D, which the Trainer skips (trainer_optimizer.py:143): nothing to project, refused
     from cabe.errors import InvalidValueError
-    from cabe.method import parameter_tensors
+    from cabe.parameters import parameter_tensors
 
     galore = dict(method="full", optimizer="galore_adamw", galore_targets=("attn", "mlp"))
     neox = parameter_tensors(preset("pythia-1.4b").spec, TrainingSetup(**galore))

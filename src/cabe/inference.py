@@ -8,7 +8,7 @@ lm_head stay 16-bit except in GGUF, whose bits per weight are llama.cpp's whole-
   dtype, else fp16);
 * ``fp32`` 4, ``fp16`` / ``bf16`` 2, ``fp8`` 1 (+ one fp32 scale per matrix);
 * ``int8`` (bitsandbytes LLM.int8): 1 + an fp32 scale per output row;
-* ``nf4`` / ``fp4`` (bitsandbytes 4-bit, double quantization): :func:`cabe.method.quantized_bytes`,
+* ``nf4`` / ``fp4`` (bitsandbytes 4-bit, double quantization): :func:`cabe.parameters.quantized_bytes`,
   ≈ 0.516 B; only ``nn.Linear`` modules are replaced (lm_head kept);
 * ``gptq-Nbit`` / ``awq-Nbit`` with group size g (default 128): N/8 B + per group of g input
   weights one fp16 scale and one N-bit zero: N/8 + (2 + N/8)/g;
@@ -36,7 +36,7 @@ from cabe.architecture import Linear, ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
 from cabe.kv_cache import attended, breakdown, kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes
-from cabe.method import quantized_bytes
+from cabe.parameters import quantized_bytes
 from cabe.training import number
 from cabe.vision.images import check_images
 from cabe.vision.serving import vision_forward_bytes

@@ -168,7 +168,7 @@ def galore_targeted(t: Tensor, targets: tuple[str, ...]) -> bool:
         return False
     if t.kind == "lm_head":
         return "all-linear" in targets or any(x in t.name for x in targets)
-    # the module's path as the family's transformers code names it (cabe.method.linear_path): GPT-NeoX's
+    # the module's path as the family's transformers code names it (cabe.parameters.linear_path): GPT-NeoX's
     # ``attention.query_key_value`` is no match for "attn"; "" for what is not an nn.Linear (GPT-2's Conv1D)
     # ALL_BUT_HEAD: LLaMA-Factory's galore_target "all" (model/model_utils/misc.py:28-52, every Linear but lm_head)
     return bool(t.path) and ("all-linear" in targets or ALL_BUT_HEAD in targets or any(x in t.path for x in targets))

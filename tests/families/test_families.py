@@ -139,6 +139,7 @@ ESTIMATORS = [
     "kv_cache.py",
     "flops.py",
     "method.py",
+    "parameters.py",
     "inference.py",
     *sorted(p.name and f"parallel/{p.name}" for p in (SRC / "parallel").glob("*.py")),
 ]

@@ -123,7 +123,8 @@ def test_estimate_within_3_percent_of_trace(kw):
 
 def _tower_split(config: dict, **kw) -> tuple[int, int, set[int]]:
     """(4-bit elements, other elements but the adapters, their bytes per element) of the tower under QLoRA."""
-    from cabe.method import VISION_PREFIX, parameter_tensors, stored_bytes
+    from cabe.method import VISION_PREFIX
+    from cabe.parameters import parameter_tensors, stored_bytes
 
     setup = resolve(TrainingSetup(method="qlora", seq=1024, **kw), "bf16")
     tower = [

@@ -172,7 +172,7 @@ def test_qlora_quantizes_the_vision_linears_by_hand():
     nn.Linear over unfolded patches, ``Llama4UnfoldConvolution``, modeling_llama4.py:959), q / k / v / o and fc1 /
     fc2 of each layer, the vision adapter's fc1 / fc2 and the projector; the class embedding, the positions, the
     LayerNorms and the biases stay (fp32 after prepare_model_for_kbit_training)."""
-    from cabe.method import parameter_tensors, quantized_bytes
+    from cabe.parameters import parameter_tensors, quantized_bytes
 
     vh, vf = 1408, 5632
     layer = 4 * vh * vh + 2 * vh * vf  # 7,929,856 + 15,859,712

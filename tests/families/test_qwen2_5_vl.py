@@ -190,7 +190,8 @@ def test_qlora_quantizes_the_towers_linears_by_hand():
     import json
     from pathlib import Path
 
-    from cabe.method import VISION_PREFIX, parameter_tensors
+    from cabe.method import VISION_PREFIX
+    from cabe.parameters import parameter_tensors
 
     config = json.loads((Path(__file__).parents[1] / "configs" / "files" / "qwen2_5_vl_tiny_config.json").read_text())
     h, f, depth, m, out = 256, 512, 5, 4 * 256, 128  # the tiny tower; the merger is 4 patches wide

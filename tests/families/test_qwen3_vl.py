@@ -119,7 +119,8 @@ def test_qlora_quantizes_the_towers_linears_by_hand():
     fc2 (the final one and 2 DeepStack ones, modeling_qwen3_vl.py:171-185); the Conv3d patch embedding (with bias),
     the learned positions (nn.Embedding), the LayerNorms and the biases stay, fp32 after
     prepare_model_for_kbit_training."""
-    from cabe.method import VISION_PREFIX, parameter_tensors
+    from cabe.method import VISION_PREFIX
+    from cabe.parameters import parameter_tensors
 
     h, f, depth, m, out = 192, 512, 4, 4 * 192, 256  # the tiny tower
     block = h * 3 * h + h * h + h * f + f * h  # 344,064

@@ -17,7 +17,8 @@ import pytest
 from cabe import api, families, models
 from cabe.errors import InvalidValueError
 from cabe.inference import estimate_inference
-from cabe.method import lora_targets, parameter_tensors
+from cabe.method import lora_targets
+from cabe.parameters import parameter_tensors
 from cabe.training import TrainingSetup
 from cabe.vision.images import image_grid
 from cabe.vision.serving import vision_forward_bytes

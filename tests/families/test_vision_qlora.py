@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from cabe import families
-from cabe.method import VISION_PREFIX, parameter_tensors
+from cabe.method import VISION_PREFIX
+from cabe.parameters import parameter_tensors
 from cabe.training import TrainingSetup
 
 FILES = Path(__file__).parent.parent / "configs" / "files"

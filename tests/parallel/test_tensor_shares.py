@@ -8,12 +8,12 @@ import pytest
 from cabe import api
 from cabe.analytic.states import _model_states
 from cabe.errors import InvalidValueError
-from cabe.method import parameter_tensors
 from cabe.models import preset
 from cabe.parallel.config import DEFAULT_CONFIG
 from cabe.parallel.layout import Layout
 from cabe.parallel.shares import flat_partition, fsdp_shard, holdings, zero3_shard
 from cabe.parallel.strategy import Context
+from cabe.parameters import parameter_tensors
 from cabe.precision import dtypes_for, resolve
 from cabe.tensors import Tensor
 from cabe.training import TrainingSetup

@@ -11,10 +11,7 @@ from cabe.analytic.runs import _Activations
 from cabe.analytic.states import _States
 from cabe.architecture import ModelSpec
 from cabe.facts import attention_kind, sdpa_gqa_math
-from cabe.method import (
-    moved_targets,
-    unmatched_lora_targets,
-)
+from cabe.method import moved_targets, unmatched_lora_targets
 from cabe.optimizer import get as optimizer_entry
 from cabe.precision import dtypes_for
 from cabe.training import TrainingSetup

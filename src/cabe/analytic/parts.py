@@ -17,11 +17,9 @@ from cabe.activations import (
 from cabe.analytic.runs import _Activations, _run_activations, _RunActivations
 from cabe.analytic.states import _Copies, _grad_bytes, _States, _weight_copies
 from cabe.architecture import ModelSpec
-from cabe.method import (
-    VISION_PREFIX,
-    layer_tensors,
-)
+from cabe.method import VISION_PREFIX
 from cabe.optimizer import get as optimizer_entry
+from cabe.parameters import layer_tensors
 from cabe.precision import Dtypes, dtypes_for
 from cabe.step import LayerRun, StepParts
 from cabe.training import TrainingSetup

@@ -17,12 +17,7 @@ from cabe.activations import (
 )
 from cabe.architecture import LayerGroup, ModelSpec
 from cabe.facts import sdpa_masked_layers
-from cabe.method import (
-    head_targets,
-    lora_parameter_targets,
-    running_lora_targets,
-    saved_modules,
-)
+from cabe.method import head_targets, lora_parameter_targets, running_lora_targets, saved_modules
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 

@@ -13,15 +13,9 @@ from cabe.activations import (
     dora_stray_parameter,
 )
 from cabe.architecture import LayerGroup, ModelSpec
-from cabe.method import (
-    head_targets,
-    lora_targets,
-    parameter_tensors,
-    quantized_bytes,
-    running_lora_targets,
-    stored_bytes,
-)
+from cabe.method import head_targets, lora_targets, running_lora_targets
 from cabe.optimizer_memory import optimizer_memory
+from cabe.parameters import parameter_tensors, quantized_bytes, stored_bytes
 from cabe.precision import Dtypes, dtypes_for
 from cabe.schema import state_fields
 from cabe.tensors import Tensor

@@ -15,7 +15,6 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from cabe.architecture import ModelSpec
-from cabe.method import parameter_tensors
 from cabe.parallel import config as _config
 from cabe.parallel import ddp, fsdp, zero
 from cabe.parallel.activations import communication_buffers, micro_batches_in_flight, tensor_parallel
@@ -24,6 +23,7 @@ from cabe.parallel.explain import per_gpu, step_json, steps
 from cabe.parallel.layout import Layout, layout, stage_layers
 from cabe.parallel.shares import holdings
 from cabe.parallel.strategy import Context, States, unsharded
+from cabe.parameters import parameter_tensors
 from cabe.precision import dtypes_for
 from cabe.step import StepParts, timeline
 from cabe.training import TrainingSetup

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cabe.architecture import ModelSpec
-from cabe.method import quantized_bytes, stored_bytes
 from cabe.optimizer import get as get_optimizer
 from cabe.optimizer_memory import low_rank_temporaries
 from cabe.parallel.config import ShardConfig
 from cabe.parallel.layout import Layout
+from cabe.parameters import quantized_bytes, stored_bytes
 from cabe.tensors import Tensor
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc

@@ -3,7 +3,7 @@ the states it keeps (and what it adds: buffers, gathered parameters, host memory
 
 One pass, tensor by tensor: every parameter tensor this GPU holds (:class:`~cabe.parallel.shares.Held`,
 its TP / EP / PP share applied) is turned into bytes with the single-GPU pass's own rules — its stored
-dtype (:func:`cabe.method.stored_bytes`), the allocator's 512-byte rounding per tensor, the optimizer
+dtype (:func:`cabe.parameters.stored_bytes`), the allocator's 512-byte rounding per tensor, the optimizer
 registry's state rule per tensor — after the strategy has cut it (FSDP2's dim-0 chunks, ZeRO-3's padded
 partitions, ZeRO-1/2's flat aligned partition). With one GPU and no sharding the sums are, byte for
 byte, the single-GPU figures.
