@@ -21,6 +21,9 @@ lm_head stay 16-bit except in GGUF, whose bits per weight are llama.cpp's whole-
 * ``gguf-<type>``: bits per weight Q8_0 8.5, Q6_K 6.5625, Q5_K_M ≈ 5.69, Q5_K_S 5.52, Q5_0 5.5,
   Q4_K_M ≈ 4.85, Q4_K_S ≈ 4.58, Q4_0 4.5, Q3_K_L ≈ 4.27, Q3_K_M ≈ 3.91, Q3_K_S ≈ 3.5, Q2_K ≈ 2.63
   (block layouts in ggml-common.h; K-quant "mixes" averaged as llama.cpp's quantize reports them).
+
+Over 600 lines (611) for now: weight formats, prefill working memory and the serving pool read the same
+request; the split along those seams is issue 28's open remainder.
 """
 
 from __future__ import annotations
