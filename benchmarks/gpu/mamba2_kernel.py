@@ -19,8 +19,8 @@ import json
 import torch
 
 from cabe.activations.mamba import backward_workspace, forward_workspace
-from cabe.architecture import Mamba2
 from cabe.families import from_config
+from cabe.mixers import Mamba2
 from cabe.models import preset
 
 CASES = [("granite-4.0-h-1b", 1, 4096), ("granite-4.0-h-1b", 2, 2048), ("granite-4.0-h-small", 1, 4096)]

@@ -6,8 +6,10 @@ tests/families/test_deepseek_v4.py.
 
 from __future__ import annotations
 
-from cabe.architecture import CompressedAttention, LayerGroup, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
+from cabe.layers import LayerGroup
+from cabe.mixers import CompressedAttention
 
 
 def refusal(spec: ModelSpec, method: str) -> None:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cabe.architecture import LayerGroup, Linear, ModelSpec
+from cabe.architecture import ModelSpec
+from cabe.layers import LayerGroup, Linear
 from cabe.method import head_targets, lora_parameter_targets, lora_targets, saved_modules, wrapped_adapter_sizes
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup

@@ -35,10 +35,11 @@ from typing import Any
 from cabe import api, linear_attention, ssm
 from cabe import gpus as gpu_catalog
 from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers)
-from cabe.architecture import Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
 from cabe.kv_cache import attended, breakdown, kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes
+from cabe.layers import Linear
 from cabe.parameters import quantized_bytes
 from cabe.training import number
 from cabe.vision.images import check_images

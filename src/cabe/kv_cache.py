@@ -10,8 +10,9 @@ serving engine with a sliding-window-aware cache (vLLM's hybrid allocator, HF's
 from __future__ import annotations
 
 from cabe import compressed_attention, linear_attention
-from cabe.architecture import LayerGroup, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
+from cabe.layers import LayerGroup
 
 #: bytes per cached element
 KV_DTYPES: dict[str, float] = {

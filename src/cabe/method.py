@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from cabe.architecture import LayerGroup, Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
+from cabe.layers import LayerGroup, Linear
 from cabe.training import TrainingSetup
 
 

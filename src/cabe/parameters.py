@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from cabe.architecture import LayerGroup, Linear, ModelSpec, VisionTower
+from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
+from cabe.layers import LayerGroup, Linear
 from cabe.method import (
     VISION_PREFIX,
     adapter_learns,
@@ -25,6 +26,7 @@ from cabe.method import (
 )
 from cabe.tensors import Tensor
 from cabe.training import TrainingSetup
+from cabe.vision.tower import VisionTower
 
 #: bitsandbytes 4-bit: one absmax per block of 64 weights; double quantization stores those
 #: absmax values as 8-bit with one fp32 scale per 256 of them (Dettmers et al., QLoRA §3).

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from cabe import families
-from cabe.architecture import SLOTS, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
+from cabe.layers import SLOTS
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "cabe"
 PRESETS = sorted((SRC / "data" / "models").glob("*.json"))

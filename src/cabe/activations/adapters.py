@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from cabe.activations import state
 from cabe.activations.state import LayerState
-from cabe.architecture import Linear, ModelSpec
+from cabe.architecture import ModelSpec
+from cabe.layers import Linear
 from cabe.units import round_alloc
 
 

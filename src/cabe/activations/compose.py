@@ -13,8 +13,9 @@ from cabe.activations import attention, attention_block, compressed, deltanet, l
 from cabe.activations.latent import BEFORE_INDEXER
 from cabe.activations.state import LayerState
 from cabe.activations.terms import LayerActivations
-from cabe.architecture import LayerGroup, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.facts import layer_facts
+from cabe.layers import LayerGroup
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc

@@ -40,8 +40,10 @@ from __future__ import annotations
 
 from cabe.activations import adapters, moe, norms
 from cabe.activations.state import LayerState
-from cabe.architecture import CompressedAttention, LayerGroup, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.compressed_attention import entries
+from cabe.layers import LayerGroup
+from cabe.mixers import CompressedAttention
 from cabe.units import round_alloc
 
 #: Sinkhorn iterations of DeepseekV4Config's default (``hc_sinkhorn_iters``)

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 from cabe.activations import adapters, norms
 from cabe.activations.state import LayerState
-from cabe.architecture import GatedDeltaNet
 from cabe.linear_attention import CHUNK
+from cabe.mixers import GatedDeltaNet
 from cabe.units import round_alloc
 
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from cabe.activations import adapters, norms
 from cabe.activations.state import LayerState
-from cabe.architecture import Mamba2, ModelSpec
+from cabe.architecture import ModelSpec
+from cabe.mixers import Mamba2
 from cabe.units import round_alloc
 
 

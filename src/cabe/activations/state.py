@@ -13,8 +13,9 @@ import contextlib
 from collections.abc import Iterator
 
 from cabe.activations.terms import Term
-from cabe.architecture import Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.facts import LayerFacts
+from cabe.layers import Linear
 
 
 class LayerState:

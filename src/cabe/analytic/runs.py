@@ -15,8 +15,9 @@ from cabe.activations import (
     checkpointed_layer_bytes_per_token,
     layer_activations,
 )
-from cabe.architecture import LayerGroup, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.facts import sdpa_masked_layers
+from cabe.layers import LayerGroup
 from cabe.method import head_targets, lora_parameter_targets, running_lora_targets, saved_modules
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
@@ -45,7 +46,7 @@ def _packed_mask(spec: ModelSpec, setup: TrainingSetup) -> bool:
 
 def _masked_layers(spec: ModelSpec, setup: TrainingSetup) -> int:
     """Layers whose SDPA gets a mask: every one for packed rows, or with images a tower makes the decoder attend
-    both ways (Gemma 3's token_type_ids: :attr:`cabe.architecture.VisionTower.image_mask`), else the sliding /
+    both ways (Gemma 3's token_type_ids: :attr:`cabe.vision.tower.VisionTower.image_mask`), else the sliding /
     windowed ones."""
     images = setup.images and setup.attention == "sdpa" and spec.vision is not None and spec.vision.image_mask
     return spec.num_layers if _packed_mask(spec, setup) or images else sdpa_masked_layers(spec, setup)

@@ -12,7 +12,8 @@ from typing import Any
 from cabe.activations import (
     dora_stray_parameter,
 )
-from cabe.architecture import LayerGroup, ModelSpec
+from cabe.architecture import ModelSpec
+from cabe.layers import LayerGroup
 from cabe.method import head_targets, lora_targets, running_lora_targets
 from cabe.optimizer_memory import optimizer_memory
 from cabe.parameters import parameter_tensors, quantized_bytes, stored_bytes

@@ -6,8 +6,9 @@ import builtins
 from collections.abc import Mapping
 from typing import Any
 
-from cabe.architecture import LayerGroup, Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
+from cabe.layers import LayerGroup, Linear
 
 
 def config_section(c: Mapping[str, Any], key: str) -> dict[str, Any] | None:

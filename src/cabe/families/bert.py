@@ -20,8 +20,9 @@ are ``query`` and ``value`` (peft/utils/constants.py).
 
 from __future__ import annotations
 
-from cabe.architecture import Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.families._common import Reader, decoder, groups
+from cabe.layers import Linear
 
 MODEL_TYPES = ("bert",)
 

@@ -7,7 +7,7 @@ Attention (``DeepseekV3Attention``): ``q_a_proj`` (h -> q_lora_rank, bias = atte
 ``q_b_proj`` (q_lora_rank -> heads × (nope + rope)), or one ``q_proj`` when ``q_lora_rank`` is null;
 ``kv_a_proj_with_mqa`` (h -> kv_lora_rank + rope), ``kv_a_layernorm`` (kv_lora_rank), ``kv_b_proj``
 (kv_lora_rank -> heads × (nope + v_head_dim)), ``o_proj`` (heads × v_head_dim -> h). See
-:class:`~cabe.architecture.LatentAttention`.
+:class:`~cabe.mixers.LatentAttention`.
 
 MoE (``DeepseekV3MoE``): a bare fp32 router weight (``gate.weight``, E × h, in
 ``_keep_in_fp32_modules_strict``) with the ``e_score_correction_bias`` buffer (E, not a parameter), sigmoid
@@ -25,8 +25,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cabe.architecture import LatentAttention, LayerGroup, Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.families._common import QWEN2_MOE_PEFT_PARAMETERS, Reader, decoder, gated_mlp
+from cabe.layers import LayerGroup, Linear
+from cabe.mixers import LatentAttention
 
 MODEL_TYPES = ("deepseek_v3",)
 

@@ -22,10 +22,12 @@ the model's dtype, as ``from_config`` builds it. The multi-token-prediction laye
 
 from __future__ import annotations
 
-from cabe.architecture import LatentAttention, LayerGroup, Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
 from cabe.families._common import Reader, gated_mlp
 from cabe.families.deepseek_v3 import deepseek_decoder, latent_attention, mla_linears, moe_linears
+from cabe.layers import LayerGroup, Linear
+from cabe.mixers import LatentAttention
 
 MODEL_TYPES = ("deepseek_v32",)
 

@@ -4,7 +4,7 @@ configuration_deepseek_v4.py): compressed attention, hash-routed and top-k MoE, 
 Every layer (``DeepseekV4DecoderLayer``) is an attention block and a MoE block, each between two
 manifold-constrained hyper-connections (``attn_hc`` / ``ffn_hc``: ``fn`` ((2 + n) n × n h), ``base`` ((2 + n) n),
 ``scale`` (3), n = ``hc_mult`` residual streams of h) and fp32 RMSNorms. The attention
-(:class:`~cabe.architecture.CompressedAttention`) follows ``layer_types``: ``sliding_attention`` (the window alone),
+(:class:`~cabe.mixers.CompressedAttention`) follows ``layer_types``: ``sliding_attention`` (the window alone),
 ``compressed_sparse_attention`` (CSA: a compressor of overlapping windows of ``compress_rates[...]`` tokens and a
 lightning indexer) or ``heavily_compressed_attention`` (HCA: a compressor of disjoint windows). The MoE
 (``DeepseekV4SparseMoeBlock``) follows ``mlp_layer_types``: ``hash_moe`` (``DeepseekV4HashRouter``: the experts
@@ -30,9 +30,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cabe.architecture import CompressedAttention, LayerGroup, Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
 from cabe.families._common import Reader, decoder
+from cabe.layers import LayerGroup, Linear
+from cabe.mixers import CompressedAttention
 from cabe.units import round_alloc
 
 MODEL_TYPES = ("deepseek_v4",)

@@ -7,9 +7,10 @@ makes PyTorch pick its math kernel. PEFT targets query_key_value by default.
 
 from __future__ import annotations
 
-from cabe.architecture import Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
 from cabe.families._common import Reader, decoder, groups
+from cabe.layers import Linear
 
 MODEL_TYPES = ("falcon",)
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from cabe.architecture import ModelSpec, VisionTower
+from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
 from cabe.families._common import (
     Reader,
@@ -32,6 +32,7 @@ from cabe.families._common import (
     qkvo,
     window,
 )
+from cabe.vision.tower import VisionTower
 
 # gemma3: the multimodal config, whose text_config cabe.families.from_config reads as gemma3_text
 MODEL_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3")
@@ -131,7 +132,7 @@ def read_gemma3(r: Reader, name: str) -> ModelSpec:
 
 
 def siglip_tower(r: Reader, v: Reader, text_hidden: int) -> VisionTower | None:
-    """The SigLIP tower as images run through it (:class:`cabe.architecture.VisionTower`, ``kind`` ``"siglip"``),
+    """The SigLIP tower as images run through it (:class:`cabe.vision.tower.VisionTower`, ``kind`` ``"siglip"``),
     or None when its images could not run: a square ``image_size`` and ``patch_size`` whose patch grid
     (``image_size // patch_size`` a side) the projector's ``AvgPool2d`` (kernel ``patches // sqrt(mm_tokens_per_image)``,
     modeling_gemma3.py:646-650) pools to exactly ``mm_tokens_per_image`` tokens, as the placeholder check needs, with no patch left over."""

@@ -6,8 +6,9 @@ and MLP) and c_fc, c_attn by default. Its eager attention takes the softmax in t
 
 from __future__ import annotations
 
-from cabe.architecture import Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.families._common import Reader, decoder, groups
+from cabe.layers import Linear
 
 MODEL_TYPES = ("gpt2",)
 

@@ -14,8 +14,9 @@ PEFT targets ``c_attn`` by default (peft/utils/constants.py).
 
 from __future__ import annotations
 
-from cabe.architecture import Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.families._common import Reader, decoder, groups
+from cabe.layers import Linear
 from cabe.units import round_alloc
 
 MODEL_TYPES = ("gpt_bigcode",)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from cabe.architecture import Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.families._common import Reader, attention_shape, decoder, groups
+from cabe.layers import Linear
 
 MODEL_TYPES = ("gpt_neox",)
 

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cabe.architecture import LayerGroup, Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.families._common import Reader, attention_shape, decoder, qkvo, window
+from cabe.layers import LayerGroup, Linear
 
 MODEL_TYPES = ("gpt_oss",)
 

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cabe.architecture import LayerGroup, Linear, Mamba2, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
 from cabe.families._common import Reader, attention_shape, decoder, qkvo
+from cabe.layers import LayerGroup, Linear
+from cabe.mixers import Mamba2
 
 MODEL_TYPES = ("granitemoehybrid",)
 

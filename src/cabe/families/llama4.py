@@ -52,9 +52,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from cabe.architecture import LayerGroup, Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
 from cabe.families._common import Reader, attention_shape, config_section, decoder, gated_mlp, qkvo
+from cabe.layers import LayerGroup, Linear
 
 MODEL_TYPES = ("llama4", "llama4_text")
 

@@ -6,7 +6,7 @@ nn.Linear that LoRA or bitsandbytes would replace.
 
 from __future__ import annotations
 
-from cabe.architecture import Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.families._common import (
     MIXTRAL_PEFT_PARAMETERS,
     Reader,
@@ -17,6 +17,7 @@ from cabe.families._common import (
     qkvo,
     window,
 )
+from cabe.layers import Linear
 
 MODEL_TYPES = ("mixtral",)
 

@@ -7,8 +7,9 @@ adapts every linear layer, and says so.
 
 from __future__ import annotations
 
-from cabe.architecture import Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.families._common import Reader, attention_shape, decoder, groups, listed_sliding_layers, window
+from cabe.layers import Linear
 
 MODEL_TYPES = ("phi3",)
 

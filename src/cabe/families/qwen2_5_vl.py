@@ -5,7 +5,7 @@ The Hub's ``config.json`` is flat (the decoder's keys at the top, ``vision_confi
 transformers 5 saves nests the decoder in ``text_config``. Missing keys mean ``Qwen2_5_VLTextConfig``'s and
 ``Qwen2_5_VLVisionConfig``'s defaults (configuration_qwen2_5_vl.py:34-56 and :82-104).
 
-The vision tower (:class:`cabe.architecture.VisionTower`): a Conv3d patch embedding (14 x 14 pixels x 2 frames, no
+The vision tower (:class:`cabe.vision.tower.VisionTower`): a Conv3d patch embedding (14 x 14 pixels x 2 frames, no
 bias), ``depth`` blocks of RMSNorm, a fused ``qkv`` with bias, 2-D rotary, ``proj`` with bias, RMSNorm and a
 gated MLP with biases (``gate_proj`` / ``up_proj`` / ``down_proj``, the names PEFT matches in the decoder too), of
 which the ``fullatt_block_indexes`` attend over the whole image and the others over 112-pixel windows, then the
@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from cabe.architecture import ModelSpec, VisionTower
+from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
 from cabe.families import llama
 from cabe.families._common import Reader, config_section
+from cabe.vision.tower import VisionTower
 
 MODEL_TYPES = ("qwen2_5_vl",)
 

@@ -12,7 +12,7 @@ a config leaves out mean ``Qwen3_5TextConfig`` / ``Qwen3_5MoeTextConfig`` and ``
   ``qkv``, 2-D rotary, ``proj`` and a plain ``linear_fc1`` / ``linear_fc2`` MLP, and the same final merger
   (``Qwen3_5VisionPatchMerger`` is ``Qwen3VLVisionPatchMerger``, line 974) — but no DeepStack mergers (the
   class builds only ``merger``; a config's ``deepstack_visual_indexes`` is not read) and so no DeepStack sums in
-  the decoder. It is read as a :class:`cabe.architecture.VisionTower` of kind ``"qwen3_vl"`` with no DeepStack
+  the decoder. It is read as a :class:`cabe.vision.tower.VisionTower` of kind ``"qwen3_vl"`` with no DeepStack
   indexes (cabe.vision.qwen3). Images are resized by Qwen3-VL's processor bounds (``Qwen3VLProcessor`` with
   ``Qwen2VLImageProcessorFast``, patch 16, merge 2, shortest_edge 65,536, longest_edge 16,777,216: what a public
   dump of Qwen/Qwen3.5-2B-Base's preprocessor_config.json shows).

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cabe.architecture import GatedDeltaNet, LayerGroup, Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
 from cabe.families._common import QWEN2_MOE_PEFT_PARAMETERS, Reader, attention_shape, decoder, gated_mlp
 from cabe.families.qwen_moe import is_moe
+from cabe.layers import LayerGroup, Linear
+from cabe.mixers import GatedDeltaNet
 
 MODEL_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 

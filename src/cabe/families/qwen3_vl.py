@@ -5,7 +5,7 @@ made by a ViT, and whose bottom layers add DeepStack features of the tower's mid
 ``config.json`` nests the decoder in ``text_config`` and the tower in ``vision_config``; missing keys mean
 ``Qwen3VLTextConfig``'s and ``Qwen3VLVisionConfig``'s defaults (configuration_qwen3_vl.py).
 
-The vision tower (:class:`cabe.architecture.VisionTower`, ``kind`` ``"qwen3_vl"``): a Conv3d patch embedding with
+The vision tower (:class:`cabe.vision.tower.VisionTower`, ``kind`` ``"qwen3_vl"``): a Conv3d patch embedding with
 bias (16 x 16 pixels x 2 frames), learned positions (a ``num_position_embeddings`` table resampled bilinearly to
 each image's grid) added to it, ``depth`` blocks of LayerNorm, a fused ``qkv`` with bias, 2-D rotary, ``proj``,
 LayerNorm and a plain MLP (``linear_fc1``, ``gelu_pytorch_tanh``, ``linear_fc2``, with biases), every block
@@ -21,10 +21,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from cabe.architecture import ModelSpec, VisionTower
+from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
 from cabe.families import llama
 from cabe.families._common import Reader, config_section
+from cabe.vision.tower import VisionTower
 
 MODEL_TYPES = ("qwen3_vl",)
 

@@ -12,7 +12,7 @@ What the code says, checked against the two families it is made of:
   ``use_experts_implementation`` kernels; the router (``Qwen3VLMoeTextTopKRouter``, :153-169) a bare (E, h) weight,
   softmax in fp32, top-k always renormalised (Qwen3-MoE's ``norm_topk_prob`` branch taken, no config key);
 * the tower is Qwen3-VL's class for class (``Qwen3VLMoeVisionModel``, :675-780): the same
-  :class:`cabe.architecture.VisionTower` of kind ``"qwen3_vl"``, so the same estimators;
+  :class:`cabe.vision.tower.VisionTower` of kind ``"qwen3_vl"``, so the same estimators;
 * ``text_config`` defaults differ from both families' (``Qwen3VLMoeTextConfig``, configuration_qwen3_vl_moe.py):
   60 experts of 1,408, 4 per token, a 5,632-wide dense MLP, 24 layers of 2,048 and 16 heads with ``head_dim``
   hidden / heads, no sliding window (``__post_init__`` sets ``sliding_window = None``).

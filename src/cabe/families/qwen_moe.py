@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cabe.architecture import LayerGroup, Linear, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.families._common import QWEN2_MOE_PEFT_PARAMETERS, Reader, attention_shape, decoder, gated_mlp, qkvo, window
+from cabe.layers import LayerGroup, Linear
 
 MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
 

@@ -12,9 +12,10 @@ NOTE: PEFT 0.21 has no default ``target_modules`` for smollm3 (peft/utils/consta
 
 from __future__ import annotations
 
-from cabe.architecture import LayerGroup, ModelSpec
+from cabe.architecture import ModelSpec
 from cabe.errors import ConfigError
 from cabe.families._common import Reader, attention_shape, decoder, gated_mlp, qkvo, window
+from cabe.layers import LayerGroup
 
 MODEL_TYPES = ("smollm3",)
 

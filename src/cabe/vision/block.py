@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cabe.architecture import LayerGroup, ModelSpec, VisionTower
+from cabe.architecture import ModelSpec
+from cabe.layers import LayerGroup
+from cabe.vision.tower import VisionTower
 
 
 def tower_block_spec(

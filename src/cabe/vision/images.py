@@ -19,8 +19,9 @@ import math
 import re
 from dataclasses import dataclass
 
-from cabe.architecture import ModelSpec, VisionTower
+from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
+from cabe.vision.tower import VisionTower
 
 #: the largest side cabe accepts, in pixels (a typo guard; smart_resize scales large images down anyway)
 MAX_SIDE = 1 << 16

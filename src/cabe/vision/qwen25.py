@@ -6,11 +6,12 @@ tests/families/test_qwen2_5_vl.py and tests/trace/test_qwen2_5_vl_trace.py."""
 
 from __future__ import annotations
 
-from cabe.architecture import ModelSpec, VisionTower
+from cabe.architecture import ModelSpec
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
 from cabe.vision.block import patch_values, tower_block_spec
+from cabe.vision.tower import VisionTower
 
 
 def block_spec(tower: VisionTower) -> ModelSpec:

@@ -24,10 +24,11 @@ an fp32 product before the blocks run: a transient of the tower's forward, not s
 
 from __future__ import annotations
 
-from cabe.architecture import ModelSpec, VisionTower
+from cabe.architecture import ModelSpec
 from cabe.precision import Dtypes
 from cabe.units import round_alloc
 from cabe.vision.block import tower_block_spec
+from cabe.vision.tower import VisionTower
 
 
 def block_spec(tower: VisionTower) -> ModelSpec:

@@ -3,9 +3,9 @@ tower kind. Modelled, not traced; proved by tests/families/test_qwen3_vl_moe.py 
 
 from __future__ import annotations
 
-from cabe.architecture import VisionTower
 from cabe.vision import qwen3, siglip
 from cabe.vision.block import patch_values
+from cabe.vision.tower import VisionTower
 
 
 def vision_forward_bytes(tower: VisionTower, n: int, act_bytes: int = 2) -> int:

@@ -25,10 +25,11 @@ forward's largest moment is one block's.
 
 from __future__ import annotations
 
-from cabe.architecture import ModelSpec, VisionTower
+from cabe.architecture import ModelSpec
 from cabe.precision import Dtypes
 from cabe.units import round_alloc
 from cabe.vision.block import tower_block_spec
+from cabe.vision.tower import VisionTower
 
 
 def block_spec(tower: VisionTower) -> ModelSpec:
