@@ -339,7 +339,7 @@ def _images(model: str, spec: Any, kw: dict[str, Any]) -> None:
 
 def _packing(model: str, kw: dict[str, Any]) -> None:
     """Packed rows or a padding-free batch (issue 11: the trace runs them since position_ids restart per document,
-    cabe.trace.build.packed_positions), a rare draw from the configuration's own generator, after every other
+    cabe.trace.inputs.packed_positions), a rare draw from the configuration's own generator, after every other
     knob's (which stay as they were)."""
     if kw["method"] == "prompt-tuning":  # PEFT drops position_ids there: cabe refuses it (packing_prompt_tuning)
         return

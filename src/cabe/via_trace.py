@@ -43,7 +43,7 @@ _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_de
 #: Setup fields that make a several-GPU run; the trace runs one process on one GPU.
 _ONE_GPU_FIELDS = ("gpus", "shard", "offload", "tp", "pp", "ep")
 #: Setup fields the trace does not act on (the analytic path models them). None since packed and padding-free rows
-#: are traced (cabe.trace.build.packed_positions: position_ids restarting per document; transformers' own mask
+#: are traced (cabe.trace.inputs.packed_positions: position_ids restarting per document; transformers' own mask
 #: functions find the documents, masking_utils.py:862-870, whatever the architecture's module): the traced figure
 #: is what that model's code does with such a batch.
 _NOT_TRACED: tuple[str, ...] = ()
@@ -52,7 +52,7 @@ _NOT_TRACED: tuple[str, ...] = ()
 def missing_package(setup: TrainingSetup) -> str | None:
     """The first package of the ``[trace]`` extra this setup needs that cannot be imported, or None.
 
-    The trace needs torch and transformers; PEFT for LoRA / QLoRA / prompt tuning (``trace.build.needs_peft``);
+    The trace needs torch and transformers; PEFT for LoRA / QLoRA / prompt tuning (``trace.deps.needs_peft``);
     bitsandbytes for QLoRA and the bitsandbytes optimizers, galore-torch for GaLore (the optimizer registry's
     ``extras``)."""
     needed = ["torch", "transformers"]

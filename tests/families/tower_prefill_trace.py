@@ -21,8 +21,9 @@ def _traced_tower_prefill(config: dict, images: int, size: str) -> int:
     import torch
 
     from cabe.trace import state, vision
-    from cabe.trace.build import build_model, make_inputs
+    from cabe.trace.build import build_model
     from cabe.trace.engine import _fake_mode, _tracker
+    from cabe.trace.inputs import make_inputs
     from cabe.trace.patches import trace_environment
     from cabe.trace.state import AttentionState
     from cabe.trace.step import materialize

@@ -34,7 +34,8 @@ def test_bert_estimate_within_3_percent_of_trace(model, kw):
 
 
 def test_classification_inputs_are_one_label_per_sequence():
-    from cabe.trace.build import hf_config, make_inputs
+    from cabe.trace.build import hf_config
+    from cabe.trace.inputs import make_inputs
 
     cfg = hf_config({k: v for k, v in preset("bert-base-uncased").config.items() if k != "_cabe"})
     cfg.problem_type = "single_label_classification"

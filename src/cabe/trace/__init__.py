@@ -14,7 +14,7 @@ eagerly, so ``import cabe.trace`` works without the ``[trace]`` extra (calls the
 ``MissingDependencyError``). Traces are not thread-safe: one at a time per process.
 
 Modules: :mod:`~cabe.trace.engine` (the entry points), :mod:`~cabe.trace.result` (the result and
-its JSON), :mod:`~cabe.trace.build` (model, training method, optimizer), :mod:`~cabe.trace.patches`
+its JSON), :mod:`~cabe.trace.build` (model, training method), :mod:`~cabe.trace.inputs` (optimizer, batch, autocast), :mod:`~cabe.trace.deps` (what must be installed), :mod:`~cabe.trace.patches`
 (fake CUDA and the hooks a trace patches), :mod:`~cabe.trace.step` (the training steps),
 :mod:`~cabe.trace.analysis` (events to peak, components, timeline), :mod:`~cabe.trace.saved`
 (the layer inventory; its command line :mod:`~cabe.trace.inventory`), :mod:`~cabe.trace.worker` (the subprocess) and

@@ -21,7 +21,8 @@ from typing import Any
 
 from cabe.errors import ConfigError
 from cabe.trace import state
-from cabe.trace.build import build_model, decoder_layers, import_deps
+from cabe.trace.build import build_model, decoder_layers
+from cabe.trace.deps import import_deps
 from cabe.trace.engine import _check_setup
 from cabe.trace.patches import trace_environment
 from cabe.trace.result import TraceResult

@@ -17,7 +17,7 @@ Modes:
 * ``auto`` -- ``fake`` when possible, else ``meta``.
 
 This module orchestrates; the rooms are :mod:`~cabe.trace.result` (the result and its JSON),
-:mod:`~cabe.trace.build` (model, method, optimizer), :mod:`~cabe.trace.patches` (the environment),
+:mod:`~cabe.trace.build` (model, method), :mod:`~cabe.trace.inputs` (optimizer, batch), :mod:`~cabe.trace.patches` (the environment),
 :mod:`~cabe.trace.step` (the steps), :mod:`~cabe.trace.analysis` (events to a result),
 :mod:`~cabe.trace.saved` (layer inventory) and :mod:`~cabe.trace.worker` (the subprocess).
 """
@@ -32,15 +32,9 @@ from typing import Any
 from cabe.errors import CabeError, ConfigError
 from cabe.trace import _native, state
 from cabe.trace.analysis import TIMELINE_POINTS, analyse
-from cabe.trace.build import (
-    LEARNING_RATE,
-    autocast_dtype,
-    build_model,
-    decoder_layers,
-    hf_config,
-    import_deps,
-    load_dtype,
-)
+from cabe.trace.build import LEARNING_RATE, build_model, decoder_layers, hf_config, load_dtype
+from cabe.trace.deps import import_deps
+from cabe.trace.inputs import autocast_dtype
 from cabe.trace.patches import trace_environment
 from cabe.trace.result import TraceResult
 from cabe.trace.step import fill_random, materialize, numel_stored, tag_params, train

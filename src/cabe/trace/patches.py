@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from cabe.trace import _native, linear_attention, state
-from cabe.trace.build import has_documents, needs_bitsandbytes, needs_peft
+from cabe.trace.deps import needs_bitsandbytes, needs_peft
+from cabe.trace.inputs import has_documents
 from cabe.training import TrainingSetup
 
 
@@ -148,7 +149,7 @@ def _find_packed_sequence_indices(position_ids: Any) -> None:
 def _packed_sequence_indices(position_ids: Any) -> Any:
     """``transformers.masking_utils.find_packed_sequence_indices`` for packed rows (masking_utils.py:756-764):
     the documents' indices, without the data-dependent test for "no document starts inside a row" (the trace's
-    packed rows always have some, cabe.trace.build.packed_positions)."""
+    packed rows always have some, cabe.trace.inputs.packed_positions)."""
     import torch
 
     first_dummy_value = position_ids[:, :1] - 1

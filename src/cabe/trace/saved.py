@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from cabe.trace import _native
-from cabe.trace.build import autocast, decoder_layers, make_inputs
+from cabe.trace.build import decoder_layers
+from cabe.trace.inputs import autocast, make_inputs
 from cabe.training import TrainingSetup
 
 _native.preload()

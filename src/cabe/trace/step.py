@@ -8,7 +8,7 @@ from typing import Any
 
 from cabe.trace import vision
 from cabe.trace.analysis import analyse
-from cabe.trace.build import autocast, make_inputs, make_optimizer
+from cabe.trace.inputs import autocast, make_inputs, make_optimizer
 from cabe.trace.loss import loss_kernel
 from cabe.trace.result import TraceResult
 from cabe.training import TrainingSetup

@@ -1,0 +1,39 @@
+"""What a trace needs installed for a setup: torch and transformers always, PEFT for the adapter methods,
+bitsandbytes for QLoRA and the 8-bit optimizers, galore-torch for GaLore. A missing one is a
+:class:`~cabe.errors.MissingDependencyError` (``pip install 'cabe[trace]'``)."""
+
+from __future__ import annotations
+
+from cabe import optimizer
+from cabe.errors import MissingDependencyError
+from cabe.training import TrainingSetup
+
+PEFT_METHODS = ("lora", "qlora", "prompt-tuning")
+
+
+def needs_bitsandbytes(setup: TrainingSetup) -> bool:
+    return setup.method == "qlora" or "bitsandbytes" in optimizer.get(setup.optimizer).extras
+
+
+def needs_galore(setup: TrainingSetup) -> bool:
+    return "galore-torch" in optimizer.get(setup.optimizer).extras
+
+
+def needs_peft(setup: TrainingSetup) -> bool:
+    return setup.method in PEFT_METHODS
+
+
+def import_deps(setup: TrainingSetup | None = None) -> None:
+    """Import what a trace needs, raising :class:`MissingDependencyError` for what is missing."""
+    needed = ["torch", "transformers"]
+    if setup is not None and needs_peft(setup):
+        needed.append("peft")
+    if setup is not None and needs_bitsandbytes(setup):
+        needed.append("bitsandbytes")
+    if setup is not None and needs_galore(setup):
+        needed.append("galore_torch")
+    for name in needed:
+        try:
+            __import__(name)
+        except ImportError:
+            raise MissingDependencyError("missing_extra", None, extra="trace", package=name) from None
