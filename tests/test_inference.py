@@ -9,9 +9,10 @@ import pytest
 from cabe import gpus
 from cabe.cli import main
 from cabe.errors import InvalidValueError
-from cabe.inference import estimate_inference, fit_inference, infer_json, max_batch, max_context, serving, weights_bytes
+from cabe.inference import estimate_inference, fit_inference, infer_json, max_batch, max_context, serving
 from cabe.kv_cache import kv_bytes_per_token, kv_cache_bytes
 from cabe.models import preset
+from cabe.weights import weights_bytes
 
 L2 = preset("llama-2-7b").spec
 L3 = preset("llama-3.1-8b").spec

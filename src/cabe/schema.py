@@ -610,7 +610,7 @@ _SERVING: tuple[Field, ...] = (
         "serving",
         _INFER,
         "auto",
-        choices_from="cabe.inference:FORMATS",
+        choices_from="cabe.weights:FORMATS",
         flags=_flag("weights"),
         cli_default=True,
     ),

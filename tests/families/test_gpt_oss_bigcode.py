@@ -95,7 +95,7 @@ def test_gpt_oss_layer_saved_bytes_by_hand():
 
 
 def test_gpt_oss_20b_weights_as_shipped_in_mxfp4():
-    from cabe.inference import weights_bytes
+    from cabe.weights import weights_bytes
 
     spec = preset("gpt-oss-20b").spec
     experts = 24 * (32 * 2880 * 5760 + 32 * 2880 * 2880)  # gate_up and down of 32 experts in 24 layers

@@ -89,7 +89,7 @@ def config_dtype(config: Mapping[str, Any]) -> str | None:
 def config_weights_format(config: Mapping[str, Any]) -> str | None:
     """The weight format a quantized checkpoint ships in, from its ``quantization_config`` (transformers'
     quantizers read the same keys: ``quant_method``, ``bits``, ``load_in_4bit`` / ``load_in_8bit``,
-    ``bnb_4bit_quant_type``), as one of :data:`cabe.inference.FORMATS`; None for an unquantized checkpoint or a
+    ``bnb_4bit_quant_type``), as one of :data:`cabe.weights.FORMATS`; None for an unquantized checkpoint or a
     method cabe has no format for (compressed-tensors, HQQ, ...), which is then served in its dtype."""
     q = config.get("quantization_config")
     if not isinstance(q, Mapping):
