@@ -60,19 +60,17 @@ def quantized_bytes(numel: int, double_quant: bool) -> int:
     return packed + state + QUANT_CODE_BYTES
 
 
-def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
-    """Every parameter tensor (grouped), marked trainable or frozen for the setup's method.
+class _TensorList:
+    """The tensors a listing builds, one :meth:`add` per tensor (a zero count or size adds nothing). With ``merge``,
+    the same tensor met again in another run of the same kind of layer (dense, MoE, dense ...) adds to the first
+    entry's count rather than making a second entry."""
 
-    The decoder layers' tensors come run by run (:attr:`ModelSpec.runs`, bottom first), each run split
-    into its frozen and trained layers (freeze trains the top ``trainable_layers``).
-    """
-    method = setup.method
-    layers = spec.num_layers
-    frozen_base = method in ("lora", "qlora", "prompt-tuning")
-    tensors: list[Tensor] = []
-    index: dict[tuple[Any, ...], int] = {}
+    def __init__(self, *, merge: bool) -> None:
+        self.tensors: list[Tensor] = []
+        self._index: dict[tuple[Any, ...], int] | None = {} if merge else None
 
     def add(
+        self,
         name: str,
         numel: int,
         count: int,
@@ -86,13 +84,27 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
     ) -> None:
         if not (numel and count):
             return
-        key = (name, numel, trainable, kind, rows, cols, role, path, stack)
-        if key in index:  # the same tensor in another run of the same kind of layer (dense, MoE, dense ...)
-            t = tensors[index[key]]
-            tensors[index[key]] = replace(t, count=t.count + count)
-            return
-        index[key] = len(tensors)
-        tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role, path, stack))
+        if self._index is not None:
+            key = (name, numel, trainable, kind, rows, cols, role, path, stack)
+            if key in self._index:
+                t = self.tensors[self._index[key]]
+                self.tensors[self._index[key]] = replace(t, count=t.count + count)
+                return
+            self._index[key] = len(self.tensors)
+        self.tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role, path, stack))
+
+
+def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
+    """Every parameter tensor (grouped), marked trainable or frozen for the setup's method.
+
+    The decoder layers' tensors come run by run (:attr:`ModelSpec.runs`, bottom first), each run split
+    into its frozen and trained layers (freeze trains the top ``trainable_layers``).
+    """
+    method = setup.method
+    layers = spec.num_layers
+    frozen_base = method in ("lora", "qlora", "prompt-tuning")
+    out = _TensorList(merge=True)
+    add = out.add
 
     if method == "freeze":
         parts = spec.top_split(min(setup.trainable_layers, layers))
@@ -200,7 +212,7 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
             setup.prompt_tokens,
             spec.hidden_size,
         )
-    return tensors
+    return out.tensors
 
 
 def _vision_tensors(add: Any, spec: ModelSpec, tower: VisionTower, setup: TrainingSetup) -> None:
@@ -262,22 +274,8 @@ def _vision_path(lin: Linear, count: int) -> str:
 def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, trainable: bool) -> list[Tensor]:
     """The tensors of ONE layer of ``run`` as :func:`parameter_tensors` lists them (its base weights
     trainable or not, and its LoRA adapters)."""
-    tensors: list[Tensor] = []
-
-    def add(
-        name: str,
-        numel: int,
-        count: int,
-        trainable: bool,
-        kind: str,
-        rows: int = 0,
-        cols: int = 0,
-        role: str = "",
-        path: str = "",
-        stack: int = 1,
-    ) -> None:
-        if numel and count:
-            tensors.append(Tensor(name, numel, count, trainable, kind, rows, cols, role, path, stack))
+    out = _TensorList(merge=False)
+    add = out.add
 
     _layer_tensors(add, spec, run, 1, trainable and setup.method in ("full", "freeze"), setup.method == "qlora")
     if setup.adapters:
@@ -290,7 +288,7 @@ def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, traina
             if setup.dora:
                 add(lin.name + ".lora_magnitude_vector", lin.out_features, 1, runs, "adapter", role=lin.role)
         _wrapped_adapters(add, spec, setup, run, 1)
-    return tensors
+    return out.tensors
 
 
 def _wrapped_adapters(add: Any, spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, count: int) -> None:
