@@ -186,7 +186,7 @@ def http_errors() -> type[Exception]:
 def parse(raw: bytes, repo_id: str) -> dict[str, Any]:
     """The fetched bytes as a config mapping (strict JSON; the errors of a local config.json)."""
     try:
-        data = jsonio.loads(raw)
+        data = jsonio.loads(raw, non_finite=True)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError("config_malformed", "model", path=repo_id, detail=str(exc)[:200]) from None
     except InvalidValueError as err:

@@ -94,17 +94,21 @@ def check_depth(value: Any, field: str | None = None) -> None:
         raise InvalidValueError("too_deep", field, limit=MAX_DEPTH)
 
 
-def loads(text: str | bytes, field: str | None = None) -> Any:
+def loads(text: str | bytes, field: str | None = None, *, non_finite: bool = False) -> Any:
     """Parse strict JSON. Syntax errors stay :class:`json.JSONDecodeError` (the callers word them per
     place); refused numbers and nesting are :class:`~cabe.errors.InvalidValueError` naming the key
-    (``field`` when the value is not inside an object)."""
+    (``field`` when the value is not inside an object).
+
+    ``non_finite``: accept ``NaN`` / ``Infinity`` / ``-Infinity`` and overflowing floats as Python's floats, for
+    the ``config.json`` files people download (Falcon-H1's and Mamba's ``"time_step_limit": [0.0, Infinity]``,
+    which transformers reads with Python's ``json``); requests stay strict."""
     if isinstance(text, bytes):
         text = text.decode("utf-8")
     try:
         data = json.loads(
             text,
-            parse_constant=_constant,
-            parse_float=_float,
+            parse_constant=float if non_finite else _constant,
+            parse_float=float if non_finite else _float,
             parse_int=_int,
             object_pairs_hook=_pairs,
         )

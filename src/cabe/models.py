@@ -133,7 +133,7 @@ def from_file(path: str | os.PathLike[str]) -> ModelSource:
     if size > MAX_CONFIG_BYTES:
         raise ConfigError("config_too_large", "model", path=_short_path(p), limit=MAX_CONFIG_BYTES)
     try:
-        data = jsonio.loads(p.read_text(encoding="utf-8"))
+        data = jsonio.loads(p.read_text(encoding="utf-8"), non_finite=True)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError("config_malformed", "model", path=_short_path(p), detail=str(exc)[:200]) from None
     except InvalidValueError as err:  # NaN, 1e999, a 400-digit integer, nesting 64 deep

@@ -39,8 +39,10 @@ def _run(argv, capsys):
             json.dumps({**LLAMA, "num_hidden_layers": 10**300}),
             "'num_hidden_layers' in the config.json has more than 300",
         ),
-        (json.dumps(LLAMA).replace("4096", "NaN", 1), "'hidden_size' in the config.json must be a finite number"),
-        (json.dumps(LLAMA).replace("4096", "1e999", 1), "got '1e999'"),
+        # a config.json may hold non-finite numbers (transformers reads them with Python's json); where cabe reads
+        # one as a size, the reader refuses it by name
+        (json.dumps(LLAMA).replace("4096", "NaN", 1), "bad value for 'hidden_size': nan"),
+        (json.dumps(LLAMA).replace("4096", "1e999", 1), "bad value for 'hidden_size': inf"),
         (json.dumps(LLAMA).replace("4096", "9" * 5000, 1), "more than 300 digits"),
         ("[" * 100_000 + "]" * 100_000, "nests more than 64 levels"),
         # 10^12 wide: 10^24 parameters, beyond the 10^15 bound
@@ -50,6 +52,19 @@ def _run(argv, capsys):
 def test_hostile_config_json(tmp_path, capsys, text, needle):
     rc, _, err = _run(["estimate", "--model", _config(tmp_path, text), "--json"], capsys)
     assert rc == 2 and needle in err, err
+
+
+def test_non_finite_numbers_cabe_does_not_read_are_accepted(tmp_path, capsys):
+    """Falcon-H1's and Mamba's Hub configs hold ``"time_step_limit": [0.0, Infinity]``: the estimate is the same as
+    without it, and the --json answer stays strict JSON."""
+    plain = json.dumps(LLAMA)
+    with_inf = plain[:-1] + ', "time_step_limit": [0.0, Infinity]}'
+    rc, out, err = _run(["estimate", "--model", _config(tmp_path, with_inf), "--json"], capsys)
+    assert rc == 0, err
+    total = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in --json"))["total_bytes"]
+    (tmp_path / "plain").mkdir()
+    rc, out, err = _run(["estimate", "--model", _config(tmp_path / "plain", plain), "--json"], capsys)
+    assert rc == 0 and json.loads(out)["total_bytes"] == total
 
 
 def test_file_name_too_long_is_not_found(capsys):
