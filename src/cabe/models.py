@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -127,13 +128,19 @@ def from_file(path: str | os.PathLike[str]) -> ModelSource:
     try:
         if p.is_dir():
             p = p / "config.json"
-        size = p.stat().st_size
+        st = p.stat()
     except OSError:
         raise ConfigError("config_not_found", "model", path=_short_path(p)) from None
-    if size > MAX_CONFIG_BYTES:
+    if not stat.S_ISREG(st.st_mode):  # /dev/zero, a pipe: its size says nothing and a read would not end
+        raise ConfigError("config_not_regular", "model", path=_short_path(p))
+    if st.st_size > MAX_CONFIG_BYTES:
         raise ConfigError("config_too_large", "model", path=_short_path(p), limit=MAX_CONFIG_BYTES)
     try:
-        data = jsonio.loads(p.read_text(encoding="utf-8"), non_finite=True)
+        with p.open("rb") as fh:  # bounded: a file that grows after stat() is read no further than the limit
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError("config_too_large", "model", path=_short_path(p), limit=MAX_CONFIG_BYTES)
+        data = jsonio.loads(raw.decode("utf-8"), non_finite=True)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError("config_malformed", "model", path=_short_path(p), detail=str(exc)[:200]) from None
     except InvalidValueError as err:  # NaN, 1e999, a 400-digit integer, nesting 64 deep

@@ -67,6 +67,12 @@ def test_non_finite_numbers_cabe_does_not_read_are_accepted(tmp_path, capsys):
     assert rc == 0 and json.loads(out)["total_bytes"] == total
 
 
+def test_a_device_is_refused_at_once(capsys):
+    """``/dev/zero`` has size 0 and never ends: refused before any read, in one sentence."""
+    rc, _, err = _run(["estimate", "--model", "/dev/zero"], capsys)
+    assert rc == 2 and "is not a regular file" in err, err
+
+
 def test_file_name_too_long_is_not_found(capsys):
     rc, _, err = _run(["estimate", "--model", "x" * 5000 + ".json"], capsys)
     assert rc == 2 and "no config.json at 'xxx" in err and len(err) < 300  # the name is cut, not echoed whole
