@@ -136,3 +136,9 @@ def test_python_api_refuses_unknown_units():
 def test_format_that_contradicts_the_content(capsys):
     rc, _, err = _run(["from-config", "--format", "torchtune", "tests/configs/files/ds_zero2.json"], capsys)
     assert rc == 2 and "looks like a deepspeed config, not torchtune" in err
+
+
+def test_from_config_refuses_a_device_at_once(capsys):
+    """``cabe from-config /dev/zero`` read forever before: refused before any read, in one sentence."""
+    rc, _, err = _run(["from-config", "/dev/zero"], capsys)
+    assert rc == 2 and "is not a regular file" in err, err

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -74,16 +75,21 @@ def read(path_or_dict: Any) -> Mapping[str, Any]:
     path = _short_path(str(path_or_dict))
     p = Path(path_or_dict)
     try:
-        size = p.stat().st_size
-        is_dir = p.is_dir()
+        st = p.stat()
     except (OSError, ValueError):  # no such file, a name too long, a NUL byte
         raise ConfigError("cfg_not_found", "file", path=path) from None
-    if is_dir:
+    if stat.S_ISDIR(st.st_mode):
         raise ConfigError("cfg_not_found", "file", path=path)
-    if size > MAX_BYTES:
+    if not stat.S_ISREG(st.st_mode):  # /dev/zero, a pipe: its size says nothing and a read would not end
+        raise ConfigError("cfg_not_regular", "file", path=path)
+    if st.st_size > MAX_BYTES:
         raise ConfigError("cfg_too_large", "file", path=path, limit=MAX_BYTES)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as fh:  # bounded: a file that grows after stat() is read no further than the limit
+            raw = fh.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise ConfigError("cfg_too_large", "file", path=path, limit=MAX_BYTES)
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("cfg_malformed", "file", path=path, kind="text", detail=str(exc)[:200]) from None
     data = parse_text(text, path)
