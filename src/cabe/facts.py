@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from cabe.architecture import ModelSpec
 from cabe.layers import LayerGroup, Linear
 from cabe.method import head_targets, lora_parameter_targets, lora_targets, saved_modules, wrapped_adapter_sizes
-from cabe.precision import Dtypes
+from cabe.precision import Dtypes, loaded_dtype
 from cabe.training import TrainingSetup
 
 
@@ -99,6 +99,7 @@ class LayerFacts:
     tokens: int
     a: int  # the compute dtype's bytes
     rho: int  # the residual stream's bytes
+    loaded_dtype: str  # the name of the dtype the non-4-bit weights were loaded in (precision.loaded_dtype)
     autocast: bool
     dt_weight: int
     dt_frozen: int
@@ -190,6 +191,7 @@ def layer_facts(
         tokens=setup.batch * setup.tokens_per_sequence,
         a=dt.compute,
         rho=rho,
+        loaded_dtype=loaded_dtype(setup),
         autocast=dt.autocast,
         dt_weight=dt.weight,
         dt_frozen=dt.frozen,

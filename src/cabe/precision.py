@@ -100,6 +100,13 @@ def dtype_source(setup: TrainingSetup, checkpoint_dtype: str | None) -> str:
     return "config" if checkpoint_dtype else "default"
 
 
+def loaded_dtype(setup: TrainingSetup) -> str:
+    """The name of the dtype the weights that are not 4-bit are loaded in (the embeddings, and so an eager causal
+    mask, among them): ``dtype``, except under QLoRA without prepare_model_for_kbit_training, which keeps them in the
+    compute dtype (cabe.trace.build.load_dtype). ``setup`` is resolved (:func:`resolve`)."""
+    return setup.compute_dtype if setup.method == "qlora" and not setup.kbit_prep else setup.dtype
+
+
 def dtypes_for(setup: TrainingSetup) -> Dtypes:
     """Bytes per element for a setup whose ``dtype`` is resolved (:func:`resolve`)."""
     if setup.param_dtype != "none" and not setup.shard.startswith(("zero", "fsdp")):
@@ -109,7 +116,7 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
         # the compute dtype it was loaded in (cabe.trace.build.load_dtype), the adapters fp32 (PEFT's
         # autocast_adapter_dtype; unsloth's float32_mixed_precision, unsloth_zoo training_utils.py:391-399): the
         # dtypes of LoRA on a base in the compute dtype; the 4-bit weights are handled in cabe.method
-        return dtypes_for(setup.with_(method="lora", dtype=setup.compute_dtype))
+        return dtypes_for(setup.with_(method="lora", dtype=loaded_dtype(setup)))
     if setup.method == "qlora":
         # NOTE: QLoRA as transformers + PEFT run it: 4-bit linear weights, the rest of the model
         # cast to fp32 by prepare_model_for_kbit_training, compute in compute_dtype.

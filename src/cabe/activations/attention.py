@@ -240,7 +240,9 @@ def eager_backward_workspace(layer: LayerState, attn: str, a: int, nh: int, s: i
     # min_dtype).to(dtype)``), that mask is fp16 too; any other pair promotes them to fp32 before the softmax
     fp16 = _compute_dtype(layer) == "fp16"
     if spec.eager_softmax_fp32:
-        fp16 = fp16 and _loaded_dtype(layer) == "fp16" and layer.facts.rho == 2
+        # the mask is made in the embeddings' dtype: QLoRA without k-bit preparation loads them in the compute
+        # dtype, not ``dtype`` (pythia-1.4b QLoRA fp32 / compute fp16 eager: +13.4% otherwise; seed 1450312958)
+        fp16 = fp16 and layer.facts.loaded_dtype == "fp16" and layer.facts.rho == 2
     return max(a, 4, 4 if fp16 else 8 - a) * nh * s
 
 
@@ -254,17 +256,7 @@ def _compute_dtype(layer: LayerState) -> str:
         return setup.autocast
     if setup.param_dtype != "none":
         return setup.param_dtype
-    return _loaded_dtype(layer)
-
-
-def _loaded_dtype(layer: LayerState) -> str:
-    """The name of the dtype the model's weights that are not 4-bit were loaded in, the embeddings (and so an eager
-    causal mask) among them: ``dtype``, except under QLoRA without prepare_model_for_kbit_training, which keeps them
-    in the compute dtype (cabe.trace.build.load_dtype; cabe.precision.dtypes_for). pythia-1.4b QLoRA, dtype fp32,
-    compute fp16, eager, one row of 4096 tokens: +13.4% when the scores were taken for fp32 (differential seed
-    1450312958)."""
-    setup = layer.facts.setup
-    return setup.compute_dtype if setup.method == "qlora" and not setup.kbit_prep else setup.dtype
+    return layer.facts.loaded_dtype
 
 
 def math_backward_workspace(attn: str, nh: int, s: int) -> int:
