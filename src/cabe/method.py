@@ -223,7 +223,10 @@ def lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> lis
     out: dict[str, LoraTarget] = {}
     for run in spec.runs:
         in_run: dict[str, LoraTarget] = {}
-        sized = [(lin, rank * (lin.in_features + lin.out_features)) for lin in lora_targets(spec, targets, run)]
+        # (``copies``: transformers 4's per-expert modules, one adapter pair each, cabe.transformers_line)
+        sized = [
+            (lin, rank * (lin.in_features + lin.out_features) * lin.copies) for lin in lora_targets(spec, targets, run)
+        ]
         sized += [
             (lin, sum(wrapped_adapter_sizes(lin, rank, m))) for lin, m in lora_parameter_targets(spec, targets, run)
         ]

@@ -174,29 +174,13 @@ def parameter_tensors(spec: ModelSpec, setup: TrainingSetup) -> list[Tensor]:
             for lin in lora_targets(spec, setup.lora_targets, run):
                 a_path, b_path = linear_path(spec, lin, ".lora_A"), linear_path(spec, lin, ".lora_B")
                 runs = adapter_runs(run, lin) and adapter_learns(lin)  # (False: trainable, never given a gradient)
-                add(
-                    lin.name + ".lora_A",
-                    r * lin.in_features,
-                    run.count,
-                    runs,
-                    "adapter",
-                    r,
-                    lin.in_features,
-                    path=a_path,
-                )
-                add(
-                    lin.name + ".lora_B",
-                    lin.out_features * r,
-                    run.count,
-                    runs,
-                    "adapter",
-                    lin.out_features,
-                    r,
-                    path=b_path,
-                )
+                # one adapter pair per module: ``copies`` of them for transformers 4's per-expert nn.Linear
+                n = run.count * lin.copies
+                add(lin.name + ".lora_A", r * lin.in_features, n, runs, "adapter", r, lin.in_features, path=a_path)
+                add(lin.name + ".lora_B", lin.out_features * r, n, runs, "adapter", lin.out_features, r, path=b_path)
                 if setup.dora:  # DoRA's magnitude ‖W + sBA‖ per output row (peft tuners/lora/dora.py:127,
                     # an adapter layer name, variants.py:143): the adapters' dtype, trained
-                    add(lin.name + ".lora_magnitude_vector", lin.out_features, run.count, runs, "adapter")
+                    add(lin.name + ".lora_magnitude_vector", lin.out_features, n, runs, "adapter")
             _wrapped_adapters(add, spec, setup, run, run.count)
 
         for ht in checked_head_targets(spec, setup):
@@ -283,10 +267,11 @@ def layer_tensors(spec: ModelSpec, setup: TrainingSetup, run: LayerGroup, traina
         for lin in lora_targets(spec, setup.lora_targets, run):
             a_path, b_path = linear_path(spec, lin, ".lora_A"), linear_path(spec, lin, ".lora_B")
             runs = adapter_runs(run, lin) and adapter_learns(lin)
-            add(lin.name + ".lora_A", r * lin.in_features, 1, runs, "adapter", r, lin.in_features, lin.role, a_path)
-            add(lin.name + ".lora_B", lin.out_features * r, 1, runs, "adapter", lin.out_features, r, lin.role, b_path)
+            n = lin.copies  # (transformers 4's per-expert modules: one adapter pair each)
+            add(lin.name + ".lora_A", r * lin.in_features, n, runs, "adapter", r, lin.in_features, lin.role, a_path)
+            add(lin.name + ".lora_B", lin.out_features * r, n, runs, "adapter", lin.out_features, r, lin.role, b_path)
             if setup.dora:
-                add(lin.name + ".lora_magnitude_vector", lin.out_features, 1, runs, "adapter", role=lin.role)
+                add(lin.name + ".lora_magnitude_vector", lin.out_features, n, runs, "adapter", role=lin.role)
         _wrapped_adapters(add, spec, setup, run, 1)
     return out.tensors
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from cabe import transformers_line
 from cabe.errors import InvalidValueError
 
 if TYPE_CHECKING:
@@ -85,18 +86,25 @@ class Dtypes:
 
 @lru_cache(maxsize=1024)  # a new TrainingSetup is validated on creation: solvers resolve the same ones often
 def resolve(setup: TrainingSetup, checkpoint_dtype: str | None) -> TrainingSetup:
-    """``dtype="auto"`` read as transformers 5 reads it: the checkpoint's dtype (``ModelSpec.dtype``, or
-    :func:`cabe.families.config_dtype` of a config); fp32 when the config does not say (transformers would
-    then look at the weights' files)."""
+    """``dtype="auto"`` (not given) read as ``from_pretrained`` reads no dtype: in transformers 5 the checkpoint's
+    dtype (``ModelSpec.dtype``, or :func:`cabe.families.config_dtype` of a config; fp32 when the config does not
+    say, transformers would then look at the weights' files); in 4.x fp32, fp16 under bitsandbytes
+    (:func:`cabe.transformers_line.default_dtype`)."""
     if setup.dtype != "auto":
         return setup
+    line = setup.transformers_line
+    if line < 5:  # NOTE: 4.x loads fp32 (fp16 under bitsandbytes) when from_pretrained gets no dtype
+        return setup.with_dtype(transformers_line.default_dtype(line, setup.method))
     return setup.with_dtype(checkpoint_dtype or "fp32")
 
 
 def dtype_source(setup: TrainingSetup, checkpoint_dtype: str | None) -> str:
-    """Where the weights' dtype came from: ``given``, ``config`` or ``default`` (a config without one)."""
+    """Where the weights' dtype came from: ``given``, ``config``, ``default`` (a config without one) or
+    ``transformers4`` (4.x's default for no dtype)."""
     if setup.dtype != "auto":
         return "given"
+    if setup.transformers_line < 5:
+        return "transformers4"
     return "config" if checkpoint_dtype else "default"
 
 

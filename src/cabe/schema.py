@@ -559,6 +559,20 @@ _SETUP: tuple[Field, ...] = (
         flags=_flag("trainable_fp32"),
         negatable=True,
     ),
+    # the transformers line the run uses (cabe.transformers_line): "4", "5" or a version ("4.51.3"); not given,
+    # the installed one's, else 5. 4.x builds MoE experts as nn.Linear modules, loads fp32 when no dtype is given,
+    # checkpoints reentrantly; each difference is cited there
+    Field(
+        "transformers",
+        str,
+        "setup",
+        _TRAINING + ("from-config",),
+        None,
+        states=True,
+        max_length=40,
+        flags=_flag("transformers"),
+        metavar="4|5|VERSION",
+    ),
 )
 
 _GPUS: tuple[Field, ...] = (

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from cabe import optimizer, schema
+from cabe import optimizer, schema, transformers_line
 from cabe.errors import InvalidValueError
 from cabe.schema import MAX_BATCH, MAX_RANK, MAX_SEQ
 from cabe.vision.images import parse_image_size
@@ -119,6 +119,8 @@ class TrainingSetup:
             computed with in this dtype while the stored, sharded ones keep ``dtype``; ``none``: no such mode.
         tp, pp, ep: tensor-, pipeline- and expert-parallel degrees.
         gpus_per_node: GPUs in one node (hybrid sharding and host-RAM-per-node figures).
+        transformers: the transformers line the run uses, ``"4"``, ``"5"`` or a version (``"4.51.3"``); ``None``:
+            the installed one's, else 5 (:mod:`cabe.transformers_line`: what differs between the lines).
     """
 
     method: Method = _D["method"]
@@ -155,6 +157,7 @@ class TrainingSetup:
     kbit_prep: bool = _D["kbit_prep"]
     modules_to_save: tuple[str, ...] = _D["modules_to_save"]
     trainable_fp32: bool = _D["trainable_fp32"]
+    transformers: str | None = _D["transformers"]
     gpus: int = _D["gpus"]
     shard: Shard = _D["shard"]
     offload: Offload = _D["offload"]
@@ -201,6 +204,11 @@ class TrainingSetup:
         if self.optimizer_impl is not None:
             return self.optimizer_impl
         return "foreach"
+
+    @property
+    def transformers_line(self) -> int:
+        """The transformers line the run uses: 4 or 5 (the installed one's, else 5, when not given)."""
+        return transformers_line.major(self.transformers)
 
     @property
     def resolved_loss(self) -> str:
@@ -297,12 +305,32 @@ def validate(setup: TrainingSetup) -> None:
         # supported ... Ignoring position ids"): no document would be told apart, the packing would do nothing
         raise InvalidValueError("packing_prompt_tuning", "packing", value=setup.packing)
     parse_image_size(setup.image_size)  # "HxW" pixels, or a typed error
+    if setup.transformers is not None:
+        object.__setattr__(setup, "transformers", transformers_line.parse(setup.transformers))
+    _check_transformers4(setup)
     if setup.method == "freeze" and setup.trainable_fp32 and setup.autocast == "none" and setup.dtype != "fp32":
         # fp32 trained layers above 16-bit ones without autocast: the 16-bit lm_head meets their fp32 output
         # (F.linear refuses mixed dtypes); LLaMA-Factory casts them for a run under the Trainer's bf16 / fp16
         raise InvalidValueError("trainable_fp32_needs_autocast", "trainable_fp32", value=True, dtype=setup.dtype)
     if setup.method == "freeze" and setup.trainable_layers < 1:  # nothing would train: the trace refuses it too
         raise InvalidValueError("freeze_needs_layers", "trainable_layers", value=setup.trainable_layers)
+
+
+def _check_transformers4(setup: TrainingSetup) -> None:
+    """What transformers 4.x cannot run as asked (cabe.transformers_line): ``gradient_checkpointing_enable`` takes
+    neither ``every_n_layers`` nor ``offload`` there (modeling_utils.py 4.57.6:3671-3718) for the trainers that
+    call it as they are, and its reentrant checkpointing leaves freeze's trained layers without a gradient: the
+    inputs require grad only on a PEFT model (4.57.6:3714), so a checkpointed layer above frozen ones returns an
+    output that needs none ("None of the inputs have requires_grad=True"). LLaMA-Factory calls
+    ``enable_input_require_grads`` itself (model_utils/checkpointing.py) and sets its own savers."""
+    if transformers_line.major(setup.transformers) >= 5 or setup.recipe not in (None, "hf-trainer", "trl-sft"):
+        return
+    if setup.checkpoint_every > 1:
+        raise InvalidValueError("transformers4_no_saver", "checkpoint_every", value=setup.checkpoint_every)
+    if setup.offload_activations:
+        raise InvalidValueError("transformers4_no_saver", "offload_activations", value=True)
+    if setup.method == "freeze" and setup.checkpointing:
+        raise InvalidValueError("transformers4_freeze_checkpointing", "checkpointing", value=True)
 
 
 def _check_savers(setup: TrainingSetup) -> None:

@@ -30,7 +30,11 @@ def add_block(layer: LayerState) -> None:
     elif spec.expert_dispatch == "dense":
         _dense_experts(layer)
     else:
+        # (a LoRA-wrapped router: a bare weight's ParamWrapper, or transformers 4's nn.Linear ``gate``)
         router_grad = base_trainable or any(lin.slot == "router" for lin, _ in layer.facts.wrapped.values())
+        router_grad = router_grad or any(
+            lin.slot == "router" and lin.name in layer.facts.targets for lin in layer.facts.group.linears
+        )
         up_grad, down_grad = _stack_grads(layer)
         if spec.router == "sigmoid_groups":
             _sigmoid_group_router(layer, router_grad)
@@ -58,8 +62,11 @@ def _stack_grads(layer: LayerState) -> tuple[bool, bool]:
     its input only then (see :func:`_moe`)."""
     if layer.facts.base_trainable:
         return True, True
+    # transformers 5's two 3-D stacks (gate_up, down), or transformers 4's per-expert nn.Linear modules (gate and
+    # up, or w1 and w3, then down: cabe.transformers_line.as_line), LoRA-adapted as modules: the last one is down
     stacks = [lin.name for lin in layer.facts.group.linears if lin.slot == "experts"]
-    return bool(stacks) and stacks[0] in layer.facts.wrapped, len(stacks) > 1 and stacks[1] in layer.facts.wrapped
+    adapted = set(layer.facts.wrapped) | layer.facts.targets
+    return any(n in adapted for n in stacks[:-1]), len(stacks) > 1 and stacks[-1] in adapted
 
 
 def _wrapped_parameters(layer: LayerState, a_experts: int, live: bool = True) -> None:

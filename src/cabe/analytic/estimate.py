@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from cabe import compressed_attention, ssm
+from cabe import compressed_attention, ssm, transformers_line
 from cabe.activations import (
     head_activations,
 )
@@ -37,6 +37,9 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         raise InvalidValueError(
             "out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0, maximum=spec.num_layers
         )
+    # the model as the run's transformers line builds it (4.x: MoE experts as nn.Linear modules, cabe.transformers_line)
+    transformers_line.check_model_type(spec.model_type, setup.transformers_line, setup.transformers)
+    spec = transformers_line.as_line(spec, setup.transformers_line)
     source = dtype_source(setup, spec.dtype)
     optimizer_given = setup.optimizer_given  # an HF Trainer optim name, echoed beside the registry's
     setup = resolve(setup, spec.dtype)  # dtype="auto": the checkpoint's, as transformers 5 loads it
@@ -101,6 +104,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         setup={
             **given.to_dict(),
             "optimizer_given": optimizer_given,
+            "transformers": given.transformers or transformers_line.resolved_version(),
             "effective_batch": given.effective_batch,
             "tokens": tokens,
         },
@@ -110,7 +114,8 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         allocator_slack_bytes=max(
             round_alloc(4 * tokens * _logit_width(spec)), round(total * ALLOCATOR_SLACK_FRACTION)
         ),
-        notes=_model_notes(spec, setup, states),
+        notes=_model_notes(spec, setup, states)
+        + (("transformers4_dtype_default",) if source == "transformers4" else ()),
         extra={
             "peak_at": peak.where,
             "loss": _recipe_json(setup),

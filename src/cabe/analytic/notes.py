@@ -62,9 +62,21 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         # nn.Linear / Conv1D ones; the fused 3-D experts and a bare router weight are neither, and for this model
         # type or these targets nothing moves onto them (transformers_weight_conversion.py _convert_peft_config_moe)
         notes.append("lora_experts_not_adapted")
+    if setup.transformers_line < 5:
+        notes += _transformers4_notes(spec, setup)
     if any(g.mixer == "gated_deltanet" for g in spec.layer_groups):  # fla's / causal-conv1d's saved tensors
         notes.append("gated_deltanet_kernels_modelled")
     return tuple(notes + ssm.notes(spec))
+
+
+def _transformers4_notes(spec: ModelSpec, setup: TrainingSetup) -> list[str]:
+    """What a transformers 4.x run differs in (cabe.transformers_line); ``setup`` is resolved."""
+    notes = []
+    if setup.checkpointing:
+        notes.append("transformers4_reentrant")
+    if any(lin.role == "expert" and lin.is_module for lin in spec.layer_linears):
+        notes.append("transformers4_moe_modules")
+    return notes
 
 
 def _bare_experts(spec: ModelSpec) -> bool:

@@ -77,6 +77,9 @@ REPORT_NOTES = (
     "trace_grad_scaler",
     "qlora_no_kbit_prep",
     "qlora_moe_experts_16bit",
+    "transformers4_dtype_default",
+    "transformers4_moe_modules",
+    "transformers4_reentrant",
 )
 #: Width of the component-label column.
 WIDTH = 44
@@ -108,6 +111,7 @@ def _header(report: ReportData, lang: str, units: str) -> list[str]:
                     "batch": s["batch"],
                     "seq": s["seq"],
                     "eff": s["effective_batch"],
+                    "tf": s.get("transformers") or "5",
                 },
                 lang,
             )
