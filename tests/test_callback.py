@@ -95,6 +95,8 @@ def test_peft_model_is_unwrapped(tmp_path):
     assert request["lora_targets"] == ("q_proj", "v_proj")
     assert request["checkpointing"] is True and request["optimizer_impl"] == "fused"
     assert request["config"]["model_type"] == "llama" and "model" not in request
+    # the transformers the run imports decides its line (cabe.transformers_line)
+    assert request["transformers"] == transformers.__version__
     from cabe import api
 
     report = api.build(request)

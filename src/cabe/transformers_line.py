@@ -70,7 +70,8 @@ EXPERT_MODULES_4: dict[str, dict[str, tuple[str, ...]]] = {
 #: parameters in both lines
 ROUTER_MODULE_4 = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_vl_moe"})
 
-_VERSION = re.compile(r"^(\d+)(?:\.(\d+))?(?:\.(\d+))?([a-z0-9.+-]*)$")
+#: a line or a PEP 440 release: 4, 4.51, 4.51.3, 5.0.0rc1, 4.57.0.dev0, 4.46.3+local
+_VERSION = re.compile(r"^(\d+)(?:\.(\d+))?(?:\.(\d+))?((?:a|b|rc|\.post|\.dev)\d+)?(\+[a-z0-9.]+)?$")
 
 
 def parse(value: object) -> str:
@@ -115,6 +116,15 @@ def resolved_version() -> str:
     """What a request that names no transformers runs: the installed version, else ``"5"``."""
     version = installed()
     return version if version and version.split(".", 1)[0] in ("4", "5") else "5"
+
+
+def check_traceable(value: str | None) -> None:
+    """The trace runs the installed transformers: a request naming the other line cannot be traced here."""
+    version = installed()
+    if value is None or version is None:
+        return
+    if major(value) != int(version.split(".", 1)[0]):
+        raise InvalidValueError("trace_transformers_line", "transformers", value=value, installed=version)
 
 
 def default_dtype(line: int, method: str) -> str:

@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import transformers
 from transformers import TrainerCallback
 
 from cabe.errors import CabeError
@@ -80,6 +81,8 @@ def request_for_run(model: Any, args: Any = None, *, seq: int | None = None) -> 
     att = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash", "flash_attention_3": "flash"}.get(str(attn))
     if att:
         model_fields["attention"] = att
+    # the transformers this run imports: its line decides the MoE layout and the checkpointing (cabe.transformers_line)
+    model_fields["transformers"] = transformers.__version__
     sources.append(
         configs.Source(path="model", format="model", fields=model_fields, used=list(model_fields), ignored=[])
     )

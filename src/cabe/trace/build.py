@@ -13,6 +13,7 @@ from cabe.errors import CabeError, ConfigError
 from cabe.trace.inputs import has_documents
 from cabe.trace.optim import LEARNING_RATE  # noqa: F401  (re-exported)
 from cabe.training import TrainingSetup
+from cabe.transformers_line import reentrant_checkpointing
 
 _DROP_KEYS = (
     "quantization_config",
@@ -313,9 +314,10 @@ def _enable_checkpointing(model: Any, setup: TrainingSetup) -> None:
     checkpoint). torchtune wraps its layers the same way (non-reentrant ``checkpoint``,
     torchtune/training/activations.py:19-57), but counts them from 1: its ``ac_option: k`` checkpoints the
     k-th, 2k-th ... layer (activations.py:44-47)."""
-    # (the Trainer's call: trainer.py:1503-1515; gradient_checkpointing_enable is its deprecated alias)
+    # (the Trainer's call: trainer.py:1503-1515; gradient_checkpointing_enable is its deprecated alias). The
+    # Trainer passes no kwargs: the line's default, reentrant on 4.x (cabe.transformers_line)
     model.activation_checkpointing_enable(
-        activation_checkpointing_kwargs={"use_reentrant": False},
+        activation_checkpointing_kwargs={"use_reentrant": reentrant_checkpointing(setup.transformers_line)},
         every_n_layers=setup.checkpoint_every,
         offload=setup.offload_activations,
     )
@@ -352,7 +354,7 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
         model = prepare_model_for_kbit_training(
             model,
             use_gradient_checkpointing=setup.checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False},
+            gradient_checkpointing_kwargs={"use_reentrant": reentrant_checkpointing(setup.transformers_line)},
         )
         if setup.checkpointing and (setup.checkpoint_every > 1 or setup.offload_activations):
             _enable_checkpointing(model, setup)  # PEFT enabled it on every layer, without offloading

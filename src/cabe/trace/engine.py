@@ -29,6 +29,7 @@ import os
 import time
 from typing import Any
 
+from cabe import transformers_line
 from cabe.errors import CabeError, ConfigError
 from cabe.trace import _native, state
 from cabe.trace.analysis import TIMELINE_POINTS, analyse
@@ -109,6 +110,7 @@ def run_trace(
     t0 = time.perf_counter()
     if steps < 2 and not inventory:
         raise ConfigError("out_of_range", "steps", value=steps, minimum=2, maximum=100)
+    transformers_line.check_traceable(setup.transformers)  # the trace runs what is installed
     if kind == "fake" and not torch.cuda.is_available() and not _native.available():
         # without the shim, autograd on fake CUDA tensors aborts the process: refuse instead
         raise ConfigError("mode_unsupported", "mode", mode="fake", why=_native.reason(), detail=_native.detail())
