@@ -145,3 +145,16 @@ def test_the_trace_refuses_the_line_it_does_not_run():
         text=True,
     )
     assert out.returncode == 2 and "Traceback" not in out.stderr and installed in out.stderr
+
+
+def test_qwen3_vl_moe_router_is_an_adaptable_linear_on_4_only():
+    """Qwen3-VL-MoE's router: a bare-weight TopKRouter PEFT refuses on 5.x, an nn.Linear ``gate`` on 4.x
+    (modeling_qwen3_vl_moe.py 4.57.6:135); its experts are 3-D parameters in both lines."""
+    spec = preset("qwen3-vl-30b-a3b-instruct").spec
+    v4 = estimate_model(spec, TrainingSetup(method="lora", transformers="4", lora_targets=("q_proj", "gate")))
+    only_q = estimate_model(spec, TrainingSetup(method="lora", transformers="4", lora_targets=("q_proj",)))
+    r, h, e = TrainingSetup().lora_rank, spec.hidden_size, spec.num_experts
+    assert v4.trainable_parameters - only_q.trainable_parameters == r * (h + e) * spec.num_layers
+    with pytest.raises(InvalidValueError) as err:
+        estimate_model(spec, TrainingSetup(method="lora", transformers="5", lora_targets=("q_proj", "gate")))
+    assert err.value.code == "lora_target_unsupported"

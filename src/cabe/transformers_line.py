@@ -176,4 +176,6 @@ def as_line(spec: ModelSpec, line: int) -> ModelSpec:
         layer_groups=groups,
         peft_parameter_targets=(),
         sdpa_fallback="" if spec.model_type == "gemma2" else spec.sdpa_fallback,
+        # (Qwen3-VL-MoE: a 5.x TopKRouter PEFT refuses to wrap is an nn.Linear ``gate`` it adapts on 4.x)
+        lora_unsupported=tuple(n for n in spec.lora_unsupported if not (router and n == "gate")),
     )

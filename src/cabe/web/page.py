@@ -38,7 +38,11 @@ FIELDSETS = (
     ),
     ("web.plan.group_lora", ("lora_rank", "lora_alpha", "lora_targets", "quant", "double_quant")),
     # the trainer's recipe and loss kernel, and the memory savers (issue 11)
-    ("web.plan.group_recipe", ("recipe", "loss", "loss_chunks", "checkpoint_every", "offload_activations", "packing")),
+    # (and the transformers line the run uses: cabe.transformers_line)
+    (
+        "web.plan.group_recipe",
+        ("recipe", "loss", "loss_chunks", "checkpoint_every", "offload_activations", "packing", "transformers"),
+    ),
     # images in each sequence, for a vision-language model (issue 13: cabe.vision)
     ("web.plan.group_images", ("images", "image_size")),
 )
