@@ -76,3 +76,50 @@ def test_loss_kernels_order():
     assert logits["hf"] == 12 * 151936 * 4096
     assert logits["hf"] > logits["chunked"] > logits["liger"]
     assert logits["chunked"] > logits["cce"]
+
+
+#: the recipes whose trainer leaves a 4-bit model's other weights as loaded (no prepare_model_for_kbit_training):
+#: the Trainer and TRL's SFTTrainer (no call), torchtune (LoRALinear(quantize_base=True) alone), LitGPT (Fabric's
+#: BitsandbytesPrecision alone), unsloth and LLaMA-Factory (their own preparation casts nothing but the adapters);
+#: axolotl calls it (loaders/model.py:1143-1151). Sources in each recipe's kbit_preparation fact.
+NO_KBIT_PREP = ("hf-trainer", "trl-sft", "torchtune", "unsloth", "litgpt", "llama-factory")
+
+
+@pytest.mark.parametrize("name", recipes.NAMES)
+def test_kbit_preparation_fact_is_modelled(name):
+    """The fact sets --no-kbit-prep where the trainer does not prepare, and the QLoRA estimate follows it: the same
+    as --no-kbit-prep given, not the same as --kbit-prep (norms, embeddings and lm_head in fp32 instead of bf16)."""
+    r = recipes.load(name)
+    fact = next(f for f in r["facts"] if f["topic"] == "kbit_preparation")
+    assert fact["modelled"] and fact["field"] == "kbit_prep"
+    assert r["sets"].get("kbit_prep", True) is (name not in NO_KBIT_PREP)
+    ask = {"model": "llama-3.2-1b", "method": "qlora", "recipe": name, "batch": 1, "seq": 256}
+    total = estimate_json(ask)["total_bytes"]
+    same = estimate_json({**ask, "kbit_prep": name not in NO_KBIT_PREP})["total_bytes"]
+    other = estimate_json({**ask, "kbit_prep": name in NO_KBIT_PREP})["total_bytes"]
+    assert total == same != other
+    # the fp32 cast of the 16-bit weights that stay (the 262 M-parameter tied embedding among them) costs more
+    assert (total < other) is (name in NO_KBIT_PREP)
+
+
+def test_litgpt_qlora_is_not_told_it_is_unmodelled():
+    """`cabe recipes litgpt` listed k-bit preparation as not modelled although --no-kbit-prep exists (issue 29)."""
+    out = estimate_json({"model": "llama-3.2-1b", "method": "qlora", "recipe": "litgpt"})
+    assert "kbit_preparation" not in out["loss"]["unmodelled"]
+    assert set(out["loss"]["unmodelled"]) == {"loss", "adapter_dtype"}
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_every_unmodelled_fact_says_what_it_would_take(lang):
+    """Each remaining "not modelled" names the mechanism and where it would go (a cabe file), and is worded in both
+    languages; no catalog reason is left without a recipe that uses it."""
+    import json
+    from importlib import resources
+
+    catalog = json.loads(resources.files("cabe").joinpath(f"i18n/{lang}/core.json").read_text(encoding="utf-8"))
+    reasons = {k.split(".")[-1]: v for k, v in catalog.items() if k.startswith("recipe.unmodelled.")}
+    used = {f["unmodelled"] for n in recipes.NAMES for f in recipes.load(n)["facts"] if not f["modelled"]}
+    assert used == set(reasons)
+    takes = "modelling it takes" if lang == "en" else "requiere"
+    for code, text in reasons.items():
+        assert takes in text and "cabe/" in text, (code, text)

@@ -18,7 +18,11 @@ def test_one_recipe_shows_sources(capsys):
     assert main(["recipes", "torchtune"]) == 0
     out = capsys.readouterr().out
     assert "torchtune/modules/loss/ce_chunked_output_loss.py" in out
-    assert "not modelled: cabe's QLoRA always applies prepare_model_for_kbit_training" in out
+    # k-bit preparation off is modelled (--no-kbit-prep, set by the recipe); what is not says what it would take
+    assert "kbit_prep=false" in out and "prepare_model_for_kbit_training" not in out.split("not modelled")[-1]
+    assert (
+        "[not modelled: adapters in the model's dtype are estimated as PEFT's fp32 adapters; modelling it takes" in out
+    )
 
 
 def test_json_and_unknown_name(capsys):

@@ -27,15 +27,75 @@ MAX_BYTES = 1 << 20
 REASONS = ("no_effect", "auto", "null", "not_modeled", "unsupported_value", "other_file", "overridden", "unknown")
 
 
+#: Most items a YAML file may expand to once its aliases are followed (a training config has a few
+#: hundred; nine aliases nested eight deep, the "billion laughs", expand to 9**8 = 43 million).
+MAX_ITEMS = 100_000
+
+
+def _expanded_items(root: Any, path: str) -> int:
+    """How many nodes the YAML node graph ``root`` holds with every alias expanded, refusing past
+    :data:`MAX_ITEMS` or a cycle (an anchor used inside itself expands without end).
+
+    PyYAML's composer returns the anchored node itself for an alias (``yaml/composer.py``,
+    ``compose_node``: ``return self.anchors[anchor]``, PyYAML 6.0), so the graph is small however large
+    its expansion; the sizes are memoised per node, and the walk is iterative (no recursion limit).
+    """
+    import yaml
+
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children: list[Any] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            if size[key] > MAX_ITEMS:
+                raise ConfigError("cfg_too_many_items", "file", path=path, limit=MAX_ITEMS)
+            continue
+        if key in size:
+            continue
+        if key in on_path:  # an anchor inside itself: an endless expansion
+            raise ConfigError("cfg_too_many_items", "file", path=path, limit=MAX_ITEMS)
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+    return size[id(root)]
+
+
+def _bounded_loader(path: str) -> Any:
+    """A safe YAML loader (libyaml's when there) that counts the expanded document before building it."""
+    import yaml
+
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class Bounded(base):  # type: ignore[valid-type,misc]
+        def construct_document(self, node: Any) -> Any:
+            _expanded_items(node, path)
+            return super().construct_document(node)
+
+    return Bounded
+
+
 def load_yaml(text: str, path: str) -> Any:
     try:
         import yaml
     except ImportError:
         raise MissingDependencyError("missing_extra", "file", extra="yaml", package="pyyaml") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_bounded_loader(path))  # a SafeLoader subclass: safe
     except yaml.YAMLError as exc:
         detail = " ".join(str(exc).split())[:200]
+        if (
+            "maximum nesting depth" in detail
+        ):  # libyaml stops at 1,000 levels (libyaml 0.2.5 src/scanner.c, yaml_parser_increase_flow_level)
+            raise ConfigError("cfg_too_deep", "file", path=path, limit=jsonio.MAX_DEPTH) from None
         raise ConfigError("cfg_malformed", "file", path=path, kind="YAML", detail=detail) from None
     except RecursionError:
         raise ConfigError("cfg_too_deep", "file", path=path, limit=jsonio.MAX_DEPTH) from None

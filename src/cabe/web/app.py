@@ -8,7 +8,6 @@ asker's language). Request bodies are size-limited; an uploaded ``config.json`` 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -22,12 +21,10 @@ from cabe.method import lora_parameters
 from cabe.solver import plan_json
 from cabe.training import parse_targets
 from cabe.web import page
+from cabe.web.body import MAX_BODY_BYTES, BadJson, BodyTimeout, BodyTooLarge, read_json
 from cabe.web.openapi import openapi_document
 
 log = logging.getLogger("cabe.web")
-
-#: Largest request body accepted (a config.json is a few kB).
-MAX_BODY_BYTES = 256 * 1024
 
 #: Exceptions a malformed (but not malicious) body can still raise deep in the core; they become
 #: 422 rather than 500, and are logged so that the core can be fixed.
@@ -40,14 +37,6 @@ def _starlette() -> Any:
     for package in ("starlette", "jinja2"):
         if importlib.util.find_spec(package) is None:  # pragma: no cover - depends on the environment
             raise MissingDependencyError("missing_extra", None, extra="web", package=package)
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-class BadJson(Exception):
-    pass
 
 
 def lang_from(request: Any, body: Mapping[str, Any] | None = None) -> str:
@@ -77,34 +66,6 @@ def accept_language(header: str) -> str:
         if code in i18n.LANGS and q > best_q:
             best, best_q = code, q
     return best
-
-
-async def read_body(request: Any, limit: int = MAX_BODY_BYTES) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None:
-        try:
-            if int(length) > limit:
-                raise BodyTooLarge()
-        except ValueError:
-            raise BadJson() from None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge()
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def read_json(request: Any) -> Any:
-    """The body as strict JSON (:func:`cabe.jsonio.loads`): ``NaN``, ``1e999``, a 400-digit integer or
-    nesting 64 deep raise the typed error naming the key; anything else unreadable is ``BadJson``."""
-    raw = await read_body(request)
-    try:
-        return jsonio.loads(raw, "body") if raw.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise BadJson() from None
 
 
 def _json(data: Any, status: int = 200) -> Any:
@@ -155,6 +116,10 @@ async def _read_body(request: Any, lang: str) -> tuple[Any, Any]:
         return await read_json(request), None
     except BodyTooLarge:
         return None, _web_error("body_too_large", lang, 413, limit=MAX_BODY_BYTES)
+    except BodyTimeout as late:  # the rest of the body will not come: answer, and close the connection
+        resp = _web_error("body_timeout", lang, 408, seconds=f"{late.seconds:g}")
+        resp.headers["connection"] = "close"
+        return None, resp
     except BadJson:
         return None, _web_error("invalid_json", lang, 422)
     except CabeError as err:
@@ -458,8 +423,12 @@ class InternalErrors:
                 started = True
             await send(message)
 
+        from starlette.requests import ClientDisconnect
+
         try:
             await self.app(scope, receive, send_tracked)
+        except ClientDisconnect:  # the client left before its body ended: no one to answer, nothing broken
+            return
         except Exception as exc:
             log.error("internal error: %s %s: %s", scope.get("method"), scope.get("path"), _where(exc))
             if not started:

@@ -198,6 +198,7 @@ _RESPONSES: dict[str, Any] = {
 
 
 _BODY_ERRORS = {
+    "408": _error_response("The body stopped short of its Content-Length (nothing for 3 s, or not all in 15 s)."),
     "413": _error_response("Body larger than 256 KiB."),
     "422": _error_response("Invalid input; `field` and a `message` in the asked language."),
 }
