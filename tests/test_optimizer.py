@@ -245,3 +245,30 @@ def test_galore_all_but_lm_head_is_llama_factorys_all():
     assert not optimizer.galore_targeted(head, (optimizer.ALL_BUT_HEAD,))
     assert optimizer.galore_targeted(_t(4096, 4096, "q_proj"), (optimizer.ALL_BUT_HEAD,))
     assert optimizer.galore_targeted(_t(4096, 11008, "up_proj", "mlp"), (optimizer.ALL_BUT_HEAD,))
+
+
+def test_optimizer_in_backward_needs_one_gpu_and_no_accumulation():
+    import pytest
+
+    from cabe.errors import InvalidValueError
+    from cabe.training import TrainingSetup
+
+    for kw, code in (
+        (dict(grad_accum=4), "in_backward_no_grad_accum"),
+        (dict(gpus=2, shard="ddp"), "in_backward_single_gpu"),
+    ):
+        with pytest.raises(InvalidValueError) as e:
+            TrainingSetup(method="full", optimizer_in_backward=True, **kw)
+        assert e.value.code == code
+    TrainingSetup(method="full", optimizer_in_backward=True)
+
+
+def test_torchtune_optimizer_in_bwd_is_read():
+    from pathlib import Path
+
+    from cabe import configs
+
+    path = Path(__file__).parent / "configs" / "files" / "torchtune_1B_full_single_device.yaml"
+    combined = configs.from_files([str(path)])
+    assert combined.request["optimizer_in_backward"] is True
+    assert combined.request["optimizer"] == "paged-adamw-8bit"

@@ -568,13 +568,23 @@ def from_deepspeed(kind: str) -> str | None:
     return next((o.name for o in REGISTRY if kind in o.deepspeed_types), None)
 
 
-def refusal(name: str, *, grad_accum: int, gpus: int, shard: str, tp: int) -> tuple[str, str] | None:
+def refusal(
+    name: str, *, grad_accum: int, gpus: int, shard: str, tp: int, in_backward: bool = False
+) -> tuple[str, str] | None:
     """Why the setup's optimizer cannot run it, as ``(field, error code)``, or None.
 
     The HF Trainer's layer-wise GaLore refuses gradient accumulation and DDP (transformers
     trainer_optimizer.py:116-117, 161-162); GaLore's projector needs whole 2-D weights (galore_projector.py:15
-    reads ``shape[1]``), which ZeRO / FSDP flat shards and tensor-parallel cuts are not."""
+    reads ``shape[1]``), which ZeRO / FSDP flat shards and tensor-parallel cuts are not. Any optimizer stepped in
+    backward (``in_backward``, torchtune's ``optimizer_in_bwd``) refuses gradient accumulation ("optimizer_in_bwd ...
+    Requires gradient_accumulation_steps=1", recipes/configs/llama3_2/1B_full_single_device.yaml; the recipe raises,
+    full_finetune_single_device.py, commit bd2a0fc), and cabe plans it on one GPU."""
     opt = get(name)
+    if in_backward and not opt.layerwise:
+        if grad_accum != 1:
+            return "grad_accum", "in_backward_no_grad_accum"
+        if gpus > 1 or shard != "none" or tp > 1:
+            return "optimizer_in_backward", "in_backward_single_gpu"
     if not opt.low_rank:
         return None
     if opt.layerwise and grad_accum != 1:

@@ -6,7 +6,7 @@ GaLore's projection and update steps (:func:`low_rank_temporaries`), and a layer
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cabe.errors import InvalidValueError
 from cabe.optimizer import Optimizer, galore_targeted, get, low_rank_shape
@@ -137,7 +137,11 @@ def layerwise_figures(tensors: list[Tensor], param_bytes_of: dict[str, int], set
     def largest(of: list[tuple[Tensor, int]]) -> tuple[int, int]:
         grad = max((round_alloc(t.param_numel * b) for t, b in of), default=0)
         # one optimizer per parameter: nothing of one step outlives it (no loop-carried temporaries)
-        temps = max((low_rank_temporaries([item], opt, setup) for item in of), default=0) if opt.low_rank else 0
+        if opt.low_rank:
+            temps = max((low_rank_temporaries([item], opt, setup) for item in of), default=0)
+        else:  # (a plain optimizer per parameter, torchtune's optimizer_in_bwd: its step over one tensor of them)
+            impl = setup.resolved_optimizer_impl
+            temps = max((step_temporaries(opt, impl, [(replace(t, count=t.stack), b)]) for t, b in of), default=0)
         return grad, temps
 
     (gradient, temporaries), (layer_gradient, layer_temporaries) = largest(items), largest(inside)

@@ -573,6 +573,19 @@ _SETUP: tuple[Field, ...] = (
         flags=_flag("transformers"),
         metavar="4|5|VERSION",
     ),
+    # the optimizer steps each parameter inside backward, in its post-accumulate-grad hook, and frees its gradient
+    # there (torchtune's optimizer_in_bwd: torchtune/training/memory.py:58-240, commit bd2a0fc); one GPU, no
+    # gradient accumulation, as torchtune and the Trainer's *_layerwise optimizers require
+    Field(
+        "optimizer_in_backward",
+        bool,
+        "setup",
+        _TRAINING + ("from-config",),
+        False,
+        states=True,
+        flags=_flag("optimizer_in_backward"),
+        negatable=True,
+    ),
 )
 
 _GPUS: tuple[Field, ...] = (

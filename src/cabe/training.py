@@ -119,6 +119,8 @@ class TrainingSetup:
             computed with in this dtype while the stored, sharded ones keep ``dtype``; ``none``: no such mode.
         tp, pp, ep: tensor-, pipeline- and expert-parallel degrees.
         gpus_per_node: GPUs in one node (hybrid sharding and host-RAM-per-node figures).
+        optimizer_in_backward: the optimizer steps each parameter inside backward and frees its gradient there
+            (torchtune's ``optimizer_in_bwd``); the Trainer's ``*_layerwise`` GaLore optimizers always do.
         transformers: the transformers line the run uses, ``"4"``, ``"5"`` or a version (``"4.51.3"``); ``None``:
             the installed one's, else 5 (:mod:`cabe.transformers_line`: what differs between the lines).
     """
@@ -158,6 +160,7 @@ class TrainingSetup:
     modules_to_save: tuple[str, ...] = _D["modules_to_save"]
     trainable_fp32: bool = _D["trainable_fp32"]
     transformers: str | None = _D["transformers"]
+    optimizer_in_backward: bool = _D["optimizer_in_backward"]
     gpus: int = _D["gpus"]
     shard: Shard = _D["shard"]
     offload: Offload = _D["offload"]
@@ -275,7 +278,14 @@ def _canonical_optimizer(setup: TrainingSetup) -> None:
     if impl is not None:
         object.__setattr__(setup, "optimizer_impl", impl)
     object.__setattr__(setup, "_optimizer_given", given)
-    refused = optimizer.refusal(name, grad_accum=setup.grad_accum, gpus=setup.gpus, shard=setup.shard, tp=setup.tp)
+    refused = optimizer.refusal(
+        name,
+        grad_accum=setup.grad_accum,
+        gpus=setup.gpus,
+        shard=setup.shard,
+        tp=setup.tp,
+        in_backward=bool(setup.optimizer_in_backward),
+    )
     if refused is not None:
         field, code = refused
         raise InvalidValueError(code, field, value=getattr(setup, field), optimizer=name)

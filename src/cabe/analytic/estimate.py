@@ -68,7 +68,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     parts = _step_parts(spec, setup, dt, states, act, head, copies)
     if given.images:  # the vision tower's saved tensors and backward (cabe.vision.training)
         parts = with_images(parts, spec, given, dt, states.tensors, states.bytes_of)
-    if optimizer_entry(setup.optimizer).layerwise:  # single-GPU only (optimizer.refusal)
+    if optimizer_entry(setup.optimizer).layerwise or setup.optimizer_in_backward:  # one GPU (optimizer.refusal)
         lw = layerwise_figures(states.tensors, states.bytes_of, setup)
         parts = layerwise(parts, lw.gradient, lw.temporaries, lw.layer_gradient, lw.layer_temporaries)
     shard_info: dict[str, Any] = {}

@@ -30,6 +30,8 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
         notes.append("optimizer_modelled")
     if opt.layerwise:
         notes.append("optimizer_layerwise")
+    elif setup.optimizer_in_backward:
+        notes.append("optimizer_in_backward")
     if setup.grad_accum > 1:
         notes.append("grad_accum_keeps_grads")
     if setup.checkpointing and setup.offload_activations:

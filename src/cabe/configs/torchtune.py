@@ -51,7 +51,6 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 DTYPES = {"bf16": "bf16", "fp32": "fp32", "fp16": "fp16"}
 NOT_MODELED = {
     "compile",
-    "optimizer_in_bwd",
     "fsdp_reshard_after_forward",
     "custom_sharded_layers",
     "activation_offloading_use_streams",  # the forward stash of 5 tensors (_check_offloading)
@@ -90,8 +89,18 @@ def collect(data: Mapping[str, Any]) -> Collector:
         else:
             _unmapped(c, key, value)
     _check_offloading(c, data)
+    _optimizer_in_bwd(c, data)
     c.fields.setdefault("recipe", "torchtune")  # a torchtune config is a torchtune run (data/recipes/torchtune.json)
     return c
+
+
+def _optimizer_in_bwd(c: Collector, data: Mapping[str, Any]) -> None:
+    """``optimizer_in_bwd: True``: one optimizer per parameter, stepped in its post-accumulate-grad hook, its
+    gradient freed there (torchtune/training/memory.py:58-240, recipes/full_finetune_single_device.py:151-160,
+    commit bd2a0fc): cabe's ``optimizer_in_backward``, whatever the optimizer."""
+    key = "optimizer_in_bwd"
+    if key in data:
+        c.set("optimizer_in_backward", _base.as_bool(data[key], key), key)
 
 
 def _check_offloading(c: Collector, data: Mapping[str, Any]) -> None:
@@ -243,7 +252,10 @@ HANDLERS: dict[str, Callable[[Collector, str, Any], None]] = {
     "optimizer": _optimizer_block,
     "fsdp_cpu_offload": _cpu_offload,
     "enable_activation_offloading": lambda c, key, value: c.set("offload_activations", _base.as_bool(value, key), key),
-    "ac_mode": lambda c, key, value: c.use(key),  # "full" / "selective": ac_option is read with it
+    "ac_mode": lambda c, key, value: c.use(key),
+    "optimizer_in_bwd": lambda c, key, value: (
+        None
+    ),  # read with the optimizer (_optimizer_in_bwd)  # "full" / "selective": ac_option is read with it
 }
 
 

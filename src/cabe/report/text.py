@@ -51,6 +51,7 @@ REPORT_NOTES = (
     "paged_outside_allocator",
     "optimizer_modelled",
     "optimizer_layerwise",
+    "optimizer_in_backward",
     "grad_accum_keeps_grads",
     "qlora_moe_experts_unquantized",
     "vision_tower_weights_only",

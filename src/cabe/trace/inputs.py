@@ -36,6 +36,10 @@ def make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any, kind: 
         kw = {"model": model, "setup": setup}
     module, _, name = entry.trace_factory.partition(":")
     factory = getattr(importlib.import_module(module), name)
+    if setup.optimizer_in_backward and not entry.layerwise:  # torchtune's optimizer_in_bwd: one per parameter
+        from cabe.trace.optim import in_backward
+
+        return in_backward(params, lambda group: factory(group, kw, tracker, kind))
     return factory(params, kw, tracker, kind)
 
 

@@ -179,3 +179,35 @@ def _tracked_paging(o: Any, tracker: Any, kind: str) -> Any:
     if kind != "cuda":
         o.get_state_buffer = types.MethodType(get_state_buffer, o)
     return o
+
+
+class _InBackward:
+    """torchtune's optimizer in backward (``optimizer_in_bwd: True``; torchtune/training/memory.py:58-240,
+    ``OptimizerInBackwardWrapper`` and ``register_optim_in_bwd_hooks``, commit bd2a0fc): one optimizer per
+    parameter, stepped by the parameter's post-accumulate-grad hook, which then zeroes its gradient
+    (``zero_grad()``: set to None, the gradient freed). The step after backward has nothing left to do."""
+
+    def __init__(self, params: list[Any], make: Any) -> None:
+        self._by_param = {p: make([p]) for p in params}
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p: Any) -> None:
+        opt = self._by_param[p]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    @property
+    def state(self) -> dict[Any, Any]:
+        return {p: st for opt in self._by_param.values() for p, st in opt.state.items()}
+
+    def step(self) -> None:
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        return None
+
+
+def in_backward(params: list[Any], make: Any) -> Any:
+    """The optimizer ``make`` builds for a list of parameters, one per parameter, stepped in backward."""
+    return _InBackward(params, make)
