@@ -64,6 +64,7 @@ def test_every_module_has_the_same_functions():
                 "torchtune": "torchtune_70B_lora.yaml",
                 "llama_factory": "llamafactory_train_lora_qwen3_lora_sft.yaml",
                 "unsloth": "unsloth_llama31_8b_alpaca.json",
+                "requirements": "requirements.txt",
             }[fmt]
         )
         fields, used, ignored = mod.to_request(data)
@@ -470,3 +471,48 @@ def test_missing_pyyaml_is_a_missing_dependency(monkeypatch):
     with pytest.raises(MissingDependencyError) as e:
         configs.from_files([FILES / "axolotl_llama3_qlora.yml"])
     assert e.value.params["package"] == "pyyaml"
+
+
+# ---- pip requirements: the transformers line (cabe.configs.requirements) ----
+import pytest as _pytest  # noqa: E402
+
+
+@_pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("torch==2.5.1\ntransformers==4.51.3  # pinned\npeft==0.15.2\n", "4.51.3"),
+        ("-r base.txt\ntransformers[torch]===4.57.6 ; python_version >= '3.10'\n", "4.57.6"),
+        ("transformers~=4.51\n", "4"),
+        ("transformers>=4.46,<5\n", "4"),
+        ("transformers>=5.0\n", None),  # no upper bound: the line is not decided
+        ("Transformers == 5.25.0\n", "5.25.0"),
+    ],
+)
+def test_requirements_name_the_transformers_line(tmp_path, text, expected):
+    from cabe import configs
+
+    path = tmp_path / "requirements.txt"
+    path.write_text(text)
+    src = configs.read_source(str(path))
+    assert src.format == "requirements"
+    assert src.fields.get("transformers") == expected
+
+
+def test_a_text_that_is_not_requirements_is_not_read_as_them(tmp_path):
+    from cabe.configs import _base
+
+    assert _base.requirements_lines("just some words\n") is None
+    assert _base.requirements_lines("# only a comment\n") is None
+    assert _base.requirements_lines("numpy\n") is None  # no specifier: nothing to read
+
+
+def test_a_requirements_file_changes_the_estimate(tmp_path):
+    from cabe import api, configs
+
+    path = tmp_path / "requirements.txt"
+    path.write_text("transformers==4.51.3\n")
+    combined = configs.from_files([str(path)], overrides={"model": "mixtral-8x7b"})
+    request = {**combined.request, "method": "qlora"}
+    v4 = api.estimate_json(request)
+    v5 = api.estimate_json({**request, "transformers": "5"})
+    assert v4["setup"]["transformers"] == "4.51.3" and v4["total_bytes"] < v5["total_bytes"] / 3

@@ -13,6 +13,7 @@ One module per input format, each with ``read(path_or_dict) -> Mapping`` and
 ``torchtune``             torchtune recipe YAML
 ``llama_factory``         LLaMA-Factory training YAML
 ``unsloth``               an unsloth training script's arguments (YAML / JSON, docs/unsloth-config.md)
+``requirements``          pip requirements / ``pip freeze``: the transformers line the run installs
 ========================  ================================================================
 
 :func:`from_files` reads several at once (``cabe from-config train.json adapter_config.json``),
@@ -47,6 +48,7 @@ FORMATS: tuple[str, ...] = (
     "training_args",
     "peft_config",
     "bnb",
+    "requirements",
 )
 
 #: File-name hints, used when the content says nothing.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -121,6 +122,30 @@ def parse_text(text: str, path: str) -> Any:
     return load_yaml(text, path)
 
 
+#: the key a pip requirements file's lines are read under (cabe.configs.requirements)
+KEY = "_requirements"
+#: ``name[extras] specifiers ; marker``, as pip reads a requirements line (PEP 508)
+_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*([^;#]*)")
+SPEC = re.compile(r"(===|==|~=|>=|<=|!=|>|<)\s*([A-Za-z0-9.*+!_-]+)")
+
+
+def requirements_lines(text: str) -> dict[str, Any] | None:
+    """A pip requirements file or ``pip freeze`` output as ``{KEY: {name: specifier}}`` (names as PEP 503
+    normalises them), or None when some line that is not blank, a comment or a pip option (``-r``, ``--index-url``)
+    is not a requirement with a version specifier, or no line is one."""
+    out: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        m = _LINE.match(line)
+        spec = m.group(3).replace(" ", "") if m else ""
+        if m is None or not SPEC.match(spec.split(",")[0]):
+            return None
+        out[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = spec
+    return {KEY: out} if out else None
+
+
 def _short_path(text: str, limit: int = 120) -> str:
     """A path as an error shows it: a 4,000-character name is cut, not echoed whole."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -152,6 +177,8 @@ def read(path_or_dict: Any) -> Mapping[str, Any]:
         text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("cfg_malformed", "file", path=path, kind="text", detail=str(exc)[:200]) from None
+    if Path(path).suffix.lower() in ("", ".txt", ".in") and (reqs := requirements_lines(text)) is not None:
+        return reqs  # pip requirements / freeze (cabe.configs.requirements)
     data = parse_text(text, path)
     if not isinstance(data, Mapping):
         raise ConfigError("cfg_not_mapping", "file", path=path)
