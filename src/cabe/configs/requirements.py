@@ -48,7 +48,7 @@ def collect(data: Mapping[str, Any]) -> Collector:
 
 def _transformers(spec: str) -> str | None:
     """The version a specifier pins, or the one line its bounds allow, else None."""
-    parts = dict((op, v) for op, v in SPEC.findall(spec))
+    parts = dict(SPEC.findall(spec))
     pinned = parts.get("===") or parts.get("==")
     if pinned and "*" not in pinned:
         return pinned
