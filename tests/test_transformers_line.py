@@ -158,3 +158,12 @@ def test_qwen3_vl_moe_router_is_an_adaptable_linear_on_4_only():
     with pytest.raises(InvalidValueError) as err:
         estimate_model(spec, TrainingSetup(method="lora", transformers="5", lora_targets=("q_proj", "gate")))
     assert err.value.code == "lora_target_unsupported"
+
+
+def test_flash_attention_where_4_has_none_is_refused():
+    """Qwen3-Next's 4.57.6 classes do not set _supports_flash_attn (False by default): from_pretrained refuses it."""
+    spec = preset("qwen3-next-80b-a3b").spec
+    with pytest.raises(InvalidValueError) as e:
+        estimate_model(spec, TrainingSetup(method="lora", transformers="4", attention="flash", dtype="bf16"))
+    assert e.value.code == "flash_unsupported"
+    estimate_model(spec, TrainingSetup(method="lora", transformers="5", attention="flash", dtype="bf16"))

@@ -24,7 +24,10 @@ sources (transformers 4.57.6, the last 4.x, and 5.24.0):
   require grad only for a PEFT model (4.57.6:3714, ``_hf_peft_config_loaded``), 5.x for every text model
   (5.24:3189-3197).
 * **Attention**: Gemma 2 runs SDPA in 4.x (``_supports_sdpa = True``, models/gemma2/modeling_gemma2.py 4.57.6:346)
-  and eager in 5.x (``_supports_sdpa = False``, 5.24:353).
+  and eager in 5.x (``_supports_sdpa = False``, 5.24:353); BERT and Qwen3-Next have no flash_attention_2 in 4.x
+  (:data:`NO_FLASH_4`). Every other family cabe reads declares the same SDPA and flash support in both.
+* **PEFT's default targets** are PEFT's, by model type, whatever transformers runs; on a 5.x MoE model PEFT moves
+  the v4 expert names onto the fused parameters (``ModelSpec.peft_parameter_targets``), which 4.x has no need of.
 * **The loss** is the same in both lines from 4.46 on: ``ForCausalLMLoss`` upcasts the logits to fp32 and
   ``fixed_cross_entropy`` divides by ``num_items_in_batch`` (loss/loss_utils.py 4.57.6:28-68 and 5.24:34-73, line
   for line); before 4.46 the model upcast and shifted its own logits, which cabe does not model
@@ -71,6 +74,11 @@ EXPERT_MODULES_4: dict[str, dict[str, tuple[str, ...]]] = {
 ROUTER_MODULE_4 = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_vl_moe"})
 
 #: a line or a PEP 440 release: 4, 4.51, 4.51.3, 5.0.0rc1, 4.57.0.dev0, 4.46.3+local
+#: 4.x: model types whose classes do not set ``_supports_flash_attn`` (False by default): ``from_pretrained`` refuses
+#: flash_attention_2 there (models/bert/modeling_bert.py, models/qwen3_next/modeling_qwen3_next.py 4.57.6; 5.24
+#: sets it True)
+NO_FLASH_4 = frozenset({"bert", "qwen3_next"})
+
 _VERSION = re.compile(r"^(\d+)(?:\.(\d+))?(?:\.(\d+))?((?:a|b|rc|\.post|\.dev)\d+)?(\+[a-z0-9.]+)?$")
 
 
@@ -157,7 +165,7 @@ def as_line(spec: ModelSpec, line: int) -> ModelSpec:
         return spec
     experts = EXPERT_MODULES_4.get(spec.model_type, {})
     router = spec.model_type in ROUTER_MODULE_4
-    if not experts and not router and spec.model_type != "gemma2" and not spec.peft_parameter_targets:
+    if not (experts or router or spec.peft_parameter_targets) and spec.model_type not in NO_FLASH_4 | {"gemma2"}:
         return spec
 
     def v4(lin: Linear) -> tuple[Linear, ...]:
@@ -176,6 +184,7 @@ def as_line(spec: ModelSpec, line: int) -> ModelSpec:
         layer_groups=groups,
         peft_parameter_targets=(),
         sdpa_fallback="" if spec.model_type == "gemma2" else spec.sdpa_fallback,
+        flash_attention=spec.flash_attention and spec.model_type not in NO_FLASH_4,
         # (Qwen3-VL-MoE: a 5.x TopKRouter PEFT refuses to wrap is an nn.Linear ``gate`` it adapts on 4.x)
         lora_unsupported=tuple(n for n in spec.lora_unsupported if not (router and n == "gate")),
     )
