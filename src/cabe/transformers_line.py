@@ -156,13 +156,15 @@ def check_model_type(model_type: str, line: int, value: str | None) -> None:
         )
 
 
-@lru_cache(maxsize=256)
 def as_line(spec: ModelSpec, line: int) -> ModelSpec:
     """The model as transformers of ``line`` builds it: unchanged for 5; for 4, routed experts and routers as
     ``nn.Linear`` modules where 4.x has them (:data:`EXPERT_MODULES_4`, :data:`ROUTER_MODULE_4`), nothing moved onto
     bare parameters by PEFT (its v4 -> v5 conversion runs only on a 5.x model), and Gemma 2's SDPA."""
-    if line >= 5:
-        return spec
+    return spec if line >= 5 else _as_4(spec)  # (5: no lookup, hashing a whole spec costs microseconds)
+
+
+@lru_cache(maxsize=256)
+def _as_4(spec: ModelSpec) -> ModelSpec:
     experts = EXPERT_MODULES_4.get(spec.model_type, {})
     router = spec.model_type in ROUTER_MODULE_4
     if not (experts or router or spec.peft_parameter_targets) and spec.model_type not in NO_FLASH_4 | {"gemma2"}:
