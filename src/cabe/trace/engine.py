@@ -34,6 +34,7 @@ from cabe.trace import _native, state
 from cabe.trace.analysis import TIMELINE_POINTS, analyse
 from cabe.trace.build import LEARNING_RATE, build_model, decoder_layers, hf_config, load_dtype
 from cabe.trace.deps import import_deps
+from cabe.trace.family_patches import model_types
 from cabe.trace.inputs import autocast_dtype
 from cabe.trace.patches import trace_environment
 from cabe.trace.result import TraceResult
@@ -113,7 +114,7 @@ def run_trace(
         # without the shim, autograd on fake CUDA tensors aborts the process: refuse instead
         raise ConfigError("mode_unsupported", "mode", mode="fake", why=_native.reason(), detail=_native.detail())
     device = torch.device(_DEVICES[kind])
-    with state.active(AttentionState(device)) as astate, trace_environment(kind, setup):
+    with state.active(AttentionState(device)) as astate, trace_environment(kind, setup, model_types(config)):
         notes: list[str] = []
         facts: dict[str, Any] = {}
         model, cfg = build_model(config, setup, notes, facts)
