@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from cabe.errors import CabeError, ConfigError
-from cabe.trace import _native, state
+from cabe.trace import _native, compat, state
 from cabe.trace.analysis import TIMELINE_POINTS, analyse
 from cabe.trace.build import LEARNING_RATE, build_model, decoder_layers, hf_config, load_dtype
 from cabe.trace.deps import import_deps
@@ -74,6 +74,11 @@ def resolve_mode(mode: str, setup: TrainingSetup) -> str:
     if mode in ("meta", "cpu"):
         if needs_fake and mode == "meta":
             raise ConfigError("mode_unsupported", "mode", mode=mode, why="needs_fake")
+        if mode == "meta" and not compat.transformers_at_least("5"):
+            # transformers 4.57.6's rotary embeddings open torch.autocast(device_type=x.device.type, enabled=False)
+            # (models/llama/modeling_llama.py:98-99, the same in every family), which torch refuses for "meta";
+            # 5.x asks maybe_autocast (utils/generic.py), which skips it
+            raise ConfigError("mode_unsupported", "mode", mode=mode, why="transformers4_meta")
         if mode == "cpu" and autocast_dtype(setup) is not None:
             raise ConfigError("mode_unsupported", "mode", mode=mode, why="cpu_autocast")
         return mode
