@@ -119,6 +119,28 @@ def _refuse(family: str, symbol: str) -> UnsupportedVersionError:
     )
 
 
+def refuse_option(field: str, symbol: str) -> UnsupportedVersionError:
+    """The refusal of a request field the installed transformers cannot apply (it lacks ``symbol``)."""
+    err = _refuse(EVERY_FAMILY, symbol)
+    return UnsupportedVersionError(err.code, field, **{**err.params, "why": "option"})
+
+
+def refuse_moe_loop(model: Any, family: str) -> None:
+    """transformers 4.57.6's MoE blocks route expert by expert: ``expert_hit = ....nonzero()`` and
+    ``torch.where(expert_mask[expert_idx])`` (models/mixtral/modeling_mixtral.py:124-135; the same loop in Qwen2-MoE,
+    Qwen3-MoE, DeepSeek-V3 ...), shapes that depend on the router's values, which fake tensors do not have.
+    transformers 5 fuses the experts into 3-D parameters and runs them through ``grouped_mm`` (shapes known). A model
+    with an ``nn.ModuleList`` of experts on transformers 4 is refused by family, in one sentence."""
+    import torch
+
+    if transformers_at_least("5"):
+        return
+    for m in model.modules():
+        if isinstance(getattr(m, "experts", None), torch.nn.ModuleList):
+            err = _refuse(family, f"{type(m).__name__}.experts (an nn.ModuleList routed token by token)")
+            raise UnsupportedVersionError(err.code, err.field, **{**err.params, "why": "moe_loop"})
+
+
 def module(name: str, family: str) -> Any:
     """``transformers.<name>`` (``"models.falcon.modeling_falcon"``) for ``family``'s patch, or the family's
     refusal."""

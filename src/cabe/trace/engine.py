@@ -123,6 +123,8 @@ def run_trace(
         notes: list[str] = []
         facts: dict[str, Any] = {}
         model, cfg = build_model(config, setup, notes, facts)
+        if kind in ("fake", "meta"):  # (real tensors have the router's values)
+            compat.refuse_moe_loop(model, (model_types(config) or ("?",))[0])
         result = _traced(model, cfg, setup, steps, kind, inventory, device, astate, hooks or {})
     if inventory:
         return result

@@ -39,7 +39,8 @@ def model_types(config: Any) -> tuple[str, ...]:
 def _falcon(p: Any, kind: str) -> None:
     """transformers 5.25 rewrote ``FalconAttention.forward``: q, k and v are views of the fused projection
     (``fused_qkv.split([num_heads, 1, 1], dim=-2)`` for multi-query, transformers 5.25
-    models/falcon/modeling_falcon.py:286-296) and every kernel goes through ``ALL_ATTENTION_FUNCTIONS`` (:312-325),
+    models/falcon/modeling_falcon.py:297-306) and every kernel goes through ``ALL_ATTENTION_FUNCTIONS`` (:320-331; eager is
+    the generic one, with ``repeat_kv``, :212-223),
     ``cabe_fa2`` included; ``_split_heads``, ``FalconFlashAttention2`` and ``FALCON_ATTENTION_CLASSES`` are gone.
     Before it (4.57.6 modeling_falcon.py:229-262, 420-550; 5.24 :414-547) both patches below are needed."""
     if compat.transformers_at_least("5.25"):
