@@ -12,7 +12,9 @@ Hierarchy::
     ├── UnknownPresetError         unknown model preset or GPU name
     ├── ConfigError                a config.json that is malformed or unsupported
     ├── HubError                   a Hugging Face id that cannot be fetched (gated, unknown, offline)
-    └── MissingDependencyError     an optional extra is not installed
+    ├── MissingDependencyError     an optional extra is not installed
+    └── UnsupportedVersionError    an installed release the trace cannot run (outside the window, or without a
+                                   private name one family's patch needs)
 """
 
 from __future__ import annotations
@@ -74,3 +76,9 @@ class HubError(CabeError):
 
 class MissingDependencyError(CabeError):
     """An optional extra (``[trace]``, ``[web]``, ``[hub]``) is not installed."""
+
+
+class UnsupportedVersionError(CabeError):
+    """An installed release (transformers, PEFT, torch ...) the trace cannot run: outside the supported window
+    (``trace_unsupported_version``), or without a private name one family's patch needs
+    (``trace_unsupported_transformers``, that family only)."""

@@ -339,10 +339,14 @@ def register_flash() -> str:
     """Register ``cabe_fa2`` (a name without "flash": transformers would look for a hub kernel) with transformers' attention and mask interfaces."""
     global _REGISTERED
     if not _REGISTERED:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+        from cabe.trace import compat
 
-        AttentionInterface.register("cabe_fa2", flash_attention_forward)
-        ALL_MASK_ATTENTION_FUNCTIONS.register("cabe_fa2", flash_attention_mask)
+        every = compat.EVERY_FAMILY
+        interface = compat.require(compat.module("modeling_utils", every), "AttentionInterface", every)
+        mu = compat.module("masking_utils", every)
+        interface.register("cabe_fa2", flash_attention_forward)
+        compat.require(mu, "ALL_MASK_ATTENTION_FUNCTIONS", every).register(
+            "cabe_fa2", compat.require(mu, "flash_attention_mask", every)
+        )
         _REGISTERED = True
     return "cabe_fa2"

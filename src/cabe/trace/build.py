@@ -314,10 +314,21 @@ def _enable_checkpointing(model: Any, setup: TrainingSetup) -> None:
     checkpoint). torchtune wraps its layers the same way (non-reentrant ``checkpoint``,
     torchtune/training/activations.py:19-57), but counts them from 1: its ``ac_option: k`` checkpoints the
     k-th, 2k-th ... layer (activations.py:44-47)."""
-    # (the Trainer's call: trainer.py:1503-1515; gradient_checkpointing_enable is its deprecated alias). The
-    # Trainer passes no kwargs: the line's default, reentrant on 4.x (cabe.transformers_line)
+    from cabe.trace import compat
+
+    reentrant = reentrant_checkpointing(setup.transformers_line)  # the Trainer passes no kwargs: the line's default
+    if not hasattr(model, "activation_checkpointing_enable"):
+        # transformers 4.57.6: gradient_checkpointing_enable(gradient_checkpointing_kwargs) checkpoints every
+        # decoder layer (modeling_utils.py:3674-3725), with no every_n_layers and no offload
+        if setup.checkpoint_every != 1 or setup.offload_activations:
+            field = "checkpoint_every" if setup.checkpoint_every != 1 else "offload_activations"
+            raise compat.refuse_option(field, "PreTrainedModel.activation_checkpointing_enable")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        return
+    # (the Trainer's call: trainer.py:1503-1515; gradient_checkpointing_enable is its deprecated alias; reentrant
+    # on 4.x, cabe.transformers_line)
     model.activation_checkpointing_enable(
-        activation_checkpointing_kwargs={"use_reentrant": reentrant_checkpointing(setup.transformers_line)},
+        activation_checkpointing_kwargs={"use_reentrant": reentrant},
         every_n_layers=setup.checkpoint_every,
         offload=setup.offload_activations,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from cabe import optimizer
 from cabe.errors import MissingDependencyError
+from cabe.trace import compat
 from cabe.training import TrainingSetup
 
 PEFT_METHODS = ("lora", "qlora", "prompt-tuning")
@@ -32,8 +33,14 @@ def import_deps(setup: TrainingSetup | None = None) -> None:
         needed.append("bitsandbytes")
     if setup is not None and needs_galore(setup):
         needed.append("galore_torch")
+    # the supported window, read from the packages' metadata before any import (cabe.trace.compat)
+    compat.check_window([_DISTRIBUTIONS.get(n, n) for n in needed] + ["accelerate"])
     for name in needed:
         try:
             __import__(name)
         except ImportError:
             raise MissingDependencyError("missing_extra", None, extra="trace", package=name) from None
+
+
+#: import name -> distribution name, where they differ
+_DISTRIBUTIONS = {"galore_torch": "galore-torch"}

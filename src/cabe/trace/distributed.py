@@ -24,6 +24,7 @@ from cabe.trace import state
 from cabe.trace.build import build_model, decoder_layers
 from cabe.trace.deps import import_deps
 from cabe.trace.engine import _check_setup
+from cabe.trace.family_patches import model_types
 from cabe.trace.patches import trace_environment
 from cabe.trace.result import TraceResult
 from cabe.training import TrainingSetup
@@ -54,7 +55,7 @@ def trace_fsdp2(config: dict[str, Any], setup: TrainingSetup, *, steps: int = 2)
     try:
         mesh = init_device_mesh("cpu", (setup.gpus,))
         device = torch.device("cpu")
-        with state.active(AttentionState(device)) as astate, trace_environment("cpu", setup):
+        with state.active(AttentionState(device)) as astate, trace_environment("cpu", setup, model_types(config)):
             notes: list[str] = ["trace_fsdp2_fake_pg"]
             model, cfg = build_model(config, setup, notes)
             _shard(model, cfg, setup, mesh)

@@ -31,10 +31,11 @@ from typing import Any
 
 from cabe import transformers_line
 from cabe.errors import CabeError, ConfigError
-from cabe.trace import _native, state
+from cabe.trace import _native, compat, state
 from cabe.trace.analysis import TIMELINE_POINTS, analyse
 from cabe.trace.build import LEARNING_RATE, build_model, decoder_layers, hf_config, load_dtype
 from cabe.trace.deps import import_deps
+from cabe.trace.family_patches import model_types
 from cabe.trace.inputs import autocast_dtype
 from cabe.trace.patches import trace_environment
 from cabe.trace.result import TraceResult
@@ -74,6 +75,11 @@ def resolve_mode(mode: str, setup: TrainingSetup) -> str:
     if mode in ("meta", "cpu"):
         if needs_fake and mode == "meta":
             raise ConfigError("mode_unsupported", "mode", mode=mode, why="needs_fake")
+        if mode == "meta" and not compat.transformers_at_least("5"):
+            # transformers 4.57.6's rotary embeddings open torch.autocast(device_type=x.device.type, enabled=False)
+            # (models/llama/modeling_llama.py:98-99, the same in every family), which torch refuses for "meta";
+            # 5.x asks maybe_autocast (utils/generic.py), which skips it
+            raise ConfigError("mode_unsupported", "mode", mode=mode, why="transformers4_meta")
         if mode == "cpu" and autocast_dtype(setup) is not None:
             raise ConfigError("mode_unsupported", "mode", mode=mode, why="cpu_autocast")
         return mode
@@ -115,10 +121,12 @@ def run_trace(
         # without the shim, autograd on fake CUDA tensors aborts the process: refuse instead
         raise ConfigError("mode_unsupported", "mode", mode="fake", why=_native.reason(), detail=_native.detail())
     device = torch.device(_DEVICES[kind])
-    with state.active(AttentionState(device)) as astate, trace_environment(kind, setup):
+    with state.active(AttentionState(device)) as astate, trace_environment(kind, setup, model_types(config)):
         notes: list[str] = []
         facts: dict[str, Any] = {}
         model, cfg = build_model(config, setup, notes, facts)
+        if kind in ("fake", "meta"):  # (real tensors have the router's values)
+            compat.refuse_moe_loop(model, (model_types(config) or ("?",))[0])
         result = _traced(model, cfg, setup, steps, kind, inventory, device, astate, hooks or {})
     if inventory:
         return result

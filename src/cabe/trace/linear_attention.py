@@ -115,11 +115,29 @@ def _conv_function() -> Any:
     return CausalConv1d
 
 
-def patch(p: Any) -> None:
-    """Replace the gated DeltaNet kernels' PyTorch fallbacks in every installed modeling module that has them."""
+#: model_type -> its modeling module (under transformers.models)
+MODULES = {
+    "qwen3_next": "qwen3_next.modeling_qwen3_next",
+    "qwen3_5": "qwen3_5.modeling_qwen3_5",
+    "qwen3_5_moe": "qwen3_5_moe.modeling_qwen3_5_moe",
+}
+
+
+def patch(p: Any, family: str | None = None) -> None:
+    """Replace the gated DeltaNet kernels' PyTorch fallbacks in ``family``'s modeling module (refused, as
+    ``trace_unsupported_transformers``, when the module lacks one of the two names), or without ``family`` in
+    every installed module that has them.
+
+    The module-level names are what both lines read: transformers 5.24 / 5.25 call them at each forward
+    (models/qwen3_next/modeling_qwen3_next.py, 5.25 :409 and :801), 4.57.6 binds them when the layer is built
+    (``self.causal_conv1d_fn = causal_conv1d_fn``, ``chunk_gated_delta_rule or torch_chunk_gated_delta_rule``,
+    modeling_qwen3_next.py:619-621), which the trace does inside its patches. 4.57.6 passes the conv input as
+    ``x=`` (:707-713), 5.x positionally."""
     if os.environ.get("CABE_TRACE_GDN_FALLBACK") == "1":
         return
     import importlib
+
+    from cabe.trace import compat
 
     gdn, conv = _gdn_function(), _conv_function()
 
@@ -128,15 +146,26 @@ def patch(p: Any) -> None:
             query, key, value, g, beta, bool(kw.get("use_qk_l2norm_in_kernel")), bool(kw.get("output_final_state"))
         )
 
-    def causal_conv1d_fn(hidden_states: Any, weight: Any, bias: Any = None, activation: Any = None, **kw: Any) -> Any:
-        return conv.apply(hidden_states, weight)
+    def causal_conv1d_fn(
+        hidden_states: Any = None, weight: Any = None, bias: Any = None, activation: Any = None, **kw: Any
+    ) -> Any:
+        x = hidden_states if hidden_states is not None else kw.get("x")
+        return conv.apply(x, weight)
 
-    for name in ("qwen3_next.modeling_qwen3_next", "qwen3_5.modeling_qwen3_5", "qwen3_5_moe.modeling_qwen3_5_moe"):
+    names = ("torch_chunk_gated_delta_rule", "causal_conv1d_fn")
+    if family is not None:
+        mod = compat.module("models." + MODULES[family], family)
+        for n in names:
+            compat.require(mod, n, family)
+        p.set(mod, names[0], chunk_gated_delta_rule)
+        p.set(mod, names[1], causal_conv1d_fn)
+        return
+    for name in MODULES.values():
         try:
             mod = importlib.import_module(f"transformers.models.{name}")
         except ImportError:
             continue
-        if hasattr(mod, "torch_chunk_gated_delta_rule"):
-            p.set(mod, "torch_chunk_gated_delta_rule", chunk_gated_delta_rule)
-        if hasattr(mod, "causal_conv1d_fn"):
-            p.set(mod, "causal_conv1d_fn", causal_conv1d_fn)
+        if hasattr(mod, names[0]):
+            p.set(mod, names[0], chunk_gated_delta_rule)
+        if hasattr(mod, names[1]):
+            p.set(mod, names[1], causal_conv1d_fn)

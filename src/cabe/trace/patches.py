@@ -1,5 +1,7 @@
 """What a trace patches for its duration: fake CUDA (device queries, placeholder kernels), SDPA routed
-through the CUDA backend choice, the transformers and bitsandbytes hooks that would block tracing.
+through the CUDA backend choice, the transformers and bitsandbytes hooks that would block tracing, and the
+patches of the traced family only (:mod:`cabe.trace.family_patches`). Every private name of transformers is fetched
+through :func:`cabe.trace.compat.require`: a release without it refuses in one sentence, never an AttributeError.
 Everything is undone when :func:`trace_environment` exits."""
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from cabe.trace import _native, linear_attention, state
+from cabe.trace import _native, compat, family_patches, state
 from cabe.trace.deps import needs_bitsandbytes, needs_peft
 from cabe.trace.inputs import has_documents
 from cabe.training import TrainingSetup
@@ -67,72 +69,6 @@ def _register_cuda_placeholders() -> None:
         except RuntimeError:
             continue
     _CUDA_LIB = lib
-
-
-def _patch_falcon_split_heads(p: _Patch) -> None:
-    """Falcon's multi-query ``_split_heads`` indexes with Python lists (``fused_qkv[..., [-2], :]``).
-
-    PyTorch turns such a list into an index tensor in C++, below the Python dispatch key, so it
-    is created as a real CUDA tensor and fails on a CPU-only build. ``index_select`` with an
-    index made by ``torch.arange`` (a factory op the fake mode intercepts) makes the same copies.
-    """
-    try:
-        from transformers.models.falcon import modeling_falcon as mf
-    except ImportError:
-        return
-    original = mf.FalconAttention._split_heads
-
-    def split_heads(self: Any, fused_qkv: Any) -> Any:
-        if self.new_decoder_architecture or not self.multi_query:
-            return original(self, fused_qkv)
-        import torch
-
-        b, s, _ = fused_qkv.shape
-        fused_qkv = fused_qkv.view(b, s, self.num_heads + 2, self.head_dim)
-        n = self.num_heads + 2
-        k_idx = torch.arange(n - 2, n - 1, device=fused_qkv.device)
-        v_idx = torch.arange(n - 1, n, device=fused_qkv.device)
-        return (
-            fused_qkv[..., :-2, :],
-            torch.index_select(fused_qkv, 2, k_idx),
-            torch.index_select(fused_qkv, 2, v_idx),
-        )
-
-    p.set(mf.FalconAttention, "_split_heads", split_heads)
-
-
-def _patch_falcon_flash(p: _Patch) -> None:
-    """Falcon does not go through transformers' attention interface: ``FalconDecoderLayer`` picks its attention class
-    from ``FALCON_ATTENTION_CLASSES[config._attn_implementation]`` unless ``is_flash_attention_requested`` (a name
-    containing "flash"), and ``FalconFlashAttention2.forward`` calls the module's own ``_flash_attention_forward``
-    (transformers 5.24 models/falcon/modeling_falcon.py:414-547), imported only when the flash-attn package is there.
-    The trace's ``cabe_fa2`` therefore gets Falcon's own flash class, whose forward (the 16-bit casts of fp32 inputs,
-    the (b, s, h, d) transposes) runs as written, and its kernel call reaches ``aten._flash_attention_forward``, the
-    same FlashAttention-2 code :func:`cabe.trace.attention.flash_attention_forward` uses (no mask: causal)."""
-    try:
-        from transformers.models.falcon import modeling_falcon as mf
-    except ImportError:
-        return
-    from cabe.trace.attention import flash_kernel
-
-    def flash_forward(
-        query_states: Any,
-        key_states: Any,
-        value_states: Any,
-        attention_mask: Any,
-        query_length: int,
-        is_causal: bool,
-        dropout: float = 0.0,
-        softmax_scale: float | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        return flash_kernel(query_states, key_states, value_states, float(dropout), bool(is_causal), softmax_scale)
-
-    classes = dict(mf.FALCON_ATTENTION_CLASSES)
-    classes["cabe_fa2"] = mf.FalconFlashAttention2
-    p.set(mf, "FALCON_ATTENTION_CLASSES", classes)
-    p.set(mf, "_flash_attention_forward", flash_forward)
-    p.set(mf, "flash_attn_supports_top_left_mask", lambda: False)  # flash-attn >= 2.1: bottom-right causal mask
 
 
 def _find_packed_sequence_indices(position_ids: Any) -> None:
@@ -265,10 +201,12 @@ def _bnb_host_side(p: _Patch, bnb_opt: Any) -> None:
 
 
 @contextlib.contextmanager
-def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
-    """Patches for the duration of one trace (``kind``: fake | meta | cpu | cuda)."""
+def trace_environment(kind: str, setup: TrainingSetup, model_types: tuple[str, ...] = ()) -> Iterator[None]:
+    """Patches for the duration of one trace (``kind``: fake | meta | cpu | cuda) of a model of ``model_types``
+    (:func:`cabe.trace.family_patches.model_types` of its config: which families' patches to apply)."""
     import torch
-    import transformers.masking_utils as mu
+
+    mu = compat.module("masking_utils", compat.EVERY_FAMILY)
 
     bnb_opt: Any = None
     if needs_bitsandbytes(setup):
@@ -281,19 +219,14 @@ def trace_environment(kind: str, setup: TrainingSetup) -> Iterator[None]:
     try:
         if kind in ("fake", "meta"):
             _route_sdpa(p)
-            from cabe.trace import ssm
-
-            ssm.install(p)  # mamba-ssm's fused Mamba-2 kernel, as a GPU with the package runs it
-            # gated DeltaNet layers: flash-linear-attention's and causal-conv1d's allocations, not the PyTorch fallback
-            linear_attention.patch(p)
         if kind == "meta":
             _cuda_dropout(p)
         # transformers reads position_ids to detect packed sequences (a data-dependent branch);
         # a batch of whole sequences has none. Same tensor ops as the original, answer None.
         packed = has_documents(setup)
+        compat.require(mu, "find_packed_sequence_indices", compat.EVERY_FAMILY)
         p.set(mu, "find_packed_sequence_indices", _packed_sequence_indices if packed else _find_packed_sequence_indices)
-        _patch_falcon_split_heads(p)
-        _patch_falcon_flash(p)
+        family_patches.install(p, kind, model_types)
         if kind == "fake" and not torch.cuda.is_available() and _native.available():
             _fake_cuda(p)
         if bnb_opt is not None and kind != "cuda":

@@ -178,11 +178,23 @@ def fused_scan(
 FALLBACK_ENV = "CABE_TRACE_MAMBA2_FALLBACK"
 
 
-def install(p: Any) -> None:
-    """Route every known Mamba-2 modeling module's fused call to the stand-in (``p``: the trace's patch set)."""
+def install(p: Any, family: str | None = None) -> None:
+    """Route the fused call of ``family``'s Mamba-2 modeling module to the stand-in (``p``: the trace's patch set);
+    without ``family``, of every known module that has it. A traced family whose module lacks the call refuses
+    (``trace_unsupported_transformers``): transformers 4.57.6 calls mamba-ssm's ``mamba_split_conv1d_scan_combined``
+    only when the package is installed (models/granitemoehybrid/modeling_granitemoehybrid.py:44-50, 374, 459), so
+    its trace would run the PyTorch fallback in silence; ``CABE_TRACE_MAMBA2_FALLBACK=1`` asks for that fallback."""
     if os.environ.get(FALLBACK_ENV):
         return
+    from cabe.trace import compat
+
     for name in MODULES:
+        if family is not None:
+            if name.rsplit(".", 2)[-2] == family:
+                mod = compat.module(name.removeprefix("transformers."), family)
+                compat.require(mod, NAME, family)
+                p.set(mod, NAME, fused_scan)
+            continue
         try:
             mod = sys.modules.get(name) or importlib.import_module(name)
         except ImportError:  # an older transformers without this model

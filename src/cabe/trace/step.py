@@ -8,6 +8,7 @@ from typing import Any
 
 from cabe.trace import vision
 from cabe.trace.analysis import analyse
+from cabe.trace.family_patches import model_types
 from cabe.trace.inputs import autocast, make_inputs, make_optimizer
 from cabe.trace.loss import loss_kernel
 from cabe.trace.result import TraceResult
@@ -120,7 +121,7 @@ def _micro_batch(
     tracker.region = None
     ids, labels, positions = make_inputs(cfg, setup, device)
     extra = {} if positions is None else {"position_ids": positions}  # packed rows: documents by position_ids
-    with vision.simulated(vision.wants_images(cfg, setup)):
+    with vision.simulated(vision.wants_images(cfg, setup), model_types(cfg.to_dict())):
         images = vision.image_inputs(cfg, setup, device, ids)  # pixel_values and their grid, when images are asked
         tracker.set_phase("forward")
         with autocast(setup), loss_kernel(model, setup):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -100,8 +101,9 @@ def image_inputs(cfg: Any, setup: TrainingSetup, device: Any, ids: Any) -> dict[
 
 
 @contextlib.contextmanager
-def simulated(active: bool) -> Iterator[None]:
-    """While a step with images runs: FakeTensor constants up to 16M elements, transformers' tensor checks off."""
+def simulated(active: bool, types: tuple[str, ...] | None = None) -> Iterator[None]:
+    """While a step with images runs: FakeTensor constants up to 16M elements, transformers' tensor checks off, and
+    the DeepStack step of Qwen3-VL (``types``: the traced config's model types) made static."""
     if not active:
         yield
         return
@@ -110,7 +112,7 @@ def simulated(active: bool) -> Iterator[None]:
     limit, check = ft.CONSTANT_NUMEL_LIMIT, os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
     ft.CONSTANT_NUMEL_LIMIT = 1 << 24
     os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
-    deepstack = _static_deepstack()
+    deepstack = _static_deepstack(types)
     try:
         yield
     finally:
@@ -190,7 +192,7 @@ def _qwen3_vl_inputs(cfg: Any, setup: TrainingSetup, device: Any, ids: Any) -> d
     }
 
 
-def _static_deepstack() -> Any:
+def _static_deepstack(types: tuple[str, ...] | None = None) -> Any:
     """Qwen3-VL's DeepStack step (transformers 5.24 ``Qwen3VLTextModel._deepstack_process``,
     modeling_qwen3_vl.py:841-850, and Qwen3-VL-MoE's, the same lines at modeling_qwen3_vl_moe.py:960-968) indexes
     the hidden states with the image tokens' boolean mask, whose
@@ -198,16 +200,21 @@ def _static_deepstack() -> Any:
     here (:func:`_qwen3_vl_inputs`), so the same step is run on that slice: the same clone of the hidden states,
     the same sum, written back in place. What differs: the gathered copy of the image tokens' rows (a transient the
     sum replaces at once) and the int64 indices the two index nodes save (16 bytes per image token and layer).
+    Only the traced family's class is patched (``types``: the config's model types, cabe.trace.family_patches);
+    one without ``_deepstack_process`` refuses that family (``trace_unsupported_transformers``). Without ``types``,
+    every class this transformers has.
     Returns the function that restores transformers' own."""
-    import importlib
+    from cabe.trace import compat
 
-    classes = []
-    for module, name in (("qwen3_vl.modeling_qwen3_vl", "Qwen3VLTextModel"), _QWEN3_VL_MOE_TEXT):
-        try:
-            classes.append(getattr(importlib.import_module("transformers.models." + module), name))
-        except (ImportError, AttributeError):  # (an older transformers without Qwen3-VL)
-            continue
-    owns = [(cls, cls._deepstack_process) for cls in classes]
+    owns = []
+    for family, module, name in (("qwen3_vl", "qwen3_vl.modeling_qwen3_vl", "Qwen3VLTextModel"), _QWEN3_VL_MOE_TEXT):
+        if types is None:
+            cls = getattr(sys.modules.get("transformers.models." + module), name, None)
+            if cls is not None and hasattr(cls, "_deepstack_process"):
+                owns.append((cls, cls._deepstack_process))
+        elif family in types:
+            cls = compat.require(compat.module("models." + module, family), name, family)
+            owns.append((cls, compat.require(cls, "_deepstack_process", family)))
 
     def static(self: Any, hidden_states: Any, visual_pos_masks: Any, visual_embeds: Any) -> Any:
         visual_embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)
@@ -229,4 +236,4 @@ def _static_deepstack() -> Any:
 
 
 #: Qwen3-VL-MoE's text model, whose DeepStack step is Qwen3-VL's (:func:`_static_deepstack`)
-_QWEN3_VL_MOE_TEXT = ("qwen3_vl_moe.modeling_qwen3_vl_moe", "Qwen3VLMoeTextModel")
+_QWEN3_VL_MOE_TEXT = ("qwen3_vl_moe", "qwen3_vl_moe.modeling_qwen3_vl_moe", "Qwen3VLMoeTextModel")
