@@ -96,6 +96,26 @@ def parse(value: object) -> str:
     return text
 
 
+#: the newest release of each line cabe models: what a bare line ("4", "5") means
+NEWEST_RELEASE = {4: (4, 57), 5: (5, 25)}
+#: transformers 5.25 rewrote Falcon's attention onto the shared kernels (models/falcon/modeling_falcon.py 5.25.0:
+#: 297-331: q, k and v split views of the fused projection, ``ALL_ATTENTION_FUNCTIONS``, the generic
+#: ``eager_attention_forward`` with ``repeat_kv`` and an fp32 softmax cast back); before, ``_split_heads`` indexed
+#: k and v into copies and its eager softmax ran in the LayerNorm output's dtype (5.24.0:260-330)
+FALCON_SHARED_ATTENTION = (5, 25)
+
+
+def release(value: str | None) -> tuple[int, int]:
+    """(major, minor) of a request's transformers (the installed one's when None); a bare line is the newest
+    release of it cabe models (:data:`NEWEST_RELEASE`)."""
+    text = value if value is not None else resolved_version()
+    parts = text.split(".")
+    line = int(parts[0])
+    if len(parts) < 2:
+        return NEWEST_RELEASE.get(line, (line, 0))
+    return line, int(re.match(r"\d+", parts[1]).group(0))  # type: ignore[union-attr]
+
+
 def major(value: str | None) -> int:
     """The line (4 or 5) of a request's ``transformers``, or of the installed one when None."""
     text = value if value is not None else installed_line()
@@ -156,11 +176,33 @@ def check_model_type(model_type: str, line: int, value: str | None) -> None:
         )
 
 
-def as_line(spec: ModelSpec, line: int) -> ModelSpec:
-    """The model as transformers of ``line`` builds it: unchanged for 5; for 4, routed experts and routers as
-    ``nn.Linear`` modules where 4.x has them (:data:`EXPERT_MODULES_4`, :data:`ROUTER_MODULE_4`), nothing moved onto
-    bare parameters by PEFT (its v4 -> v5 conversion runs only on a 5.x model), and Gemma 2's SDPA."""
-    return spec if line >= 5 else _as_4(spec)  # (5: no lookup, hashing a whole spec costs microseconds)
+def as_line(spec: ModelSpec, line: int, value: str | None = None) -> ModelSpec:
+    """The model as the transformers a request names (``line``, and ``value``: the request's ``transformers``)
+    builds it: for 4, routed experts and routers as ``nn.Linear`` modules where 4.x has them
+    (:data:`EXPERT_MODULES_4`, :data:`ROUTER_MODULE_4`), nothing moved onto bare parameters by PEFT (its v4 -> v5
+    conversion runs only on a 5.x model), and Gemma 2's SDPA; before 5.25, Falcon's own attention
+    (:data:`FALCON_SHARED_ATTENTION`); otherwise unchanged."""
+    if line < 5:
+        return _falcon_own(_as_4(spec)) if spec.model_type == "falcon" else _as_4(spec)
+    if spec.model_type == "falcon" and release(value) < FALCON_SHARED_ATTENTION:
+        return _falcon_own(spec)
+    return spec  # (no lookup on the common path: hashing a whole spec costs microseconds)
+
+
+@lru_cache(maxsize=64)
+def _falcon_own(spec: ModelSpec) -> ModelSpec:
+    """Falcon before 5.25 (models/falcon/modeling_falcon.py 5.24.0; 4.57.6 alike): ``_split_heads`` slices the
+    classic layout's fused output (views) but indexes multi-query and new-architecture k and v with
+    ``[..., [-1], :]`` (copies); the eager path runs ``F.softmax(scores + mask, dtype=hidden_states.dtype)`` (the
+    LayerNorm output's dtype, no fp32 cast back) on the broadcast single key; SDPA gets the broadcast key and
+    value, so PyTorch runs its math kernel for multi-query."""
+    classic = spec.num_kv_heads == spec.num_heads  # (multi-query: one kv head; the new architecture: num_kv_heads)
+    return replace(
+        spec,
+        value_is_qkv_view=classic,
+        eager_softmax_fp32=False,
+        sdpa_fallback="math" if spec.num_kv_heads == 1 else "",
+    )
 
 
 @lru_cache(maxsize=256)

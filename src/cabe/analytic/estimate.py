@@ -39,7 +39,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         )
     # the model as the run's transformers line builds it (4.x: MoE experts as nn.Linear modules, cabe.transformers_line)
     transformers_line.check_model_type(spec.model_type, setup.transformers_line, setup.transformers)
-    spec = transformers_line.as_line(spec, setup.transformers_line)
+    spec = transformers_line.as_line(spec, setup.transformers_line, setup.transformers)
     source = dtype_source(setup, spec.dtype)
     optimizer_given = setup.optimizer_given  # an HF Trainer optim name, echoed beside the registry's
     setup = resolve(setup, spec.dtype)  # dtype="auto": the checkpoint's, as transformers 5 loads it

@@ -50,17 +50,12 @@ def read(r: Reader, name: str) -> ModelSpec:
         rotary_dim=d,
         max_positions=r.int("max_position_embeddings", default=2048),
         layer_groups=groups(r.int("num_hidden_layers", "n_layer"), linears, "plain", None, 0),
-        # FalconAttention._split_heads (models/falcon/modeling_falcon.py, 5.24): the classic layout returns
-        # slices of the fused output (views); multi-query and the new decoder architecture index k and v with
-        # ``[..., [-1], :]`` (advanced indexing: copies)
-        value_is_qkv_view=not (new_arch or multi_query),
-        # FalconAttention.forward (non-alibi): ``F.softmax(scores + mask, dim=-1, dtype=hidden_states.dtype)``
-        # — the LayerNorm output's dtype: fp32 under autocast (layer_norm is on its fp32 list), else the
-        # weights' — not an fp32 softmax cast back (falcon-7b LoRA bf16 eager was +7.4% with it)
-        eager_softmax_fp32=False,
-        # NOTE: Falcon-7B's multi-query SDPA call makes PyTorch pick its math kernel, which upcasts q,
-        # k, v to fp32 and keeps the s×s softmax (seen in the trace)
-        sdpa_fallback="math" if nkv == 1 else "",
+        # FalconAttention.forward as transformers 5.25 runs it (models/falcon/modeling_falcon.py 5.25.0:297-331):
+        # q, k and v are views of the fused output in every layout (split / unbind / the grouped view), and the
+        # kernels are the shared ones (ALL_ATTENTION_FUNCTIONS: eager with repeat_kv and an fp32 softmax, SDPA as
+        # every model calls it). Before 5.25 Falcon ran its own (cabe.transformers_line._falcon_own: copies of k and
+        # v, a softmax in the LayerNorm output's dtype, SDPA's math kernel for multi-query)
+        value_is_qkv_view=True,
         attention_dropout=r.dropout("attention_dropout"),
         hidden_dropout=r.dropout("hidden_dropout"),
         peft_default_targets=("query_key_value",),
