@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from cabe import memo
 from cabe.errors import InvalidValueError
 
 if TYPE_CHECKING:
@@ -107,8 +108,22 @@ def loaded_dtype(setup: TrainingSetup) -> str:
     return setup.compute_dtype if setup.method == "qlora" and not setup.kbit_prep else setup.dtype
 
 
+_DTYPES: dict[object, Dtypes] = {}
+
+
 def dtypes_for(setup: TrainingSetup) -> Dtypes:
     """Bytes per element for a setup whose ``dtype`` is resolved (:func:`resolve`)."""
+    # asked for by every room of an estimate: once per request less its shape (cabe.memo), one object for all of them
+    key = memo.request_key(setup)
+    hit = _DTYPES.get(key)
+    if hit is None:
+        if len(_DTYPES) > memo.MAX_ENTRIES:
+            _DTYPES.clear()
+        hit = _DTYPES[key] = _dtypes_for(setup)
+    return hit
+
+
+def _dtypes_for(setup: TrainingSetup) -> Dtypes:
     if setup.param_dtype != "none" and not setup.shard.startswith(("zero", "fsdp")):
         raise InvalidValueError("param_dtype_needs_sharding", "param_dtype", value=setup.param_dtype, shard=setup.shard)
     if setup.method == "qlora" and not setup.kbit_prep:
