@@ -19,6 +19,8 @@ from dataclasses import fields
 from operator import attrgetter
 from typing import Any
 
+from cabe import schema
+from cabe.errors import InvalidValueError
 from cabe.training import TrainingSetup
 
 MAX_MODELS = 64
@@ -57,14 +59,44 @@ class _Key(tuple):  # type: ignore[type-arg]
     def __hash__(self) -> int:
         return self.hash  # type: ignore[no-any-return]
 
+    def __reduce__(self) -> tuple[Any, ...]:  # a setup sent to another process: hashed there anew
+        return _Key, (tuple(self),)
+
 
 def request_key(setup: TrainingSetup) -> tuple[Any, ...]:
-    """The request less its shape: every field of ``setup`` but ``batch`` and ``seq``. Kept on the setup (a frozen
-    value: its fields never change once built; ``replace`` makes a new one without it)."""
+    """The request less its shape: every field of ``setup`` but ``batch`` and ``seq``, and their types. Kept on the
+    setup (a frozen value: its fields never change once built; ``replace`` makes a new one without it)."""
     key = setup.__dict__.get("_request_key")
     if key is None:
-        key = setup.__dict__["_request_key"] = _Key(_request(setup))
+        values = _request(setup)
+        # with the values' types: 0 and 0.0 are equal, but the report echoes each as it was given
+        key = setup.__dict__["_request_key"] = _Key((*values, tuple(map(type, values))))
     return key  # type: ignore[no-any-return]
+
+
+#: the ranges TrainingSetup checks the shape against (cabe.schema)
+_RANGES = {n: (int(schema.field(n).minimum or 0), int(schema.field(n).maximum or 0)) for n in ("batch", "seq")}
+
+
+def reshaped(setup: TrainingSetup, batch: int, seq: int) -> TrainingSetup:
+    """``setup.with_(batch=batch, seq=seq)``, without validating again the fields that did not change (building a
+    TrainingSetup checks all of them against the schema: tens of µs, more than an estimate's own work): the new
+    shape is checked as TrainingSetup checks it, and no rule of :func:`cabe.training.validate` reads the shape
+    beside another field (tests/test_memo.py holds the two equal). The optimizer's given name is the registry's, as
+    ``with_`` leaves it."""
+    if batch == setup.batch and seq == setup.seq:
+        return setup
+    for name, value in (("batch", batch), ("seq", seq)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidValueError("not_integer", name, value=value)
+        lo, hi = _RANGES[name]
+        if value < lo or value > hi:
+            raise InvalidValueError("out_of_range", name, value=value, minimum=lo, maximum=hi)
+    new = object.__new__(TrainingSetup)
+    d = new.__dict__
+    d.update(setup.__dict__)  # the fields, and the request key: the same request less its shape
+    d["batch"], d["seq"], d["_optimizer_given"] = batch, seq, setup.optimizer
+    return new
 
 
 def clear() -> None:

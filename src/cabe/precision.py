@@ -43,7 +43,6 @@ models what PyTorch does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from cabe import memo
@@ -84,14 +83,24 @@ class Dtypes:
         return self.input_casts
 
 
-@lru_cache(maxsize=1024)  # a new TrainingSetup is validated on creation: solvers resolve the same ones often
 def resolve(setup: TrainingSetup, checkpoint_dtype: str | None) -> TrainingSetup:
     """``dtype="auto"`` read as transformers 5 reads it: the checkpoint's dtype (``ModelSpec.dtype``, or
     :func:`cabe.families.config_dtype` of a config); fp32 when the config does not say (transformers would
     then look at the weights' files)."""
     if setup.dtype != "auto":
         return setup
-    return setup.with_dtype(checkpoint_dtype or "fp32")
+    # a new TrainingSetup is validated on creation (tens of µs): the request less its shape is resolved once, and a
+    # setup that differs from it in the batch or the sequence only (a solver's sweep) takes that one's fields
+    key = (memo.request_key(setup), checkpoint_dtype)
+    hit = _RESOLVED.get(key)
+    if hit is None:
+        if len(_RESOLVED) > memo.MAX_ENTRIES:
+            _RESOLVED.clear()
+        hit = _RESOLVED[key] = setup.with_dtype(checkpoint_dtype or "fp32")
+    return memo.reshaped(hit, setup.batch, setup.seq)
+
+
+_RESOLVED: dict[object, TrainingSetup] = {}
 
 
 def dtype_source(setup: TrainingSetup, checkpoint_dtype: str | None) -> str:

@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Term:
-    """One saved tensor group: ``bytes_per_token`` for one layer (or for the model head)."""
+class Term(NamedTuple):
+    """One saved tensor group: ``bytes_per_token`` for one layer (or for the model head). (A named tuple: a layer adds
+    a score of them per estimate, and the explanation is keyed by them; a frozen dataclass builds and hashes slower.)"""
 
     name: str
     bytes_per_token: int

@@ -14,7 +14,14 @@ from cabe.activations import (
 )
 from cabe.analytic.explain import _explain_model, _packing_steps, _precision_step
 from cabe.analytic.lesson import ALLOCATOR_SLACK_FRACTION, DEFAULT_CUDA_CONTEXT_BYTES
-from cabe.analytic.notes import _host_json, _model_json, _model_notes, _recipe_json, _unmatched_json
+from cabe.analytic.notes import (
+    _host_json,
+    _model_json,
+    _model_notes,
+    _recipe_json,
+    _setup_json,
+    _unmatched_json,
+)
 from cabe.analytic.parts import _step_parts
 from cabe.analytic.runs import _layer_activations, _row_shape
 from cabe.analytic.states import _logit_width, _model_states, _weight_copies
@@ -98,12 +105,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         peak_phase=peak.phase,
         phase_peaks=phase_peaks,
         steps=tuple(steps),
-        setup={
-            **given.to_dict(),
-            "optimizer_given": optimizer_given,
-            "effective_batch": given.effective_batch,
-            "tokens": tokens,
-        },
+        setup=_setup_json(given, optimizer_given, tokens),
         model=_model_json(spec, model_meta),
         paged_bytes=states.opt.paged_bytes,
         cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,

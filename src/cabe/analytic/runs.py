@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cabe import memo
 from cabe.activations import (
     LayerActivations,
     checkpointed_layer_bytes_per_token,
@@ -32,7 +33,7 @@ def _row_shape(setup: TrainingSetup) -> TrainingSetup:
         return setup
     if setup.batch == 1:
         return setup.with_(packing="none")
-    return setup.with_(batch=1, seq=setup.batch * setup.seq)
+    return memo.reshaped(setup, 1, setup.batch * setup.seq)  # (setup.with_ without validating the rest again)
 
 
 def _packed_mask(spec: ModelSpec, setup: TrainingSetup) -> bool:
