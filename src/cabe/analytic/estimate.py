@@ -85,10 +85,11 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     copies_fwd = (
         sum(r.copies * r.count + r.copies_cached * r.cached_count for r in parts.layer_runs()) + parts.copies_head
     )
-    peak = max(moments, key=lambda m: m.total)
+    totals = [m.total for m in moments]  # (a sum over the components each time it is read)
+    peak = moments[totals.index(max(totals))]  # the first of the largest, as max() picks it
     phase_peaks: dict[str, int] = {}
-    for m in moments:
-        phase_peaks[m.phase] = max(phase_peaks.get(m.phase, 0), m.total)
+    for m, t in zip(moments, totals):
+        phase_peaks[m.phase] = max(phase_peaks.get(m.phase, 0), t)
     components = dict(peak.components)
     for k in ("weights", "gradients", "optimizer", "activations"):
         components.setdefault(k, 0)
@@ -119,6 +120,6 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
             **_unmatched_json(spec, setup),
             **_host_json(spec, act),
             **({"distributed": shard_info} if shard_info else {}),
-            "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments],
+            "moments": [{"phase": m.phase, "where": m.where, "total_bytes": t} for m, t in zip(moments, totals)],
         },
     )

@@ -107,10 +107,7 @@ def _step_parts(
             kinds[(id(r.per_layer), ck)] = _layer_run(spec, setup, states, act, r, ck)
     ckpt_cached = setup.checkpointing and copies.trained_layers
     # under selective checkpointing, runs of checkpointed and of plain layers alternate
-    runs = tuple(
-        replace(kinds[(id(r.per_layer), ck)], count=n, cached_count=n if ckpt_cached and ck else 0)
-        for r, n, ck in act.pieces()
-    )
+    runs = tuple(_counted(kinds[(id(r.per_layer), ck)], n, n if ckpt_cached and ck else 0) for r, n, ck in act.pieces())
 
     def mean(of: Callable[[LayerRun], int]) -> int:  # a per-layer figure (exact when the layers are alike)
         return sum(r.count * of(r) for r in runs) // grad_layers if runs else 0
@@ -175,6 +172,13 @@ def _step_parts(
             else 0
         ),
     )
+
+
+def _counted(run: LayerRun, count: int, cached_count: int) -> LayerRun:
+    """``replace(run, count=..., cached_count=...)``, without the copy when nothing changes (the common case)."""
+    if run.count == count and run.cached_count == cached_count:
+        return run
+    return replace(run, count=count, cached_count=cached_count)
 
 
 def _forward_transient(act: _Activations) -> int:
