@@ -62,7 +62,7 @@ class LayerState:
 
     def add(self, name: str, nbytes: int, formula: str) -> None:
         if nbytes and (self.live or self.owned):
-            self.terms.append(Term(name, nbytes, formula))
+            self.terms.append(_term(Term, (name, nbytes, formula)))  # Term(name, nbytes, formula), without its __new__
             self.saved += nbytes
 
     def add_owned(self, name: str, nbytes: int, formula: str) -> None:
@@ -84,7 +84,12 @@ class LayerState:
         """The layer's linear named ``n``, the one of the block being counted when two share the name (GPT-2 and
         GPTBigCode call both output projections ``c_proj``: 768 -> 768 in attention, 3072 -> 768 in the MLP)."""
         same = self.by_name.get(n, ())
-        return next((lin for lin in same if lin.role == self.block), same[-1] if same else None)
+        if len(same) < 2:  # (one linear of that name is the answer whatever its role)
+            return same[0] if same else None
+        return next((lin for lin in same if lin.role == self.block), same[-1])
+
+
+_term = tuple.__new__
 
 
 class _Owned:

@@ -110,6 +110,8 @@ def _step_parts(
     runs = tuple(_counted(kinds[(id(r.per_layer), ck)], n, n if ckpt_cached and ck else 0) for r, n, ck in act.pieces())
 
     def mean(of: Callable[[LayerRun], int]) -> int:  # a per-layer figure (exact when the layers are alike)
+        if len(runs) == 1:  # (the same sum, without a generator)
+            return runs[0].count * of(runs[0]) // grad_layers
         return sum(r.count * of(r) for r in runs) // grad_layers if runs else 0
 
     ckpt = setup.checkpointing
