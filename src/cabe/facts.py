@@ -269,7 +269,7 @@ def head_facts(spec: ModelSpec, setup: TrainingSetup) -> HeadFacts:
     hit = m.get(key)
     if hit is None:
         hit = m[key] = _head_facts(spec, setup)
-    return hit  # type: ignore[no-any-return]
+    return hit
 
 
 def _head_facts(spec: ModelSpec, setup: TrainingSetup) -> HeadFacts:

@@ -48,8 +48,10 @@ def of(model: object) -> dict[Any, Any]:
     return memo
 
 
-class _Key(tuple):  # type: ignore[type-arg]
+class _Key(tuple):
     """A request key that hashes once (40 fields hashed on every look-up would cost more than the look-up)."""
+
+    hash: int
 
     def __new__(cls, values: tuple[Any, ...]) -> _Key:
         key = super().__new__(cls, values)
@@ -57,7 +59,7 @@ class _Key(tuple):  # type: ignore[type-arg]
         return key
 
     def __hash__(self) -> int:
-        return self.hash  # type: ignore[no-any-return]
+        return self.hash
 
     def __reduce__(self) -> tuple[Any, ...]:  # a setup sent to another process: hashed there anew
         return _Key, (tuple(self),)
@@ -71,7 +73,7 @@ def request_key(setup: TrainingSetup) -> tuple[Any, ...]:
         values = _request(setup)
         # with the values' types: 0 and 0.0 are equal, but the report echoes each as it was given
         key = setup.__dict__["_request_key"] = _Key((*values, tuple(map(type, values))))
-    return key  # type: ignore[no-any-return]
+    return key
 
 
 #: the ranges TrainingSetup checks the shape against (cabe.schema)

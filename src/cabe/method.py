@@ -39,7 +39,7 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | 
     hit = m.get(key)
     if hit is None:
         hit = m[key] = (group, _lora_targets(spec, targets, group))
-    return hit[1]  # type: ignore[no-any-return]
+    return hit[1]
 
 
 def _lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | None) -> tuple[Linear, ...]:
@@ -119,7 +119,7 @@ def lora_parameter_targets(
     hit = m.get(key)
     if hit is None:
         hit = m[key] = (group, _lora_parameter_targets(spec, targets, group))
-    return hit[1]  # type: ignore[no-any-return]
+    return hit[1]
 
 
 def _lora_parameter_targets(

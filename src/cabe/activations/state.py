@@ -117,7 +117,7 @@ def _by_name(facts: LayerFacts) -> dict[str, tuple[Linear, ...]]:
         for lin in facts.group.linears:
             by[lin.name] = (*by.get(lin.name, ()), lin)
         hit = m[key] = (facts.group, by)
-    return hit[1]  # type: ignore[no-any-return]
+    return hit[1]
 
 
 def sym(n: int, spec: ModelSpec) -> str:

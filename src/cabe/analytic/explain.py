@@ -83,7 +83,7 @@ def _states_steps(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _St
             *_optimizer_steps(setup, states),
         )
         hit = states.memo[key] = (dt, steps)
-    return hit[1]  # type: ignore[no-any-return]
+    return hit[1]
 
 
 def _parameters_step(spec: ModelSpec) -> Step:

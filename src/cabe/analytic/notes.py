@@ -24,7 +24,7 @@ def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tupl
     hit = states.memo.get(key)
     if hit is None:
         hit = states.memo[key] = _compute_model_notes(spec, setup, states)
-    return hit  # type: ignore[no-any-return]
+    return hit
 
 
 def _compute_model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tuple[str, ...]:
@@ -160,7 +160,7 @@ def _setup_json(given: TrainingSetup, optimizer_given: str, tokens: int) -> dict
     if hit is None:
         if len(_SETUP_JSON) > memo.MAX_ENTRIES:
             _SETUP_JSON.clear()
-        base = given.to_dict()
+        base: dict[str, Any] = given.to_dict()
         hit = _SETUP_JSON[key] = (base, tuple(k for k, v in base.items() if isinstance(v, list)))
     base, lists = hit
     out = dict(base)

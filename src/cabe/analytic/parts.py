@@ -302,7 +302,7 @@ def _run_grads(spec: ModelSpec, setup: TrainingSetup, states: _States, group: La
     hit = states.memo.get(key)
     if hit is None:
         hit = states.memo[key] = (group, _compute_run_grads(spec, setup, states, group))
-    return hit[1]  # type: ignore[no-any-return]
+    return hit[1]
 
 
 def _compute_run_grads(

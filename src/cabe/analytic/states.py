@@ -54,7 +54,7 @@ def _model_states(spec: ModelSpec, setup: TrainingSetup) -> _States:
         if hit is None:
             hit = m[key] = _compute_model_states(spec, setup)
         m[by_request] = hit
-    return hit  # type: ignore[no-any-return]
+    return hit
 
 
 def _compute_model_states(spec: ModelSpec, setup: TrainingSetup) -> _States:
@@ -101,7 +101,7 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
     hit = m.get(key)
     if hit is None:
         hit = m[key] = (dt, run, _compute_weight_copies(spec, setup, dt, run))
-    return hit[2]  # type: ignore[no-any-return]
+    return hit[2]
 
 
 def _compute_weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: LayerGroup | None) -> _Copies:
@@ -204,4 +204,4 @@ def _grads_of(states: _States, what: str) -> int:
     hit = states.memo.get(what)
     if hit is None:
         hit = states.memo[what] = _grad_bytes(states, _GRAD_SELECTIONS[what])
-    return hit  # type: ignore[no-any-return]
+    return hit
