@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cabe import memo
 from cabe.architecture import ModelSpec
 from cabe.layers import LayerGroup, Linear
 from cabe.method import head_targets, lora_parameter_targets, lora_targets, saved_modules, wrapped_adapter_sizes
@@ -140,6 +141,36 @@ def layer_facts(
 ) -> LayerFacts:
     """The facts of one layer of ``group``. ``masked``: its SDPA call gets a mask (:func:`sdpa_masked_layers`);
     ``bottom``: the lowest layer of the gradient's path when its input requires no grad."""
+    # Resolved once per model and request less its shape (cabe.memo): every fact but the setup itself, the sequence,
+    # the batch and the tokens is independent of the batch and the sequence, so a sweep over them (cabe fit) reuses
+    # them and sets only those four. (The group and the dtypes by identity: the entry keeps them alive.)
+    m = memo.of(spec)
+    key = ("layer_facts", memo.request_key(setup), id(group), id(dt), base_trainable, adapters, masked, bottom)
+    hit = m.get(key)
+    if hit is None:
+        facts = _layer_facts(spec, group, setup, dt, base_trainable, adapters, masked, bottom)
+        m[key] = (group, dt, dict(vars(facts)))
+        return facts
+    # the frozen dataclass filled without its __init__ (40 fields set one by one cost more than the rest of the
+    # lookup): the same fields, the four that depend on the shape set anew
+    facts = object.__new__(LayerFacts)
+    d = facts.__dict__
+    d.update(hit[2])
+    s = setup.tokens_per_sequence
+    d["setup"], d["s"], d["batch"], d["tokens"] = setup, s, setup.batch, setup.batch * s
+    return facts
+
+
+def _layer_facts(
+    spec: ModelSpec,
+    group: LayerGroup,
+    setup: TrainingSetup,
+    dt: Dtypes,
+    base_trainable: bool,
+    adapters: bool,
+    masked: bool,
+    bottom: bool,
+) -> LayerFacts:
     rho = dt.residual
     # a linear layer's input is cast per op: an fp32 residual under autocast, or LayerNorm's output
     # (layer_norm is on autocast's fp32 list) whatever the residual's dtype
@@ -234,6 +265,14 @@ class HeadFacts:
 
 
 def head_facts(spec: ModelSpec, setup: TrainingSetup) -> HeadFacts:
+    m, key = memo.of(spec), ("head_facts", memo.request_key(setup))  # once per model and request less its shape
+    hit = m.get(key)
+    if hit is None:
+        hit = m[key] = _head_facts(spec, setup)
+    return hit
+
+
+def _head_facts(spec: ModelSpec, setup: TrainingSetup) -> HeadFacts:
     kinds = {t.kind for t in head_targets(spec, setup.lora_targets)} if setup.adapters else set()
     return HeadFacts(
         lm_head_adapted="lm_head" in kinds,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from cabe import memo
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.layers import LayerGroup, Linear
@@ -30,6 +31,18 @@ def lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | 
     ``all-linear`` matches every ``nn.Linear`` / ``Conv1D`` in the layers (PEFT excludes the output
     layer). Raises :class:`InvalidValueError` for a name no layer of the model has.
     """
+    # a pure function of the model, the names and the group, asked for several times per estimate: once per model
+    # (cabe.memo; the group by identity, kept alive by the entry; an error is raised again each time)
+    if type(targets) is not tuple:
+        return _lora_targets(spec, targets, group)
+    m, key = memo.of(spec), ("lora_targets", targets, id(group))
+    hit = m.get(key)
+    if hit is None:
+        hit = m[key] = (group, _lora_targets(spec, targets, group))
+    return hit[1]
+
+
+def _lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | None) -> tuple[Linear, ...]:
     names = spec.linear_names
     if not targets:
         targets = spec.peft_default_targets  # PEFT's default for the model type (the family module's)
@@ -100,6 +113,18 @@ def lora_parameter_targets(
     0.21.2), each with its rank multiplier: a 3-D expert stack of E experts gets lora_A (r·E × in) and lora_B
     (out × r·E); a fused parameter reached from two names (gate_proj and up_proj -> gate_up_proj) gets twice the
     rank (``rank_pattern``: ``r * len(required_old_targets)``), and naming only one of them is refused."""
+    if type(targets) is not tuple:
+        return _lora_parameter_targets(spec, targets, group)
+    m, key = memo.of(spec), ("lora_parameter_targets", targets, id(group))  # once per model, as lora_targets
+    hit = m.get(key)
+    if hit is None:
+        hit = m[key] = (group, _lora_parameter_targets(spec, targets, group))
+    return hit[1]
+
+
+def _lora_parameter_targets(
+    spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup | None
+) -> tuple[tuple[Linear, int], ...]:
     moved = moved_targets(spec, targets)
     if not moved:
         return ()

@@ -43,10 +43,9 @@ models what PyTorch does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from cabe import transformers_line
+from cabe import memo, transformers_line
 from cabe.errors import InvalidValueError
 
 if TYPE_CHECKING:
@@ -84,7 +83,6 @@ class Dtypes:
         return self.input_casts
 
 
-@lru_cache(maxsize=1024)  # a new TrainingSetup is validated on creation: solvers resolve the same ones often
 def resolve(setup: TrainingSetup, checkpoint_dtype: str | None) -> TrainingSetup:
     """``dtype="auto"`` (not given) read as ``from_pretrained`` reads no dtype: in transformers 5 the checkpoint's
     dtype (``ModelSpec.dtype``, or :func:`cabe.families.config_dtype` of a config; fp32 when the config does not
@@ -92,10 +90,21 @@ def resolve(setup: TrainingSetup, checkpoint_dtype: str | None) -> TrainingSetup
     (:func:`cabe.transformers_line.default_dtype`)."""
     if setup.dtype != "auto":
         return setup
-    line = setup.transformers_line
-    if line < 5:  # NOTE: 4.x loads fp32 (fp16 under bitsandbytes) when from_pretrained gets no dtype
-        return setup.with_dtype(transformers_line.default_dtype(line, setup.method))
-    return setup.with_dtype(checkpoint_dtype or "fp32")
+    # a new TrainingSetup is validated on creation (tens of µs): the request less its shape is resolved once, and a
+    # setup that differs from it in the batch or the sequence only (a solver's sweep) takes that one's fields
+    key = (memo.request_key(setup), checkpoint_dtype)
+    hit = _RESOLVED.get(key)
+    if hit is None:
+        if len(_RESOLVED) > memo.MAX_ENTRIES:
+            _RESOLVED.clear()
+        line = setup.transformers_line
+        # NOTE: 4.x loads fp32 (fp16 under bitsandbytes) when from_pretrained gets no dtype
+        dtype = transformers_line.default_dtype(line, setup.method) if line < 5 else checkpoint_dtype or "fp32"
+        hit = _RESOLVED[key] = setup.with_dtype(dtype)
+    return memo.reshaped(hit, setup.batch, setup.seq)
+
+
+_RESOLVED: dict[object, TrainingSetup] = {}
 
 
 def dtype_source(setup: TrainingSetup, checkpoint_dtype: str | None) -> str:
@@ -115,8 +124,22 @@ def loaded_dtype(setup: TrainingSetup) -> str:
     return setup.compute_dtype if setup.method == "qlora" and not setup.kbit_prep else setup.dtype
 
 
+_DTYPES: dict[object, Dtypes] = {}
+
+
 def dtypes_for(setup: TrainingSetup) -> Dtypes:
     """Bytes per element for a setup whose ``dtype`` is resolved (:func:`resolve`)."""
+    # asked for by every room of an estimate: once per request less its shape (cabe.memo), one object for all of them
+    key = memo.request_key(setup)
+    hit = _DTYPES.get(key)
+    if hit is None:
+        if len(_DTYPES) > memo.MAX_ENTRIES:
+            _DTYPES.clear()
+        hit = _DTYPES[key] = _dtypes_for(setup)
+    return hit
+
+
+def _dtypes_for(setup: TrainingSetup) -> Dtypes:
     if setup.param_dtype != "none" and not setup.shard.startswith(("zero", "fsdp")):
         raise InvalidValueError("param_dtype_needs_sharding", "param_dtype", value=setup.param_dtype, shard=setup.shard)
     if setup.method == "qlora" and not setup.kbit_prep:

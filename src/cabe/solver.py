@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cabe import api
+from cabe import api, memo
 from cabe import gpus as gpu_catalog
 from cabe.analytic import estimate_model
 from cabe.architecture import ModelSpec
@@ -98,15 +98,23 @@ def _answer(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"solve": kind, "value": value, "limit": limit, "capped": value == limit}
     if value is not None:
-        r = estimate_model(spec, setup.with_(**{field: value}))
+        r = estimate_model(spec, _shaped(setup, field, value))
         out["at_value"] = _fig(r, card)
         if value < limit:
             try:
-                r2 = estimate_model(spec, setup.with_(**{field: value + 1}))
+                r2 = estimate_model(spec, _shaped(setup, field, value + 1))
                 out["one_more"] = _fig(r2, card)
             except CabeError:
                 pass
     return out
+
+
+def _shaped(setup: TrainingSetup, field: str, value: int) -> TrainingSetup:
+    """``setup.with_(batch=value)`` or ``setup.with_(seq=value)``, without validating the other fields again (they
+    did not change: :func:`cabe.memo.reshaped`)."""
+    if field == "batch":
+        return memo.reshaped(setup, value, setup.seq)
+    return memo.reshaped(setup, setup.batch, value)
 
 
 def _fig(r: Report, card: Gpu) -> dict[str, Any]:
@@ -122,14 +130,14 @@ def _fig(r: Report, card: Gpu) -> dict[str, Any]:
 def max_batch(spec: ModelSpec, setup: TrainingSetup, card: Gpu, limit: int = 1 << 16) -> dict[str, Any]:
     """The largest micro-batch that fits (None when even 1 does not)."""
     limit = min(limit, MAX_BATCH)
-    v = _largest(lambda b: _fits(spec, setup.with_(batch=b), card)[0], 1, limit)
+    v = _largest(lambda b: _fits(spec, _shaped(setup, "batch", b), card)[0], 1, limit)
     return _answer("batch", v, spec, setup, card, "batch", limit)
 
 
 def max_seq(spec: ModelSpec, setup: TrainingSetup, card: Gpu, limit: int | None = None) -> dict[str, Any]:
     """The longest sequence that fits, up to the model's context length (``limit``)."""
     limit = min(limit or spec.max_positions or MAX_SEQ, MAX_SEQ)
-    v = _largest(lambda s: _fits(spec, setup.with_(seq=s), card)[0], 1, limit)
+    v = _largest(lambda s: _fits(spec, _shaped(setup, "seq", s), card)[0], 1, limit)
     return _answer("seq", v, spec, setup, card, "seq", limit)
 
 

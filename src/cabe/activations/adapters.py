@@ -120,8 +120,7 @@ def _note_adapter_moment(layer: LayerState, n: str) -> None:
     in bytes for the setup's tokens; the layer keeps the largest, less its whole saved set at the end."""
     t = layer.lora_pending.pop(n, 0)
     if t:
-        saved = sum(term.bytes_per_token for term in layer.terms)
-        layer.dora_result_moment = max(layer.dora_result_moment, layer.facts.tokens * (saved + t))
+        layer.dora_result_moment = max(layer.dora_result_moment, layer.facts.tokens * (layer.saved + t))
 
 
 def lora_mid(layer: LayerState, names: list[str]) -> None:
@@ -226,7 +225,7 @@ def _note_dora_result(layer: LayerState, lin: Linear, rb: int, rl: int) -> None:
     w = layer.facts.dt_frozen if not (layer.facts.quantized and lin.quantized_by_bnb) else 2
     e = 2 if layer.facts.autocast else layer.facts.ad
     const = round_alloc(i * o * x) * ((w != x) + (e != x))
-    saved = sum(t.bytes_per_token for t in layer.terms)
+    saved = layer.saved
     layer.dora_result_moment = max(layer.dora_result_moment, layer.facts.tokens * (saved + per_token) + const)
 
 

@@ -77,7 +77,7 @@ def layer_activations(
         sum(t.bytes_per_token for t in layer.terms[layer.indexer_from :] if t.name not in BEFORE_INDEXER)
         if layer.indexer_transient
         else 0,
-        max(0, layer.dora_result_moment - layer.facts.tokens * sum(t.bytes_per_token for t in layer.terms)),
+        max(0, layer.dora_result_moment - layer.facts.tokens * layer.saved),
         dispatch_workspace_per_token=layer.dispatch_workspace,
         experts_freed_per_token=layer.experts_freed,
         output_grad_per_token=layer.output_grad,

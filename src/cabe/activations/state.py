@@ -9,9 +9,7 @@ trace test; the bottom-layer rule by tests/trace/test_bottom_layer.py.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
+from cabe import memo
 from cabe.activations.terms import Term
 from cabe.architecture import ModelSpec
 from cabe.facts import LayerFacts
@@ -32,6 +30,8 @@ class LayerState:
         self.lora_pending: dict[str, int] = {}  # per token: see adapters.note_lora_input
         self.stray_grads = self.stray_grads_mlp = 0  # DoRA + dropout on Conv1D (see adapters._dora_stray_parameter)
         self.terms: list[Term] = []
+        self.saved = 0  # bytes per token of every term so far (terms are only ever appended, by add)
+        self.by_name = _by_name(facts)  # the group's linears by name (see linear)
         self.constant = 0  # saved bytes per layer that do not grow with tokens
         self.mlp_from = 0  # the first term of the MLP block
         self.product_saved = False
@@ -62,22 +62,18 @@ class LayerState:
 
     def add(self, name: str, nbytes: int, formula: str) -> None:
         if nbytes and (self.live or self.owned):
-            self.terms.append(Term(name, nbytes, formula))
+            self.terms.append(_term(Term, (name, nbytes, formula)))  # Term(name, nbytes, formula), without its __new__
+            self.saved += nbytes
 
     def add_owned(self, name: str, nbytes: int, formula: str) -> None:
         """A term kept whether or not the block is ``live`` (its caller decides: :func:`cabe.activations.moe._moe`)."""
         with self.adapter_owned():
             self.add(name, nbytes, formula)
 
-    @contextlib.contextmanager
-    def adapter_owned(self) -> Iterator[None]:
+    def adapter_owned(self) -> _Owned:
         """What is added inside is saved by an adapted module for its own weights' gradients: kept in the lowest
         layer of the gradient's path too (see ``live``)."""
-        self.owned += 1
-        try:
-            yield
-        finally:
-            self.owned -= 1
+        return _Owned(self)
 
     def joins(self, names: list[str]) -> None:
         """An adapted module among ``names`` adds its LoRA output to the stream: what follows requires grad."""
@@ -87,8 +83,41 @@ class LayerState:
     def linear(self, n: str) -> Linear | None:
         """The layer's linear named ``n``, the one of the block being counted when two share the name (GPT-2 and
         GPTBigCode call both output projections ``c_proj``: 768 -> 768 in attention, 3072 -> 768 in the MLP)."""
-        same = [lin for lin in self.facts.group.linears if lin.name == n]
-        return next((lin for lin in same if lin.role == self.block), same[-1] if same else None)
+        same = self.by_name.get(n, ())
+        if len(same) < 2:  # (one linear of that name is the answer whatever its role)
+            return same[0] if same else None
+        return next((lin for lin in same if lin.role == self.block), same[-1])
+
+
+_term = tuple.__new__
+
+
+class _Owned:
+    """:meth:`LayerState.adapter_owned`'s context (a class: a generator-based context manager costs three times as
+    much, and a layer enters it a dozen times per estimate)."""
+
+    __slots__ = ("layer",)
+
+    def __init__(self, layer: LayerState) -> None:
+        self.layer = layer
+
+    def __enter__(self) -> None:
+        self.layer.owned += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.layer.owned -= 1
+
+
+def _by_name(facts: LayerFacts) -> dict[str, tuple[Linear, ...]]:
+    """The group's linears by name, in order: once per model and group (cabe.memo; the group kept by the entry)."""
+    m, key = memo.of(facts.spec), ("linears_by_name", id(facts.group))
+    hit = m.get(key)
+    if hit is None:
+        by: dict[str, tuple[Linear, ...]] = {}
+        for lin in facts.group.linears:
+            by[lin.name] = (*by.get(lin.name, ()), lin)
+        hit = m[key] = (facts.group, by)
+    return hit[1]
 
 
 def sym(n: int, spec: ModelSpec) -> str:

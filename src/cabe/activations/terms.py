@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Term:
-    """One saved tensor group: ``bytes_per_token`` for one layer (or for the model head)."""
+class Term(NamedTuple):
+    """One saved tensor group: ``bytes_per_token`` for one layer (or for the model head). (A named tuple: a layer adds
+    a score of them per estimate, and the explanation is keyed by them; a frozen dataclass builds and hashes slower.)"""
 
     name: str
     bytes_per_token: int
@@ -74,7 +76,7 @@ class LayerActivations:
     def constant_bytes(self) -> int:
         return self.per_layer_bytes + self.flash_rng_bytes
 
-    @property
+    @cached_property  # (in the instance's __dict__, outside the fields: read by several parts of an estimate)
     def bytes_per_token(self) -> int:
         return sum(t.bytes_per_token for t in self.terms)
 

@@ -14,7 +14,14 @@ from cabe.activations import (
 )
 from cabe.analytic.explain import _explain_model, _packing_steps, _precision_step
 from cabe.analytic.lesson import ALLOCATOR_SLACK_FRACTION, DEFAULT_CUDA_CONTEXT_BYTES
-from cabe.analytic.notes import _host_json, _model_json, _model_notes, _recipe_json, _unmatched_json
+from cabe.analytic.notes import (
+    _host_json,
+    _model_json,
+    _model_notes,
+    _recipe_json,
+    _setup_json,
+    _unmatched_json,
+)
 from cabe.analytic.parts import _step_parts
 from cabe.analytic.runs import _layer_activations, _row_shape
 from cabe.analytic.states import _logit_width, _model_states, _weight_copies
@@ -81,10 +88,11 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     copies_fwd = (
         sum(r.copies * r.count + r.copies_cached * r.cached_count for r in parts.layer_runs()) + parts.copies_head
     )
-    peak = max(moments, key=lambda m: m.total)
+    totals = [m.total for m in moments]  # (a sum over the components each time it is read)
+    peak = moments[totals.index(max(totals))]  # the first of the largest, as max() picks it
     phase_peaks: dict[str, int] = {}
-    for m in moments:
-        phase_peaks[m.phase] = max(phase_peaks.get(m.phase, 0), m.total)
+    for m, t in zip(moments, totals):
+        phase_peaks[m.phase] = max(phase_peaks.get(m.phase, 0), t)
     components = dict(peak.components)
     for k in ("weights", "gradients", "optimizer", "activations"):
         components.setdefault(k, 0)
@@ -101,13 +109,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         peak_phase=peak.phase,
         phase_peaks=phase_peaks,
         steps=tuple(steps),
-        setup={
-            **given.to_dict(),
-            "optimizer_given": optimizer_given,
-            "transformers": given.transformers or transformers_line.resolved_version(),
-            "effective_batch": given.effective_batch,
-            "tokens": tokens,
-        },
+        setup=_setup_json(given, optimizer_given, tokens),
         model=_model_json(spec, model_meta),
         paged_bytes=states.opt.paged_bytes,
         cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,
@@ -122,6 +124,6 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
             **_unmatched_json(spec, setup),
             **_host_json(spec, act),
             **({"distributed": shard_info} if shard_info else {}),
-            "moments": [{"phase": m.phase, "where": m.where, "total_bytes": m.total} for m in moments],
+            "moments": [{"phase": m.phase, "where": m.where, "total_bytes": t} for m, t in zip(moments, totals)],
         },
     )

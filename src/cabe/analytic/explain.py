@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cabe import memo
 from cabe.activations import (
     HeadActivations,
     LayerActivations,
@@ -66,13 +67,23 @@ def _explain_model(
 def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _States, copies: int) -> list[Step]:
     """The model states' steps, one kind of state after the other: the parameter count, the weights, the gradients,
     the optimizer's state and step, the weight copies."""
-    return [
-        _parameters_step(spec),
-        *_weight_steps(spec, states),
-        _gradients_step(setup, dt, states),
-        *_optimizer_steps(setup, states),
-        *_copies_steps(copies),
-    ]
+    return [*_states_steps(spec, setup, dt, states), *_copies_steps(copies)]
+
+
+def _states_steps(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _States) -> tuple[Step, ...]:
+    """The steps of the parameter count, the weights, the gradients and the optimizer: independent of the batch and
+    the sequence, so built once per states and request less its shape (cabe.memo; shared, never mutated)."""
+    key = ("states_steps", memo.request_key(setup), id(dt))
+    hit = states.memo.get(key)
+    if hit is None:
+        steps = (
+            _parameters_step(spec),
+            *_weight_steps(spec, states),
+            _gradients_step(setup, dt, states),
+            *_optimizer_steps(setup, states),
+        )
+        hit = states.memo[key] = (dt, steps)
+    return hit[1]
 
 
 def _parameters_step(spec: ModelSpec) -> Step:
@@ -250,8 +261,22 @@ def _checkpointed_steps(spec: ModelSpec, dt: Dtypes, act: _Activations) -> list[
     return steps
 
 
+_PER_LAYER_STEPS: dict[tuple[Any, ...], Step] = {}
+
+
 def _per_layer_step(per_layer: LayerActivations, layers: int | None) -> Step:
-    """The saved tensors of one layer, term by term (``layers``: how many such layers, when they differ)."""
+    """The saved tensors of one layer, term by term (``layers``: how many such layers, when they differ). Keyed by
+    the terms themselves (values: the same terms give the same step), so that a sweep over the batch builds it once."""
+    key = (per_layer.terms, layers)
+    hit = _PER_LAYER_STEPS.get(key)
+    if hit is None:
+        if len(_PER_LAYER_STEPS) > memo.MAX_ENTRIES:
+            _PER_LAYER_STEPS.clear()
+        hit = _PER_LAYER_STEPS[key] = _build_per_layer_step(per_layer, layers)
+    return hit
+
+
+def _build_per_layer_step(per_layer: LayerActivations, layers: int | None) -> Step:
     return Step(
         "activations.per_layer",
         "{terms} = {per_token} B/token",

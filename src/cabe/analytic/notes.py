@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cabe import recipes, ssm
+from cabe import memo, recipes, ssm, transformers_line
 from cabe.analytic.runs import _Activations
 from cabe.analytic.states import _States
 from cabe.architecture import ModelSpec
@@ -18,6 +18,16 @@ from cabe.training import TrainingSetup
 
 
 def _model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tuple[str, ...]:
+    """The notes of the model and the request: independent of the batch and the sequence, so once per states and
+    request less its shape (cabe.memo)."""
+    key = ("notes", memo.request_key(setup))
+    hit = states.memo.get(key)
+    if hit is None:
+        hit = states.memo[key] = _compute_model_notes(spec, setup, states)
+    return hit
+
+
+def _compute_model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States) -> tuple[str, ...]:
     notes: list[str] = []
     if attention_kind(spec, setup) == "eager" and setup.attention != "eager":
         notes.append("gemma2_eager")
@@ -125,6 +135,19 @@ def _recipe_json(setup: TrainingSetup) -> dict[str, Any]:
 
 
 def _model_json(spec: ModelSpec, meta: dict[str, Any] | None) -> dict[str, Any]:
+    """The model's summary: built once per model (cabe.memo), copied for each report (its caller may change it)."""
+    m = memo.of(spec)
+    base = m.get("model_json")
+    if base is None:
+        base = m["model_json"] = _build_model_json(spec)
+    out = dict(base)
+    out["parameter_breakdown"] = dict(base["parameter_breakdown"])
+    if meta:
+        out.update(meta)
+    return out
+
+
+def _build_model_json(spec: ModelSpec) -> dict[str, Any]:
     return {
         "name": spec.name,
         "model_type": spec.model_type,
@@ -137,5 +160,30 @@ def _model_json(spec: ModelSpec, meta: dict[str, Any] | None) -> dict[str, Any]:
         "vocab_size": spec.vocab_size,
         "tie_word_embeddings": spec.tie_word_embeddings,
         "parameter_breakdown": spec.parameter_breakdown(),
-        **(meta or {}),
     }
+
+
+_SETUP_JSON: dict[Any, tuple[dict[str, Any], tuple[str, ...]]] = {}
+
+
+def _setup_json(given: TrainingSetup, optimizer_given: str, tokens: int) -> dict[str, Any]:
+    """The request as the report echoes it (``TrainingSetup.to_dict`` and what the estimate derived), a new dict each
+    time: the fields but the batch and the sequence are read once per request less its shape (cabe.memo)."""
+    key = memo.request_key(given)
+    hit = _SETUP_JSON.get(key)
+    if hit is None:
+        if len(_SETUP_JSON) > memo.MAX_ENTRIES:
+            _SETUP_JSON.clear()
+        base: dict[str, Any] = given.to_dict()
+        # the transformers the estimate assumed: the one given, else the installed version (cabe.transformers_line)
+        base["transformers"] = given.transformers or transformers_line.resolved_version()
+        hit = _SETUP_JSON[key] = (base, tuple(k for k, v in base.items() if isinstance(v, list)))
+    base, lists = hit
+    out = dict(base)
+    out["batch"], out["seq"] = given.batch, given.seq
+    for k in lists:
+        out[k] = list(out[k])
+    out["optimizer_given"] = optimizer_given
+    out["effective_batch"] = given.effective_batch
+    out["tokens"] = tokens
+    return out

@@ -9,15 +9,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from cabe import memo
 from cabe.activations import (
     HeadActivations,
     LayerActivations,
     embedding_lora_saved,
 )
 from cabe.analytic.runs import _Activations, _run_activations, _RunActivations
-from cabe.analytic.states import _Copies, _grad_bytes, _States, _weight_copies
+from cabe.analytic.states import _Copies, _grads_of, _States, _weight_copies
 from cabe.architecture import ModelSpec
-from cabe.method import VISION_PREFIX
+from cabe.layers import LayerGroup
 from cabe.optimizer import get as optimizer_entry
 from cabe.parameters import layer_tensors
 from cabe.precision import Dtypes, dtypes_for
@@ -40,8 +41,7 @@ def _tied_grad_pending(spec: ModelSpec, setup: TrainingSetup, states: _States) -
 
 def _head_weight_grad_bytes(spec: ModelSpec, states: _States) -> int:
     """The gradient of the lm_head's weight: the embedding's when the two are tied."""
-    kind = "embedding" if spec.tie_word_embeddings else "lm_head"
-    return _grad_bytes(states, lambda t: t.kind == kind)
+    return _grads_of(states, "embedding" if spec.tie_word_embeddings else "lm_head")
 
 
 def _head_weight_grads(spec: ModelSpec, states: _States, copies: _Copies) -> tuple[int, int]:
@@ -96,9 +96,9 @@ def _step_parts(
     copies: _Copies,
 ) -> StepParts:
     tokens, grad_layers = act.tokens, act.grad_layers
-    grads_head = _grad_bytes(states, lambda t: t.kind == "lm_head" or t.name == "final_norm")
-    grads_layer = states.grads - grads_head - _grad_bytes(states, lambda t: t.kind in ("embedding", "prompt"))
-    grads_layer -= _grad_bytes(states, lambda t: t.name.startswith(VISION_PREFIX))  # the tower's (images)
+    grads_head = _grads_of(states, "head")
+    grads_layer = states.grads - grads_head - _grads_of(states, "embedding_prompt")
+    grads_layer -= _grads_of(states, "vision")  # the tower's (images)
     # per kind of layer (and checkpointed or not): runs of one kind share their per-layer figures (one object), the
     # gradient path's lowest layer has its own when its input requires no grad (see _input_needs_no_grad)
     kinds: dict[tuple[Any, ...], LayerRun] = {}
@@ -107,12 +107,11 @@ def _step_parts(
             kinds[(id(r.per_layer), ck)] = _layer_run(spec, setup, states, act, r, ck)
     ckpt_cached = setup.checkpointing and copies.trained_layers
     # under selective checkpointing, runs of checkpointed and of plain layers alternate
-    runs = tuple(
-        replace(kinds[(id(r.per_layer), ck)], count=n, cached_count=n if ckpt_cached and ck else 0)
-        for r, n, ck in act.pieces()
-    )
+    runs = tuple(_counted(kinds[(id(r.per_layer), ck)], n, n if ckpt_cached and ck else 0) for r, n, ck in act.pieces())
 
     def mean(of: Callable[[LayerRun], int]) -> int:  # a per-layer figure (exact when the layers are alike)
+        if len(runs) == 1:  # (the same sum, without a generator)
+            return runs[0].count * of(runs[0]) // grad_layers
         return sum(r.count * of(r) for r in runs) // grad_layers if runs else 0
 
     ckpt = setup.checkpointing
@@ -171,10 +170,17 @@ def _step_parts(
         embedding_saved=tokens * embedding_lora_saved(spec, setup, dt),
         embedding_grad_input=(
             tokens * dt.residual * spec.residual_width
-            if not spec.tie_word_embeddings and _grad_bytes(states, lambda t: t.kind == "embedding")
+            if not spec.tie_word_embeddings and _grads_of(states, "embedding")
             else 0
         ),
     )
+
+
+def _counted(run: LayerRun, count: int, cached_count: int) -> LayerRun:
+    """``replace(run, count=..., cached_count=...)``, without the copy when nothing changes (the common case)."""
+    if run.count == count and run.cached_count == cached_count:
+        return run
+    return replace(run, count=count, cached_count=cached_count)
 
 
 def _forward_transient(act: _Activations) -> int:
@@ -242,7 +248,7 @@ def _offload_leaf(spec: ModelSpec, dt: Dtypes, states: _States, act: _Activation
     modeling_utils.py:2153-2154, ``make_inputs_require_grads``: ``output.requires_grad_(True)``), and the leaf's
     ``AccumulateGrad`` node holds it until backward reaches it (torch/csrc/autograd/functions/accumulate_grad.h,
     ``variable``). (Under checkpointing without offloading it is layer 0's saved input, counted there.)"""
-    if not act.offload or _grad_bytes(states, lambda t: t.kind == "embedding"):
+    if not act.offload or _grads_of(states, "embedding"):
         return 0
     return act.tokens * dt.residual * spec.residual_width
 
@@ -253,17 +259,7 @@ def _layer_run(
     """One run of like layers in the gradient's path: its per-layer gradients, copies and saved tensors
     (``ckpt``: the layers are checkpointed)."""
     c = _weight_copies(spec, setup, dtypes_for(setup), r.group)
-    trained = setup.method in ("full", "freeze")
-    per_role: dict[str, int] = {}
-    largest: dict[bool, int] = {}  # the largest single gradient of the MLP block (True) and of attention (False)
-    for t in layer_tensors(spec, setup, r.group, trained):
-        if t.trainable:
-            per_role[t.role] = per_role.get(t.role, 0) + round_alloc(t.numel * states.bytes_of[t.kind]) * t.count
-            # a fused expert stack is one 3-D parameter (its count is the experts): one gradient of all of them
-            one = round_alloc(t.numel * (t.count if t.role == "expert" else 1) * states.bytes_of[t.kind])
-            mlp = t.role in ("mlp", "router", "expert")
-            largest[mlp] = max(largest.get(mlp, 0), one)
-    grads = sum(per_role.values())
+    grads, grads_mlp, largest_mlp, largest_attention = _run_grads(spec, setup, states, r.group)
     # gradient accumulation: AccumulateGrad adds each new gradient into the previous micro-batch's .grad in place
     # (torch/csrc/autograd/functions/accumulate_grad.h, accumulateGrad: ``variable_grad += new_grad`` when it cannot
     # steal it), so the new one lives beside it until then
@@ -286,17 +282,46 @@ def _layer_run(
         copies_cached=c.cached if ckpt else 0,
         recompute_transient=_recompute_transient(r.per_layer, act.tokens) if ckpt else 0,
         cached_count=r.count if ckpt and c.trained_layers else 0,
-        # the MLP block's gradients: its linears' (router and experts included), not the norms'
-        grads_mlp=sum(b for role, b in per_role.items() if role in ("mlp", "router", "expert")),
+        grads_mlp=grads_mlp,
         mlp_saved=tokens * r.per_layer.mlp_saved_per_token,
         attention_workspace=tokens * r.per_layer.attention_workspace_per_token,
         stray_grads=r.per_layer.stray_grad_bytes,
         stray_grads_mlp=r.per_layer.stray_grad_mlp_bytes,
-        accum_grad_mlp=largest.get(True, 0) if accum else 0,
-        accum_grad_attention=largest.get(False, 0) if accum else 0,
+        accum_grad_mlp=largest_mlp if accum else 0,
+        accum_grad_attention=largest_attention if accum else 0,
         dispatch_workspace=tokens * r.per_layer.dispatch_workspace_per_token,
         experts_freed=tokens * r.per_layer.experts_freed_per_token,
     )
+
+
+def _run_grads(spec: ModelSpec, setup: TrainingSetup, states: _States, group: LayerGroup) -> tuple[int, int, int, int]:
+    """One layer of ``group``'s gradients: (all of them, the MLP block's, the largest single one of the MLP block, of
+    attention). Independent of the batch and the sequence: once per states and request less its shape (the group by
+    identity, kept alive by the entry)."""
+    key = ("run_grads", memo.request_key(setup), id(group))
+    hit = states.memo.get(key)
+    if hit is None:
+        hit = states.memo[key] = (group, _compute_run_grads(spec, setup, states, group))
+    return hit[1]
+
+
+def _compute_run_grads(
+    spec: ModelSpec, setup: TrainingSetup, states: _States, group: LayerGroup
+) -> tuple[int, int, int, int]:
+    trained = setup.method in ("full", "freeze")
+    per_role: dict[str, int] = {}
+    largest: dict[bool, int] = {}  # the largest single gradient of the MLP block (True) and of attention (False)
+    for t in layer_tensors(spec, setup, group, trained):
+        if t.trainable:
+            per_role[t.role] = per_role.get(t.role, 0) + round_alloc(t.numel * states.bytes_of[t.kind]) * t.count
+            # a fused expert stack is one 3-D parameter (its count is the experts): one gradient of all of them
+            one = round_alloc(t.numel * (t.count if t.role == "expert" else 1) * states.bytes_of[t.kind])
+            mlp = t.role in ("mlp", "router", "expert")
+            largest[mlp] = max(largest.get(mlp, 0), one)
+    grads = sum(per_role.values())
+    # the MLP block's gradients: its linears' (router and experts included), not the norms'
+    grads_mlp = sum(b for role, b in per_role.items() if role in ("mlp", "router", "expert"))
+    return grads, grads_mlp, largest.get(True, 0), largest.get(False, 0)
 
 
 def _recompute_transient(per_layer: LayerActivations, tokens: int) -> int:

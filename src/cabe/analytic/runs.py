@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cabe import memo
 from cabe.activations import (
     LayerActivations,
     checkpointed_layer_bytes_per_token,
@@ -32,7 +33,7 @@ def _row_shape(setup: TrainingSetup) -> TrainingSetup:
         return setup
     if setup.batch == 1:
         return setup.with_(packing="none")
-    return setup.with_(batch=1, seq=setup.batch * setup.seq)
+    return memo.reshaped(setup, 1, setup.batch * setup.seq)  # (setup.with_ without validating the rest again)
 
 
 def _packed_mask(spec: ModelSpec, setup: TrainingSetup) -> bool:
@@ -160,10 +161,10 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
     path = [(run, n) for run, n, trained in spec.top_split(grad_layers) if trained]
     # runs of one kind of layer (dense, MoE, dense, MoE ...) share their figures: worked out once per kind
     kinds: dict[tuple[Any, ...], _RunActivations] = {}
-    for run, _ in path:
-        if _kind(run) not in kinds:
-            kinds[_kind(run)] = _run_activations(spec, setup, dt, run, 0, tokens, trainable_layers > 0)
-    runs = tuple(replace(kinds[_kind(run)], group=run, count=n) for run, n in path)
+    for run, n in path:
+        if _kind(run) not in kinds:  # (made with the first run's place: the others are placed below)
+            kinds[_kind(run)] = _run_activations(spec, setup, dt, run, n, tokens, trainable_layers > 0)
+    runs = tuple(_placed(kinds[_kind(run)], run, n) for run, n in path)
     if runs and not trainable_layers and _input_needs_no_grad(spec, setup):
         # the path's lowest layer saves only from its first adapted module on (activations.state.LayerState.live)
         low = _run_activations(spec, setup, dt, path[0][0], 1, tokens, False, bottom=True)
@@ -184,6 +185,11 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
         offload=ckpt and setup.offload_activations,
         index_offset=spec.vision.depth if spec.vision is not None else 0,  # Qwen2.5-VL's tower blocks come first
     )
+
+
+def _placed(r: _RunActivations, group: LayerGroup, count: int) -> _RunActivations:
+    """``replace(r, group=group, count=count)``, without the copy when nothing changes (the common case)."""
+    return r if r.group is group and r.count == count else replace(r, group=group, count=count)
 
 
 def _input_needs_no_grad(spec: ModelSpec, setup: TrainingSetup) -> bool:

@@ -6,15 +6,16 @@ tests/test_estimate.py, tests/test_optimizer.py, tests/parallel/test_tensor_shar
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from cabe import memo
 from cabe.activations import (
     dora_stray_parameter,
 )
 from cabe.architecture import ModelSpec
 from cabe.layers import LayerGroup
-from cabe.method import head_targets, lora_targets, running_lora_targets
+from cabe.method import VISION_PREFIX, head_targets, lora_targets, running_lora_targets
 from cabe.optimizer_memory import optimizer_memory
 from cabe.parameters import parameter_tensors, quantized_bytes, stored_bytes
 from cabe.precision import Dtypes, dtypes_for
@@ -33,24 +34,26 @@ class _States:
     grads: int
     opt: Any
     n_train: int
+    #: figures read from these states by every estimate that shares them (:func:`_grads_of`)
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 #: the setup fields that change model states (cabe.schema, ``states=True``): the cache key
 _STATE_FIELDS = state_fields()
 
 
-_STATES_CACHE: dict[tuple, _States] = {}
-
-
 def _model_states(spec: ModelSpec, setup: TrainingSetup) -> _States:
     """Weights, gradients and optimizer state: independent of batch and sequence, so cached by the
-    fields they depend on (a solver sweeping batch or sequence pays for them once)."""
-    key = (spec, *(getattr(setup, f) for f in _STATE_FIELDS))
-    hit = _STATES_CACHE.get(key)
+    fields they depend on (a solver sweeping batch or sequence pays for them once), in the model's memo
+    (cabe.memo); found first by the request less its shape, which is cheaper to look up."""
+    m, by_request = memo.of(spec), ("states", memo.request_key(setup))
+    hit = m.get(by_request)
     if hit is None:
-        if len(_STATES_CACHE) > 512:
-            _STATES_CACHE.clear()
-        hit = _STATES_CACHE[key] = _compute_model_states(spec, setup)
+        key = ("states_by_fields", *(getattr(setup, f) for f in _STATE_FIELDS))
+        hit = m.get(key)
+        if hit is None:
+            hit = m[key] = _compute_model_states(spec, setup)
+        m[by_request] = hit
     return hit
 
 
@@ -92,7 +95,16 @@ class _Copies:
 
 
 def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: LayerGroup | None = None) -> _Copies:
-    """The copies of one layer of ``run`` (the top run's when None)."""
+    """The copies of one layer of ``run`` (the top run's when None): once per model, request less its shape, dtypes
+    and run (cabe.memo; the run and the dtypes by identity, kept alive by the entry)."""
+    m, key = memo.of(spec), ("weight_copies", memo.request_key(setup), id(dt), id(run))
+    hit = m.get(key)
+    if hit is None:
+        hit = m[key] = (dt, run, _compute_weight_copies(spec, setup, dt, run))
+    return hit[2]
+
+
+def _compute_weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: LayerGroup | None) -> _Copies:
     if not dt.autocast:
         return _Copies()
     layer = run or spec.runs[-1]
@@ -175,3 +187,21 @@ def _grad_bytes(states: _States, keep: Callable[[Tensor], bool]) -> int:
     """Gradient bytes (allocator-rounded) of the trainable tensors ``keep`` selects."""
     b = states.bytes_of
     return sum(round_alloc(t.numel * b[t.kind]) * t.count for t in states.tensors if t.trainable and keep(t))
+
+
+#: the gradients the step's parts ask the states for, by name (:func:`_grads_of`)
+_GRAD_SELECTIONS: dict[str, Callable[[Tensor], bool]] = {
+    "head": lambda t: t.kind == "lm_head" or t.name == "final_norm",  # made at the head (lm_head, final norm)
+    "embedding_prompt": lambda t: t.kind in ("embedding", "prompt"),
+    "vision": lambda t: t.name.startswith(VISION_PREFIX),  # the tower's (images)
+    "embedding": lambda t: t.kind == "embedding",
+    "lm_head": lambda t: t.kind == "lm_head",
+}
+
+
+def _grads_of(states: _States, what: str) -> int:
+    """:func:`_grad_bytes` of the tensors :data:`_GRAD_SELECTIONS` names, once per states."""
+    hit = states.memo.get(what)
+    if hit is None:
+        hit = states.memo[what] = _grad_bytes(states, _GRAD_SELECTIONS[what])
+    return hit

@@ -19,7 +19,7 @@ EXIT_BAD_INPUT = 2
 def main(argv: Sequence[str] | None = None) -> int:
     from cabe.cli.parser import build_parser
 
-    parser = build_parser()
+    parser = build_parser(argv, every=False)  # the flags of the command argv names only: a faster start
     args = parser.parse_args(argv)
     lang = detect_lang(getattr(args, "lang", None))
     if args.command is None:

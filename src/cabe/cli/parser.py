@@ -8,6 +8,8 @@ The modules import nothing heavy at the top, so ``cabe --help`` and every comman
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 from types import ModuleType
 
 from cabe.cli import estimate, fit, from_config, gpus, infer, lora, measure, models, recipes, serve, trace
@@ -29,11 +31,24 @@ COMMANDS: tuple[tuple[str, ModuleType], ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None, *, every: bool = True) -> argparse.ArgumentParser:
+    """The parser of every subcommand; with ``every=False``, the flags of the one ``argv`` names only (the others
+    keep their name and help: ``cabe --help`` lists them, and a command line names one command). Building every
+    command's flags from the schema is a tenth of a cold ``cabe estimate``."""
+    wanted = None if every else _command(argv)
     parser = argparse.ArgumentParser(prog="cabe", description=t("command.cabe", "en"))
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS:
         p = sub.add_parser(name, help=t(f"command.{name}", "en"))
-        module.add_arguments(p)
+        if every or name == wanted:
+            module.add_arguments(p)
         p.set_defaults(_module=module)
     return parser
+
+
+def _command(argv: Sequence[str] | None) -> str | None:
+    """The subcommand a command line names: its first word that is not an option (the top level has no options but
+    ``--help``), when it is one."""
+    args = sys.argv[1:] if argv is None else argv
+    first = next((a for a in args if not a.startswith("-")), None)
+    return first if first in dict(COMMANDS) else None
