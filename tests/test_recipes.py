@@ -106,7 +106,17 @@ def test_litgpt_qlora_is_not_told_it_is_unmodelled():
     """`cabe recipes litgpt` listed k-bit preparation as not modelled although --no-kbit-prep exists (issue 29)."""
     out = estimate_json({"model": "llama-3.2-1b", "method": "qlora", "recipe": "litgpt"})
     assert "kbit_preparation" not in out["loss"]["unmodelled"]
-    assert set(out["loss"]["unmodelled"]) == {"loss", "adapter_dtype"}
+    assert set(out["loss"]["unmodelled"]) == {"loss"}  # (its bf16-true adapters: --adapter-dtype model)
+
+
+def test_torchtune_lora_adapters_are_in_the_model_dtype():
+    """torchtune builds lora_a / lora_b in the model's bf16 (torchtune/modules/peft/lora.py:99): the recipe sets
+    --adapter-dtype model, which halves the adapters, their gradients and their AdamW state against PEFT's fp32."""
+    tt = estimate_json({"model": "llama-3.2-1b", "method": "lora", "recipe": "torchtune"})
+    fp32 = estimate_json({"model": "llama-3.2-1b", "method": "lora", "recipe": "torchtune", "adapter_dtype": "fp32"})
+    assert tt["setup"]["adapter_dtype"] == "model" and "adapter_dtype" not in tt["loss"]["unmodelled"]
+    # (each state tensor rounded up to the allocator's 512 bytes: not exactly half)
+    assert abs(tt["components"]["optimizer"] * 2 / fp32["components"]["optimizer"] - 1) < 0.01
 
 
 @pytest.mark.parametrize("lang", ["en", "es"])

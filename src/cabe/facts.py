@@ -126,6 +126,9 @@ class LayerFacts:
     up_names: list[str]
     down_name: str
     bottom: bool  # the lowest layer of the gradient's path, its input requiring no grad
+    #: the adapters are in the autocast dtype (``adapter_dtype`` model, weights in autocast's half): autocast's cast
+    #: of lora_A's 16-bit input and weight returns them as they are, so lora_A saves x itself
+    adapter_native: bool = False
 
 
 def layer_facts(
@@ -251,6 +254,7 @@ def _layer_facts(
         up_names=group.slot_names("up"),
         down_name=(group.slot_names("down") or [""])[0],
         bottom=bottom,
+        adapter_native=dt.autocast and setup.adapter_dtype == "model" and setup.dtype == setup.autocast,
     )
 
 

@@ -186,7 +186,8 @@ def _dtypes_for(setup: TrainingSetup) -> Dtypes:
         grad=w,
         compute=HALF if on else w,
         residual=FP32 if mixed_halves else w,
-        adapter=FP32,  # PEFT's autocast_adapter_dtype: fp32 adapters on a 16-bit base too
+        # PEFT's autocast_adapter_dtype: fp32 adapters on a 16-bit base too; adapter_dtype "model": the base's
+        adapter=w if setup.adapter_dtype == "model" else FP32,
         weight_copies=on and setup.dtype != setup.autocast,
         autocast=on,
         cached_copies=on and setup.dtype == "fp32",

@@ -576,6 +576,19 @@ _SETUP: tuple[Field, ...] = (
     # the optimizer steps each parameter inside backward, in its post-accumulate-grad hook, and frees its gradient
     # there (torchtune's optimizer_in_bwd: torchtune/training/memory.py:58-240, commit bd2a0fc); one GPU, no
     # gradient accumulation, as torchtune and the Trainer's *_layerwise optimizers require
+    # the LoRA adapters' dtype: PEFT's default fp32 (get_peft_model(autocast_adapter_dtype=True): peft 0.21.2
+    # peft_model.py, _cast_adapter_dtype) or the base weights' dtype (autocast_adapter_dtype=False: the adapters stay
+    # as LoraLayer._move_adapter_to_device_of_base_layer made them; torchtune's and LitGPT's bf16-true adapters)
+    _choice(
+        "adapter_dtype",
+        "setup",
+        _TRAINING + ("from-config",),
+        "fp32",
+        ("fp32", "model"),
+        states=True,
+        methods=("lora",),
+        flags=_flag("adapter_dtype"),
+    ),
     Field(
         "optimizer_in_backward",
         bool,

@@ -36,6 +36,7 @@ Offload = Literal["none", "optimizer", "parameters", "both"]
 Recipe = Literal["hf-trainer", "trl-sft", "axolotl", "llama-factory", "torchtune", "unsloth", "litgpt"]
 Loss = Literal["hf", "chunked", "liger", "cce"]
 ParamDtype = Literal["none", "bf16", "fp16"]
+AdapterDtype = Literal["fp32", "model"]
 
 
 def _choices(name: str) -> tuple[str, ...]:
@@ -119,6 +120,8 @@ class TrainingSetup:
             computed with in this dtype while the stored, sharded ones keep ``dtype``; ``none``: no such mode.
         tp, pp, ep: tensor-, pipeline- and expert-parallel degrees.
         gpus_per_node: GPUs in one node (hybrid sharding and host-RAM-per-node figures).
+        adapter_dtype: the LoRA adapters' dtype: ``fp32`` (PEFT's default, ``autocast_adapter_dtype=True``) or
+            ``model``, the base weights' dtype (``autocast_adapter_dtype=False``; torchtune's, LitGPT's bf16-true).
         optimizer_in_backward: the optimizer steps each parameter inside backward and frees its gradient there
             (torchtune's ``optimizer_in_bwd``); the Trainer's ``*_layerwise`` GaLore optimizers always do.
         transformers: the transformers line the run uses, ``"4"``, ``"5"`` or a version (``"4.51.3"``); ``None``:
@@ -160,6 +163,7 @@ class TrainingSetup:
     modules_to_save: tuple[str, ...] = _D["modules_to_save"]
     trainable_fp32: bool = _D["trainable_fp32"]
     transformers: str | None = _D["transformers"]
+    adapter_dtype: AdapterDtype = _D["adapter_dtype"]
     optimizer_in_backward: bool = _D["optimizer_in_backward"]
     gpus: int = _D["gpus"]
     shard: Shard = _D["shard"]

@@ -20,8 +20,13 @@ def test_one_recipe_shows_sources(capsys):
     assert "torchtune/modules/loss/ce_chunked_output_loss.py" in out
     # k-bit preparation off is modelled (--no-kbit-prep, set by the recipe); what is not says what it would take
     assert "kbit_prep=false" in out and "prepare_model_for_kbit_training" not in out.split("not modelled")[-1]
+    # its bf16 adapters and its optimizer in backward are modelled now (--adapter-dtype model, set by the recipe)
+    assert "adapter_dtype=model" in out and "not modelled" not in out
+    assert main(["recipes", "trl-sft"]) == 0
+    out = capsys.readouterr().out
     assert (
-        "[not modelled: adapters in the model's dtype are estimated as PEFT's fp32 adapters; modelling it takes" in out
+        "[not modelled: TRL's cast of a 4-bit model's trainable parameters to bf16" in out
+        and "modelling it takes" in out
     )
 
 

@@ -40,8 +40,10 @@ def _linear_inputs(
             if layer.facts.base_trainable or n in targets:
                 layer.add(f"{group}.{n}.input_cast", 2 * inf, f"2·{state.sym(inf, spec)}")
         return
-    # lora_A saves the input itself (no cast, no dropout: nn.Dropout gives each adapter its own copy)
-    reads_input = not adapter_cast and not layer.facts.autocast and not layer.facts.dropout
+    # lora_A saves the input itself (no cast, no dropout: nn.Dropout gives each adapter its own copy); under autocast
+    # only when the adapters are in its dtype (adapter_native: autocast's cast is the input itself)
+    native = layer.facts.adapter_native
+    reads_input = not adapter_cast and (not layer.facts.autocast or native) and not layer.facts.dropout
     direct = [n for n, inf in names if bnb_direct(layer, n, shared_bytes // inf if inf else 0)]
     shared_needed = bool(trained) or (any(n in targets for n, _ in names) and reads_input)
     if shared_needed or (direct and not layer.facts.dropout):
@@ -54,7 +56,7 @@ def _linear_inputs(
                 layer.add(f"{group}.{n}.lora_dropout_output", 2 * inf, f"2·{state.sym(inf, spec)}")
         elif adapter_cast:
             layer.add(f"{group}.{n}.lora_input_fp32", 4 * inf, f"4·{state.sym(inf, spec)}")
-        elif layer.facts.autocast:
+        elif layer.facts.autocast and not native:
             # a 16-bit residual under autocast: PEFT casts it to the fp32 adapter's dtype, autocast
             # casts that back for lora_A, which saves the cast
             layer.add(f"{group}.{n}.input_cast", 2 * inf, f"2·{state.sym(inf, spec)}")

@@ -47,7 +47,7 @@ def _gated(layer: LayerState, mlp_in_bytes: int) -> None:
                 layer.add(f"mlp.{down_name}.input_cast", 2 * f, "2·f")
         elif base_trainable or (down_name in targets and not adapter_cast):
             layer.add("mlp.product", a * f, f"{a}·f")
-            layer.product_saved = not layer.facts.autocast and not layer.facts.dropout
+            layer.product_saved = (not layer.facts.autocast or layer.facts.adapter_native) and not layer.facts.dropout
         if adapter_cast and down_name in targets:
             layer.add(f"mlp.{down_name}.lora_input_fp32", 4 * f, "4·f")
     adapters.note_lora_input(layer, down_name, f, m)  # the product, in the MLP outputs' dtype

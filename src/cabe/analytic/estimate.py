@@ -51,6 +51,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
     optimizer_given = setup.optimizer_given  # an HF Trainer optim name, echoed beside the registry's
     setup = resolve(setup, spec.dtype)  # dtype="auto": the checkpoint's, as transformers 5 loads it
     trains_fp16 = setup.method == "full" or (setup.method == "freeze" and not setup.trainable_fp32)
+    trains_fp16 = trains_fp16 or (setup.method == "lora" and setup.adapter_dtype == "model")  # fp16 adapters
     if setup.dtype == "fp16" and setup.autocast == "fp16" and trains_fp16:
         # torch.amp.GradScaler.unscale_ refuses fp16 gradients ("Attempting to unscale FP16 gradients"):
         # the Trainer's fp16=True cannot train weights loaded in fp16

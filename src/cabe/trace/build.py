@@ -393,7 +393,7 @@ def _lora(model: Any, cfg: Any, setup: TrainingSetup, dtype: Any, notes: list[st
         task_type=_peft_task(cfg),
     )
     try:
-        return _peft_model(model, lcfg, targets, notes, _default_targets(cfg))
+        return _peft_model(model, lcfg, targets, notes, _default_targets(cfg), setup.adapter_dtype == "fp32")
     except CabeError:
         raise
     except ValueError as exc:
@@ -448,10 +448,17 @@ def _peft_task(cfg: Any) -> str:
     return "SEQ_CLS" if getattr(cfg, "problem_type", None) == "single_label_classification" else "CAUSAL_LM"
 
 
-def _peft_model(model: Any, lcfg: Any, targets: Any, notes: list[str], default: tuple[str, ...] = ()) -> Any:
+def _peft_model(
+    model: Any, lcfg: Any, targets: Any, notes: list[str], default: tuple[str, ...] = (), fp32_adapters: bool = True
+) -> Any:
     """``default``: the family's PEFT targets (``ModelSpec.peft_default_targets``), for a model whose config type
-    PEFT does not key (AutoModelForCausalLM builds Llama 4's decoder as ``llama4_text``, PEFT keys ``llama4``)."""
-    from peft import get_peft_model
+    PEFT does not key (AutoModelForCausalLM builds Llama 4's decoder as ``llama4_text``, PEFT keys ``llama4``).
+    ``fp32_adapters``: PEFT's ``autocast_adapter_dtype`` (False: the adapters in the base weights' dtype)."""
+    import functools
+
+    from peft import get_peft_model as _get
+
+    get_peft_model = functools.partial(_get, autocast_adapter_dtype=fp32_adapters)
 
     try:
         _check_wrappable(model, lcfg.target_modules)
