@@ -167,3 +167,14 @@ def test_flash_attention_where_4_has_none_is_refused():
         estimate_model(spec, TrainingSetup(method="lora", transformers="4", attention="flash", dtype="bf16"))
     assert e.value.code == "flash_unsupported"
     estimate_model(spec, TrainingSetup(method="lora", transformers="5", attention="flash", dtype="bf16"))
+
+
+def test_the_installed_version_is_read_as_importlib_metadata_reads_it():
+    from importlib import metadata
+
+    transformers_line.installed.cache_clear()
+    try:
+        expected = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        expected = None
+    assert transformers_line.installed() == expected
