@@ -32,6 +32,7 @@ from cabe.optimizer_memory import layerwise_figures
 from cabe.parallel import shard_parts
 from cabe.precision import dtype_source, dtypes_for, resolve
 from cabe.report import Report
+from cabe.report.data import LazySteps, Step
 from cabe.step import layerwise, timeline
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -45,8 +46,9 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
             "out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0, maximum=spec.num_layers
         )
     # the model as the run's transformers line builds it (4.x: MoE experts as nn.Linear modules, cabe.transformers_line)
-    transformers_line.check_model_type(spec.model_type, setup.transformers_line, setup.transformers)
-    spec = transformers_line.as_line(spec, setup.transformers_line, setup.transformers)
+    line = setup.transformers_line
+    transformers_line.check_model_type(spec.model_type, line, setup.transformers)
+    spec = transformers_line.as_line(spec, line, setup.transformers)
     source = dtype_source(setup, spec.dtype)
     optimizer_given = setup.optimizer_given  # an HF Trainer optim name, echoed beside the registry's
     setup = resolve(setup, spec.dtype)  # dtype="auto": the checkpoint's, as transformers 5 loads it
@@ -86,9 +88,6 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         # of the gradient's path (StepParts' scalar fields), not each run
         parts, shard_info = shard_parts(replace(parts, runs=()), spec, setup)
     moments = timeline(parts)
-    copies_fwd = (
-        sum(r.copies * r.count + r.copies_cached * r.cached_count for r in parts.layer_runs()) + parts.copies_head
-    )
     totals = [m.total for m in moments]  # (a sum over the components each time it is read)
     peak = moments[totals.index(max(totals))]  # the first of the largest, as max() picks it
     phase_peaks: dict[str, int] = {}
@@ -99,8 +98,14 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         components.setdefault(k, 0)
     total = sum(components.values())
     tokens = act.tokens
-    steps = [_precision_step(setup, source)] + _packing_steps(spec, given, setup)
-    steps += _explain_model(spec, setup, dt, states, act, copies_fwd, head, peak, total)
+
+    def explained() -> list[Step]:  # (the steps are worked out when read: report.data.LazySteps)
+        copies_fwd = (
+            sum(r.copies * r.count + r.copies_cached * r.cached_count for r in parts.layer_runs()) + parts.copies_head
+        )
+        steps = [_precision_step(setup, source)] + _packing_steps(spec, given, setup)
+        return steps + _explain_model(spec, setup, dt, states, act, copies_fwd, head, peak, total)
+
     return Report(
         mode="architecture",
         total_bytes=total,
@@ -109,7 +114,7 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         trainable_parameters=states.n_train,
         peak_phase=peak.phase,
         phase_peaks=phase_peaks,
-        steps=tuple(steps),
+        steps=LazySteps(explained),
         setup=_setup_json(given, optimizer_given, tokens),
         model=_model_json(spec, model_meta),
         paged_bytes=states.opt.paged_bytes,

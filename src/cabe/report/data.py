@@ -5,8 +5,9 @@ words through :mod:`cabe.i18n`. Proved by tests/test_python_api.py and tests/web
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from cabe.units import GB, GiB
 
@@ -24,6 +25,42 @@ class Step:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+class LazySteps(Sequence[Step]):
+    """The explained steps, worked out the first time they are read: an estimate nobody explains or prints as JSON (a
+    solver's sweep, the page's charts) never builds them. Reads as the tuple it makes."""
+
+    __slots__ = ("_make", "_steps")
+
+    def __init__(self, make: Callable[[], Iterable[Step]]) -> None:
+        self._make: Callable[[], Iterable[Step]] | None = make
+        self._steps: tuple[Step, ...] | None = None
+
+    def _all(self) -> tuple[Step, ...]:
+        if self._steps is None:
+            make, self._make = self._make, None
+            self._steps = tuple(make()) if make is not None else ()
+        return self._steps
+
+    @overload
+    def __getitem__(self, i: int) -> Step: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Step, ...]: ...
+    def __getitem__(self, i: int | slice) -> Step | tuple[Step, ...]:
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __iter__(self) -> Iterator[Step]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and self._all() == tuple(other)
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
 @dataclass(frozen=True)
 class ReportData:
     mode: str  # "simple" | "lesson" | "architecture"
@@ -33,7 +70,7 @@ class ReportData:
     trainable_parameters: int
     peak_phase: str
     phase_peaks: dict[str, int]
-    steps: tuple[Step, ...]
+    steps: Sequence[Step]  # a tuple, or LazySteps (worked out when read)
     setup: dict[str, Any]
     model: dict[str, Any] | None = None
     paged_bytes: int = 0
