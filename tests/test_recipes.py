@@ -106,7 +106,7 @@ def test_litgpt_qlora_is_not_told_it_is_unmodelled():
     """`cabe recipes litgpt` listed k-bit preparation as not modelled although --no-kbit-prep exists (issue 29)."""
     out = estimate_json({"model": "llama-3.2-1b", "method": "qlora", "recipe": "litgpt"})
     assert "kbit_preparation" not in out["loss"]["unmodelled"]
-    assert set(out["loss"]["unmodelled"]) == {"loss"}  # (its bf16-true adapters: --adapter-dtype model)
+    assert out["loss"]["unmodelled"] == []  # (its bf16-true adapters: --adapter-dtype model; its loss: --loss litgpt)
 
 
 def test_torchtune_lora_adapters_are_in_the_model_dtype():

@@ -408,7 +408,7 @@ _SETUP: tuple[Field, ...] = (
         "setup",
         _TRAINING + ("from-config",),
         None,
-        ("hf", "chunked", "liger", "cce"),
+        ("hf", "chunked", "liger", "cce", "litgpt"),
         flags=_flag("loss"),
         depends_on=("recipe",),
     ),

@@ -129,6 +129,10 @@ class StepParts:
     attention_workspace_layer: int = 0
     # cuBLAS's workspaces, held by the caching allocator from the first step on (cabe.units.CUDA_WORKSPACES)
     cuda_workspaces: int = 0
+    # logits a training loop keeps bound from one step to the next (LitGPT's ``logits``: through backward, the
+    # optimizer step and the next forward, until the next step's exist): at every moment but the loss's, where they
+    # are the head's own logits (cabe.activations.head._litgpt_loss)
+    carried_logits: int = 0
     # a transient of the top layer's forward when every layer below holds its activations (DoRA's weight
     # norms: cabe.activations ``adapters._dora_norm_transient``); 0: none worth a moment
     forward_transient: int = 0
@@ -297,6 +301,10 @@ def timeline(p: StepParts) -> list[Moment]:
             {**base, "gradients": p.grads, "optimizer_temporaries": p.optimizer_temporaries, **p.extra_optimizer},
         )
     )
+    if p.carried_logits:  # (the loss moment counts them as its own logits)
+        for m in moments:
+            if not (m.phase == "forward" and m.where == "loss"):
+                m.components["logits"] = m.components.get("logits", 0) + p.carried_logits
     if p.cuda_workspaces:  # held at every moment of a steady-state step; listed last
         for m in moments:
             m.components["cuda_workspaces"] = p.cuda_workspaces

@@ -34,7 +34,7 @@ ComputeDtype = Literal["bf16", "fp16", "fp32"]
 Shard = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid"]
 Offload = Literal["none", "optimizer", "parameters", "both"]
 Recipe = Literal["hf-trainer", "trl-sft", "axolotl", "llama-factory", "torchtune", "unsloth", "litgpt"]
-Loss = Literal["hf", "chunked", "liger", "cce"]
+Loss = Literal["hf", "chunked", "liger", "cce", "litgpt"]
 ParamDtype = Literal["none", "bf16", "fp16"]
 AdapterDtype = Literal["fp32", "model"]
 
@@ -90,7 +90,9 @@ class TrainingSetup:
         recipe: the trainer whose defaults the request takes (:mod:`cabe.recipes`), or ``None``.
         loss: the loss kernel: ``hf`` (transformers' ForCausalLMLoss: whole logits upcast to fp32),
             ``chunked`` (torchtune's CEWithChunkedOutputLoss), ``liger`` (Liger's fused linear
-            cross-entropy), ``cce`` (Apple's cut cross-entropy); ``None``: the recipe's, else ``hf``.
+            cross-entropy), ``cce`` (Apple's cut cross-entropy), ``litgpt`` (LitGPT's lm_head over chunks of 128
+            positions, cross-entropy in the logits' dtype, the logits kept by its loop); ``None``: the recipe's,
+            else ``hf``.
         loss_chunks: ``chunked``: how many pieces the logits are upcast in (torchtune's default 8).
         dora: PEFT's DoRA (``LoraConfig(use_dora=True)``): a trained magnitude vector per adapted module.
         lora_dropout: PEFT's ``lora_dropout``, the probability in [0, 1) of the ``nn.Dropout`` before lora_A.

@@ -33,6 +33,7 @@ from cabe.activations.head import (
     head_activations,
     lm_head_lora_saved,
     lm_head_saved_input,
+    loss_chunk_positions,
     loss_chunk_tokens,
 )
 from cabe.activations.norms import checkpointed_layer_bytes_per_token
@@ -50,5 +51,6 @@ __all__ = [
     "layer_activations",
     "lm_head_lora_saved",
     "lm_head_saved_input",
+    "loss_chunk_positions",
     "loss_chunk_tokens",
 ]

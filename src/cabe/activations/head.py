@@ -38,6 +38,8 @@ def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
     loss = setup.resolved_loss
     if loss == "chunked":
         return _chunked_loss(final_norm, softcap, v, a, setup)
+    if loss == "litgpt":
+        return _litgpt_loss(final_norm, softcap, v, a, setup, 4 if dt.autocast else a)
     if loss in ("liger", "cce"):
         return _fused_linear_loss(loss, final_norm, rho * h if full else 0, spec, setup, dt)
     return _hf_loss(final_norm, softcap, v, a)
@@ -98,6 +100,23 @@ def _hf_loss(final_norm: int, softcap: int, v: int, a: int) -> HeadActivations:
     )
 
 
+#: LitGPT's ``lm_head_chunk_size`` in its fine-tuning loops (finetune/lora.py, full.py: 128 positions)
+LITGPT_CHUNK = 128
+
+
+def loss_chunk_positions(setup: TrainingSetup) -> list[int]:
+    """The positions of each chunk the lm_head runs over, in order: torchtune's ``tensor_split(n)`` (s mod n chunks
+    of ceil(s/n), then floor(s/n)), LitGPT's ``split(128)`` (128 each, the last what is left); one chunk for the
+    other losses."""
+    s = setup.tokens_per_sequence
+    if setup.resolved_loss == "chunked":
+        n = setup.loss_chunks
+        return [s // n + (1 if i < s % n else 0) for i in range(n)]
+    if setup.resolved_loss == "litgpt":
+        return [min(LITGPT_CHUNK, s - i) for i in range(0, s, LITGPT_CHUNK)]
+    return [s]
+
+
 def loss_chunk_tokens(setup: TrainingSetup) -> tuple[int, int]:
     """torchtune's chunks (``tensor_split(n, dim=1)``; its ``chunk`` of the hidden states agrees when n
     divides s): s mod n chunks of ceil(s/n) positions, then floor(s/n) ones. Returns (tokens of the
@@ -123,6 +142,36 @@ def _chunked_loss(final_norm: int, softcap: int, v: int, a: int, setup: Training
         backward_peak_extra=0,
         forward_fixed=upcast,
         backward_fixed=before_last,
+    )
+
+
+def _litgpt_loss(final_norm: int, softcap: int, v: int, a: int, setup: TrainingSetup, ce: int) -> HeadActivations:
+    """LitGPT's fine-tuning loss (litgpt/finetune/lora.py and utils.py:302-332, v0.5.13; cabe.trace.loss
+    ``litgpt_cross_entropy``): the lm_head over chunks of 128 positions, every chunk's logits alive until the loss is
+    done (a·V), each chunk's cross-entropy in ``ce`` bytes — the logits' own dtype (bf16-true), or fp32 under
+    autocast (bf16-mixed: cross_entropy is on autocast's fp32 list, its input cast and its log-softmax fp32) — the
+    log-softmax saved; the sliced last chunk is copied by its reshape when the batch is above 1. Backward, chunk by
+    chunk from the last: its nll and log-softmax gradients. The loop keeps ``logits`` bound through backward, the
+    optimizer step and the next forward (``carried``)."""
+    positions = loss_chunk_positions(setup)
+    b, last = setup.batch, positions[-1] - 1  # (the last chunk loses its final position: logits[-1][..., :-1, :])
+    copy = round_alloc(a * v * b * last) if b > 1 else 0
+    cast = round_alloc(ce * v * b * max(positions)) if ce != a else 0  # autocast's fp32 input, one chunk at a time
+    # backward runs every chunk's loss before any chunk's lm_head (their mm nodes are older: the engine runs the
+    # newest first, torch/csrc/autograd/engine.cpp): as each chunk's saved tensors go, its logits' gradient joins the
+    # ones waiting, so the loss backward holds what forward saved plus one chunk's nll and log-softmax gradients
+    backward = 2 * ce * v * b * max(positions)
+    # under autocast the fp32 cast of each chunk stays beside its log-softmax (traced: 4 + 2 bytes per logit)
+    saved = ce * v + (a * v if ce != a else 0)
+    return HeadActivations(
+        final_norm=final_norm,
+        logits=a * v,
+        saved_logsoftmax=saved + softcap,
+        forward_peak_extra=0,
+        backward_peak_extra=0,
+        forward_fixed=copy + cast,
+        backward_fixed=backward,
+        carried=a * v,
     )
 
 

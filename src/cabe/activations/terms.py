@@ -91,3 +91,5 @@ class HeadActivations:
     # bytes that do not scale with all the tokens: one chunk's transients (chunked / fused losses)
     forward_fixed: int = 0
     backward_fixed: int = 0
+    # logits the training loop keeps from one step to the next (per token; LitGPT: cabe.step.StepParts.carried_logits)
+    carried: int = 0

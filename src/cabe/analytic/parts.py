@@ -14,6 +14,7 @@ from cabe.activations import (
     HeadActivations,
     LayerActivations,
     embedding_lora_saved,
+    loss_chunk_positions,
 )
 from cabe.analytic.runs import _Activations, _run_activations, _RunActivations
 from cabe.analytic.states import _Copies, _grads_of, _States, _weight_copies
@@ -73,16 +74,16 @@ def _chunked_head_grads(
     16-bit weight-sized gradients (gpt2-medium full fp32 under bf16 autocast, chunked 8: −2.7% without them).
     The cast to fp32 comes after (:func:`_head_weight_grads`). A cast that is not cached (16-bit weights of the
     other half type) is made anew for every chunk, each with its own ``ToCopyBackward0``: not modelled here."""
-    n = setup.loss_chunks
-    if setup.resolved_loss != "chunked" or n < 2:
+    sizes = loss_chunk_positions(setup)
+    n = len(sizes)
+    if n < 2:
         return 0, 0
     grad = _head_weight_grad_bytes(spec, states)
     if not grad or (copies.head and not dt.cached_copies):
         return 0, 0
     if copies.head:  # the one cached 16-bit copy's gradient
         grad = round_alloc(dt.compute * spec.vocab_size * spec.hidden_size)
-    s = setup.tokens_per_sequence
-    waiting = sum(s // n + (1 if i < s % n else 0) for i in range(n - 2))  # positions of chunks 0 .. n−3
+    waiting = sum(sizes[: n - 2])  # positions of chunks 0 .. n−3
     return 3 * grad, dt.compute * spec.vocab_size * setup.batch * waiting
 
 
@@ -167,6 +168,7 @@ def _step_parts(
         mlp_saved_layer=mean(lambda r: r.mlp_saved),
         attention_workspace_layer=mean(lambda r: r.attention_workspace),
         cuda_workspaces=CUDA_WORKSPACES,
+        carried_logits=tokens * head.carried,
         embedding_saved=tokens * embedding_lora_saved(spec, setup, dt),
         embedding_grad_input=(
             tokens * dt.residual * spec.residual_width

@@ -12,6 +12,7 @@ from typing import Any
 from cabe import memo
 from cabe.activations import (
     dora_stray_parameter,
+    loss_chunk_positions,
 )
 from cabe.architecture import ModelSpec
 from cabe.layers import LayerGroup
@@ -149,10 +150,10 @@ def _compute_weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, ru
     )
     head = sum(round_alloc(n * 2) for n in _head_matrices(spec)) if head_cast else 0
     head += _head_adapter_copies(spec, setup)
-    if setup.resolved_loss == "chunked" and not (setup.method == "full" and dt.cached_copies):
-        # torchtune's chunked output calls the lm_head once per chunk: autocast casts a weight that is not
-        # a trained fp32 leaf anew on each call (cached_cast), and each chunk's mm saves its own copy
-        head *= setup.loss_chunks
+    if setup.resolved_loss in ("chunked", "litgpt") and not (setup.method == "full" and dt.cached_copies):
+        # torchtune's chunked output (and LitGPT's) calls the lm_head once per chunk: autocast casts a weight that
+        # is not a trained fp32 leaf anew on each call (cached_cast), and each chunk's mm saves its own copy
+        head *= len(loss_chunk_positions(setup))
     return _Copies(base + adapters, cached, trained, head)
 
 

@@ -24,7 +24,9 @@ from cabe.errors import ConfigError
 from cabe.training import TrainingSetup
 
 #: the loss kernels the trace can run (pure PyTorch)
-TRACEABLE = ("hf", "chunked")
+TRACEABLE = ("hf", "chunked", "litgpt")
+#: LitGPT's ``lm_head_chunk_size`` in its fine-tuning loops (finetune/lora.py, full.py, adapter.py: 128)
+LITGPT_CHUNK = 128
 IGNORE_INDEX = -100
 
 
@@ -64,6 +66,30 @@ def chunked_cross_entropy(chunks: list[Any], labels: Any, n: int) -> Any:
     return total_loss / total_elements
 
 
+def litgpt_cross_entropy(holder: Any, chunks: list[Any], labels: Any) -> Any:
+    """LitGPT's fine-tuning loss on the lm_head's chunks and unshifted labels, as its loop runs it
+    (litgpt/finetune/lora.py, v0.5.13): ``logits = model(input_ids, lm_head_chunk_size=128)`` — the name bound to
+    the new chunks only now, so the previous step's were alive through this forward — then ``logits[-1] =
+    logits[-1][..., :-1, :]`` and ``chunked_cross_entropy(logits, targets[..., 1:])`` (litgpt/utils.py:302-332):
+    each chunk ``reshape(-1, V)`` (a copy of the sliced last one when the batch is above 1) and ``cross_entropy(...,
+    reduction="none")`` in the logits' own dtype, the sum over the count of real labels. ``holder`` keeps the chunks
+    as the loop's ``logits`` does: through backward and the optimizer step, until the next step's exist."""
+    import torch
+    import torch.nn.functional as F
+
+    chunks[-1] = chunks[-1][..., :-1, :]
+    holder._cabe_litgpt_logits = chunks  # (the previous step's are freed here, as LitGPT's rebinding frees them)
+    targets = labels[..., 1:]
+    logit_chunks = [c.reshape(-1, c.size(-1)) for c in chunks]
+    target_chunks = [t.reshape(-1) for t in targets.split(chunks[0].size(1), dim=1)]
+    losses = [
+        F.cross_entropy(lc, tc, ignore_index=IGNORE_INDEX, reduction="none")
+        for lc, tc in zip(logit_chunks, target_chunks, strict=True)
+    ]
+    real = (targets != IGNORE_INDEX).sum()
+    return torch.cat(losses).sum() / real.maximum(torch.ones_like(real))
+
+
 @contextlib.contextmanager
 def loss_kernel(model: Any, setup: TrainingSetup) -> Iterator[None]:
     """Run the model's forward with ``setup``'s loss kernel (``hf``: as transformers does)."""
@@ -71,6 +97,7 @@ def loss_kernel(model: Any, setup: TrainingSetup) -> Iterator[None]:
     if setup.resolved_loss == "hf":
         yield
         return
+    litgpt = setup.resolved_loss == "litgpt"
     n = setup.loss_chunks
     lm = _causal_lm(model)
     head = lm.get_output_embeddings()
@@ -86,7 +113,9 @@ def loss_kernel(model: Any, setup: TrainingSetup) -> Iterator[None]:
         # NOTE: torchtune splits the hidden states with ``chunk`` and the labels with ``tensor_split``;
         # they agree when n divides the sequence (else torchtune's loss fails on mismatched chunks), so
         # both are ``tensor_split`` here
-        chunks = [project(chunk) for chunk in hidden.tensor_split(n, dim=1)]
+        # (LitGPT: ``x.split(lm_head_chunk_size, dim=1)``, litgpt/model.py GPT.forward)
+        pieces = hidden.split(LITGPT_CHUNK, dim=1) if litgpt else hidden.tensor_split(n, dim=1)
+        chunks = [project(chunk) for chunk in pieces]
         if cap is not None:
             import torch
 
@@ -94,6 +123,8 @@ def loss_kernel(model: Any, setup: TrainingSetup) -> Iterator[None]:
         return Chunks(chunks)
 
     def loss_function(logits: Any, labels: Any, vocab_size: int, **kwargs: Any) -> Any:
+        if litgpt:
+            return litgpt_cross_entropy(lm, logits, labels)
         return chunked_cross_entropy(logits, labels, n)
 
     head.forward = chunked_output
