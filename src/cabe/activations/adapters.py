@@ -126,6 +126,8 @@ def _note_adapter_moment(layer: LayerState, n: str) -> None:
 
 
 def lora_mid(layer: LayerState, names: list[str]) -> None:
+    if not layer.facts.targets:  # (no adapter in this layer: nothing below would add or join)
+        return
     r = layer.facts.r
     with layer.adapter_owned():
         for n in names:
