@@ -268,3 +268,10 @@ def dora_stray_parameter(spec: ModelSpec, quantized: bool, adapter: int, frozen:
     """Whether DoRA with dropout on ``lin`` multiplies by a throwaway ``Parameter(W.T)`` that requires grad
     (see ``adapters._dora_stray_parameter``): a Conv1D layer whose weight is already in the adapters' dtype."""
     return spec.conv1d and adapter == frozen and not (quantized and lin.quantized_by_bnb)
+
+
+def auto_cast_input(layer: LayerState) -> bool:
+    """Under autocast, PEFT's Linear casts lora_A's 16-bit input to the adapters' fp32 and autocast casts that back:
+    lora_A saves a new 16-bit copy. Not for bitsandbytes' layers (they skip the cast), nor for adapters in the
+    autocast dtype (adapter_dtype model: both casts return the input itself)."""
+    return layer.facts.autocast and not layer.facts.four_bit and not layer.facts.adapter_native

@@ -96,7 +96,7 @@ def _o_proj_saved(layer: LayerState) -> None:
         layer.add("attn.output_cast_back", a * q, f"{a}·q")  # flash_attention_2's output, back to fp32
     if adapter_cast and o_name in targets:
         layer.add(f"attn.{o_name}.lora_input_fp32", 4 * q, "4·q")
-    if auto_cast_input(layer) and o_name in targets and not copies_output:
+    if adapters.auto_cast_input(layer) and o_name in targets and not copies_output:
         # PEFT's Linear casts lora_A's input to fp32 even under autocast (_cast_input_dtype; only its
         # bitsandbytes layers skip it), and autocast casts that back: lora_A saves a new 16-bit copy
         layer.add(f"attn.{o_name}.lora_input_cast", 2 * q, "2·q")
@@ -156,7 +156,7 @@ def _dense_saved(layer: LayerState) -> None:
     _dropout_copy(layer, out_name, copies_output)
     if layer.facts.a_attn != a and not copies_output and (base_trainable or out_name in targets):
         layer.add("attn.output_cast_back", a * q, f"{a}·q")  # flash_attention_2's output, back to fp32
-    if auto_cast_input(layer) and out_name in targets and not copies_output:
+    if adapters.auto_cast_input(layer) and out_name in targets and not copies_output:
         layer.add(f"attn.{out_name}.lora_input_cast", 2 * q, "2·q")  # PEFT's fp32 cast, cast back
     if adapter_cast and out_name in targets:
         layer.add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
@@ -175,10 +175,3 @@ def add_output_gate(layer: LayerState, copies_output: bool, output_counted: bool
         layer.add("attn.output_for_gate", a * q, f"{a}·q")
     if layer.facts.base_trainable or layer.facts.o_name in layer.facts.targets:
         layer.add("attn.gated_output", a * q, f"{a}·q")
-
-
-def auto_cast_input(layer: LayerState) -> bool:
-    """Under autocast, PEFT's Linear casts lora_A's 16-bit input to the adapters' fp32 and autocast casts that back:
-    lora_A saves a new 16-bit copy. Not for bitsandbytes' layers (they skip the cast), nor for adapters in the
-    autocast dtype (adapter_dtype model: both casts return the input itself)."""
-    return layer.facts.autocast and not layer.facts.four_bit and not layer.facts.adapter_native

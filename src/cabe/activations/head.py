@@ -118,11 +118,9 @@ def loss_chunk_positions(setup: TrainingSetup) -> list[int]:
 
 
 def loss_chunk_tokens(setup: TrainingSetup) -> tuple[int, int]:
-    """torchtune's chunks (``tensor_split(n, dim=1)``; its ``chunk`` of the hidden states agrees when n
-    divides s): s mod n chunks of ceil(s/n) positions, then floor(s/n) ones. Returns (tokens of the
-    largest chunk, tokens of the last chunk), batch included."""
-    s, n = setup.tokens_per_sequence, setup.loss_chunks
-    return setup.batch * -(-s // n), setup.batch * (s // n)
+    """(tokens of the largest chunk, tokens of the last chunk), batch included (:func:`loss_chunk_positions`)."""
+    positions = loss_chunk_positions(setup)
+    return setup.batch * max(positions), setup.batch * positions[-1]
 
 
 def _chunked_loss(final_norm: int, softcap: int, v: int, a: int, setup: TrainingSetup) -> HeadActivations:

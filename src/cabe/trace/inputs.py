@@ -37,9 +37,9 @@ def make_optimizer(params: list[Any], setup: TrainingSetup, tracker: Any, kind: 
     module, _, name = entry.trace_factory.partition(":")
     factory = getattr(importlib.import_module(module), name)
     if setup.optimizer_in_backward and not entry.layerwise:  # torchtune's optimizer_in_bwd: one per parameter
-        from cabe.trace.optim import in_backward
+        from cabe.trace.optim import InBackward
 
-        return in_backward(params, lambda group: factory(group, kw, tracker, kind))
+        return InBackward(params, lambda group: factory(group, kw, tracker, kind))
     return factory(params, kw, tracker, kind)
 
 

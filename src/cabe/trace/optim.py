@@ -181,7 +181,7 @@ def _tracked_paging(o: Any, tracker: Any, kind: str) -> Any:
     return o
 
 
-class _InBackward:
+class InBackward:
     """torchtune's optimizer in backward (``optimizer_in_bwd: True``; torchtune/training/memory.py:58-240,
     ``OptimizerInBackwardWrapper`` and ``register_optim_in_bwd_hooks``, commit bd2a0fc): one optimizer per
     parameter, stepped by the parameter's post-accumulate-grad hook, which then zeroes its gradient
@@ -206,8 +206,3 @@ class _InBackward:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         return None
-
-
-def in_backward(params: list[Any], make: Any) -> Any:
-    """The optimizer ``make`` builds for a list of parameters, one per parameter, stepped in backward."""
-    return _InBackward(params, make)
