@@ -273,7 +273,23 @@ def sample(rng: random.Random, *, small: bool = False, models: list[str] | None 
     _kbit_prep(model, kw)
     _modules_to_save(model, spec, kw)
     _trainable_fp32(model, kw)
+    _session37_knobs(model, kw)
     return model, kw
+
+
+def _session37_knobs(model: str, kw: dict[str, Any]) -> None:
+    """Issue 29's knobs, from the configuration's own generator after every other knob's (earlier draws stay):
+    LitGPT's loss (``--loss litgpt``) where no loss was drawn, adapters in the model's dtype (LoRA), the optimizer in
+    backward (no accumulation, not a GaLore optimizer, which steps layer by layer already). Not ``transformers``:
+    the trace runs the installed line."""
+    rng = random.Random(f"session 37 {model} {sorted(kw.items())}")
+    if "loss" not in kw and rng.random() < 0.15:
+        kw["loss"] = "litgpt"
+    if kw["method"] == "lora" and rng.random() < 0.25:
+        kw["adapter_dtype"] = "model"
+    entry = REGISTRY_BY_NAME.get(kw["optimizer"])
+    if kw.get("grad_accum", 1) == 1 and entry is not None and not entry.low_rank and rng.random() < 0.15:
+        kw["optimizer_in_backward"] = True
 
 
 #: (dtype, autocast) of each precision shorthand the sampler draws (cabe.schema.PRECISIONS)
