@@ -272,3 +272,15 @@ def test_torchtune_optimizer_in_bwd_is_read():
     combined = configs.from_files([str(path)])
     assert combined.request["optimizer_in_backward"] is True
     assert combined.request["optimizer"] == "paged-adamw-8bit"
+
+
+def test_optimizer_in_backward_under_fp16_autocast_is_refused():
+    import pytest
+
+    from cabe.errors import InvalidValueError
+    from cabe.training import TrainingSetup
+
+    with pytest.raises(InvalidValueError) as e:
+        TrainingSetup(method="lora", precision="fp16-amp", optimizer_in_backward=True)
+    assert e.value.code == "in_backward_grad_scaler"
+    TrainingSetup(method="lora", precision="bf16-amp", optimizer_in_backward=True)

@@ -281,9 +281,13 @@ def _session37_knobs(model: str, kw: dict[str, Any]) -> None:
     """Issue 29's knobs, from the configuration's own generator after every other knob's (earlier draws stay):
     LitGPT's loss (``--loss litgpt``) where no loss was drawn, adapters in the model's dtype (LoRA), the optimizer in
     backward (no accumulation, not a GaLore optimizer, which steps layer by layer already). Not ``transformers``:
-    the trace runs the installed line."""
+    the trace runs the installed line. LitGPT's loss only without autocast for now: under autocast the estimate is
+    up to 3.3% high (each chunk's fp32 cast is held longer than the trace holds it, tests/trace/test_litgpt_loss.py),
+    a known gap, not a draw of chance."""
     rng = random.Random(f"session 37 {model} {sorted(kw.items())}")
-    if "loss" not in kw and rng.random() < 0.15:
+    prec = kw.get("precision")
+    autocast = PRECISION_PAIRS[prec][1] if prec else kw.get("autocast", schema.field("autocast").default)
+    if "loss" not in kw and rng.random() < 0.15 and autocast in (None, "none"):
         kw["loss"] = "litgpt"
     if kw["method"] == "lora" and rng.random() < 0.25:
         kw["adapter_dtype"] = "model"

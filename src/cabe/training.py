@@ -190,6 +190,11 @@ class TrainingSetup:
                 object.__setattr__(self, name, implied)
         elif (short := schema.precision_name(self.dtype, self.autocast)) is not None:
             object.__setattr__(self, "precision", short)
+        if self.optimizer_in_backward and self.autocast == "fp16" and not optimizer.get(self.optimizer).layerwise:
+            # fp16 autocast runs the Trainer's GradScaler, which unscales and steps every gradient after backward
+            # (torch/amp/grad_scaler.py, unscale_ / step over optimizer.param_groups): an optimizer that already
+            # stepped each parameter inside backward has none left to give it (torchtune's recipes run it in bf16)
+            raise InvalidValueError("in_backward_grad_scaler", "optimizer_in_backward", value=True)
 
     # ---- derived quantities -------------------------------------------------------------
     @property
