@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from cabe.frozen import quick
 
+
+@quick
 @dataclass(frozen=True)
 class Moment:
     """What is live at one moment of the step: component name -> bytes."""
@@ -23,6 +26,7 @@ class Moment:
         return sum(self.components.values())
 
 
+@quick
 @dataclass(frozen=True)
 class LayerRun:
     """Per-GPU figures of ``count`` consecutive layers in the gradient's path that are made alike (bytes per
@@ -57,6 +61,7 @@ class LayerRun:
     experts_freed: int = 0
 
 
+@quick
 @dataclass(frozen=True)
 class StepParts:
     """Per-GPU sizes, in bytes, that a training step is made of."""

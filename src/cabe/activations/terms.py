@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
 
+from cabe.frozen import quick
+
 
 class Term(NamedTuple):
     """One saved tensor group: ``bytes_per_token`` for one layer (or for the model head). (A named tuple: a layer adds
@@ -18,6 +20,7 @@ class Term(NamedTuple):
     formula: str
 
 
+@quick
 @dataclass(frozen=True)
 class LayerActivations:
     terms: tuple[Term, ...]
@@ -81,6 +84,7 @@ class LayerActivations:
         return sum(t.bytes_per_token for t in self.terms)
 
 
+@quick
 @dataclass(frozen=True)
 class HeadActivations:
     final_norm: int  # saved by the final norm (per token)

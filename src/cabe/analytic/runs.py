@@ -18,6 +18,7 @@ from cabe.activations import (
 )
 from cabe.architecture import ModelSpec
 from cabe.facts import sdpa_masked_layers
+from cabe.frozen import quick
 from cabe.layers import LayerGroup
 from cabe.method import head_targets, lora_parameter_targets, running_lora_targets, saved_modules
 from cabe.precision import Dtypes
@@ -53,6 +54,7 @@ def _masked_layers(spec: ModelSpec, setup: TrainingSetup) -> int:
     return spec.num_layers if _packed_mask(spec, setup) or images else sdpa_masked_layers(spec, setup)
 
 
+@quick
 @dataclass(frozen=True)
 class _RunActivations:
     """What one layer of a run of like layers in the gradient's path saves."""
@@ -66,6 +68,7 @@ class _RunActivations:
     recompute_bytes: int = 0  # checkpointing: what recomputing one layer allocates (its input is there already)
 
 
+@quick
 @dataclass(frozen=True)
 class _Activations:
     """What one step saves, run by run of like layers, and through how many layers the gradient flows."""

@@ -15,6 +15,7 @@ from cabe.activations import (
     loss_chunk_positions,
 )
 from cabe.architecture import ModelSpec
+from cabe.frozen import quick
 from cabe.layers import LayerGroup
 from cabe.method import VISION_PREFIX, head_targets, lora_targets, running_lora_targets
 from cabe.optimizer_memory import optimizer_memory
@@ -26,6 +27,7 @@ from cabe.training import TrainingSetup
 from cabe.units import round_alloc
 
 
+@quick
 @dataclass(frozen=True)
 class _States:
     tensors: list
@@ -79,6 +81,7 @@ def _compute_model_states(spec: ModelSpec, setup: TrainingSetup) -> _States:
     return _States(tensors, bytes_of_trainable, weights, quant, grads, opt, n_train)
 
 
+@quick
 @dataclass(frozen=True)
 class _Copies:
     """Autocast's 16-bit copies of matmul weights (aten/src/ATen/autocast_mode.cpp, ``cached_cast``), per

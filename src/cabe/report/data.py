@@ -9,9 +9,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from cabe.frozen import quick
 from cabe.units import GB, GiB
 
 
+@quick
 @dataclass(frozen=True)
 class Step:
     """One explained figure: ``formula`` with the worked numbers, and the resulting bytes.
@@ -61,6 +63,7 @@ class LazySteps(Sequence[Step]):
         return repr(self._all())
 
 
+@quick
 @dataclass(frozen=True)
 class ReportData:
     mode: str  # "simple" | "lesson" | "architecture"
