@@ -20,8 +20,6 @@ class _Plain:
     d: int = field(default=3, kw_only=True)
 
 
-
-
 def test_same_fields_defaults_and_factories() -> None:
     # the same class twice: one with dataclasses' __init__, one with quick's
     q = quick(

@@ -56,5 +56,5 @@ def quick(cls: type[T]) -> type[T]:
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
     init.__doc__ = f"{cls.__name__}'s fields, stored as dataclasses' frozen __init__ stores them (cabe.frozen)."
-    cls.__init__ = init  # type: ignore[misc]
+    cls.__init__ = init  # type: ignore[method-assign]
     return cls
