@@ -68,3 +68,33 @@ def test_refuses_what_it_cannot_fill() -> None:
         quick(
             dataclass(frozen=True)(type("N", (), {"__annotations__": {"a": "int"}, "a": field(default=1, init=False)}))
         )
+
+
+def test_evolve_is_replace_for_quick_classes() -> None:
+    from cabe.frozen import evolve
+
+    run = LayerRun(count=4, grads=10, copies=2, saved=7, workspace=3)
+    assert evolve(run, count=1, cached_count=1) == dataclasses.replace(run, count=1, cached_count=1)
+    assert run.count == 4  # the original is left as it was
+    with pytest.raises(TypeError):
+        evolve(run, not_a_field=1)
+    with pytest.raises(TypeError):  # a class with __post_init__: replace runs it, evolve would not
+        evolve(ReportData.__new__(ReportData))
+
+
+def test_cached_reads_once_and_shadows_itself() -> None:
+    from cabe.frozen import cached
+
+    calls: list[int] = []
+
+    class C:
+        @cached
+        def value(self) -> int:
+            """the doc"""
+            calls.append(1)
+            return 42
+
+    c = C()
+    assert (c.value, c.value) == (42, 42) and calls == [1]
+    assert "value" in vars(c) and C.value.__doc__ == "the doc"
+    assert C().value == 42 and calls == [1, 1]  # per instance

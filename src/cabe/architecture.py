@@ -193,6 +193,15 @@ class ModelSpec:
         return sum(g.count for g in self.layer_groups)
 
     @cached_property
+    def local_windows(self) -> tuple[tuple[int, int], ...]:
+        """(window, layers) of the sliding and chunked layers, one entry per window size (ascending)."""
+        by: dict[int, int] = {}
+        for g in self.layer_groups:
+            if g.attention in ("sliding", "chunked") and g.window:
+                by[g.window] = by.get(g.window, 0) + g.count
+        return tuple(sorted(by.items()))
+
+    @cached_property
     def runs(self) -> tuple[LayerGroup, ...]:
         """The layers as runs of consecutive layers made of the same tensors, bottom first: neighbouring
         groups that differ only in their attention span (Gemma's sliding and global layers) are one run,

@@ -53,8 +53,7 @@ def sdpa_masked_layers(spec: ModelSpec, setup: TrainingSetup) -> int:
     if spec.sdpa_mask_window is not None and s >= spec.sdpa_mask_window:
         return spec.num_layers
     # chunked layers (Llama 4) pass their chunk as local_size (masking_utils.py, create_chunked_causal_mask)
-    local = ("sliding", "chunked")
-    return sum(g.count for g in spec.layer_groups if g.attention in local and g.window and s >= g.window)
+    return sum(n for window, n in spec.local_windows if s >= window)
 
 
 def masked_sdpa_kind(spec: ModelSpec, dt: Dtypes) -> str:

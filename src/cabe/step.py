@@ -316,12 +316,32 @@ def timeline(p: StepParts) -> list[Moment]:
     return moments
 
 
+#: one GPU's layer moments: no sharded plan's buffers beside them (read only)
+_NO_EXTRAS: dict[tuple[bool, bool], dict[str, int]] = {(t, g): {} for t in (True, False) for g in (True, False)}
+
+
 def _layer_moments(
     p: StepParts, runs: tuple[LayerRun, ...], base: dict[str, int], g_acc: int, saved: int, copies: int
 ) -> list[Moment]:
     """Backward through the layers, from the top run down: the top and the bottom layer of each run.
     ``saved`` and ``copies``: what every layer of the gradient's path saves and copies."""
     out: list[Moment] = []
+    # the sharded plans' buffers beside a layer's backward, merged once: at the top layer (none of the unit above's
+    # reduce-scatter input yet) or below it, before the layer's first gradient (".experts", ".recompute") or after
+    extras = (
+        {
+            (top, grads): {
+                **p.extra_backward,
+                **p.extra_layer_backward,
+                **({} if top else p.extra_below_top),
+                **(p.extra_layer_grads if grads else {}),
+            }
+            for top in (True, False)
+            for grads in (True, False)
+        }
+        if p.extra_backward or p.extra_layer_backward or p.extra_below_top or p.extra_layer_grads
+        else _NO_EXTRAS
+    )
     grads_above = p.grads_head  # gradients made above the run being walked
     stray_above = 0  # throwaway parameters' gradients made above it (LayerRun.stray_grads)
     layers_above = 0
@@ -355,6 +375,7 @@ def _layer_moments(
                 # the recomputed forward's end, before this layer's first gradient: all it saves is back, and
                 # its last adapted module's transient (cabe.activations.adapters.note_lora_input)
                 moments_of_layer.insert(0, (".recompute", before, acts + r.recompute_transient, stray))
+            top = where == "top_layer"
             for suffix, grads, activations, strays in (
                 *moments_of_layer,
                 (
@@ -373,10 +394,7 @@ def _layer_moments(
                             "gradients": (g_acc or grads) + p.tied_grad_pending + strays,
                             "weight_copies": weight_copies,
                             "activations": activations,
-                            **p.extra_backward,
-                            **p.extra_layer_backward,
-                            **({} if where.startswith("top_layer") else p.extra_below_top),
-                            **({} if suffix in (".experts", ".recompute") else p.extra_layer_grads),
+                            **extras[top, suffix not in (".experts", ".recompute")],
                         },
                     )
                 )

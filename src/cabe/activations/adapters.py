@@ -32,9 +32,10 @@ def _linear_inputs(
     layer: LayerState, group: str, names: list[tuple[str, int]], shared_bytes: int, shared_formula: str
 ) -> None:
     spec, targets, adapter_cast = layer.facts.spec, layer.facts.targets, layer.facts.adapter_cast
+    four_bit = layer.facts.four_bit
     for n, inf in names:
         note_lora_input(layer, n, inf, shared_bytes // inf if inf else 0)
-    trained = [n for n, _ in names if layer.facts.base_trainable]
+    trained = layer.facts.base_trainable and bool(names)  # the base layers' own inputs are saved
     if layer.facts.amp or (layer.facts.quantized and layer.facts.autocast):
         for n, inf in names:
             if layer.facts.base_trainable or n in targets:
@@ -44,8 +45,9 @@ def _linear_inputs(
     # only when the adapters are in its dtype (adapter_native: autocast's cast is the input itself)
     native = layer.facts.adapter_native
     reads_input = not adapter_cast and (not layer.facts.autocast or native) and not layer.facts.dropout
-    direct = [n for n, inf in names if bnb_direct(layer, n, shared_bytes // inf if inf else 0)]
-    shared_needed = bool(trained) or (any(n in targets for n, _ in names) and reads_input)
+    # (only 4-bit layers read their input directly: bnb_direct)
+    direct = [n for n, inf in names if bnb_direct(layer, n, shared_bytes // inf if inf else 0)] if four_bit else []
+    shared_needed = trained or (any(n in targets for n, _ in names) and reads_input)
     if shared_needed or (direct and not layer.facts.dropout):
         layer.add(f"{group}.input", shared_bytes, shared_formula)
     for n, inf in names:
@@ -151,8 +153,10 @@ def lora_variants(layer: LayerState, names: list[str]) -> None:
     out-sized ``m/‖·‖`` and ``m/‖·‖ - 1`` and the norm that the division saves (per layer).
     """
     for n in names:
+        if n not in layer.facts.targets:
+            continue
         lin = layer.linear(n)
-        if lin is None or n not in layer.facts.targets:
+        if lin is None:
             continue
         i, o = lin.in_features, lin.out_features
         if layer.facts.dropout:

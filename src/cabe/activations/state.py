@@ -59,6 +59,7 @@ class LayerState:
         self.owned = 0  # > 0 while counting what an adapted module saves for its own weights (kept in any case)
         self.input_live = self.live  # LayerNorm blocks: whether the layer's input (what a parallel MLP reads) is live
         self.ln2_pending = False  # GPT-2's second norm, on the residual after attention: counted if that is live
+        self._owned_context = _Owned(self)  # (one per layer: adapter_owned is entered a dozen times per estimate)
 
     def add(self, name: str, nbytes: int, formula: str) -> None:
         if nbytes and (self.live or self.owned):
@@ -73,11 +74,11 @@ class LayerState:
     def adapter_owned(self) -> _Owned:
         """What is added inside is saved by an adapted module for its own weights' gradients: kept in the lowest
         layer of the gradient's path too (see ``live``)."""
-        return _Owned(self)
+        return self._owned_context
 
     def joins(self, names: list[str]) -> None:
         """An adapted module among ``names`` adds its LoRA output to the stream: what follows requires grad."""
-        if any(n in self.facts.targets for n in names):
+        if not self.live and any(n in self.facts.targets for n in names):
             self.live = True
 
     def linear(self, n: str) -> Linear | None:

@@ -5,10 +5,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from typing import NamedTuple
 
-from cabe.frozen import quick
+from cabe.frozen import cached, quick
 
 
 class Term(NamedTuple):
@@ -79,7 +78,7 @@ class LayerActivations:
     def constant_bytes(self) -> int:
         return self.per_layer_bytes + self.flash_rng_bytes
 
-    @cached_property  # (in the instance's __dict__, outside the fields: read by several parts of an estimate)
+    @cached  # (in the instance's __dict__, outside the fields: read by several parts of an estimate)
     def bytes_per_token(self) -> int:
         return sum(t.bytes_per_token for t in self.terms)
 

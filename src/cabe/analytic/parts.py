@@ -19,6 +19,7 @@ from cabe.activations import (
 from cabe.analytic.runs import _Activations, _run_activations, _RunActivations
 from cabe.analytic.states import _Copies, _grads_of, _States, _weight_copies
 from cabe.architecture import ModelSpec
+from cabe.frozen import evolve
 from cabe.layers import LayerGroup
 from cabe.optimizer import get as optimizer_entry
 from cabe.parameters import layer_tensors
@@ -105,15 +106,16 @@ def _step_parts(
     kinds: dict[tuple[Any, ...], LayerRun] = {}
     for r, _, ck in act.pieces():
         if (id(r.per_layer), ck) not in kinds:
-            kinds[(id(r.per_layer), ck)] = _layer_run(spec, setup, states, act, r, ck)
+            kinds[(id(r.per_layer), ck)] = _layer_run(spec, setup, dt, states, act, r, ck)
     ckpt_cached = setup.checkpointing and copies.trained_layers
     # under selective checkpointing, runs of checkpointed and of plain layers alternate
     runs = tuple(_counted(kinds[(id(r.per_layer), ck)], n, n if ckpt_cached and ck else 0) for r, n, ck in act.pieces())
 
     def mean(of: Callable[[LayerRun], int]) -> int:  # a per-layer figure (exact when the layers are alike)
-        if len(runs) == 1:  # (the same sum, without a generator)
-            return runs[0].count * of(runs[0]) // grad_layers
-        return sum(r.count * of(r) for r in runs) // grad_layers if runs else 0
+        total = 0
+        for r in runs:
+            total += r.count * of(r)
+        return total // grad_layers if runs else 0
 
     ckpt = setup.checkpointing
     head_copy_grad, head_weight_grad = _head_weight_grads(spec, states, copies)
@@ -182,7 +184,7 @@ def _counted(run: LayerRun, count: int, cached_count: int) -> LayerRun:
     """``replace(run, count=..., cached_count=...)``, without the copy when nothing changes (the common case)."""
     if run.count == count and run.cached_count == cached_count:
         return run
-    return replace(run, count=count, cached_count=cached_count)
+    return evolve(run, count=count, cached_count=cached_count)
 
 
 def _forward_transient(act: _Activations) -> int:
@@ -211,6 +213,8 @@ def _frozen_inputs(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, act: _Acti
     ``enable_input_require_grads``), so every frozen layer is in autograd's graph: a checkpointed one keeps
     its input (none on the device when offloaded), one left out of selective checkpointing keeps what a
     layer with frozen weights saves."""
+    if not act.first:  # every layer is in the gradient's path
+        return 0
     ckpt = sum(1 for i in range(act.first) if act.checkpointed(i))
     kept = 0 if act.offload else ckpt * act.runs[0].saved_layer_bytes
     fdt = _frozen_dtypes(setup, dt)
@@ -256,11 +260,17 @@ def _offload_leaf(spec: ModelSpec, dt: Dtypes, states: _States, act: _Activation
 
 
 def _layer_run(
-    spec: ModelSpec, setup: TrainingSetup, states: _States, act: _Activations, r: _RunActivations, ckpt: bool
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    dt: Dtypes,
+    states: _States,
+    act: _Activations,
+    r: _RunActivations,
+    ckpt: bool,
 ) -> LayerRun:
     """One run of like layers in the gradient's path: its per-layer gradients, copies and saved tensors
     (``ckpt``: the layers are checkpointed)."""
-    c = _weight_copies(spec, setup, dtypes_for(setup), r.group)
+    c = _weight_copies(spec, setup, dt, r.group)
     grads, grads_mlp, largest_mlp, largest_attention = _run_grads(spec, setup, states, r.group)
     # gradient accumulation: AccumulateGrad adds each new gradient into the previous micro-batch's .grad in place
     # (torch/csrc/autograd/functions/accumulate_grad.h, accumulateGrad: ``variable_grad += new_grad`` when it cannot

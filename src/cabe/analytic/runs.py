@@ -5,9 +5,8 @@ Proved by tests/core_torch/test_saved_tensors.py, tests/trace/test_bottom_layer.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from cabe import memo
@@ -18,7 +17,7 @@ from cabe.activations import (
 )
 from cabe.architecture import ModelSpec
 from cabe.facts import sdpa_masked_layers
-from cabe.frozen import quick
+from cabe.frozen import cached, evolve, quick
 from cabe.layers import LayerGroup
 from cabe.method import head_targets, lora_parameter_targets, running_lora_targets, saved_modules
 from cabe.precision import Dtypes
@@ -95,7 +94,7 @@ class _Activations:
         (transformers 5.24 modeling_utils.py:3245-3247, ``layer_index % every_n_layers == 0``)."""
         return list(self._pieces)
 
-    @functools.cached_property
+    @cached
     def _pieces(self) -> tuple[tuple[_RunActivations, int, bool], ...]:
         # computed once per estimate (several parts walk the path); without selective checkpointing each run is
         # one piece, so the walk is per run rather than per layer
@@ -149,29 +148,45 @@ class _Activations:
         """A per-layer figure over the gradient's path (exact when the layers are alike)."""
         if not self.grad_layers:
             return of(self.runs[-1])
-        return sum(r.count * of(r) for r in self.runs) // self.grad_layers
+        total = 0
+        for r in self.runs:
+            total += r.count * of(r)
+        return total // self.grad_layers
+
+
+def _grad_path(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, int, tuple[tuple[LayerGroup, int], ...], bool]:
+    """The layers the gradient flows through (their count, the trained ones, the path as (run, layers) bottom
+    first) and whether the lowest one's input requires no grad. Independent of the batch and the sequence: once per
+    model and request less its shape (cabe.memo)."""
+    m, key = memo.of(spec), ("grad_path", memo.request_key(setup))
+    hit = m.get(key)
+    if hit is None:
+        layers = spec.num_layers
+        if setup.method == "freeze":
+            grad_layers = min(setup.trainable_layers, layers)
+            trainable_layers = grad_layers
+        else:
+            grad_layers = layers - _below_adapters(spec, setup)
+            trainable_layers = layers if setup.method == "full" else 0
+        path = tuple((run, n) for run, n, trained in spec.top_split(grad_layers) if trained)
+        hit = m[key] = (grad_layers, trainable_layers, path, _input_needs_no_grad(spec, setup))
+    return hit
 
 
 def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Activations:
     layers = spec.num_layers
-    if setup.method == "freeze":
-        grad_layers = min(setup.trainable_layers, layers)
-        trainable_layers = grad_layers
-    else:
-        grad_layers = layers - _below_adapters(spec, setup)
-        trainable_layers = layers if setup.method == "full" else 0
+    grad_layers, trainable_layers, path, input_needs_no_grad = _grad_path(spec, setup)
     tokens = setup.batch * setup.tokens_per_sequence
-    path = [(run, n) for run, n, trained in spec.top_split(grad_layers) if trained]
     # runs of one kind of layer (dense, MoE, dense, MoE ...) share their figures: worked out once per kind
     kinds: dict[tuple[Any, ...], _RunActivations] = {}
     for run, n in path:
         if _kind(run) not in kinds:  # (made with the first run's place: the others are placed below)
             kinds[_kind(run)] = _run_activations(spec, setup, dt, run, n, tokens, trainable_layers > 0)
     runs = tuple(_placed(kinds[_kind(run)], run, n) for run, n in path)
-    if runs and not trainable_layers and _input_needs_no_grad(spec, setup):
+    if runs and not trainable_layers and input_needs_no_grad:
         # the path's lowest layer saves only from its first adapted module on (activations.state.LayerState.live)
         low = _run_activations(spec, setup, dt, path[0][0], 1, tokens, False, bottom=True)
-        runs = (low, *((replace(runs[0], count=runs[0].count - 1),) if runs[0].count > 1 else ()), *runs[1:])
+        runs = (low, *((evolve(runs[0], count=runs[0].count - 1),) if runs[0].count > 1 else ()), *runs[1:])
     if not runs:  # no layer in the gradient's path: the top layer, for the figures that explain it
         runs = (_run_activations(spec, setup, dt, spec.runs[-1], 0, tokens, False),)
     # cos and sin tables, (1, s, rotary_dim) in the residual dtype, shared by every layer
@@ -192,7 +207,7 @@ def _layer_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> _Ac
 
 def _placed(r: _RunActivations, group: LayerGroup, count: int) -> _RunActivations:
     """``replace(r, group=group, count=count)``, without the copy when nothing changes (the common case)."""
-    return r if r.group is group and r.count == count else replace(r, group=group, count=count)
+    return r if r.group is group and r.count == count else evolve(r, group=group, count=count)
 
 
 def _input_needs_no_grad(spec: ModelSpec, setup: TrainingSetup) -> bool:
