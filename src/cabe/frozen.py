@@ -62,14 +62,20 @@ def quick(cls: type[T]) -> type[T]:
     return cls
 
 
+#: the field names of the classes evolve() has copied (a dataclass without __post_init__)
+_EVOLVABLE: dict[type, dict[str, None]] = {}
+
+
 def evolve(obj: T, **changes: Any) -> T:
     """``dataclasses.replace(obj, **changes)`` for a :func:`quick` class without ``__post_init__``: its fields copied
     as they are, ``changes`` set over them (a field's value is never checked or converted on the way, by either).
     Only the fields: what a ``cached_property`` kept in the old object's ``__dict__`` is worked out anew."""
     cls = type(obj)
-    names = cls.__dataclass_fields__  # type: ignore[attr-defined]
-    if hasattr(cls, "__post_init__"):
-        raise TypeError(f"{cls.__name__}: evolve() would skip its __post_init__")
+    names = _EVOLVABLE.get(cls)
+    if names is None:
+        if hasattr(cls, "__post_init__") or not is_dataclass(cls):
+            raise TypeError(f"{cls.__name__}: evolve() copies the fields of a dataclass without __post_init__")
+        names = _EVOLVABLE[cls] = dict.fromkeys(f.name for f in fields(cls))
     unknown = changes.keys() - names.keys()
     if unknown:
         raise TypeError(f"{cls.__name__} has no field {sorted(unknown)[0]!r}")

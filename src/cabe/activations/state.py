@@ -59,7 +59,6 @@ class LayerState:
         self.owned = 0  # > 0 while counting what an adapted module saves for its own weights (kept in any case)
         self.input_live = self.live  # LayerNorm blocks: whether the layer's input (what a parallel MLP reads) is live
         self.ln2_pending = False  # GPT-2's second norm, on the residual after attention: counted if that is live
-        self._owned_context = _Owned(self)  # (one per layer: adapter_owned is entered a dozen times per estimate)
 
     def add(self, name: str, nbytes: int, formula: str) -> None:
         if nbytes and (self.live or self.owned):
@@ -71,10 +70,17 @@ class LayerState:
         with self.adapter_owned():
             self.add(name, nbytes, formula)
 
-    def adapter_owned(self) -> _Owned:
+    def adapter_owned(self) -> LayerState:
         """What is added inside is saved by an adapted module for its own weights' gradients: kept in the lowest
-        layer of the gradient's path too (see ``live``)."""
-        return self._owned_context
+        layer of the gradient's path too (see ``live``). The layer is its own context (a generator-based context
+        manager costs three times as much, and a layer enters it a dozen times per estimate)."""
+        return self
+
+    def __enter__(self) -> None:
+        self.owned += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.owned -= 1
 
     def joins(self, names: list[str]) -> None:
         """An adapted module among ``names`` adds its LoRA output to the stream: what follows requires grad."""
@@ -91,22 +97,6 @@ class LayerState:
 
 
 _term = tuple.__new__
-
-
-class _Owned:
-    """:meth:`LayerState.adapter_owned`'s context (a class: a generator-based context manager costs three times as
-    much, and a layer enters it a dozen times per estimate)."""
-
-    __slots__ = ("layer",)
-
-    def __init__(self, layer: LayerState) -> None:
-        self.layer = layer
-
-    def __enter__(self) -> None:
-        self.layer.owned += 1
-
-    def __exit__(self, *exc: object) -> None:
-        self.layer.owned -= 1
 
 
 def _by_name(facts: LayerFacts) -> dict[str, tuple[Linear, ...]]:

@@ -244,6 +244,8 @@ def _frozen_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, act: _Acti
     graph (see :func:`_frozen_inputs`), so each of their matmuls saves autocast's 16-bit cast of its frozen weight
     (not cached: ``cached_cast`` caches only leaves that require grad). olmo-2-7b freeze, fp32 weights under
     bf16 autocast, every 4th layer checkpointed: 24 frozen plain layers' copies, 5.8 GB (−17% without)."""
+    if not act.first:  # every layer is in the gradient's path
+        return 0
     plain = sum(1 for i in range(act.first) if not act.checkpointed(i))
     return plain * _weight_copies(spec, setup, _frozen_dtypes(setup, dt), spec.runs[0]).layer if plain else 0
 

@@ -88,11 +88,11 @@ class _Activations:
         """The top run's layer: the one figure of a model whose layers are alike."""
         return self.runs[-1].per_layer
 
-    def pieces(self) -> list[tuple[_RunActivations, int, bool]]:
+    def pieces(self) -> tuple[tuple[_RunActivations, int, bool], ...]:
         """The gradient's path, bottom first, as (run, layers, checkpointed) pieces: under selective
         checkpointing transformers checkpoints the layers whose index is a multiple of ``every``
         (transformers 5.24 modeling_utils.py:3245-3247, ``layer_index % every_n_layers == 0``)."""
-        return list(self._pieces)
+        return self._pieces
 
     @cached
     def _pieces(self) -> tuple[tuple[_RunActivations, int, bool], ...]:
