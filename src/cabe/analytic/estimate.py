@@ -88,11 +88,16 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         # of the gradient's path (StepParts' scalar fields), not each run
         parts, shard_info = shard_parts(replace(parts, runs=()), spec, setup)
     moments = timeline(parts)
-    totals = [m.total for m in moments]  # (a sum over the components each time it is read)
-    peak = moments[totals.index(max(totals))]  # the first of the largest, as max() picks it
+    totals: list[int] = []  # each moment's total (Moment.total, summed once here)
     phase_peaks: dict[str, int] = {}
-    for m, t in zip(moments, totals):
-        phase_peaks[m.phase] = max(phase_peaks.get(m.phase, 0), t)
+    moments_json: list[dict[str, Any]] = []
+    for m in moments:
+        t = sum(m.components.values())
+        totals.append(t)
+        if t > phase_peaks.get(m.phase, -1):
+            phase_peaks[m.phase] = t
+        moments_json.append({"phase": m.phase, "where": m.where, "total_bytes": t})
+    peak = moments[totals.index(max(totals))]  # the first of the largest, as max() picks it
     components = dict(peak.components)
     for k in ("weights", "gradients", "optimizer", "activations"):
         components.setdefault(k, 0)
@@ -130,6 +135,6 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
             **_unmatched_json(spec, setup),
             **_host_json(spec, act),
             **({"distributed": shard_info} if shard_info else {}),
-            "moments": [{"phase": m.phase, "where": m.where, "total_bytes": t} for m, t in zip(moments, totals)],
+            "moments": moments_json,
         },
     )
