@@ -35,11 +35,12 @@ def inputs(args: argparse.Namespace, command: str) -> tuple[dict[str, Any], Any]
 
 
 def one_gpu(setup: Any) -> None:
-    """The trace runs one process on one (fake) GPU: a several-GPU setup would be traced as one GPU and
-    set beside the per-GPU estimate without a word, so it is refused, naming the first such flag."""
-    for name in ("gpus", "shard", "offload", "tp", "pp", "ep"):
-        if getattr(setup, name) != schema.field(name).default:
-            raise InvalidValueError("trace_one_gpu", name, value=getattr(setup, name))
+    """A several-GPU setup is traced as rank 0 of the real engine on a fake process group
+    (:mod:`cabe.trace.distributed`); what that cannot run is refused here, naming the field, before torch loads."""
+    if setup.distributed:
+        from cabe.trace.distributed import refusal
+
+        refusal(setup)
 
 
 def gather(args: argparse.Namespace) -> dict[str, Any]:

@@ -120,6 +120,12 @@ def run_trace(
     if kind == "fake" and not torch.cuda.is_available() and not _native.available():
         # without the shim, autograd on fake CUDA tensors aborts the process: refuse instead
         raise ConfigError("mode_unsupported", "mode", mode="fake", why=_native.reason(), detail=_native.detail())
+    if setup.distributed:  # rank 0 of the real engine on a fake process group
+        from cabe.trace import distributed
+
+        if inventory:
+            raise ConfigError("mode_unsupported", "inventory", mode=kind, why="distributed_inventory")
+        return distributed.trace(config, setup, steps, kind)
     device = torch.device(_DEVICES[kind])
     with state.active(AttentionState(device)) as astate, trace_environment(kind, setup, model_types(config)):
         notes: list[str] = []

@@ -57,6 +57,8 @@ class TraceResult:
     paged_bytes: int = 0
     first_step_peak_bytes: int = 0
     mode: str = "fake"
+    # several GPUs (cabe.trace.distributed): the engine that ran, its version, wrapping, mesh and world size
+    engine: dict[str, Any] = field(default_factory=dict)
     attention_kernels: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # codes: note_text() says them
     setup: dict[str, Any] = field(default_factory=dict)

@@ -101,6 +101,8 @@ class AllocationTracker(TorchDispatchMode):
         self.paged_mode = False
         self.enabled = True
         self.workspace_phases: set[int] = set()  # forward (1) and backward (2) once they made cuBLAS's
+        # a tensor as counted: its local shard for a DTensor (cabe.trace.distributed), whose wrapper holds no memory
+        self.local: Callable[[Any], Any] | None = None
 
     # ---- recording ------------------------------------------------------------------
     def set_phase(self, name: str) -> None:
@@ -137,6 +139,8 @@ class AllocationTracker(TorchDispatchMode):
 
     def record(self, t: torch.Tensor, op: str = "") -> int | None:
         """Register ``t``'s storage if it is new; return its allocation id."""
+        if self.local is not None:
+            t = self.local(t)
         if t.device.type != self.device_type:
             return None
         if self.host_scalars_in_optimizer and self.phase == 3 and t.dim() == 0:
