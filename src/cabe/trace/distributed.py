@@ -228,7 +228,7 @@ def _allreduce_in_place(state: Any, bucket: Any) -> Any:
 def _unannotated(hook: Any) -> Any:
     """``hook`` without annotations: DDP checks a hook's, and this module's are strings (``from __future__``)."""
 
-    def bare(state, bucket):  # noqa: ANN001, ANN202  (no annotations: see above)
+    def bare(state, bucket):  # (no annotations: see above)
         return hook(state, bucket)
 
     return bare
