@@ -43,6 +43,8 @@ ENGINES = {
     "none": "DistributedDataParallel",
 }
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+#: the optimizers whose step runs on FSDP2's DTensor parameters (torch.optim's, every implementation)
+DTENSOR_OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "rmsprop")
 #: the largest world the fake group is asked to stand for (the schema allows more GPUs; rank 0 of 64 is the issue's)
 MAX_WORLD = 1024
 
@@ -67,6 +69,11 @@ def refusal(setup: TrainingSetup) -> None:
         raise InvalidValueError("trace_parallel_unsupported", "method", value=setup.method, why="qlora")
     if setup.images:
         raise InvalidValueError("trace_parallel_unsupported", "images", value=setup.images, why="images")
+    if setup.shard in ("fsdp", "fsdp-hybrid") and setup.optimizer not in DTENSOR_OPTIMIZERS:
+        # FSDP2's parameters are DTensors: bitsandbytes' fused updates have no DTensor sharding rule
+        # ("optimizer_update_32bit does not have a sharding strategy registered") and transformers' Adafactor's in-place
+        # row / column factors change a gradient's placement (DTensor refuses): a real FSDP2 run fails the same way
+        raise InvalidValueError("trace_parallel_unsupported", "optimizer", value=setup.optimizer, why="dtensor")
 
 
 def trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str) -> TraceResult:
@@ -290,6 +297,7 @@ def _streams(kind: str) -> Iterator[None]:
         p.set(torch.cuda, "default_stream", lambda *a, **k: _STREAM)
         p.set(torch.cuda, "stream", lambda s: contextlib.nullcontext())
         p.set(torch.cuda, "set_device", lambda *a, **k: None)
+        p.set(torch.accelerator, "current_stream", lambda *a, **k: _STREAM)
         p.set(torch.Tensor, "record_stream", lambda self, s: None)
         yield
     finally:
@@ -322,6 +330,9 @@ class _Stream(_Event):
 
     def record_event(self, *args: Any, **kwargs: Any) -> _Event:
         return _Event()
+
+    def is_capturing(self) -> bool:  # (no CUDA graph is ever captured here)
+        return False
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Stream)
