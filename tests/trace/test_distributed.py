@@ -54,3 +54,84 @@ def test_fsdp2_frees_resharded_units():
 def test_fsdp2_trace_needs_one_fsdp_group():
     with pytest.raises(ConfigError):
         trace_fsdp2(CONFIG, TrainingSetup(**dict(KW, shard="zero3")))
+
+
+# ---- the fake CUDA device: any size, the engines users run (cabe.trace.distributed.trace) -------------------------
+from cabe.errors import InvalidValueError  # noqa: E402
+from cabe.trace import trace_step  # noqa: E402
+from cabe.trace.distributed import refusal  # noqa: E402
+
+
+def test_fsdp2_on_the_fake_device_is_the_cpu_reference_plus_cublas():
+    """The same rank 0 on fake CUDA tensors as on real CPU tensors: the CPU run has no cuBLAS workspaces, the fake
+    device's allocator counts them (64 MiB); every tensor the engine makes is the same (to a 512-byte block)."""
+    setup = TrainingSetup(**dict(KW, param_dtype="bf16", optimizer_impl="fused"))
+    fake = trace_step(CONFIG, setup)
+    cpu = trace_fsdp2(CONFIG, setup)
+    assert fake.mode == "fake-fsdp" and cpu.mode == "cpu-fsdp"
+    assert abs(fake.peak_bytes - CUDA_WORKSPACES - cpu.peak_bytes) <= 1024
+    assert fake.engine["engine"] == "FSDP2 fully_shard" and fake.engine["mesh"] == [4]
+    assert fake.engine["wrapping"] == "fully_shard per decoder layer (4 units) + root"
+    assert fake.engine["world_size"] == 4 and fake.engine["engine_version"].startswith("2.")
+    est = api.build({"config": CONFIG, **dict(KW, param_dtype="bf16", optimizer_impl="fused")})
+    assert abs(est.total_bytes - fake.peak_bytes) / fake.peak_bytes < 0.005
+
+
+def test_ddp_buckets_are_a_second_copy_of_the_gradients():
+    """DDP's Reducer keeps flat buckets covering every gradient (gradient_as_bucket_view=False, the default): on 8
+    GPUs fp32 AdamW peaks at the optimizer step with weights, gradients, buckets, two moments and the foreach
+    temporaries: 15,803,392 B each but the moments' 31,606,784 B, and cuBLAS's 64 MiB."""
+    kw = dict(KW, gpus=8, shard="ddp")
+    traced = trace_step(CONFIG, TrainingSetup(**kw))
+    est = api.build({"config": CONFIG, **kw})
+    assert traced.engine["engine"] == "DistributedDataParallel" and traced.engine["bucket_cap_mb"] == 25
+    assert traced.peak_phase == est.peak_phase == "optimizer"
+    assert est.components["ddp_buckets"] == traced.components["gradients"]
+    assert abs(est.total_bytes - traced.peak_bytes) / traced.peak_bytes < 0.001
+
+
+def test_hsdp_shards_within_a_node_and_replicates_across():
+    kw = dict(KW, gpus=16, shard="fsdp-hybrid", gpus_per_node=8, param_dtype="bf16", optimizer_impl="fused")
+    traced = trace_step(CONFIG, TrainingSetup(**kw))
+    assert traced.engine["mesh"] == [2, 8] and traced.mode == "fake-fsdp-hybrid"
+    fsdp8 = api.build({"config": CONFIG, **dict(kw, gpus=8, shard="fsdp")})
+    est = api.build({"config": CONFIG, **kw})
+    assert est.components["optimizer"] == fsdp8.components["optimizer"] == traced.components["optimizer"]
+    assert abs(est.total_bytes - traced.peak_bytes) / traced.peak_bytes < 0.005
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "why"),
+    [
+        ({"shard": "zero3"}, "shard", "deepspeed"),
+        ({"tp": 2}, "tp", "tp"),
+        ({"pp": 2}, "pp", "pp"),
+        ({"offload": "optimizer"}, "offload", "offload"),
+        ({"method": "qlora"}, "method", "qlora"),
+        ({"optimizer": "adamw-8bit"}, "optimizer", "dtensor"),
+    ],
+)
+def test_what_cannot_be_traced_is_refused_by_name(change, field, why):
+    with pytest.raises(InvalidValueError) as err:
+        refusal(TrainingSetup(**{**KW, **change}))
+    assert err.value.field == field and err.value.params["why"] == why
+    en, es = err.value.to_dict("en")["message"], err.value.to_dict("es")["message"]
+    assert en.startswith(f"{field}: ") and es.startswith(f"{field}: ") and en != es  # its own sentence, en and es
+    assert "{" not in en + es
+
+
+def test_cli_traces_rank_0_and_sets_the_estimate_beside_it(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(CONFIG))
+    base = [sys.executable, "-m", "cabe", "trace", "--model", str(cfg), "--batch", "2", "--seq", "128"]
+    out = subprocess.run([*base, "--gpus", "4", "--shard", "fsdp", "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(out.stdout)
+    assert d["engine"]["engine"] == "FSDP2 fully_shard" and d["mode"] == "fake-fsdp"
+    assert abs(d["estimate_relative_error"]) < 0.01 and d["estimate_bytes"] > 0
+    refused = subprocess.run([*base, "--gpus", "4", "--shard", "zero2"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr and "DeepSpeed" in refused.stderr

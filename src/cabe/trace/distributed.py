@@ -273,6 +273,9 @@ class _Unwrapped:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ddp.module, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:  # (a loss kernel set on the model: on the module)
+        setattr(self._ddp.module, name, value)
+
 
 def _local(t: Any) -> Any:
     return t.to_local() if hasattr(t, "to_local") else t

@@ -1,0 +1,55 @@
+"""A seeded sample of the multi-GPU differential benchmark (benchmarks/differential/multigpu.py): the per-GPU
+estimate against rank 0 of the real engine (FSDP2, HSDP, DDP) traced on PyTorch's fake process group, on
+configurations a sampler drew — not chosen by us.
+
+The seed is fixed here so a failure reproduces (``multigpu.py -n 8 --small --seed 20261207``); the benchmark itself
+draws a new seed on every run. Small models only, to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+HERE = Path(__file__).resolve().parents[2] / "benchmarks" / "differential"
+SEED = 20261207
+N = 8
+
+pytestmark = pytest.mark.trace
+
+
+def _module():
+    sys.path.insert(0, str(HERE))
+    spec = importlib.util.spec_from_file_location("differential_multigpu", HERE / "multigpu.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def rows():
+    mod = _module()
+    return mod.single.run(mod.draw(SEED, N, small=True), quiet=True)
+
+
+def test_the_sample_spans_the_engines(rows):
+    assert {r["setup"]["shard"] for r in rows} >= {"fsdp", "ddp"}
+    assert max(r["setup"]["gpus"] for r in rows) >= 16
+
+
+def test_every_sampled_configuration_traces(rows):
+    failed = [(r["model"], r["setup"], r["error"]) for r in rows if r["error"]]
+    assert not failed, failed
+
+
+def test_sampled_configurations_match_rank_0(rows):
+    worst = max(rows, key=lambda r: abs(r["relative_error"] or 0))
+    assert abs(worst["relative_error"]) <= 0.03, (worst["model"], worst["setup"], worst["relative_error"])
