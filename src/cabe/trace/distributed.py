@@ -276,6 +276,9 @@ class _Unwrapped:
     def __setattr__(self, name: str, value: Any) -> None:  # (a loss kernel set on the model: on the module)
         setattr(self._ddp.module, name, value)
 
+    def __delattr__(self, name: str) -> None:
+        delattr(self._ddp.module, name)
+
 
 def _local(t: Any) -> Any:
     return t.to_local() if hasattr(t, "to_local") else t
