@@ -41,7 +41,10 @@ from cabe.cli import main
         (["estimate", "--model", "llama-7b", "--method", "lora", "--lora-targets", ""], "lora-targets needs at least"),
         (["infer", "--model", "llama-7b", "--prefill-chunk", "0"], "prefill-chunk must be between 1"),
         (["fit", "--model", "llama-7b", "--gpu", "h100-80gb", "--lora-rank", "32"], "lora-rank applies to"),
-        (["trace", "--model", "llama-7b", "--gpus", "8", "--shard", "zero3"], "gpus: the trace simulates one GPU"),
+        (
+            ["trace", "--model", "llama-7b", "--gpus", "8", "--shard", "zero3"],
+            "shard: DeepSpeed's 'zero3' cannot be traced",
+        ),
     ],
 )
 def test_option_that_would_not_act_is_refused(capsys, argv, needle):

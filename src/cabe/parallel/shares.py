@@ -8,7 +8,7 @@ then divides the sharded figures by the tensor's shard group (experts by their o
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cabe.architecture import ModelSpec
@@ -148,7 +148,8 @@ def _held(t: Tensor, tp: float, pp: float, ep: int, group: int, setup: TrainingS
     hold fewer copies. Quantized tensors keep ``nbytes`` 0 (their bytes are :func:`quantized_bytes`)."""
     numel = round(t.numel * tp)
     rows = round(t.rows * tp) if t.rows else 0
-    here = Tensor(t.name, numel, t.count, t.trainable, t.kind, rows, t.cols)
+    # (its role, module path and expert stack kept: GaLore's targets match the path, the step's temporaries the stack)
+    here = replace(t, numel=numel, rows=rows)
     nbytes = 0 if t.kind == "quantized" else stored_bytes(t, setup, dt)
     return Held(here, t.count * pp / ep, group, nbytes)
 
@@ -212,7 +213,9 @@ def fsdp_shard(t: Tensor, group: int) -> Tensor:
         return t
     rows = t.rows or t.numel
     chunk = -(-rows // group)
-    return Tensor(t.name, chunk * (t.numel // rows), t.count, t.trainable, t.kind, chunk if t.rows else 0, t.cols)
+    return Tensor(
+        t.name, chunk * (t.numel // rows), t.count, t.trainable, t.kind, chunk if t.rows else 0, t.cols, t.role, t.path
+    )
 
 
 def zero3_shard(t: Tensor, group: int) -> Tensor:
