@@ -159,8 +159,15 @@ def min_gpus(spec: ModelSpec, setup: TrainingSetup, card: Gpu, limit: int = MAX_
     shard = setup.shard if setup.shard not in ("none", "ddp") else "fsdp"
     if shard.startswith("fsdp") and setup.offload == "optimizer":
         shard = "zero3"
+    policy: dict[str, str] = {}
+    if shard.startswith("fsdp") and setup.param_dtype == "none" and setup.autocast != "none":
+        # FSDP2 under autocast with no MixedPrecisionPolicy gathers the stored (fp32) weights and autocast keeps its
+        # 16-bit copy of every one that trains to forward's end, whole on every rank (cabe.parallel.fsdp, traced): no
+        # count of GPUs shrinks that. Solved with the policy accelerate sets, param_dtype = autocast's (said in the
+        # answer's ``param_dtype``)
+        policy = {"param_dtype": setup.autocast}
     try:
-        base = setup.with_(shard=shard)
+        base = setup.with_(shard=shard, **policy)
     except CabeError:  # an optimizer that cannot be sharded (GaLore: optimizer.refusal): no count of GPUs fits
         return {"solve": "gpus", "value": None, "shard": shard, "limit": limit, "capped": True}
     unit = setup.tp * setup.pp * max(setup.ep, 1)
@@ -175,7 +182,7 @@ def min_gpus(spec: ModelSpec, setup: TrainingSetup, card: Gpu, limit: int = MAX_
         n = None
     else:
         n = (k + 1) * unit
-    out: dict[str, Any] = {"solve": "gpus", "value": n, "shard": shard, "limit": limit, "capped": n is None}
+    out: dict[str, Any] = {"solve": "gpus", "value": n, "shard": shard, "limit": limit, "capped": n is None, **policy}
     if n is not None:
         out["at_value"] = _fig(estimate_model(spec, base.with_(gpus=n)), card)
         if n > unit:

@@ -122,6 +122,9 @@ class StepParts:
     # ... and those of the layer's own gradients, once it makes them (FSDP's unsharded gradients of the unit): not
     # at the moments before its first gradient (the experts' dispatch, the end of its recomputed forward)
     extra_layer_grads: dict[str, int] = field(default_factory=dict)
+    # the backward buffers at the embedding's backward, after every layer's, where they differ from
+    # ``extra_backward`` (FSDP: only the root unit is still gathered); None: ``extra_backward``
+    extra_embedding: dict[str, int] | None = None
     # the layers in the gradient's path, run by run from the bottom, when their figures are known run by
     # run (a model whose layers differ); empty: ``grad_layers`` layers of the per-layer fields above
     runs: tuple[LayerRun, ...] = ()
@@ -276,10 +279,10 @@ def timeline(p: StepParts) -> list[Moment]:
                     "gradients": p.grads + strays_all,
                     "activations": p.embedding_grad_input + p.frozen_inputs + p.embedding_saved,
                     "weight_copies": p.frozen_copies,
-                    **p.extra_backward,
-                    **p.extra_layer_backward,
+                    # every layer's backward is over: no unit is prefetched or holds its unsharded gradients,
+                    # the bottom unit's reduce-scatter input alone waits (rank 0 of FSDP2 traced: llama-3.2-1b, tied)
+                    **(p.extra_backward if p.extra_embedding is None else p.extra_embedding),
                     **p.extra_below_top,
-                    **p.extra_layer_grads,
                 },
             )
         )
@@ -292,10 +295,10 @@ def timeline(p: StepParts) -> list[Moment]:
                     **base,
                     "gradients": p.grads + strays_all,
                     "activations": p.embedding_backward_workspace,
-                    **p.extra_backward,
-                    **p.extra_layer_backward,
+                    # every layer's backward is over: no unit is prefetched or holds its unsharded gradients,
+                    # the bottom unit's reduce-scatter input alone waits (rank 0 of FSDP2 traced: llama-3.2-1b, tied)
+                    **(p.extra_backward if p.extra_embedding is None else p.extra_embedding),
                     **p.extra_below_top,
-                    **p.extra_layer_grads,
                 },
             )
         )

@@ -96,7 +96,8 @@ def _largest_line(key: str, a: dict, lang: str, units: str) -> str:
 def _gpus_line(a: dict, lang: str, units: str) -> str:
     if a["value"] is None:
         return t("plan.gpus_none", lang, limit=a["limit"])
-    return t("plan.gpus", lang, value=a["value"], shard=a["shard"], need=_b(a["at_value"]["needed_bytes"], lang, units))
+    shard = a["shard"] + (f" --param-dtype {a['param_dtype']}" if a.get("param_dtype") else "")
+    return t("plan.gpus", lang, value=a["value"], shard=shard, need=_b(a["at_value"]["needed_bytes"], lang, units))
 
 
 def _change_label(r: dict, lang: str) -> str:

@@ -46,6 +46,7 @@ def states(c: Context) -> States:
     # backward, where two units were counted (+4% to +30% on tiny models)
     out.buffers["forward"]["gathered_params"] = layer_gathered + root_gathered
     out.buffers["backward"]["gathered_params"] = layer_gathered + root_gathered
+    out.embedding_backward = {"gathered_params": root_gathered}  # (the root alone: every unit's backward is over)
     if units > 1:
         out.layer_backward["prefetched_params"] = (units - 1) * layer_gathered
     layer_grad = mine.layer_trainable_elements * unit_b

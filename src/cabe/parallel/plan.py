@@ -154,6 +154,22 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
     grad_layers = _grad_layers(parts, spec, setup, lay)
     grads_total = st.grads
     g_share = grads_total / parts.grads if parts.grads else 0.0
+    embedding_workspace = parts.embedding_backward_workspace
+    if lay.strategy in ("fsdp", "fsdp-hybrid") and parts.grads:
+        # FSDP's head gradients are the unsharded parameter's, made by autograd whole (in the gathered dtype) and
+        # reduce-scattered only in the root unit's post-backward: the tied lm_head's gradient pending beside the
+        # embedding's, the chunked loss's summed weight gradients are full size (rank 0 traced on a fake group:
+        # gpt2-medium full on 64 GPUs, tied, -9.8% with them shared out)
+        unsharded = (c.dt.gathered or c.dt.weight) / c.dt.grad
+        head_grad_share = f.head * unsharded
+        if embedding_workspace:
+            # the tied embedding's backward (step.StepParts.embedding_backward_workspace): the lm_head's gradient,
+            # the embedding's own and their sum, all unsharded (on one GPU the sum is the .grad the gradients count;
+            # here the .grad is a shard, and the sum is made whole before the root's reduce-scatter)
+            one = embedding_workspace // (3 if setup.grad_accum > 1 else 2)
+            embedding_workspace = round(3 * one * unsharded)
+    else:
+        head_grad_share = g_share
     grads_head, grads_per_layer = _grads_split(parts, grads_total, lay, layer_frac, grad_layers)
     for name, nbytes in communication_buffers(spec, setup, lay, cfg, c.dt).items():
         st.buffers["forward"][name] = nbytes
@@ -193,16 +209,17 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         mlp_saved_layer=round(parts.mlp_saved_layer * f.saved),
         attention_workspace_layer=round(parts.attention_workspace_layer * f.saved),
         embedding_grad_input=parts.embedding_grad_input if lay.first else 0,
+        embedding_backward_workspace=embedding_workspace,
         rotary=round(parts.rotary * inflight) if grad_layers else 0,
         head_saved=round(parts.head_saved * f.head) if head_on else 0,
         head_forward_extra=round(parts.head_forward_extra * f.head) if head_on else 0,
         head_backward_extra=round(parts.head_backward_extra * f.head) if head_on else 0,
         optimizer_temporaries=round(st.temporaries),
         # the head's weight gradients (tied pending, autocast's 16-bit one) shrink as the gradients do
-        tied_grad_pending=round(parts.tied_grad_pending * g_share) if head_on else 0,
+        tied_grad_pending=round(parts.tied_grad_pending * head_grad_share) if head_on else 0,
         head_copy_grad=round(parts.head_copy_grad * f.head) if head_on and keep else 0,
-        head_weight_grad=round(parts.head_weight_grad * g_share) if head_on else 0,
-        head_chunk_grads=round(parts.head_chunk_grads * g_share) if head_on else 0,
+        head_weight_grad=round(parts.head_weight_grad * head_grad_share) if head_on else 0,
+        head_chunk_grads=round(parts.head_chunk_grads * head_grad_share) if head_on else 0,
         head_chunk_logits=round(parts.head_chunk_logits * f.head) if head_on else 0,
         grads_in_forward=parts.grads_in_forward or (lay.pp > 1 and setup.grad_accum > 1),
         extra_forward={**parts.extra_forward, **extra["forward"]},
@@ -211,4 +228,11 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         extra_layer_backward={**parts.extra_layer_backward, **{k: round(v) for k, v in st.layer_backward.items() if v}},
         extra_below_top={**parts.extra_below_top, **{k: round(v) for k, v in st.below_top.items() if v}},
         extra_layer_grads={**parts.extra_layer_grads, **{k: round(v) for k, v in st.layer_grads.items() if v}},
+        extra_embedding=None
+        if st.embedding_backward is None
+        else {
+            **parts.extra_backward,
+            **extra["backward"],
+            **{k: round(v) for k, v in st.embedding_backward.items() if v},
+        },
     )

@@ -91,6 +91,8 @@ class States:
     below_top: dict[str, float] = field(default_factory=dict)
     # live once the layer running backward makes its gradients (step.StepParts.extra_layer_grads)
     layer_grads: dict[str, float] = field(default_factory=dict)
+    # the backward buffers that differ at the embedding's backward, after every layer's (step.StepParts.extra_embedding)
+    embedding_backward: dict[str, float] | None = None
     notes: list[str] = field(default_factory=list)
 
     def everywhere(self, name: str, nbytes: float) -> None:
