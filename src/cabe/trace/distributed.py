@@ -43,10 +43,11 @@ ENGINES = {
     "none": "DistributedDataParallel",
 }
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+#: the largest world traced: FSDP2 chunks every parameter into a view per rank (torch.chunk), so the set-up grows
+#: with the world; rank 0 of a 1,024-GPU job is the largest the differential has asked for (64 is its usual top)
+MAX_WORLD = 1024
 #: the optimizers whose step runs on FSDP2's DTensor parameters (torch.optim's, every implementation)
 DTENSOR_OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "rmsprop")
-#: the largest world the fake group is asked to stand for (the schema allows more GPUs; rank 0 of 64 is the issue's)
-MAX_WORLD = 1024
 
 
 def is_distributed(setup: TrainingSetup) -> bool:
@@ -59,6 +60,8 @@ def refusal(setup: TrainingSetup) -> None:
     if setup.shard in ("zero1", "zero2", "zero3"):
         # DeepSpeed's engine needs its accelerator (CUDA kernels it builds, its comm backend): no fake group runs it
         raise InvalidValueError("trace_parallel_unsupported", "shard", value=setup.shard, why="deepspeed")
+    if setup.gpus > MAX_WORLD:
+        raise InvalidValueError("trace_parallel_unsupported", "gpus", value=setup.gpus, why="world", maximum=MAX_WORLD)
     for name in ("tp", "pp", "ep"):
         if getattr(setup, name) > 1:
             raise InvalidValueError("trace_parallel_unsupported", name, value=getattr(setup, name), why=name)
