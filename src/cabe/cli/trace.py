@@ -83,6 +83,9 @@ def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str)
             for k, v in value.items():
                 shown = fmt_bytes(v, lang, units) if key in ("components", "phase_peaks") else fmt_number(v, lang)
                 lines.append(f"    {k:<30} {shown}")
+        elif key == "engine" and value:  # several GPUs: the engine that ran, as the trace names it
+            lines.append(f"  {key}:")
+            lines += [f"    {k:<30} {v}" for k, v in value.items()]
         elif isinstance(value, (str, int, float, bool)):
             lines.append(f"  {key:<32} {value}")
     notes = list(out.get("notes", []))
