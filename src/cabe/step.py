@@ -122,6 +122,9 @@ class StepParts:
     # ... and those of the layer's own gradients, once it makes them (FSDP's unsharded gradients of the unit): not
     # at the moments before its first gradient (the experts' dispatch, the end of its recomputed forward)
     extra_layer_grads: dict[str, int] = field(default_factory=dict)
+    # ... and those of a layer that has a unit below it to prefetch (FSDP's next unit gathered ahead): not at the
+    # bottom layer of the gradient's path, whose next unit is the root's, gathered all along
+    extra_above_bottom: dict[str, int] = field(default_factory=dict)
     # the backward buffers at the embedding's backward, after every layer's, where they differ from
     # ``extra_backward`` (FSDP: only the root unit is still gathered); None: ``extra_backward``
     extra_embedding: dict[str, int] | None = None
@@ -320,7 +323,9 @@ def timeline(p: StepParts) -> list[Moment]:
 
 
 #: one GPU's layer moments: no sharded plan's buffers beside them (read only)
-_NO_EXTRAS: dict[tuple[bool, bool], dict[str, int]] = {(t, g): {} for t in (True, False) for g in (True, False)}
+_NO_EXTRAS: dict[tuple[bool, bool, bool], dict[str, int]] = {
+    (t, g, b): {} for t in (True, False) for g in (True, False) for b in (True, False)
+}
 
 
 def _layer_moments(
@@ -333,16 +338,22 @@ def _layer_moments(
     # reduce-scatter input yet) or below it, before the layer's first gradient (".experts", ".recompute") or after
     extras = (
         {
-            (top, grads): {
+            (top, grads, bottom): {
                 **p.extra_backward,
                 **p.extra_layer_backward,
+                **({} if bottom else p.extra_above_bottom),
                 **({} if top else p.extra_below_top),
                 **(p.extra_layer_grads if grads else {}),
             }
             for top in (True, False)
             for grads in (True, False)
+            for bottom in (True, False)
         }
-        if p.extra_backward or p.extra_layer_backward or p.extra_below_top or p.extra_layer_grads
+        if p.extra_backward
+        or p.extra_layer_backward
+        or p.extra_below_top
+        or p.extra_layer_grads
+        or p.extra_above_bottom
         else _NO_EXTRAS
     )
     grads_above = p.grads_head  # gradients made above the run being walked
@@ -378,7 +389,7 @@ def _layer_moments(
                 # the recomputed forward's end, before this layer's first gradient: all it saves is back, and
                 # its last adapted module's transient (cabe.activations.adapters.note_lora_input)
                 moments_of_layer.insert(0, (".recompute", before, acts + r.recompute_transient, stray))
-            top = where == "top_layer"
+            top, bottom = where == "top_layer", where == "bottom_layer"
             for suffix, grads, activations, strays in (
                 *moments_of_layer,
                 (
@@ -397,7 +408,7 @@ def _layer_moments(
                             "gradients": (g_acc or grads) + p.tied_grad_pending + strays,
                             "weight_copies": weight_copies,
                             "activations": activations,
-                            **extras[top, suffix not in (".experts", ".recompute")],
+                            **extras[top, suffix not in (".experts", ".recompute"), bottom],
                         },
                     )
                 )

@@ -23,6 +23,7 @@ def per_gpu(new: StepParts, master_weights: float, host: int) -> dict[str, Any]:
         **new.extra_backward,
         **new.extra_layer_backward,
         **new.extra_below_top,
+        **new.extra_above_bottom,
         **new.extra_layer_grads,
         **new.extra_optimizer,
     }
@@ -35,7 +36,7 @@ def per_gpu(new: StepParts, master_weights: float, host: int) -> dict[str, Any]:
         "communication_bytes": {k: v for k, v in buffers.items() if k in COMMUNICATION},
         "gathered_params_bytes": max(
             new.extra_forward.get("gathered_params", 0),
-            new.extra_backward.get("gathered_params", 0) + new.extra_layer_backward.get("prefetched_params", 0),
+            new.extra_backward.get("gathered_params", 0) + new.extra_above_bottom.get("prefetched_params", 0),
         ),
         "host_bytes": host,
     }

@@ -58,7 +58,9 @@ def states(c: Context) -> States:
         out.layer_backward["root_unsharded_grads"] = head_grad
         out.embedding_backward["root_unsharded_grads"] = head_grad
     if units > 1:
-        out.layer_backward["prefetched_params"] = (units - 1) * layer_gathered
+        # (not at the bottom unit: the next one in backward is the root, gathered all along; traced: llama-3.1-8b on
+        # 16 GPUs holds one layer unit at its bottom layer's backward)
+        out.above_bottom["prefetched_params"] = (units - 1) * layer_gathered
     layer_grad = mine.layer_trainable_elements * unit_b
     if layer_grad:
         # (from the top unit's backward on: the loss head's backward, in the root unit, precedes them)

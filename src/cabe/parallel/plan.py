@@ -227,6 +227,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         extra_optimizer={**parts.extra_optimizer, **extra["optimizer"]},
         extra_layer_backward={**parts.extra_layer_backward, **{k: round(v) for k, v in st.layer_backward.items() if v}},
         extra_below_top={**parts.extra_below_top, **{k: round(v) for k, v in st.below_top.items() if v}},
+        extra_above_bottom={**parts.extra_above_bottom, **{k: round(v) for k, v in st.above_bottom.items() if v}},
         extra_layer_grads={**parts.extra_layer_grads, **{k: round(v) for k, v in st.layer_grads.items() if v}},
         extra_embedding=None
         if st.embedding_backward is None

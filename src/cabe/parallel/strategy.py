@@ -89,6 +89,8 @@ class States:
     layer_backward: dict[str, float] = field(default_factory=dict)
     # live once a layer below the top one runs backward (step.StepParts.extra_below_top)
     below_top: dict[str, float] = field(default_factory=dict)
+    # live while a layer above the bottom one runs backward (step.StepParts.extra_above_bottom)
+    above_bottom: dict[str, float] = field(default_factory=dict)
     # live once the layer running backward makes its gradients (step.StepParts.extra_layer_grads)
     layer_grads: dict[str, float] = field(default_factory=dict)
     # the backward buffers that differ at the embedding's backward, after every layer's (step.StepParts.extra_embedding)
