@@ -121,15 +121,15 @@ def _run(
     """Wrap the model as the engine does, materialise rank 0's share under the tracker, run the steps."""
     import torch
 
-    from cabe.trace.engine import _fake_mode, _tracker
+    from cabe.trace.modes import fake_mode, tracker
     from cabe.trace.step import fill_random, materialize, train
 
     fsdp = setup.shard in ("fsdp", "fsdp-hybrid")
     mesh = _mesh(setup, device.type) if fsdp else None  # (outside the fake mode: the mesh's coordinates are real)
-    tracker = _tracker(setup, kind, device, astate, None)
-    tracker.local = _local  # a DTensor is counted by its local shard: the wrapper holds no memory of its own
-    with _fake_mode(kind), tracker, _storage_resizes(tracker):
-        tracker.set_phase("setup")
+    rank0 = tracker(setup, kind, device, astate, None)
+    rank0.local = _local  # a DTensor is counted by its local shard: the wrapper holds no memory of its own
+    with fake_mode(kind), rank0, _storage_resizes(rank0):
+        rank0.set_phase("setup")
         if fsdp:
             engine = _fully_shard(model, cfg, setup, mesh)
             model.to_empty(device=device)  # FSDP2's own: each rank allocates its padded shard
@@ -138,17 +138,17 @@ def _run(
         if kind == "cpu":
             fill_random(model)
         for p in model.parameters():
-            tracker.tag_tensor(p, "weights")
+            rank0.tag_tensor(p, "weights")
         for b in model.buffers():
-            tracker.tag_tensor(b, "weights")
-        tracker.weight_keys = {_local(p).untyped_storage()._cdata for p in model.parameters()}
+            rank0.tag_tensor(b, "weights")
+        rank0.weight_keys = {_local(p).untyped_storage()._cdata for p in model.parameters()}
         n_params = sum(p.numel() for p in model.parameters())
         trainable = [p for p in model.parameters() if p.requires_grad]
         if not trainable:
             raise ConfigError("nothing_to_train", "method", method=setup.method)
         if not fsdp:
             model, engine = _ddp(model, device)
-        result = train(model, cfg, setup, steps, device, tracker, trainable, kind, {})
+        result = train(model, cfg, setup, steps, device, rank0, trainable, kind, {})
     result.parameters = n_params
     result.trainable_parameters = sum(p.numel() for p in trainable)
     result.mode = f"{kind}-{setup.shard if setup.shard != 'none' else 'ddp'}"
@@ -384,9 +384,9 @@ def _storage_resizes(tracker: Any) -> Iterator[None]:
 def trace_fsdp2(config: dict[str, Any], setup: TrainingSetup, *, steps: int = 2) -> TraceResult:
     """Rank 0 of FSDP2 on real CPU tensors (the exactness reference of the fake-device run): :func:`trace`."""
     from cabe.trace.deps import import_deps
-    from cabe.trace.engine import _check_setup
+    from cabe.trace.modes import check_setup
 
-    setup = _check_setup(setup, config)
+    setup = check_setup(setup, config)
     if setup.shard != "fsdp" or setup.gpus < 2:
         raise ConfigError("mode_unsupported", "shard", mode="fsdp2", why="one_fsdp_group")
     import_deps(setup)

@@ -24,7 +24,6 @@ This module orchestrates; the rooms are :mod:`~cabe.trace.result` (the result an
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from typing import Any
@@ -37,6 +36,9 @@ from cabe.trace.build import LEARNING_RATE, build_model, decoder_layers, hf_conf
 from cabe.trace.deps import import_deps
 from cabe.trace.family_patches import model_types
 from cabe.trace.inputs import autocast_dtype
+from cabe.trace.modes import check_setup as _check_setup
+from cabe.trace.modes import fake_mode as _fake_mode
+from cabe.trace.modes import tracker as _tracker
 from cabe.trace.patches import trace_environment
 from cabe.trace.result import TraceResult
 from cabe.trace.step import fill_random, materialize, numel_stored, tag_params, train
@@ -148,25 +150,6 @@ def run_trace(
     return result
 
 
-def _tracker(setup: TrainingSetup, kind: str, device: Any, astate: Any, gemm4: Any) -> Any:
-    """The allocation tracker, with the kernel-scratch intercepts of a simulation."""
-    from cabe.trace.attention import intercept as attn_intercept
-    from cabe.trace.quant import gemm_4bit_scratch
-    from cabe.trace.tracker import AllocationTracker
-
-    def intercept(tr: Any, func: Any, args: tuple, kwargs: dict) -> Any:
-        if kind in ("cpu", "cuda"):  # real kernels allocate for themselves
-            return NotImplemented
-        if gemm4 is not None and func is gemm4:
-            return gemm_4bit_scratch(tr, func, args, kwargs)
-        return attn_intercept(astate, tr, func, args, kwargs)
-
-    tracker = AllocationTracker(device_type=device.type, intercept=intercept)
-    # A CPU run stands in for a GPU run: optimizer `step` counters are host tensors there.
-    tracker.host_scalars_in_optimizer = kind == "cpu" and setup.resolved_optimizer_impl != "fused"
-    return tracker
-
-
 def _gemm_4bit(setup: TrainingSetup) -> Any:
     """bitsandbytes' ``gemm_4bit`` op (QLoRA), whose dequantising fallback needs scratch memory."""
     import torch
@@ -177,14 +160,6 @@ def _gemm_4bit(setup: TrainingSetup) -> Any:
         return torch.ops.bitsandbytes.gemm_4bit.default
     except (AttributeError, RuntimeError):
         return None
-
-
-def _fake_mode(kind: str) -> Any:
-    if kind != "fake":
-        return contextlib.nullcontext()
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def _traced(
@@ -231,16 +206,6 @@ def _traced(
 
 
 # ---- public entry points ---------------------------------------------------------------------
-def _check_setup(setup: Any, config: Any) -> TrainingSetup:
-    """The setup, with ``dtype="auto"`` read from the config as transformers 5 does."""
-    if not isinstance(setup, TrainingSetup):
-        raise ConfigError("bad_setup", "setup")
-    from cabe.families import config_dtype
-    from cabe.precision import resolve
-
-    return resolve(setup, config_dtype(config) if isinstance(config, dict) else None)
-
-
 def trace_step(config: dict[str, Any], setup: TrainingSetup, *, steps: int = 2, mode: str = "auto") -> TraceResult:
     """Trace ``steps`` training steps of the model ``config`` trained as ``setup``.
 
