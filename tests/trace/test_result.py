@@ -22,6 +22,7 @@ KEYS = [
     "paged_bytes",
     "first_step_peak_bytes",
     "mode",
+    "engine",
     "attention_kernels",
     "notes",
     "setup",

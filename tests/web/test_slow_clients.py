@@ -55,7 +55,9 @@ def test_a_body_short_of_its_length_is_answered_408_within_a_few_seconds(server)
         "send the whole body."
     )
     # BODY_IDLE_S = 3 s after the last byte; the connection is closed with the answer
-    assert web_body.BODY_IDLE_S <= elapsed < web_body.BODY_IDLE_S + 2, f"{elapsed:.2f} s"
+    # (the server's idle timer may start a hair before ``start``: it can read the part before sendall returns here;
+    # a clean-clone run measured 2.9996 s)
+    assert web_body.BODY_IDLE_S - 0.1 <= elapsed < web_body.BODY_IDLE_S + 2, f"{elapsed:.4f} s"
 
 
 def test_a_trickling_body_is_cut_at_the_total_limit(server, monkeypatch):
