@@ -7,33 +7,23 @@ itself draws a new seed on every run. Small models only, to keep the suite fast.
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-from pathlib import Path
 
 import pytest
+from differential_modules import load
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 pytest.importorskip("bitsandbytes")
 
-RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "differential" / "run.py"
 SEED = 20261204
 N = 40
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("differential_run", RUN)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def rows():
-    mod = _module()
+    mod = load("run")
     return mod.run(mod.draw(SEED, N, small=True), quiet=True)
 
 

@@ -8,35 +8,22 @@ draws a new seed on every run. Small models only, to keep the suite fast.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from differential_modules import load
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-HERE = Path(__file__).resolve().parents[2] / "benchmarks" / "differential"
 SEED = 20261207
 N = 8
 
 pytestmark = pytest.mark.trace
 
 
-def _module():
-    sys.path.insert(0, str(HERE))
-    spec = importlib.util.spec_from_file_location("differential_multigpu", HERE / "multigpu.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def rows():
-    mod = _module()
+    mod = load("multigpu")
     return mod.single.run(mod.draw(SEED, N, small=True), quiet=True)
 
 

@@ -48,6 +48,11 @@ def states(c: Context) -> States:
     out.buffers["forward"]["gathered_params"] = layer_gathered + root_gathered
     out.buffers["backward"]["gathered_params"] = layer_gathered + root_gathered
     out.embedding_backward = {"gathered_params": root_gathered}  # (the root alone: every unit's backward is over)
+    # the head's gradients are the unsharded parameter's, made whole by autograd (in the gathered dtype) and
+    # reduce-scattered only in the root unit's post-backward: the tied lm_head's gradient pending beside the
+    # embedding's, the chunked loss's summed weight gradients (rank 0 traced on a fake group: gpt2-medium full on 64
+    # GPUs, tied, -9.8% with them shared out)
+    out.whole_head_grads = unit_b / c.dt.grad
     # FSDP2 reduce-scatters the root unit's gradients in its post-backward, after the embedding's backward: the untied
     # lm_head's unsharded gradient, made at the head's backward, lives through every layer's (rank 0 traced on a fake
     # group: llama-3.1-8b full on 16 GPUs with checkpointing, -12% without it; a tied one is the pending gradient)

@@ -155,12 +155,9 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
     grads_total = st.grads
     g_share = grads_total / parts.grads if parts.grads else 0.0
     embedding_workspace = parts.embedding_backward_workspace
-    if lay.strategy in ("fsdp", "fsdp-hybrid") and parts.grads:
-        # FSDP's head gradients are the unsharded parameter's, made by autograd whole (in the gathered dtype) and
-        # reduce-scattered only in the root unit's post-backward: the tied lm_head's gradient pending beside the
-        # embedding's, the chunked loss's summed weight gradients are full size (rank 0 traced on a fake group:
-        # gpt2-medium full on 64 GPUs, tied, -9.8% with them shared out)
-        unsharded = (c.dt.gathered or c.dt.weight) / c.dt.grad
+    if st.whole_head_grads and parts.grads:
+        # the strategy's head gradients are made whole (States.whole_head_grads: FSDP's unsharded parameter's)
+        unsharded = st.whole_head_grads
         head_grad_share = f.head * unsharded
         if embedding_workspace:
             # the tied embedding's backward (step.StepParts.embedding_backward_workspace): the lm_head's gradient,

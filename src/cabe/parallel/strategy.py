@@ -89,6 +89,10 @@ class States:
     layer_backward: dict[str, float] = field(default_factory=dict)
     # live once a layer below the top one runs backward (step.StepParts.extra_below_top)
     below_top: dict[str, float] = field(default_factory=dict)
+    # the head's weight gradients (the tied lm_head's pending one, the chunked loss's summed ones, the tied
+    # embedding's backward) are made whole by autograd, this many times the stored gradient's bytes per element
+    # (FSDP: the unsharded parameter's, in the gathered dtype); 0: they shrink as the gradients do
+    whole_head_grads: float = 0.0
     # live while a layer above the bottom one runs backward (step.StepParts.extra_above_bottom)
     above_bottom: dict[str, float] = field(default_factory=dict)
     # live once the layer running backward makes its gradients (step.StepParts.extra_layer_grads)

@@ -50,11 +50,6 @@ MAX_WORLD = 1024
 DTENSOR_OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "rmsprop")
 
 
-def is_distributed(setup: TrainingSetup) -> bool:
-    """Whether ``setup`` is a several-GPU job (or one sharded over one GPU): traced here, not by the 1-GPU engine."""
-    return setup.distributed
-
-
 def refusal(setup: TrainingSetup) -> None:
     """What rank 0 of the real engine cannot be traced for here: one sentence each, naming the field."""
     if setup.shard in ("zero1", "zero2", "zero3"):
