@@ -40,6 +40,8 @@ WORLDS = [2, 4, 8, 16, 32, 64]
 #: MoE and mixed-layer models, drawn a quarter of the time (their traces are the slow ones)
 MIXED_MODELS = ["gemma-2-2b", "gemma-3-1b", "granite-4.0-h-350m", "qwen3-30b-a3b-4l", "gpt-oss-20b"]
 BIG = ["llama-3.1-70b", "qwen2.5-72b"]
+#: the share of draws with tensor parallelism (full and freeze only: PEFT's adapters do not wrap transformers' TP)
+TP_SHARE = 0.3
 
 
 def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, Any]]:
@@ -60,6 +62,15 @@ def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, A
         kw["gpus_per_node"] = rng.choice([p for p in (2, 4, 8) if p < kw["gpus"]] or [kw["gpus"]])
     if engine.startswith("fsdp") and rng.random() < 0.4:
         kw["param_dtype"] = "bf16"
+    if rng.random() < TP_SHARE:
+        # tensor parallelism (transformers' TP plan on DTensor): alone on tp GPUs, or 2-D under FSDP2 / HSDP
+        # (alone for now: FSDP2 over TP is traced on real CPU tensors only, cabe.trace.distributed)
+        kw["tp"] = rng.choice([2, 4, 8])
+        kw["gpus"], kw["shard"] = kw["tp"], "none"
+        kw.pop("gpus_per_node", None)
+        kw.pop("param_dtype", None)
+        kw["optimizer_impl"] = "for-loop"
+        kw["loss_parallel"] = rng.random() < 0.5
     return model, kw
 
 
@@ -73,7 +84,7 @@ def draw(seed: int, n: int, *, small: bool = False) -> list[tuple[str, dict[str,
         model, kw = sample(rng, small=small)
         try:
             setup = TrainingSetup(**kw)
-            refusal(setup)  # (DeepSpeed, tp / pp / ep, offload, QLoRA: not traced)
+            refusal(setup, dict(single.source(model).config))  # (DeepSpeed, pp / ep, offload, QLoRA: not traced)
             estimate_model(single.source(model).spec, setup)
         except CabeError:
             continue

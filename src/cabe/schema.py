@@ -629,6 +629,13 @@ _GPUS: tuple[Field, ...] = (
     _int("pp", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("pp")),
     _int("ep", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("ep")),
     _int("gpus_per_node", "gpus", _TRAINING, 8, 1, MAX_GPUS, unit="GPUs", flags=_flag("gpus_per_node")),
+    # tensor parallelism's loss: the logits kept sharded over the vocabulary (Megatron's vocab-parallel cross-entropy,
+    # torchtitan's and torch.distributed.tensor.parallel's ``loss_parallel``) or gathered whole on every GPU
+    # (transformers' ``DistributedConfig(tp_size=K)``: the lm_head's ``colwise_gather_output`` style)
+    Field("loss_parallel", bool, "gpus", _TRAINING, True, flags=_flag("loss_parallel"), negatable=True),
+    # Megatron-style sequence parallelism beside TP: the norms' and the residual's tensors split over the sequence
+    # (Korthikanti et al. 2022; torch.distributed.tensor.parallel ``SequenceParallel``)
+    Field("sequence_parallel", bool, "gpus", _TRAINING, False, flags=_flag("sequence_parallel")),
 )
 
 _FIT: tuple[Field, ...] = (
@@ -934,7 +941,24 @@ def _companions(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any
             if entry is not None and not (entry.temporaries or entry.impl_flags):
                 out.append(("optimizer_impl", "impl_not_read", {"optimizer": name}))
     out += _per_node(values)
+    out += _tp_only(values)
     return out
+
+
+def _tp_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``loss_parallel`` / ``sequence_parallel`` without tensor parallelism (``tp_only``): they cut what TP cuts."""
+    tp = values.get("tp") if _sent(values.get("tp")) else field("tp").default
+    try:
+        one = int(str(tp)) == 1
+    except ValueError:
+        return []  # a bad value TrainingSetup refuses with its own error
+    if not one:
+        return []
+    return [
+        (name, "tp_only", {})
+        for name in ("loss_parallel", "sequence_parallel")
+        if _sent(values.get(name)) and not _is_default(field(name), values.get(name))
+    ]
 
 
 def _per_node(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:

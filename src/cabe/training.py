@@ -175,6 +175,8 @@ class TrainingSetup:
     pp: int = _D["pp"]
     ep: int = _D["ep"]
     gpus_per_node: int = _D["gpus_per_node"]
+    loss_parallel: bool = _D["loss_parallel"]
+    sequence_parallel: bool = _D["sequence_parallel"]
 
     def __post_init__(self) -> None:
         validate(self)

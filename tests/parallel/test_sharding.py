@@ -13,7 +13,7 @@ from cabe import api
 from cabe.analytic import estimate_model
 from cabe.errors import InvalidValueError
 from cabe.models import preset
-from cabe.parallel import ShardConfig, zero_paper_model_states
+from cabe.parallel import zero_paper_model_states
 from cabe.training import TrainingSetup
 from cabe.units import GB
 
@@ -264,15 +264,7 @@ def test_sequence_parallel_splits_activations():
     spec = preset("llama-2-70b").spec
     s = TrainingSetup(precision="bf16", batch=1, seq=4096, gpus=8, tp=8, shard="ddp")
     parts_plain = estimate_model(spec, s).components["activations"]
-    import cabe.parallel.config as sh
-    from cabe.analytic import estimate_model as em  # the same path, with a config
-
-    old = sh.DEFAULT_CONFIG
-    try:
-        sh.DEFAULT_CONFIG = ShardConfig(sequence_parallel=True)
-        parts_sp = em(spec, s).components["activations"]
-    finally:
-        sh.DEFAULT_CONFIG = old
+    parts_sp = estimate_model(spec, s.with_(sequence_parallel=True)).components["activations"]
     assert parts_sp < parts_plain
 
 

@@ -30,14 +30,15 @@ class TensorParallelFactors:
     head: float = 1.0
 
 
-def tensor_parallel(tp: int, cfg: ShardConfig) -> TensorParallelFactors:
+def tensor_parallel(setup: TrainingSetup) -> TensorParallelFactors:
+    tp = setup.tp
     if tp == 1:
         return TensorParallelFactors()
-    sp = cfg.sequence_parallel
+    sp = setup.sequence_parallel
     return TensorParallelFactors(
         saved=1 / tp if sp else TP_REPLICATED_ACT_FRACTION + (1 - TP_REPLICATED_ACT_FRACTION) / tp,
         checkpointed=1 / tp if sp else 1.0,
-        head=1 / tp if cfg.vocab_parallel else 1.0,
+        head=1 / tp if setup.loss_parallel else 1.0,
     )
 
 
@@ -59,7 +60,7 @@ def communication_buffers(
     out: dict[str, float] = {}
     if lay.pp > 1:
         out["p2p_buffers"] = 2 * tokens * spec.hidden_size * dt.compute
-    if lay.tp > 1 and cfg.sequence_parallel:
+    if lay.tp > 1 and setup.sequence_parallel:
         out["tp_comm"] = tokens * spec.hidden_size * dt.compute
     if spec.num_experts and lay.ep > 1:
         out["moe_all_to_all"] = 2 * tokens * spec.experts_per_token * spec.hidden_size * dt.compute

@@ -25,8 +25,10 @@ class ShardConfig:
     # FSDP
     fsdp_prefetch: bool = True  # BACKWARD_PRE (FSDP1 default) / FSDP2 implicit prefetch
     # Megatron-style model parallelism
-    sequence_parallel: bool = False
-    vocab_parallel: bool = True  # VocabParallelEmbedding + vocab-parallel cross entropy
+    # the input embedding and the lm_head split over the vocabulary (Megatron's VocabParallelEmbedding and
+    # ColumnParallelLinear, transformers' ``embedding_rowwise`` / ``colwise_gather_output``); whether the logits stay
+    # split is the request's ``loss_parallel``, sequence parallelism its ``sequence_parallel``
+    vocab_parallel: bool = True
     pp_schedule: str = "1f1b"  # "1f1b" | "gpipe"
 
     @classmethod

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from cabe.parallel.config import ShardConfig
 from cabe.parallel.layout import SHARDED, Layout
 from cabe.report import Step
 from cabe.step import StepParts
@@ -42,7 +41,7 @@ def per_gpu(new: StepParts, master_weights: float, host: int) -> dict[str, Any]:
     }
 
 
-def steps(lay: Layout, inflight: int, figures: dict[str, Any], per_node: int, cfg: ShardConfig) -> list[Step]:
+def steps(lay: Layout, inflight: int, figures: dict[str, Any], per_node: int, sp: bool) -> list[Step]:
     """The explanation of a plan, line by line."""
     host = figures["host_bytes"]
     states = figures["model_states_bytes"]
@@ -62,7 +61,7 @@ def steps(lay: Layout, inflight: int, figures: dict[str, Any], per_node: int, cf
         params = {"layers": lay.stage_layers, "inflight": inflight, "stage": lay.stage}
         out.append(Step("shard.pipeline", "{layers} layers × {inflight} micro-batches", None, params))
     if lay.tp > 1:
-        out.append(Step("shard.tensor_parallel", "1/{tp}", None, {"tp": lay.tp, "sp": int(cfg.sequence_parallel)}))
+        out.append(Step("shard.tensor_parallel", "1/{tp}", None, {"tp": lay.tp, "sp": int(sp)}))
     for name, nbytes in figures["communication_bytes"].items():
         out.append(
             Step("shard.buffer." + name, "{bytes} B = {gib} GiB", nbytes, {"bytes": nbytes, "gib": nbytes / GiB})

@@ -104,7 +104,7 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, c: Context) -> tuple[StepParts
         "host_ram_load_peak_bytes_per_node": round(load_peak),
         "config": asdict(cfg),
         "notes": st.notes,
-        "steps": [step_json(s) for s in steps(lay, inflight, figures, per_node, cfg)],
+        "steps": [step_json(s) for s in steps(lay, inflight, figures, per_node, setup.sequence_parallel)],
     }
     return new, info
 
@@ -146,7 +146,7 @@ def _grads_split(
 
 def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> StepParts:
     setup, cfg, lay = c.setup, c.cfg, c.layout
-    f = tensor_parallel(lay.tp, cfg)
+    f = tensor_parallel(setup)
     inflight = micro_batches_in_flight(lay, setup.grad_accum, cfg)
     saved = parts.saved_layer * (f.checkpointed if setup.checkpointing else f.saved)
     head_on = lay.last

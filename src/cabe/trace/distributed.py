@@ -50,14 +50,35 @@ MAX_WORLD = 1024
 DTENSOR_OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "rmsprop")
 
 
-def refusal(setup: TrainingSetup) -> None:
-    """What rank 0 of the real engine cannot be traced for here: one sentence each, naming the field."""
+def refusal(setup: TrainingSetup, config: dict[str, Any] | None = None) -> None:
+    """What rank 0 of the real engine cannot be traced for here: one sentence each, naming the field (with the
+    model's ``config``, what its tensor-parallel plan cannot cut too)."""
+    if config is not None and setup.tp > 1:
+        _tp_refusal(config, setup.tp)
     if setup.shard in ("zero1", "zero2", "zero3"):
         # DeepSpeed's engine needs its accelerator (CUDA kernels it builds, its comm backend): no fake group runs it
         raise InvalidValueError("trace_parallel_unsupported", "shard", value=setup.shard, why="deepspeed")
     if setup.gpus > MAX_WORLD:
         raise InvalidValueError("trace_parallel_unsupported", "gpus", value=setup.gpus, why="world", maximum=MAX_WORLD)
-    for name in ("tp", "pp", "ep"):
+    if setup.tp > 1 and setup.gpus > setup.tp and setup.shard not in ("fsdp", "fsdp-hybrid"):
+        # DDP wraps plain tensors: tensor parallelism's DTensor parameters take FSDP2 (or no data parallelism)
+        raise InvalidValueError("trace_parallel_unsupported", "tp", value=setup.tp, why="tp_ddp")
+    if setup.tp > 1 and setup.resolved_loss != "hf":
+        # the chunked losses multiply the hidden states by the lm_head's weight themselves (torchtune's, LitGPT's),
+        # outside the module whose forward TP wraps: a plain tensor times a DTensor, which DTensor refuses
+        raise InvalidValueError("trace_parallel_unsupported", "loss", value=setup.resolved_loss, why="tp_loss")
+    if setup.tp > 1 and setup.autocast == "fp16":
+        # the GradScaler unscales every gradient in one foreach call, TP's DTensor ones beside the plain ones
+        # ("_amp_foreach_non_finite_check_and_unscale_ got mixed torch.Tensor and DTensor": a real run fails too)
+        raise InvalidValueError("trace_parallel_unsupported", "autocast", value="fp16", why="tp_scaler")
+    if setup.tp > 1 and setup.method not in ("full", "freeze"):
+        # transformers' TP styles replace the forward of the nn.Linear its plan names; PEFT's adapters wrap that
+        # module and add their own full-width output to its sharded one (no TP plan covers an adapter)
+        raise InvalidValueError("trace_parallel_unsupported", "method", value=setup.method, why="tp_adapters")
+    if setup.sequence_parallel:
+        # transformers' DistributedConfig reserves it ("not wired up yet", 5.25 configuration_utils.py)
+        raise InvalidValueError("trace_parallel_unsupported", "sequence_parallel", value=True, why="sp")
+    for name in ("pp", "ep"):
         if getattr(setup, name) > 1:
             raise InvalidValueError("trace_parallel_unsupported", name, value=getattr(setup, name), why=name)
     if setup.offload != "none":
@@ -67,11 +88,34 @@ def refusal(setup: TrainingSetup) -> None:
         raise InvalidValueError("trace_parallel_unsupported", "method", value=setup.method, why="qlora")
     if setup.images:
         raise InvalidValueError("trace_parallel_unsupported", "images", value=setup.images, why="images")
-    if setup.shard in ("fsdp", "fsdp-hybrid") and setup.optimizer not in DTENSOR_OPTIMIZERS:
+    dtensors = setup.shard in ("fsdp", "fsdp-hybrid") or setup.tp > 1
+    if dtensors and setup.optimizer not in DTENSOR_OPTIMIZERS:
         # FSDP2's parameters are DTensors: bitsandbytes' fused updates have no DTensor sharding rule
         # ("optimizer_update_32bit does not have a sharding strategy registered") and transformers' Adafactor's in-place
         # row / column factors change a gradient's placement (DTensor refuses): a real FSDP2 run fails the same way
         raise InvalidValueError("trace_parallel_unsupported", "optimizer", value=setup.optimizer, why="dtensor")
+    if setup.tp > 1 and setup.shard not in ("fsdp", "fsdp-hybrid") and setup.resolved_optimizer_impl != "for-loop":
+        # TP alone leaves the parameters its plan does not name (the norms) plain tensors beside its DTensors, and
+        # torch.optim's foreach / fused steps take them in one list: "aten._foreach_mul_.Scalar got mixed
+        # torch.Tensor and DTensor" (a real run fails the same way; FSDP2 makes every parameter a DTensor)
+        raise InvalidValueError(
+            "trace_parallel_unsupported", "optimizer_impl", value=setup.resolved_optimizer_impl, why="tp_mixed"
+        )
+
+
+def _tp_refusal(config: dict[str, Any], tp: int) -> None:
+    """transformers' TP plan on this model: it has one, and it can split the key / value heads (``colwise`` cuts
+    k_proj and v_proj by output features, so each GPU needs whole heads: Megatron replicates them when there are
+    fewer than ``tp``, transformers does not)."""
+    from cabe.trace.build import hf_config
+
+    text = hf_config(config)
+    text = text.get_text_config() if hasattr(text, "get_text_config") else text
+    if not getattr(text, "base_model_tp_plan", None):
+        raise InvalidValueError("trace_parallel_unsupported", "tp", value=tp, why="tp_plan")
+    kv = getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", 0)
+    if kv % tp:
+        raise InvalidValueError("trace_parallel_unsupported", "tp", value=tp, why="tp_kv_heads", heads=kv)
 
 
 def trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str) -> TraceResult:
@@ -82,9 +126,13 @@ def trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str) -
 
     from cabe.trace.state import AttentionState
 
-    refusal(setup)
+    refusal(setup, config)
     if kind not in ("fake", "cpu"):
         raise ConfigError("mode_unsupported", "mode", mode=kind, why="distributed_meta")
+    if kind == "fake" and setup.tp > 1 and setup.shard in ("fsdp", "fsdp-hybrid"):
+        # FSDP2 over TP on the fake device: its all-gather meets a host tensor on the fake CUDA device
+        # (FakeTensorDeviceMismatchError in _fsdp_collectives.foreach_all_gather, not yet found); real CPU tensors run
+        raise InvalidValueError("trace_parallel_unsupported", "tp", value=setup.tp, why="tp_fsdp_fake")
     t0 = time.perf_counter()
     if dist.is_initialized():
         raise ConfigError("mode_unsupported", "mode", mode=kind, why="process_group")
@@ -120,14 +168,19 @@ def _run(
     from cabe.trace.step import fill_random, materialize, train
 
     fsdp = setup.shard in ("fsdp", "fsdp-hybrid")
-    mesh = _mesh(setup, device.type) if fsdp else None  # (outside the fake mode: the mesh's coordinates are real)
+    tp = setup.tp > 1
+    # (outside the fake mode: the mesh's coordinates are real, and TP's DTensors of the ``meta`` model stay on meta,
+    # where under the fake mode distribute_tensor would give them fake CPU shards FSDP2 refuses to move)
+    mesh = _mesh(setup, device.type) if fsdp or tp else None
+    engine: dict[str, Any] = _tensor_parallel(model, mesh["tp"], setup) if tp else {}
     rank0 = tracker(setup, kind, device, astate, None)
     rank0.local = _local  # a DTensor is counted by its local shard: the wrapper holds no memory of its own
-    with fake_mode(kind), rank0, _storage_resizes(rank0):
+    with fake_mode(kind), rank0, _storage_resizes(rank0), _real_mesh_coordinates():
         rank0.set_phase("setup")
         if fsdp:
-            engine = _fully_shard(model, cfg, setup, mesh)
-            model.to_empty(device=device)  # FSDP2's own: each rank allocates its padded shard
+            engine = _fully_shard(model, cfg, setup, mesh, engine)
+        if fsdp or tp:
+            model.to_empty(device=device)  # each rank allocates its own shards (FSDP2's padded ones, TP's DTensors)
         else:
             materialize(model, device)
         if kind == "cpu":
@@ -141,44 +194,133 @@ def _run(
         trainable = [p for p in model.parameters() if p.requires_grad]
         if not trainable:
             raise ConfigError("nothing_to_train", "method", method=setup.method)
-        if not fsdp:
+        if not fsdp and not tp:
             model, engine = _ddp(model, device)
-        result = train(model, cfg, setup, steps, device, rank0, trainable, kind, {})
+        with _loss_context(setup):
+            result = train(model, cfg, setup, steps, device, rank0, trainable, kind, {})
     result.parameters = n_params
     result.trainable_parameters = sum(p.numel() for p in trainable)
-    result.mode = f"{kind}-{setup.shard if setup.shard != 'none' else 'ddp'}"
+    result.mode = f"{kind}-{setup.shard if setup.shard != 'none' else ('tp' if tp else 'ddp')}"
+    if tp and not fsdp:
+        engine = {"engine": "tensor parallel (DTensor)", "wrapping": "no data parallelism", **engine}
+        engine["mesh"] = list(mesh.shape)
     engine.update(engine_version=torch.__version__, world_size=setup.gpus, rank=0, process_group="fake")
     return result, engine
 
 
 def _mesh(setup: TrainingSetup, device_type: str) -> Any:
-    """The device mesh: the N GPUs (FSDP), or (nodes, GPUs per node) with dims replicate and shard (HSDP)."""
+    """The device mesh: the N GPUs (FSDP), or (nodes, GPUs per node) with dims replicate and shard (HSDP); with
+    tensor parallelism a last dimension ``tp`` of ``setup.tp`` GPUs (inside a node, as Megatron and torchtitan lay
+    it out) and the data-parallel dimensions over the rest. Index it with :func:`_dp_mesh` / ``mesh["tp"]``."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    tp = setup.tp
     if setup.shard == "fsdp-hybrid":
         per = min(setup.gpus_per_node, setup.gpus)
-        return init_device_mesh(device_type, (setup.gpus // per, per), mesh_dim_names=("replicate", "shard"))
-    return init_device_mesh(device_type, (setup.gpus,))
+        dims, names = (setup.gpus // per, per // tp), ("replicate", "shard")
+    elif setup.shard == "fsdp":
+        dims, names = (setup.gpus // tp,), ("shard",)
+    else:
+        dims, names = (), ()
+    if tp > 1:
+        dims, names = (*dims, tp), (*names, "tp")
+    return init_device_mesh(device_type, dims, mesh_dim_names=names)
 
 
-def _fully_shard(model: Any, cfg: Any, setup: TrainingSetup, mesh: Any) -> dict[str, Any]:
-    """``fully_shard`` each decoder layer, then the root (embeddings, final norm, lm_head), on ``mesh``."""
+def _dp_mesh(setup: TrainingSetup, mesh: Any) -> Any:
+    """The data-parallel part of :func:`_mesh`'s mesh (FSDP2 shards over it)."""
+    if setup.tp == 1:
+        return mesh
+    return mesh[("replicate", "shard")] if setup.shard == "fsdp-hybrid" else mesh["shard"]
+
+
+def _tensor_parallel(model: Any, mesh: Any, setup: TrainingSetup) -> dict[str, Any]:
+    """transformers' own tensor parallelism on ``mesh``: the model's TP plan (its config's ``base_model_tp_plan``
+    and the head's ``_tp_plan``, the vocabulary-sharded input embedding that ``init_parallel_plans`` adds), applied
+    as ``from_pretrained(distributed_config=DistributedConfig(tp_size=K))`` does (transformers 5.25
+    distributed/mixin.py ``maybe_distribute_model`` -> tensor_parallel.py ``apply_tensor_parallelism``): each named
+    parameter a DTensor sharded on the mesh, each named module's forward wrapped to redistribute its input and
+    output (column-wise: the output's last dimension sharded; row-wise: a partial sum all-reduced).
+
+    The lm_head: transformers' ``colwise_gather_output`` gathers the logits whole on every GPU
+    (``--no-loss-parallel``); with ``loss_parallel`` (the default) it keeps them sharded over the vocabulary as a
+    DTensor (``ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)``, torchtitan's
+    ``parallelize_llama``) and the loss runs inside torch's ``loss_parallel()`` (:func:`_loss_context`)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from transformers.distributed.tensor_parallel import ColwiseParallel, apply_tensor_parallelism
+
+    base = getattr(model, "tp_plan", None)
+    if not base:
+        raise InvalidValueError("trace_parallel_unsupported", "tp", value=setup.tp, why="tp_plan")
+    params = dict(model.named_parameters())  # (a tied lm_head's weight is the embedding's: listed once)
+    plan = {
+        k: v
+        for k, v in model._expand_parallel_plan(dict(base)).items()
+        if k in params or not k.endswith((".weight", ".bias"))
+    }
+    modules = dict(model.named_modules())
+    heads = {n for n, style in plan.items() if style == "colwise_gather_output" and n in modules}
+    heads = heads if setup.loss_parallel else set()
+    apply_tensor_parallelism(
+        model, mesh, {k: v for k, v in plan.items() if k.rpartition(".")[0] not in heads and k not in heads}
+    )
+    sharded = ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)
+    config = model.config.get_text_config()
+    for name in heads:  # (as apply_tensor_parallelism does for each entry: the parameters, then the module)
+        module = model.get_submodule(name)
+        for param in list(module._parameters):
+            sharded.shard_param(module, param, mesh, config=config)
+        sharded.install_forward(module, mesh, config=config)
+    if getattr(model.config, "tie_word_embeddings", False):
+        # each style made its own DTensor parameter: transformers ties them again once the weights are loaded
+        # (modeling_utils ``_finalize_model_loading``), and so does the trace
+        model.tie_weights()
+    styles = sorted(
+        set(plan.values()) - ({"colwise_gather_output"} if heads else set())
+        | ({"colwise (loss_parallel)"} if heads else set())
+    )
+    return {
+        "tensor_parallel": f"transformers' tp_plan ({', '.join(styles)})",
+        "tp": setup.tp,
+        "loss_parallel": bool(heads),
+    }
+
+
+@contextlib.contextmanager
+def _loss_context(setup: TrainingSetup) -> Iterator[None]:
+    """torch's ``loss_parallel()`` around the step when the logits stay sharded: its cross-entropy (log-softmax and
+    NLL forward and backward on the vocabulary shards, torch 2.13 distributed/tensor/parallel/loss.py) takes the
+    DTensor logits."""
+    if setup.tp == 1 or not setup.loss_parallel:
+        yield
+        return
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    with loss_parallel():
+        yield
+
+
+def _fully_shard(model: Any, cfg: Any, setup: TrainingSetup, mesh: Any, tp: dict[str, Any]) -> dict[str, Any]:
+    """``fully_shard`` each decoder layer, then the root (embeddings, final norm, lm_head), on the data-parallel
+    part of ``mesh`` (with tensor parallelism, FSDP2 shards the TP shards: 2-D parallelism)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy()
     if setup.param_dtype != "none":
         mp = MixedPrecisionPolicy(param_dtype=getattr(torch, _DTYPES[setup.param_dtype]))
+    dp = _dp_mesh(setup, mesh)
     layers = decoder_layers(model, cfg)
     for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+        fully_shard(layer, mesh=dp, mp_policy=mp)
+    fully_shard(model, mesh=dp, mp_policy=mp)
     return {
-        "engine": ENGINES[setup.shard],
+        "engine": ENGINES[setup.shard] + (" + tensor parallel" if tp else ""),
         "wrapping": f"fully_shard per decoder layer ({len(layers)} units) + root",
         "mesh": list(mesh.shape),
         "reshard_after_forward": True,
         "param_dtype": setup.param_dtype if setup.param_dtype != "none" else "as stored",
+        **tp,
     }
 
 
@@ -346,6 +488,29 @@ class _Stream(_Event):
 
 
 _STREAM = _Stream()
+
+
+@contextlib.contextmanager
+def _real_mesh_coordinates() -> Iterator[None]:
+    """A device mesh's coordinates computed on its real rank tensor, outside the fake mode: FSDP2 over tensor
+    parallelism concatenates the data- and tensor-parallel meshes when it wraps a module (torch 2.13
+    _fsdp_param.py ``_init_sharding_spec_tp`` -> device_mesh.py ``_concatenate``), whose rank tensor and ``(mesh == rank).nonzero()``
+    a fake tensor cannot answer (its output's size depends on the data). Host-side bookkeeping: no device memory."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    real = DeviceMesh._concatenate
+
+    def concatenate(meshes: Any) -> Any:
+        with unset_fake_temporarily():
+            return real(meshes)
+
+    p = _Patch()
+    try:
+        p.set(DeviceMesh, "_concatenate", staticmethod(concatenate))
+        yield
+    finally:
+        p.restore()
 
 
 @contextlib.contextmanager
