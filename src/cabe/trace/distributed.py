@@ -113,7 +113,7 @@ def _tp_refusal(config: dict[str, Any], tp: int) -> None:
     text = text.get_text_config() if hasattr(text, "get_text_config") else text
     if not getattr(text, "base_model_tp_plan", None):
         raise InvalidValueError("trace_parallel_unsupported", "tp", value=tp, why="tp_plan")
-    kv = getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", 0)
+    kv = int(getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", 0) or 0)
     if kv % tp:
         raise InvalidValueError("trace_parallel_unsupported", "tp", value=tp, why="tp_kv_heads", heads=kv)
 
@@ -171,7 +171,7 @@ def _run(
     tp = setup.tp > 1
     # (outside the fake mode: the mesh's coordinates are real, and TP's DTensors of the ``meta`` model stay on meta,
     # where under the fake mode distribute_tensor would give them fake CPU shards FSDP2 refuses to move)
-    mesh = _mesh(setup, device.type) if fsdp or tp else None
+    mesh: Any = _mesh(setup, device.type) if fsdp or tp else None
     engine: dict[str, Any] = _tensor_parallel(model, mesh["tp"], setup) if tp else {}
     rank0 = tracker(setup, kind, device, astate, None)
     rank0.local = _local  # a DTensor is counted by its local shard: the wrapper holds no memory of its own
@@ -215,6 +215,8 @@ def _mesh(setup: TrainingSetup, device_type: str) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     tp = setup.tp
+    dims: tuple[int, ...]
+    names: tuple[str, ...]
     if setup.shard == "fsdp-hybrid":
         per = min(setup.gpus_per_node, setup.gpus)
         dims, names = (setup.gpus // per, per // tp), ("replicate", "shard")
