@@ -70,19 +70,41 @@ MAPPING: dict[str, tuple[dict[str, Any] | None, str]] = {
         },
         "torchtune LoRA modelled as HF + PEFT",
     ),
+    # torchtune's README table of 2024-05-09 (commit 0217d44c2, PR #955: "Batch Size = 4, Seq Length = 2048" for
+    # Llama2-7B, "4096" for 70B; "Peak Memory per GPU (GB)"; the PR says only "collected from runs on the right
+    # hardware"). What ran is the distributed recipes at that commit with batch_size and the dataset's max_seq_len
+    # overridden (the configs say batch_size: 2 and give no max_seq_len; packing came on 2024-05-14, PR #875):
+    # * recipes/lora_finetune_distributed.py and full_finetune_distributed.py: FSDP1 (FullyShardedDataParallel,
+    #   ShardingStrategy.FULL_SHARD, mixed_precision=None, one unit per TransformerDecoderLayer — LoRA's
+    #   lora_fsdp_wrap_policy also wraps the adapters — the root unit holding the embedding, final norm and output),
+    #   the model cast to bf16 whole (``model.to(torch.bfloat16)``: pure bf16, the LoRA adapters too: adapter_dtype
+    #   model), torch.optim.AdamW with no ``fused`` (PyTorch's default on CUDA: foreach), no compile, no CPU offload;
+    #   loss nn.CrossEntropyLoss over ``logits[..., :-1, :].contiguous()`` in bf16 — no fp32 upcast and no chunks.
+    #   cabe cannot express that loss: its ``hf`` loss (the whole logits upcast to fp32) over-counts the head by a
+    #   few hundred MB at these shapes, and its ``chunked`` one is torchtune's later CEWithChunkedOutputLoss.
+    # * the sequences: alpaca (llama2/7B_lora.yaml: alpaca_cleaned_dataset; 7B_full.yaml and 70B_lora.yaml:
+    #   alpaca_dataset), each sample truncated at max_seq_len and every batch padded to its longest sample
+    #   (torchtune/utils/collate.py padded_collate). "Seq Length" is that cap: the peak is at the longest batch the
+    #   run met, which the README does not give. cabe is scored at the cap (an upper bound on the tokens) and shown
+    #   at 512 (ALPACA_REFERENCE_SEQ: alpaca_dataset's own default cap, which the tutorial rows below run with).
+    # * the figure's metric is unstated (the recipe's get_memory_stats logs allocated, reserved and active);
+    #   scored as reserved.
     "tt-l2-7b-lora-fsdp2": (
         {
             "model": "llama-2-7b",
             "method": "lora",
             "lora_rank": 8,
+            "lora_alpha": 16,
             "lora_targets": "q_proj,v_proj",
             **_TT,
+            "adapter_dtype": "model",
             "batch": 4,
             "seq": 2048,
+            "grad_accum": 32,
             "gpus": 2,
             "shard": "fsdp",
         },
-        "FSDP2 full sharding, per GPU",
+        "llama2/7B_lora.yaml: FSDP1, bf16 adapters, no checkpointing, 32 accumulation steps; alpaca capped at 2048",
     ),
     "tt-l2-7b-full-fsdp4": (
         {
@@ -95,22 +117,24 @@ MAPPING: dict[str, tuple[dict[str, Any] | None, str]] = {
             "gpus": 4,
             "shard": "fsdp",
         },
-        "FSDP2 full sharding, per GPU",
+        "llama2/7B_full.yaml: FSDP1, pure bf16 AdamW (foreach), checkpointing; alpaca capped at 2048",
     ),
     "tt-l2-70b-lora-fsdp8": (
         {
             "model": "llama-2-70b",
             "method": "lora",
             "lora_rank": 16,
+            "lora_alpha": 32,
             "lora_targets": "q_proj,k_proj,v_proj",
             **_TT,
+            "adapter_dtype": "model",
             "batch": 4,
             "seq": 4096,
             "checkpointing": True,
             "gpus": 8,
             "shard": "fsdp",
         },
-        "FSDP2 full sharding, per GPU",
+        "llama2/70B_lora.yaml: FSDP1, bf16 adapters, checkpointing; alpaca capped at 4096",
     ),
     # PEFT's method comparison (method_comparison/MetaMathQA, results/*.json, 2025-06): default_training_params.json
     # loads the model with dtype="bfloat16" and use_amp=false (pure bf16, no autocast), torch.optim.AdamW,
@@ -249,6 +273,17 @@ MAPPING.update(
         ),
     }
 )
+#: rows whose "Seq Length" is max_seq_len over alpaca (padded to each batch's longest sample): scored at that cap, an
+#: upper bound, and shown beside it at this many tokens — alpaca_dataset's default cap, the length the tutorial rows run
+#: at — as a reference, not scored
+ALPACA_REFERENCE_SEQ = 512
+ALPACA_CAPPED = ("tt-l2-7b-lora-fsdp2", "tt-l2-7b-full-fsdp4", "tt-l2-70b-lora-fsdp8")
+
+#: rows that are not measurements, and where cabe's own figure for them is checked
+NOT_SCORED = {
+    "zero-paper-7.5b-64": "analytic; cabe's ZeRO model states reproduce all four (tests/parallel/test_sharding.py)",
+}
+
 #: the CUDA context the source measured itself, by row (bytes); other nvidia-smi rows use cabe's default
 CUDA_CONTEXT = {rid: 1343 * 2**20 for rid in MAPPING if rid.startswith("hf-bert-")}
 
@@ -339,7 +374,7 @@ def main() -> int:
         with contextlib.suppress(ValueError):  # "120 / 31.4 / ..." and other non-numbers: not scored
             measured = float(row["figure"]) * _unit(unit)
         if kind != "measured" or measured is None:
-            out.append((rid, row["figure"] + " " + unit, "—", "not scored", "—", "—", row["kind"]))
+            out.append((rid, row["figure"] + " " + unit, "—", "not scored", "—", "—", NOT_SCORED.get(rid, kind)))
             continue
         shown = f"{measured / _unit(unit):g} {unit}"
         if req is None:
@@ -358,6 +393,12 @@ def main() -> int:
             _peer(acc, measured, unit, "n/a (full only)"),
             _peer(llma.get(rid), measured, unit, llm_analysis_gap(req)),
         )
+        if rid in ALPACA_CAPPED:
+            ref = cabe_figure(rid, {**req, "seq": ALPACA_REFERENCE_SEQ}, row["metric"])
+            note += (
+                f"; at {ALPACA_REFERENCE_SEQ} tokens: {ref / _unit(unit):.2f} "
+                f"({100 * (ref - measured) / measured:+.0f}%, not scored)"
+            )
         out.append((rid, shown, *cells, note))
     lines = [
         "| row | measured | cabe | cabe error | accelerate estimate-memory | llm-analysis 0.2.2 | mapping |",

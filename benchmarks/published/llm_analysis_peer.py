@@ -61,7 +61,7 @@ RUNS: dict[str, dict[str, Any]] = {
         "flash_attn": False,
         "softmax_dropout": True,
     },
-    # torchtune FSDP2 in pure bf16 (bf16 "master" weights and AdamW state): ZeRO-3 over 4 GPUs, full recompute
+    # torchtune FSDP1 FULL_SHARD in pure bf16 (bf16 "master" weights and AdamW state): ZeRO-3 over 4 GPUs, full recompute
     "tt-l2-7b-full-fsdp4": {
         "model_name": "NousResearch_Llama-2-7b-hf",
         "dtype_name": "w16a16e16",
