@@ -629,6 +629,19 @@ _GPUS: tuple[Field, ...] = (
     _int("pp", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("pp")),
     _int("ep", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("ep")),
     _int("gpus_per_node", "gpus", _TRAINING, 8, 1, MAX_GPUS, unit="GPUs", flags=_flag("gpus_per_node")),
+    # accelerate's FSDP ``cpu_ram_efficient_loading`` (accelerate 1.16 utils/fsdp_utils.py:fsdp2_prepare_model): rank
+    # 0's weights broadcast one tensor at a time into shards made on meta, instead of each unit moved whole and sharded;
+    # true by default in ``accelerate launch`` (commands/launch.py) and ``accelerate config`` (commands/config/
+    # cluster.py), false in TrainingArguments' fsdp_config: cabe.parallel.loading. Read with FSDP only (fsdp_only)
+    Field(
+        "cpu_ram_efficient_loading",
+        bool,
+        "gpus",
+        _TRAINING + ("from-config",),
+        True,
+        flags=_flag("cpu_ram_efficient_loading"),
+        negatable=True,
+    ),
 )
 
 _FIT: tuple[Field, ...] = (
@@ -934,7 +947,18 @@ def _companions(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any
             if entry is not None and not (entry.temporaries or entry.impl_flags):
                 out.append(("optimizer_impl", "impl_not_read", {"optimizer": name}))
     out += _per_node(values)
+    out += _fsdp_loading(values)
     return out
+
+
+def _fsdp_loading(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``cpu_ram_efficient_loading`` turned off beside a strategy that is not FSDP (``fsdp_only``): only accelerate's
+    FSDP reads it (cabe.parallel.loading); the other engines load their own way whatever it says."""
+    v = values.get("cpu_ram_efficient_loading")
+    if not _sent(v) or _is_default(field("cpu_ram_efficient_loading"), v):
+        return []
+    shard = values.get("shard") if _sent(values.get("shard")) else field("shard").default
+    return [] if shard in ("fsdp", "fsdp-hybrid") else [("cpu_ram_efficient_loading", "fsdp_only", {"shard": shard})]
 
 
 def _per_node(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
