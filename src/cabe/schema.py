@@ -636,6 +636,19 @@ _GPUS: tuple[Field, ...] = (
     # Megatron-style sequence parallelism beside TP: the norms' and the residual's tensors split over the sequence
     # (Korthikanti et al. 2022; torch.distributed.tensor.parallel ``SequenceParallel``)
     Field("sequence_parallel", bool, "gpus", _TRAINING, False, flags=_flag("sequence_parallel")),
+    # accelerate's FSDP ``cpu_ram_efficient_loading`` (accelerate 1.16 utils/fsdp_utils.py:fsdp2_prepare_model): rank
+    # 0's weights broadcast one tensor at a time into shards made on meta, instead of each unit moved whole and sharded;
+    # true by default in ``accelerate launch`` (commands/launch.py) and ``accelerate config`` (commands/config/
+    # cluster.py), false in TrainingArguments' fsdp_config: cabe.parallel.loading. Read with FSDP only (fsdp_only)
+    Field(
+        "cpu_ram_efficient_loading",
+        bool,
+        "gpus",
+        _TRAINING + ("from-config",),
+        True,
+        flags=_flag("cpu_ram_efficient_loading"),
+        negatable=True,
+    ),
 )
 
 _FIT: tuple[Field, ...] = (
@@ -942,6 +955,7 @@ def _companions(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any
                 out.append(("optimizer_impl", "impl_not_read", {"optimizer": name}))
     out += _per_node(values)
     out += _tp_only(values)
+    out += _fsdp_loading(values)
     return out
 
 
@@ -959,6 +973,16 @@ def _tp_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]
         for name in ("loss_parallel", "sequence_parallel")
         if _sent(values.get(name)) and not _is_default(field(name), values.get(name))
     ]
+
+
+def _fsdp_loading(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``cpu_ram_efficient_loading`` turned off beside a strategy that is not FSDP (``fsdp_only``): only accelerate's
+    FSDP reads it (cabe.parallel.loading); the other engines load their own way whatever it says."""
+    v = values.get("cpu_ram_efficient_loading")
+    if not _sent(v) or _is_default(field("cpu_ram_efficient_loading"), v):
+        return []
+    shard = values.get("shard") if _sent(values.get("shard")) else field("shard").default
+    return [] if shard in ("fsdp", "fsdp-hybrid") else [("cpu_ram_efficient_loading", "fsdp_only", {"shard": shard})]
 
 
 def _per_node(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:

@@ -122,6 +122,9 @@ class TrainingSetup:
             computed with in this dtype while the stored, sharded ones keep ``dtype``; ``none``: no such mode.
         tp, pp, ep: tensor-, pipeline- and expert-parallel degrees.
         gpus_per_node: GPUs in one node (hybrid sharding and host-RAM-per-node figures).
+        cpu_ram_efficient_loading: FSDP through accelerate: rank 0's weights are broadcast one tensor at a time into
+            shards made on the meta device (accelerate's default); ``False``: each wrapped unit is moved to the GPU
+            whole, then sharded (:mod:`cabe.parallel.loading`).
         adapter_dtype: the LoRA adapters' dtype: ``fp32`` (PEFT's default, ``autocast_adapter_dtype=True``) or
             ``model``, the base weights' dtype (``autocast_adapter_dtype=False``; torchtune's, LitGPT's bf16-true).
         optimizer_in_backward: the optimizer steps each parameter inside backward and frees its gradient there
@@ -177,6 +180,7 @@ class TrainingSetup:
     gpus_per_node: int = _D["gpus_per_node"]
     loss_parallel: bool = _D["loss_parallel"]
     sequence_parallel: bool = _D["sequence_parallel"]
+    cpu_ram_efficient_loading: bool = _D["cpu_ram_efficient_loading"]
 
     def __post_init__(self) -> None:
         validate(self)

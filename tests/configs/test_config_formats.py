@@ -220,7 +220,14 @@ def test_deepspeed_bad_stage():
 
 def test_accelerate_fsdp():
     s = source("accelerate_fsdp.yaml")
-    assert s.fields == {"_engine": "fsdp", "shard": "fsdp", "gpus": 8, "precision": "bf16-amp", "checkpointing": True}
+    assert s.fields == {
+        "_engine": "fsdp",
+        "shard": "fsdp",
+        "gpus": 8,
+        "precision": "bf16-amp",
+        "checkpointing": True,
+        "cpu_ram_efficient_loading": True,
+    }
     assert reasons(s)["fsdp_config.fsdp_backward_prefetch"] == "not_modeled"
 
 
@@ -240,7 +247,21 @@ def test_accelerate_fsdp2_hybrid_two_nodes_with_offload():
         "precision": "bf16-amp",
         "gpus": 16,
         "gpus_per_node": 8,
+        "cpu_ram_efficient_loading": True,
     }
+
+
+@pytest.mark.parametrize(("strategy", "read"), [("FULL_SHARD", False), ("NO_SHARD", None)])
+def test_accelerate_cpu_ram_efficient_loading(strategy, read):
+    fields, _, ignored = configs.module("accelerate").to_request(
+        {
+            "distributed_type": "FSDP",
+            "num_processes": 4,
+            "fsdp_config": {"fsdp_cpu_ram_efficient_loading": False, "fsdp_sharding_strategy": strategy},
+        }
+    )
+    assert fields.get("cpu_ram_efficient_loading") is read  # DDP loads its own way: no effect there
+    assert (read is None) == (("fsdp_config.fsdp_cpu_ram_efficient_loading", "no_effect") in ignored)
 
 
 @pytest.mark.parametrize(

@@ -148,6 +148,8 @@ def _fsdp(c: Collector, f: Mapping[str, Any]) -> None:
                 c.set("offload", "both", name)  # FSDP CPU offload moves parameters, gradients and optimizer state
             else:
                 c.use(name)
+        elif key == "fsdp_cpu_ram_efficient_loading":
+            pass  # read after the loop, once the strategy is known
         elif key == "fsdp_activation_checkpointing":
             c.set("checkpointing", _base.as_bool(value, name), name)
         elif key in (
@@ -162,6 +164,20 @@ def _fsdp(c: Collector, f: Mapping[str, Any]) -> None:
             c.use(name) if version in (1, 2, "1", "2") else c.ignore(name, "unsupported_value")
         else:
             c.ignore(name, "no_effect")
+    _ram_efficient_loading(c, f)
+
+
+def _ram_efficient_loading(c: Collector, f: Mapping[str, Any]) -> None:
+    """``fsdp_cpu_ram_efficient_loading``: how FSDP loads (cabe.parallel.loading); no effect unless the strategy
+    shards (NO_SHARD / SHARD_GRAD_OP are planned as DDP / ZeRO-2, which load their own way)."""
+    key = "fsdp_cpu_ram_efficient_loading"
+    if key not in f:
+        return
+    name = f"fsdp_config.{key}"
+    if c.fields.get("shard") in ("fsdp", "fsdp-hybrid"):
+        c.set("cpu_ram_efficient_loading", _base.as_bool(f[key], name), name)
+    else:
+        c.ignore(name, "no_effect")
 
 
 def _deepspeed(c: Collector, d: Mapping[str, Any]) -> None:

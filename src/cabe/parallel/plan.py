@@ -16,7 +16,7 @@ from typing import Any
 
 from cabe.architecture import ModelSpec
 from cabe.parallel import config as _config
-from cabe.parallel import ddp, fsdp, zero
+from cabe.parallel import ddp, fsdp, loading, zero
 from cabe.parallel.activations import communication_buffers, micro_batches_in_flight, tensor_parallel
 from cabe.parallel.config import ShardConfig
 from cabe.parallel.explain import per_gpu, step_json, steps
@@ -79,10 +79,8 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, c: Context) -> tuple[StepParts
     nodes = math.ceil(setup.gpus / setup.gpus_per_node)
     per_node = min(setup.gpus, setup.gpus_per_node)
     host_per_gpu = round(st.host)
-    # Loading: every process materialises the model on the host before it is partitioned or moved
-    # (DeepSpeed's "zero_init=False" term: 4 B/param × GPUs per node); zero.Init / FSDP meta-device
-    # init avoid it. Reported beside the steady state.
-    load_peak = per_node * c.weights
+    # loading the checkpoint, per loading path (cabe.parallel.loading); reported beside the steady state
+    load = loading.plan_load(c, spec, st.weights, per_node)
     figures = per_gpu(new, st.buffers["optimizer"].get("master_weights", 0), host_per_gpu)
     inflight = micro_batches_in_flight(lay, setup.grad_accum, cfg)
     info: dict[str, Any] = {
@@ -101,10 +99,14 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, c: Context) -> tuple[StepParts
         "micro_batches_in_flight": inflight,
         "per_gpu": figures,
         "host_ram_bytes_per_node": host_per_gpu * per_node,
-        "host_ram_load_peak_bytes_per_node": round(load_peak),
+        "host_ram_load_peak_bytes_per_node": load.host_bytes_per_node,
+        **loading.load_json(load),
         "config": asdict(cfg),
         "notes": st.notes,
-        "steps": [step_json(s) for s in steps(lay, inflight, figures, per_node, setup.sequence_parallel)],
+        "steps": [
+            step_json(s)
+            for s in [*steps(lay, inflight, figures, per_node, setup.sequence_parallel), loading.load_step(load)]
+        ],
     }
     return new, info
 

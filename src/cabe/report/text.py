@@ -200,6 +200,19 @@ def _distributed(report: ReportData, lang: str, units: str) -> list[str]:
                 lang,
             )
         )
+    if dist.get("load_path"):
+        lines.append(
+            fill(
+                t("ui.load", lang),
+                {
+                    "path": t("load.path." + dist["load_path"], lang),
+                    "gpu": fmt_bytes(dist["gpu_load_peak_bytes"], lang, units),
+                    "host": fmt_bytes(dist["host_ram_load_peak_bytes_per_node"], lang, units),
+                    "cache": fmt_bytes(dist["host_page_cache_load_bytes_per_node"], lang, units),
+                },
+                lang,
+            )
+        )
     for note in dist.get("notes", []):
         lines.append("· " + t("note." + note, lang))
     return lines
