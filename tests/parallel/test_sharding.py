@@ -299,3 +299,21 @@ def test_prompt_tokens_count_in_pipeline_buffers_as_in_activations():
     s = TrainingSetup(method="prompt-tuning", precision="bf16", batch=2, seq=512, prompt_tokens=20, gpus=2, pp=2)
     info = estimate_model(spec, s).extra["distributed"]
     assert info["per_gpu"]["communication_bytes"]["p2p_buffers"] == 2 * 2 * (512 + 20) * 4096 * 2
+
+
+# ---- DeepSpeed's reduce bucket: when it exists (rank 0 traced, cabe.trace.zero) ----------------------------------
+@pytest.mark.parametrize("shard", ["zero1", "zero2", "zero3"])
+def test_zero_reduce_bucket_from_the_first_gradient(shard):
+    """Stages 1/2 make their 500M-element bucket at the first gradient of the backward (DeepSpeed 0.19.8
+    stage_1_and_2.py:2287, ``process_gradients`` -> ``setup_buckets``), after the loss head's logits gradients are
+    freed; stage 3 makes it with the optimizer (stage3.py:779-784). A tiny model's states are a few MB: the 1 GB
+    bucket says which moments hold it."""
+    tiny = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    tiny.update(num_attention_heads=4, num_key_value_heads=4, vocab_size=512, max_position_embeddings=256)
+    kw = dict(batch=1, seq=128, dtype="fp32", autocast="none", param_dtype="bf16", gpus=4, shard=shard)
+    moments = {
+        (m["phase"], m["where"]): m["total_bytes"] for m in api.build({"config": tiny, **kw}).to_json()["moments"]
+    }
+    with_bucket = {k for k, v in moments.items() if v > 1_000_000_000}
+    assert ("backward", "top_layer") in with_bucket and ("backward", "embedding") in with_bucket
+    assert (("backward", "head") in with_bucket) == (shard == "zero3")

@@ -160,6 +160,7 @@ def train(
     trainable: list[Any],
     kind: str,
     hooks: dict[str, Any] | None = None,
+    optimizer: Any = None,
 ) -> TraceResult:
     """Run ``steps`` training steps under ``tracker`` and analyse what it recorded."""
     import torch
@@ -171,7 +172,7 @@ def train(
     scaler = None
     if setup.autocast == "fp16":  # the Trainer's fp16=True: a GradScaler
         scaler = torch.amp.GradScaler("cuda")
-    opt = make_optimizer(trainable, setup, tracker, kind, model)
+    opt = optimizer if optimizer is not None else make_optimizer(trainable, setup, tracker, kind, model)
     for p in trainable:
         p.register_post_accumulate_grad_hook(lambda p: tracker.tag_tensor(p.grad, "gradients"))
     handles = _install_logits_hooks(model, tracker)
