@@ -61,7 +61,7 @@ def test_fsdp2_trace_needs_one_fsdp_group():
 
 # ---- the fake CUDA device: any size, the engines users run (cabe.trace.distributed.trace) -------------------------
 from cabe.errors import InvalidValueError  # noqa: E402
-from cabe.trace import trace_step  # noqa: E402
+from cabe.trace import trace_step, zero  # noqa: E402
 from cabe.trace.distributed import refusal  # noqa: E402
 
 
@@ -106,7 +106,12 @@ def test_hsdp_shards_within_a_node_and_replicates_across():
 @pytest.mark.parametrize(
     ("change", "field", "why"),
     [
-        ({"shard": "zero3"}, "shard", "deepspeed"),
+        pytest.param(
+            {"shard": "zero3"},
+            "shard",
+            "deepspeed",
+            marks=pytest.mark.skipif(zero.available(), reason="DeepSpeed installed: traced (test_zero)"),
+        ),
         ({"tp": 2, "shard": "fsdp", "method": "lora"}, "method", "tp_adapters"),
         ({"ep": 2}, "ep", "ep"),
         ({"pp": 2}, "pp", "pp"),
@@ -137,8 +142,8 @@ def test_cli_traces_rank_0_and_sets_the_estimate_beside_it(tmp_path):
     d = json.loads(out.stdout)
     assert d["engine"]["engine"] == "FSDP2 fully_shard" and d["mode"] == "fake-fsdp"
     assert abs(d["estimate_relative_error"]) < 0.03 and d["estimate_bytes"] > 0
-    refused = subprocess.run([*base, "--gpus", "4", "--shard", "zero2"], capture_output=True, text=True)
-    assert refused.returncode == 2 and "Traceback" not in refused.stderr and "DeepSpeed" in refused.stderr
+    refused = subprocess.run([*base, "--gpus", "4", "--shard", "fsdp", "--pp", "2"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr and "pipeline" in refused.stderr
 
 
 # ---- tensor parallelism: transformers' TP plan on DTensor, alone and under FSDP2 (2-D) ----------------------------

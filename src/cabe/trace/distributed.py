@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cabe.errors import ConfigError, InvalidValueError
-from cabe.trace import state
+from cabe.trace import state, zero
 from cabe.trace.build import build_model, decoder_layers
 from cabe.trace.family_patches import model_types
 from cabe.trace.patches import _Patch, trace_environment
@@ -55,8 +55,8 @@ def refusal(setup: TrainingSetup, config: dict[str, Any] | None = None) -> None:
     model's ``config``, what its tensor-parallel plan cannot cut too)."""
     if config is not None and setup.tp > 1:
         _tp_refusal(config, setup.tp)
-    if setup.shard in ("zero1", "zero2", "zero3"):
-        # DeepSpeed's engine needs its accelerator (CUDA kernels it builds, its comm backend): no fake group runs it
+    if setup.shard in ("zero1", "zero2", "zero3") and not zero.available():
+        # DeepSpeed's engine runs on the fake group (cabe.trace.zero) when DeepSpeed is installed: an optional extra
         raise InvalidValueError("trace_parallel_unsupported", "shard", value=setup.shard, why="deepspeed")
     if setup.gpus > MAX_WORLD:
         raise InvalidValueError("trace_parallel_unsupported", "gpus", value=setup.gpus, why="world", maximum=MAX_WORLD)
@@ -129,6 +129,8 @@ def trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str) -
     refusal(setup, config)
     if kind not in ("fake", "cpu"):
         raise ConfigError("mode_unsupported", "mode", mode=kind, why="distributed_meta")
+    if setup.shard in zero.ENGINES:
+        return zero.trace(config, setup, steps, kind)
     if kind == "fake" and setup.tp > 1 and setup.shard in ("fsdp", "fsdp-hybrid"):
         # FSDP2 over TP on the fake device: its all-gather meets a host tensor on the fake CUDA device
         # (FakeTensorDeviceMismatchError in _fsdp_collectives.foreach_all_gather, not yet found); real CPU tensors run
