@@ -10,8 +10,9 @@ size (2 to 64 GPUs; HSDP's GPUs per node), FSDP2's ``param_dtype`` policy, and e
 run with (method, dtype and autocast, optimizer and its implementation, checkpointing, attention, batch, sequence,
 LoRA rank and targets, freeze depth, loss kernel) over models of every family the trace builds, a share of them MoE
 or with layers that differ (Gemma's windows, Granite's hybrids). What cabe refuses or the fake group cannot trace
-(DeepSpeed, tensor / pipeline / expert parallelism, offloading, QLoRA: refused in one sentence by ``cabe trace``) is
-drawn again. The seed is printed first and is new on every run unless given.
+(DeepSpeed without its package, pipeline / expert parallelism, offloading, QLoRA; tensor parallelism under FSDP2 on
+the fake device, with adapters, chunked losses or fp16's scaler: refused in one sentence by ``cabe trace``) is drawn
+again. A share of the draws (:data:`TP_SHARE`) run transformers' tensor parallelism alone on ``tp`` GPUs. The seed is printed first and is new on every run unless given.
 
 Writes ``results/results-<seed>-multigpu.json`` and ``.md`` and a row of the table of every run (``results/README.md``).
 Target (issue 30): max |error| <= 3 % on >= 100 configurations.
