@@ -10,9 +10,10 @@ size (2 to 64 GPUs; HSDP's GPUs per node), FSDP2's ``param_dtype`` policy, and e
 run with (method, dtype and autocast, optimizer and its implementation, checkpointing, attention, batch, sequence,
 LoRA rank and targets, freeze depth, loss kernel) over models of every family the trace builds, a share of them MoE
 or with layers that differ (Gemma's windows, Granite's hybrids). What cabe refuses or the fake group cannot trace
-(DeepSpeed without its package, pipeline / expert parallelism, offloading, QLoRA; tensor parallelism under FSDP2 on
-the fake device, with adapters, chunked losses or fp16's scaler: refused in one sentence by ``cabe trace``) is drawn
-again. A share of the draws (:data:`TP_SHARE`) run transformers' tensor parallelism alone on ``tp`` GPUs. The seed is printed first and is new on every run unless given.
+(DeepSpeed without its package, pipeline / expert parallelism, offloading, QLoRA; tensor parallelism with adapters,
+chunked losses or fp16's scaler: refused in one sentence by ``cabe trace``) is drawn
+again. A share of the draws (:data:`TP_SHARE`) run transformers' tensor parallelism, alone on ``tp`` GPUs or under
+FSDP2 / HSDP as 2-D (3-D) parallelism. The seed is printed first and is new on every run unless given.
 
 Writes ``results/results-<seed>-multigpu.json`` and ``.md`` and a row of the table of every run (``results/README.md``).
 Target (issue 30): max |error| <= 3 % on >= 100 configurations.
@@ -65,12 +66,12 @@ def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, A
         kw["param_dtype"] = "bf16"
     if rng.random() < TP_SHARE:
         # tensor parallelism (transformers' TP plan on DTensor): alone on tp GPUs, or 2-D under FSDP2 / HSDP
-        # (alone for now: FSDP2 over TP is traced on real CPU tensors only, cabe.trace.distributed)
-        kw["tp"] = rng.choice([2, 4, 8])
-        kw["gpus"], kw["shard"] = kw["tp"], "none"
-        kw.pop("gpus_per_node", None)
-        kw.pop("param_dtype", None)
-        kw["optimizer_impl"] = "for-loop"
+        kw["tp"] = rng.choice([t for t in (2, 4, 8) if t <= kw["gpus"]])
+        if engine in ("ddp", "none"):  # TP alone on tp GPUs (DDP does not wrap TP's DTensors)
+            kw["gpus"], kw["shard"] = kw["tp"], "none"
+            kw["optimizer_impl"] = "for-loop"  # (foreach / fused refuse TP's DTensors beside plain norms)
+        elif engine == "fsdp-hybrid":  # a node holds whole TP groups
+            kw["gpus_per_node"] = max(kw["gpus_per_node"], kw["tp"])
         kw["loss_parallel"] = rng.random() < 0.5
     return model, kw
 

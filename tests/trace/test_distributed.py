@@ -206,9 +206,11 @@ def test_tensor_parallel_refusals(extra, why):
     assert en != es and "{" not in en + es
 
 
-def test_fsdp_over_tp_on_the_fake_device_is_refused():
-    from cabe.trace.distributed import trace
-
-    with pytest.raises(InvalidValueError) as e:
-        trace(CONFIG, TrainingSetup(**dict(TP_KW, gpus=4, shard="fsdp")), 2, "fake")
-    assert e.value.params["why"] == "tp_fsdp_fake"
+def test_fsdp_over_tp_on_the_fake_device_equals_cpu():
+    """The fake CUDA device runs FSDP2 over TP as real CPU tensors do (plus cuBLAS's workspaces): the 2-D mesh's
+    submeshes are sliced outside the fake mode (cabe.trace.distributed._run)."""
+    kw = dict(TP_KW, gpus=4, shard="fsdp", loss_parallel=False)
+    cpu = trace_step(CONFIG, TrainingSetup(**kw), mode="cpu")
+    fake = trace_step(CONFIG, TrainingSetup(**kw), mode="fake")
+    assert fake.engine["mesh"] == [2, 2] and fake.mode == "fake-fsdp"
+    assert abs(fake.peak_bytes - CUDA_WORKSPACES - cpu.peak_bytes) <= 1024, (fake.peak_bytes, cpu.peak_bytes)

@@ -131,10 +131,6 @@ def trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str) -
         raise ConfigError("mode_unsupported", "mode", mode=kind, why="distributed_meta")
     if setup.shard in zero.ENGINES:
         return zero.trace(config, setup, steps, kind)
-    if kind == "fake" and setup.tp > 1 and setup.shard in ("fsdp", "fsdp-hybrid"):
-        # FSDP2 over TP on the fake device: its all-gather meets a host tensor on the fake CUDA device
-        # (FakeTensorDeviceMismatchError in _fsdp_collectives.foreach_all_gather, not yet found); real CPU tensors run
-        raise InvalidValueError("trace_parallel_unsupported", "tp", value=setup.tp, why="tp_fsdp_fake")
     t0 = time.perf_counter()
     if dist.is_initialized():
         raise ConfigError("mode_unsupported", "mode", mode=kind, why="process_group")
@@ -174,13 +170,16 @@ def _run(
     # (outside the fake mode: the mesh's coordinates are real, and TP's DTensors of the ``meta`` model stay on meta,
     # where under the fake mode distribute_tensor would give them fake CPU shards FSDP2 refuses to move)
     mesh: Any = _mesh(setup, device.type) if fsdp or tp else None
+    # (the data-parallel submesh sliced here too: a slice made in the fake mode computes rank 0's coordinate on fake
+    # tensors, finds none, and DTensor then treats rank 0 as outside the mesh: empty host shards)
+    dp_mesh = _dp_mesh(setup, mesh) if fsdp else None
     engine: dict[str, Any] = _tensor_parallel(model, mesh["tp"], setup) if tp else {}
     rank0 = tracker(setup, kind, device, astate, None)
     rank0.local = _local  # a DTensor is counted by its local shard: the wrapper holds no memory of its own
     with fake_mode(kind), rank0, _storage_resizes(rank0), _real_mesh_coordinates():
         rank0.set_phase("setup")
         if fsdp:
-            engine = _fully_shard(model, cfg, setup, mesh, engine)
+            engine = _fully_shard(model, cfg, setup, mesh, dp_mesh, engine)
         if fsdp or tp:
             model.to_empty(device=device)  # each rank allocates its own shards (FSDP2's padded ones, TP's DTensors)
         else:
@@ -304,7 +303,7 @@ def _loss_context(setup: TrainingSetup) -> Iterator[None]:
         yield
 
 
-def _fully_shard(model: Any, cfg: Any, setup: TrainingSetup, mesh: Any, tp: dict[str, Any]) -> dict[str, Any]:
+def _fully_shard(model: Any, cfg: Any, setup: TrainingSetup, mesh: Any, dp: Any, tp: dict[str, Any]) -> dict[str, Any]:
     """``fully_shard`` each decoder layer, then the root (embeddings, final norm, lm_head), on the data-parallel
     part of ``mesh`` (with tensor parallelism, FSDP2 shards the TP shards: 2-D parallelism)."""
     import torch
@@ -313,7 +312,6 @@ def _fully_shard(model: Any, cfg: Any, setup: TrainingSetup, mesh: Any, tp: dict
     mp = MixedPrecisionPolicy()
     if setup.param_dtype != "none":
         mp = MixedPrecisionPolicy(param_dtype=getattr(torch, _DTYPES[setup.param_dtype]))
-    dp = _dp_mesh(setup, mesh)
     layers = decoder_layers(model, cfg)
     for layer in layers:
         fully_shard(layer, mesh=dp, mp_policy=mp)
