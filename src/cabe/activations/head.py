@@ -42,6 +42,8 @@ def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
         return _litgpt_loss(final_norm, softcap, v, a, setup, 4 if dt.autocast else a)
     if loss in ("liger", "cce"):
         return _fused_linear_loss(loss, final_norm, rho * h if full else 0, spec, setup, dt)
+    if setup.tp > 1 and setup.loss_parallel:
+        return _hf_loss_parallel(final_norm, softcap, v, a)
     return _hf_loss(final_norm, softcap, v, a)
 
 
@@ -97,6 +99,23 @@ def _hf_loss(final_norm: int, softcap: int, v: int, a: int) -> HeadActivations:
         forward_peak_extra=0 if a == 4 else 4 * v,
         # nll_loss's gradient (a zeroed fp32 b·s×V, scattered) + log-softmax's input gradient (fp32)
         backward_peak_extra=4 * v + 4 * v,
+    )
+
+
+def _hf_loss_parallel(final_norm: int, softcap: int, v: int, a: int) -> HeadActivations:
+    """transformers' ForCausalLMLoss on logits kept sharded over the vocabulary by tensor parallelism, inside
+    torch's ``loss_parallel()`` (torch 2.13 distributed/tensor/parallel/loss.py): per GPU these bytes over ``tp``
+    (:func:`cabe.parallel.activations.tensor_parallel`'s ``head``). Its log-softmax (``_log_softmax``, l. 197-221)
+    keeps ``shifted = x - x_max`` while it makes ``exp(shifted)`` and the result: one fp32 logits-sized tensor more
+    than the single-GPU kernel at the forward's peak. Its backward (``_nll_loss_and_log_softmax_backward``, l.
+    451-518) is log-softmax's and NLL's in one: ``zeros_like(x)`` scattered, then ``(grad_input + exp(x)) *
+    grad_output``: the zeros, ``exp(x)`` and their sum beside the saved log-softmax."""
+    return HeadActivations(
+        final_norm=final_norm,
+        logits=a * v,
+        saved_logsoftmax=4 * v + softcap,
+        forward_peak_extra=(0 if a == 4 else 4 * v) + 4 * v,
+        backward_peak_extra=3 * 4 * v,
     )
 
 

@@ -197,7 +197,7 @@ def _run(
             raise ConfigError("nothing_to_train", "method", method=setup.method)
         if not fsdp and not tp:
             model, engine = _ddp(model, device)
-        with _loss_context(setup):
+        with _loss_context(setup, rank0):
             result = train(model, cfg, setup, steps, device, rank0, trainable, kind, {})
     result.parameters = n_params
     result.trainable_parameters = sum(p.numel() for p in trainable)
@@ -290,17 +290,35 @@ def _tensor_parallel(model: Any, mesh: Any, setup: TrainingSetup) -> dict[str, A
 
 
 @contextlib.contextmanager
-def _loss_context(setup: TrainingSetup) -> Iterator[None]:
+def _loss_context(setup: TrainingSetup, rank0: Any) -> Iterator[None]:
     """torch's ``loss_parallel()`` around the step when the logits stay sharded: its cross-entropy (log-softmax and
     NLL forward and backward on the vocabulary shards, torch 2.13 distributed/tensor/parallel/loss.py) takes the
-    DTensor logits."""
+    DTensor logits.
+
+    Its handlers compute on the local shards inside DTensor's dispatch, where the tracker (a dispatch mode, off the
+    mode stack while it runs the DTensor op) would see only their results, not the shifted logits and exponentials
+    they make on the way (``_log_softmax``: ``x - x_max``, ``exp(shifted)``; the backward's ``zeros_like`` and
+    ``exp``): each helper runs with the tracker pushed again, so those are counted as a GPU holds them."""
     if setup.tp == 1 or not setup.loss_parallel:
         yield
         return
-    from torch.distributed.tensor.parallel import loss_parallel
+    from torch.distributed.tensor.parallel import loss, loss_parallel
 
-    with loss_parallel():
-        yield
+    def seen(fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with rank0:
+                return fn(*args, **kwargs)
+
+        return run
+
+    p = _Patch()
+    try:
+        for name in ("_log_softmax", "_nll_loss_forward", "_nll_loss_and_log_softmax_backward"):
+            p.set(loss, name, seen(getattr(loss, name)))
+        with loss_parallel():
+            yield
+    finally:
+        p.restore()
 
 
 def _fully_shard(model: Any, cfg: Any, setup: TrainingSetup, mesh: Any, dp: Any, tp: dict[str, Any]) -> dict[str, Any]:
