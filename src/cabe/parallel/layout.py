@@ -88,7 +88,9 @@ def layout(spec: ModelSpec, setup: TrainingSetup, cfg: ShardConfig) -> tuple[Lay
         strategy = "ddp"
         notes.append("none_means_ddp")
     if strategy == "fsdp-hybrid":
-        group = min(setup.gpus_per_node, dp)  # shard within a node, replicate across nodes
+        # shard within a node, replicate across nodes; a node's GPUs hold whole TP groups (TP innermost, as
+        # torchtitan's and cabe.trace.distributed's meshes lay it out), so a node has gpus_per_node / tp shards
+        group = min(max(setup.gpus_per_node // setup.tp, 1), dp)
     elif strategy in SHARDED:
         group = dp
     else:

@@ -113,9 +113,32 @@ def _tp_refusal(config: dict[str, Any], tp: int) -> None:
     text = text.get_text_config() if hasattr(text, "get_text_config") else text
     if not getattr(text, "base_model_tp_plan", None):
         raise InvalidValueError("trace_parallel_unsupported", "tp", value=tp, why="tp_plan")
+    partial = _partial_plan(text)
+    if partial:
+        raise InvalidValueError("trace_parallel_unsupported", "tp", value=tp, why="tp_plan_partial", parts=partial)
     kv = int(getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", 0) or 0)
     if kv % tp:
         raise InvalidValueError("trace_parallel_unsupported", "tp", value=tp, why="tp_kv_heads", heads=kv)
+
+
+def _partial_plan(text: Any) -> str:
+    """What transformers' TP plan leaves whole on every GPU where cabe's TP (Megatron's cut, :mod:`cabe.parallel`)
+    splits it: a layer's projections it gathers (``colwise_gather_output`` / ``rowwise_split_input``: Phi-3's fused
+    ones), a model whose plan names no layer projection (gpt-oss: the embedding only), experts (transformers shards
+    them by expert parallelism, ``ep_plan``, not TP), state-space mixers (no plan entry). Empty when it splits what
+    cabe splits; the trace of the others would measure a different cut, not the estimate's."""
+    plan = dict(getattr(text, "base_model_tp_plan", None) or {})
+    layer = {k: v for k, v in plan.items() if k.startswith("layers.")}
+    parts = []
+    if any(v in ("colwise_gather_output", "rowwise_split_input") for v in layer.values()):
+        parts.append("gathered projections")
+    if not any(v == "colwise" for v in layer.values()):
+        parts.append("attention and MLP")
+    if getattr(text, "num_local_experts", 0) or getattr(text, "num_experts", 0) or getattr(text, "n_routed_experts", 0):
+        parts.append("experts")
+    if any("mamba" in str(t) or "linear_attention" in str(t) for t in getattr(text, "layer_types", None) or ()):
+        parts.append("state-space / linear-attention layers")
+    return ", ".join(parts)
 
 
 def trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str) -> TraceResult:
