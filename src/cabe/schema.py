@@ -649,6 +649,20 @@ _GPUS: tuple[Field, ...] = (
         flags=_flag("cpu_ram_efficient_loading"),
         negatable=True,
     ),
+    # FSDP2's ``fully_shard(..., reshard_after_forward=...)`` on every decoder-layer unit (accelerate's, torchtune's,
+    # TrainingArguments' ``fsdp_reshard_after_forward``; FSDP1's SHARD_GRAD_OP): false keeps each unit's all-gathered
+    # parameters from its forward to its post-backward (torch 2.13 _fsdp_param_group.py ``reshard``); the root never
+    # reshards (``None`` there: _fsdp_state.py ``_lazy_init``): cabe.parallel.fsdp. Read with FSDP only (fsdp_only)
+    Field(
+        "reshard_after_forward",
+        bool,
+        "gpus",
+        _TRAINING + ("from-config",),
+        True,
+        states=True,
+        flags=_flag("reshard_after_forward"),
+        negatable=True,
+    ),
 )
 
 _FIT: tuple[Field, ...] = (
@@ -976,13 +990,17 @@ def _tp_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]
 
 
 def _fsdp_loading(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """``cpu_ram_efficient_loading`` turned off beside a strategy that is not FSDP (``fsdp_only``): only accelerate's
-    FSDP reads it (cabe.parallel.loading); the other engines load their own way whatever it says."""
-    v = values.get("cpu_ram_efficient_loading")
-    if not _sent(v) or _is_default(field("cpu_ram_efficient_loading"), v):
-        return []
+    """``cpu_ram_efficient_loading`` or ``reshard_after_forward`` turned off beside a strategy that is not FSDP
+    (``fsdp_only``): only accelerate's FSDP reads the first (cabe.parallel.loading), only FSDP's units the second
+    (cabe.parallel.fsdp); the other engines load and gather their own way whatever they say."""
     shard = values.get("shard") if _sent(values.get("shard")) else field("shard").default
-    return [] if shard in ("fsdp", "fsdp-hybrid") else [("cpu_ram_efficient_loading", "fsdp_only", {"shard": shard})]
+    if shard in ("fsdp", "fsdp-hybrid"):
+        return []
+    return [
+        (name, "fsdp_only", {"shard": shard})
+        for name in ("cpu_ram_efficient_loading", "reshard_after_forward")
+        if _sent(values.get(name)) and not _is_default(field(name), values.get(name))
+    ]
 
 
 def _per_node(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:

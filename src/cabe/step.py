@@ -125,6 +125,10 @@ class StepParts:
     # ... and those of a layer that has a unit below it to prefetch (FSDP's next unit gathered ahead): not at the
     # bottom layer of the gradient's path, whose next unit is the root's, gathered all along
     extra_above_bottom: dict[str, int] = field(default_factory=dict)
+    # ... and those held once per layer of the gradient's path whose backward has not ended, from its forward on: all
+    # of them at the end of forward and at the loss head's backward, those at or below the layer running backward
+    # (FSDP2 with reshard_after_forward=False: each unit's all-gathered parameters, freed in its post-backward)
+    extra_pending_layer: dict[str, int] = field(default_factory=dict)
     # the backward buffers at the embedding's backward, after every layer's, where they differ from
     # ``extra_backward`` (FSDP: only the root unit is still gathered); None: ``extra_backward``
     extra_embedding: dict[str, int] | None = None
@@ -203,6 +207,7 @@ def timeline(p: StepParts) -> list[Moment]:
     saved_all = sum(r.count * r.saved for r in runs)
     copies_all = sum(r.count * r.copies for r in runs) + p.frozen_copies
     acts_all = saved_all + p.rotary + p.final_norm_saved + p.frozen_inputs + p.embedding_saved + p.vision_saved
+    n_path = sum(r.count for r in runs)
     moments = [
         Moment(
             "forward",
@@ -213,7 +218,7 @@ def timeline(p: StepParts) -> list[Moment]:
                 "weight_copies": copies_all + sum(r.copies_cached * r.cached_count for r in runs) + p.copies_head,
                 "activations": acts_all,
                 "logits": p.head_saved + p.head_forward_extra,
-                **p.extra_forward,
+                **_pending(p, n_path, p.extra_forward),
             },
         ),
         Moment(
@@ -225,7 +230,7 @@ def timeline(p: StepParts) -> list[Moment]:
                 "weight_copies": copies_all + p.copies_head,
                 "activations": acts_all,
                 "logits": p.head_saved + p.head_backward_extra,
-                **p.extra_backward,
+                **_pending(p, n_path, p.extra_backward),
             },
         ),
     ]
@@ -239,7 +244,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     "gradients": g_acc,
                     "weight_copies": copies_all + sum(r.copies_cached * r.cached_count for r in runs),
                     "activations": acts_all + p.forward_transient,
-                    **p.extra_forward,
+                    **_pending(p, n_path, p.extra_forward),
                 },
             )
         )
@@ -260,6 +265,10 @@ def timeline(p: StepParts) -> list[Moment]:
                 },
             )
         )
+    if p.extra_pending_layer:  # (the head's weight moments too: every layer's backward is still to come)
+        for m in moments[2:]:
+            if m.where.startswith("lm_head"):
+                m.components.update(_pending(p, n_path, m.components))
     moments += _layer_moments(p, runs, base, g_acc, saved_all, copies_all)
     strays_all = sum(r.count * r.stray_grads for r in runs)  # freed with the graph, after backward
     if p.vision_backward:
@@ -322,6 +331,13 @@ def timeline(p: StepParts) -> list[Moment]:
     return moments
 
 
+def _pending(p: StepParts, layers: int, extra: dict[str, int]) -> dict[str, int]:
+    """``extra`` with ``extra_pending_layer`` of ``layers`` layers whose backward has not ended added to it."""
+    if not p.extra_pending_layer:
+        return extra
+    return {**extra, **{k: extra.get(k, 0) + v * layers for k, v in p.extra_pending_layer.items()}}
+
+
 #: one GPU's layer moments: no sharded plan's buffers beside them (read only)
 _NO_EXTRAS: dict[tuple[bool, bool, bool], dict[str, int]] = {
     (t, g, b): {} for t in (True, False) for g in (True, False) for b in (True, False)
@@ -359,6 +375,7 @@ def _layer_moments(
     grads_above = p.grads_head  # gradients made above the run being walked
     stray_above = 0  # throwaway parameters' gradients made above it (LayerRun.stray_grads)
     layers_above = 0
+    layers_all = sum(r.count for r in runs)
     for i, r in enumerate(reversed(runs)):
         saved -= r.count * r.saved  # now what the runs below this one save
         copies -= r.count * r.copies
@@ -408,7 +425,12 @@ def _layer_moments(
                             "gradients": (g_acc or grads) + p.tied_grad_pending + strays,
                             "weight_copies": weight_copies,
                             "activations": activations,
-                            **extras[top, suffix not in (".experts", ".recompute"), bottom],
+                            # (with what this layer and those below it still hold)
+                            **_pending(
+                                p,
+                                layers_all - layers_above - from_top,
+                                extras[top, suffix not in (".experts", ".recompute"), bottom],
+                            ),
                         },
                     )
                 )

@@ -125,6 +125,9 @@ class TrainingSetup:
         cpu_ram_efficient_loading: FSDP through accelerate: rank 0's weights are broadcast one tensor at a time into
             shards made on the meta device (accelerate's default); ``False``: each wrapped unit is moved to the GPU
             whole, then sharded (:mod:`cabe.parallel.loading`).
+        reshard_after_forward: FSDP2's ``fully_shard`` argument on each decoder-layer unit: ``True`` (its default)
+            frees a unit's all-gathered parameters after its forward and gathers them again for its backward;
+            ``False`` keeps them from the unit's forward to its backward (FSDP1's ``SHARD_GRAD_OP``).
         adapter_dtype: the LoRA adapters' dtype: ``fp32`` (PEFT's default, ``autocast_adapter_dtype=True``) or
             ``model``, the base weights' dtype (``autocast_adapter_dtype=False``; torchtune's, LitGPT's bf16-true).
         optimizer_in_backward: the optimizer steps each parameter inside backward and frees its gradient there
@@ -181,6 +184,7 @@ class TrainingSetup:
     loss_parallel: bool = _D["loss_parallel"]
     sequence_parallel: bool = _D["sequence_parallel"]
     cpu_ram_efficient_loading: bool = _D["cpu_ram_efficient_loading"]
+    reshard_after_forward: bool = _D["reshard_after_forward"]
 
     def __post_init__(self) -> None:
         validate(self)

@@ -115,7 +115,7 @@ def test_hsdp_shards_within_a_node_and_replicates_across():
         ({"tp": 2, "shard": "fsdp", "method": "lora"}, "method", "tp_adapters"),
         ({"ep": 2}, "ep", "ep"),
         ({"pp": 2}, "pp", "pp"),
-        ({"offload": "optimizer"}, "offload", "offload"),
+        ({"offload": "optimizer", "shard": "ddp"}, "offload", "offload"),
         ({"method": "qlora"}, "method", "qlora"),
         ({"optimizer": "adamw-8bit"}, "optimizer", "dtensor"),
     ],

@@ -21,6 +21,7 @@ KEYS = [
     "segments",
     "paged_bytes",
     "first_step_peak_bytes",
+    "host_bytes",
     "mode",
     "engine",
     "attention_kernels",

@@ -62,6 +62,11 @@ def gather(args: argparse.Namespace) -> dict[str, Any]:
     est = estimate_model(families.from_config(config), setup)
     out["estimate_bytes"] = est.total_bytes
     out["estimate_relative_error"] = round((est.total_bytes - out["peak_bytes"]) / out["peak_bytes"], 5)
+    dist = est.extra.get("distributed") or {}
+    if out.get("host_bytes") or (dist.get("per_gpu") or {}).get("host_bytes"):
+        # CPU offload: the host memory of rank 0's process beside the estimate's, per GPU and per node
+        out["estimate_host_bytes"] = dist["per_gpu"]["host_bytes"]
+        out["estimate_host_ram_bytes_per_node"] = dist["host_ram_bytes_per_node"]
     return out
 
 
@@ -74,7 +79,7 @@ def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str)
         return jsonio.dumps({k: v for k, v in out.items() if k != "inventory_text"}, indent=2, default=str)
     lines = []
     for key, value in out.items():
-        if key == "inventory_text":
+        if key == "inventory_text" or (key == "host_bytes" and not value):  # (no host memory: nothing offloaded)
             continue
         if isinstance(value, int) and not isinstance(value, bool) and "_bytes" in key:
             lines.append(f"  {key:<32} {fmt_bytes(value, lang, units)}")

@@ -134,13 +134,13 @@ def _fsdp(c: Collector, f: Mapping[str, Any]) -> None:
             else:
                 c.set("shard", s, name)
         elif key == "fsdp_reshard_after_forward":
-            # FSDP2: True = FULL_SHARD, False = SHARD_GRAD_OP; FSDP1 may spell a strategy here too
+            # FSDP2: a bool, fully_shard's reshard_after_forward on every unit but the root (accelerate 1.16
+            # utils/fsdp_utils.py:765, 901-904); FSDP1 may spell a strategy here too
             text = str(value).upper()
             if text in STRATEGIES:
                 c.set("shard", STRATEGIES[text], name)
             elif not has_strategy:
-                c.fields.pop("shard", None)
-                c.set("shard", "fsdp" if _base.as_bool(value, name) else "zero2", name)
+                c.set("reshard_after_forward", _base.as_bool(value, name), name)
             else:
                 c.ignore(name, "no_effect")
         elif key == "fsdp_offload_params":

@@ -188,12 +188,9 @@ def _fsdp_config(c: Collector, key: str, value: Any, data: Mapping[str, Any]) ->
 
 
 def _reshard(c: Collector, name: str, v: Any) -> None:
-    if not _base.as_bool(v, name):
-        c.fields.pop("shard", None)
-        c.set("shard", "zero2", name)
-    else:
-        c.fields.setdefault("shard", "fsdp")
-        c.use(name)
+    """FSDP2's ``reshard_after_forward`` (a bool, passed through accelerate)."""
+    c.fields.setdefault("shard", "fsdp")
+    c.set("reshard_after_forward", _base.as_bool(v, name), name)
 
 
 #: Keys that map to one request field through a converter.

@@ -51,7 +51,6 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 DTYPES = {"bf16": "bf16", "fp32": "fp32", "fp16": "fp16"}
 NOT_MODELED = {
     "compile",
-    "fsdp_reshard_after_forward",
     "custom_sharded_layers",
     "activation_offloading_use_streams",  # the forward stash of 5 tensors (_check_offloading)
     "clip_grad_norm",
@@ -200,6 +199,13 @@ def _optimizer_block(c: Collector, key: str, value: Any) -> None:
         _unmapped(c, key, value)
 
 
+def _reshard(c: Collector, key: str, value: Any) -> None:
+    """``fsdp_reshard_after_forward``: ``shard_model``'s argument to every ``fully_shard`` (torchtune
+    training/_distributed.py)."""
+    c.fields.setdefault("shard", "fsdp")
+    c.set("reshard_after_forward", _base.as_bool(value, key), key)
+
+
 def _cpu_offload(c: Collector, key: str, value: Any) -> None:
     c.fields.setdefault("shard", "fsdp")
     if _base.as_bool(value, key):
@@ -251,6 +257,7 @@ HANDLERS: dict[str, Callable[[Collector, str, Any], None]] = {
     "tokenizer": _tokenizer,
     "optimizer": _optimizer_block,
     "fsdp_cpu_offload": _cpu_offload,
+    "fsdp_reshard_after_forward": _reshard,
     "enable_activation_offloading": lambda c, key, value: c.set("offload_activations", _base.as_bool(value, key), key),
     "ac_mode": lambda c, key, value: c.use(key),
     "optimizer_in_bwd": lambda c, key, value: (

@@ -143,10 +143,8 @@ def _fsdp_config(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) ->
         if kk == "activation_checkpointing":
             c.set("checkpointing", _base.as_bool(v, name), name)
         elif kk == "reshard_after_forward" and all_.get("fsdp"):
-            if not _base.as_bool(v, name):
-                c.set("shard", "zero2", name)
-            else:
-                c.use(name)
+            # FSDP2's fully_shard argument, passed through accelerate (transformers' fsdp_config)
+            c.set("reshard_after_forward", _base.as_bool(v, name), name)
         else:
             c.ignore(name, "not_modeled" if kk in FSDP_NOT_MODELED else "no_effect")
 

@@ -34,7 +34,10 @@ def per_gpu(new: StepParts, master_weights: float, host: int) -> dict[str, Any]:
         "model_states_bytes": new.weights + new.grads + new.optimizer + master,
         "communication_bytes": {k: v for k, v in buffers.items() if k in COMMUNICATION},
         "gathered_params_bytes": max(
-            new.extra_forward.get("gathered_params", 0),
+            # (reshard_after_forward=False: every unit's gathered parameters at the end of forward)
+            new.extra_forward.get("gathered_params", 0)
+            + new.extra_forward.get("kept_gathered_params", 0)
+            + new.extra_pending_layer.get("kept_gathered_params", 0) * new.grad_layers,
             new.extra_backward.get("gathered_params", 0) + new.extra_above_bottom.get("prefetched_params", 0),
         ),
         "host_bytes": host,

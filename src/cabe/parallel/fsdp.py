@@ -45,8 +45,22 @@ def states(c: Context) -> States:
     # is prefetched beside it (FSDP2's implicit backward prefetch, _fsdp_state.py / _fsdp_param_group.py). The
     # trace of rank 0 (cabe.trace.distributed: a 4-layer llama on 4 GPUs) holds root + one unit at the loss's
     # backward, where two units were counted (+4% to +30% on tiny models)
-    out.buffers["forward"]["gathered_params"] = layer_gathered + root_gathered
-    out.buffers["backward"]["gathered_params"] = layer_gathered + root_gathered
+    kept = not c.setup.reshard_after_forward
+    if kept:
+        # reshard_after_forward=False: a unit's post-forward keeps what its pre-forward gathered (torch 2.13
+        # _fsdp_param_group.py:499-503, ``reshard`` returns at once in FORWARD when ``_reshard_after_forward`` is
+        # False, i.e. ``post_forward_mesh_info`` is None: _fsdp_init.py:183-185), its pre-backward finds the
+        # parameters gathered (``unshard`` is a no-op, as is the prefetch of the unit below) and its post-backward
+        # frees them (``reshard`` outside FORWARD: ``_to_sharded``). Every layer unit is held from its forward on,
+        # until its own backward ends: at the end of forward all of them, at a layer's backward those at or below it
+        # (step.StepParts.extra_pending_layer); a frozen unit outside the gradient's path has no backward and waits
+        # for the root's final callback (_fsdp_state.py:411-415), held to the end of backward (parallel.plan)
+        out.pending_layer["kept_gathered_params"] = layer_gathered
+        out.buffers["forward"]["gathered_params"] = root_gathered
+        out.buffers["backward"]["gathered_params"] = root_gathered
+    else:
+        out.buffers["forward"]["gathered_params"] = layer_gathered + root_gathered
+        out.buffers["backward"]["gathered_params"] = layer_gathered + root_gathered
     out.embedding_backward = {"gathered_params": root_gathered}  # (the root alone: every unit's backward is over)
     # the head's gradients are the unsharded parameter's, made whole by autograd (in the gathered dtype) and
     # reduce-scattered only in the root unit's post-backward: the tied lm_head's gradient pending beside the
@@ -62,7 +76,7 @@ def states(c: Context) -> States:
     if head_grad:
         out.layer_backward["root_unsharded_grads"] = head_grad
         out.embedding_backward["root_unsharded_grads"] = head_grad
-    if units > 1:
+    if units > 1 and not kept:
         # (not at the bottom unit: the next one in backward is the root, gathered all along; traced: llama-3.1-8b on
         # 16 GPUs holds one layer unit at its bottom layer's backward)
         out.above_bottom["prefetched_params"] = (units - 1) * layer_gathered
@@ -78,7 +92,10 @@ def states(c: Context) -> States:
     if c.dt.gathered:
         out.notes.append("fsdp_param_dtype_" + c.setup.param_dtype)
     if c.offload_parameters:
-        out.host += out.weights + out.grads + out.optimizer
+        # FSDP2's CPUOffloadPolicy: the sharded parameters and gradients on the host (torch 2.13 _fsdp_param.py:312-315,
+        # _fsdp_collectives.py:711-742), so the optimizer's state and its step's temporaries are made there too (the
+        # host's peak is the step's: rank 0 traced on a fake group with the host counted apart, cabe.trace.distributed)
+        out.host += out.weights + out.grads + out.optimizer + out.temporaries
         out.weights = out.grads = out.optimizer = out.temporaries = 0.0
         out.notes.append("fsdp_cpu_offload")
     if c.layout.strategy == "fsdp-hybrid":

@@ -180,6 +180,15 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
     # the trained layers on this stage (freeze trains the last ones, as the gradient layers)
     cached_layers = min(parts.cached_layers, grad_layers) if lay.pp > 1 else parts.cached_layers
     extra = {ph: {k: round(v) for k, v in st.buffers[ph].items() if v} for ph in st.buffers}
+    pending = {k: round(v) for k, v in st.pending_layer.items() if v}
+    embedding = None if st.embedding_backward is None else {k: round(v) for k, v in st.embedding_backward.items() if v}
+    for name, nbytes in pending.items():
+        # the stage's layers outside the gradient's path (freeze's frozen bottom) have no backward: what they hold
+        # stays to the end of backward (FSDP2's root callback reshards them: cabe.parallel.fsdp)
+        frozen = nbytes * max(0, lay.stage_layers - grad_layers)
+        for d in (extra["forward"], extra["backward"], *([embedding] if embedding is not None else [])):
+            if frozen:
+                d[name] = d.get(name, 0) + frozen
     return replace(
         parts,
         weights=round(st.weights),
@@ -228,11 +237,6 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         extra_below_top={**parts.extra_below_top, **{k: round(v) for k, v in st.below_top.items() if v}},
         extra_above_bottom={**parts.extra_above_bottom, **{k: round(v) for k, v in st.above_bottom.items() if v}},
         extra_layer_grads={**parts.extra_layer_grads, **{k: round(v) for k, v in st.layer_grads.items() if v}},
-        extra_embedding=None
-        if st.embedding_backward is None
-        else {
-            **parts.extra_backward,
-            **extra["backward"],
-            **{k: round(v) for k, v in st.embedding_backward.items() if v},
-        },
+        extra_pending_layer={**parts.extra_pending_layer, **pending},
+        extra_embedding=None if embedding is None else {**parts.extra_backward, **extra["backward"], **embedding},
     )

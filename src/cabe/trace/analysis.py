@@ -42,6 +42,7 @@ def analyse(tracker: Any, steps: int, step_starts: list[int]) -> TraceResult:
         segments=st.peak_segments,
         paged_bytes=sum(tracker.raw_size[a] for a in tracker.paged),
         first_step_peak_bytes=first_peak,
+        host_bytes=tracker.host.peak(tracker.step) if tracker.host is not None else 0,
         events=n,
         peak_event=peak_i,
         step_starts=step_starts,

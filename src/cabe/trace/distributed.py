@@ -28,11 +28,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from cabe.errors import ConfigError, InvalidValueError
-from cabe.trace import state, zero
+from cabe.trace import offload, state, zero
 from cabe.trace.build import build_model, decoder_layers
 from cabe.trace.family_patches import model_types
 from cabe.trace.patches import _Patch, trace_environment
 from cabe.trace.result import TraceResult
+from cabe.trace.streams import streams
 from cabe.training import TrainingSetup
 
 #: the engine each ``shard`` runs, as the report names it
@@ -81,8 +82,8 @@ def refusal(setup: TrainingSetup, config: dict[str, Any] | None = None) -> None:
     for name in ("pp", "ep"):
         if getattr(setup, name) > 1:
             raise InvalidValueError("trace_parallel_unsupported", name, value=getattr(setup, name), why=name)
-    if setup.offload != "none":
-        raise InvalidValueError("trace_parallel_unsupported", "offload", value=setup.offload, why="offload")
+    if setup.offload != "none" and not offload.offloads(setup):
+        raise InvalidValueError("trace_parallel_unsupported", "offload", value=setup.offload, why=offload.why(setup))
     if setup.method == "qlora":
         # FSDP-QLoRA shards bitsandbytes' packed weights stored as bf16 (bnb_4bit_quant_storage): not built here
         raise InvalidValueError("trace_parallel_unsupported", "method", value=setup.method, why="qlora")
@@ -154,6 +155,10 @@ def trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str) -
         raise ConfigError("mode_unsupported", "mode", mode=kind, why="distributed_meta")
     if setup.shard in zero.ENGINES:
         return zero.trace(config, setup, steps, kind)
+    if kind == "cpu" and offload.offloads(setup):
+        # a CPU run has no device to tell the host from, and pinned memory needs an accelerator (torch refuses
+        # ``pin_memory()`` on a CPU-only build): the offload is traced on the fake device only
+        raise InvalidValueError("trace_parallel_unsupported", "offload", value=setup.offload, why="offload_cpu_run")
     t0 = time.perf_counter()
     if dist.is_initialized():
         raise ConfigError("mode_unsupported", "mode", mode=kind, why="process_group")
@@ -164,7 +169,7 @@ def trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str) -
         with (
             state.active(AttentionState(device)) as astate,
             trace_environment(kind, setup, model_types(config)),
-            _streams(kind),
+            streams(kind),
         ):
             notes: list[str] = ["trace_parallel_fake_pg"]
             model, cfg = build_model(config, setup, notes)
@@ -198,13 +203,16 @@ def _run(
     dp_mesh = _dp_mesh(setup, mesh) if fsdp else None
     engine: dict[str, Any] = _tensor_parallel(model, mesh["tp"], setup) if tp else {}
     rank0 = tracker(setup, kind, device, astate, None)
+    rank0.host = offload.host_tally(setup, rank0)
     rank0.local = _local  # a DTensor is counted by its local shard: the wrapper holds no memory of its own
-    with fake_mode(kind), rank0, _storage_resizes(rank0), _real_mesh_coordinates():
+    with fake_mode(kind), rank0, _storage_resizes(rank0), _real_mesh_coordinates(), offload.pinned_host(kind, setup):
         rank0.set_phase("setup")
         if fsdp:
             engine = _fully_shard(model, cfg, setup, mesh, dp_mesh, engine)
         if fsdp or tp:
-            model.to_empty(device=device)  # each rank allocates its own shards (FSDP2's padded ones, TP's DTensors)
+            offload.to_empty(
+                model, setup, device
+            )  # each rank allocates its own shards (FSDP2's padded ones, TP's DTensors)
         else:
             materialize(model, device)
         if kind == "cpu":
@@ -346,23 +354,34 @@ def _loss_context(setup: TrainingSetup, rank0: Any) -> Iterator[None]:
 
 def _fully_shard(model: Any, cfg: Any, setup: TrainingSetup, mesh: Any, dp: Any, tp: dict[str, Any]) -> dict[str, Any]:
     """``fully_shard`` each decoder layer, then the root (embeddings, final norm, lm_head), on the data-parallel
-    part of ``mesh`` (with tensor parallelism, FSDP2 shards the TP shards: 2-D parallelism)."""
-    import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    part of ``mesh`` (with tensor parallelism, FSDP2 shards the TP shards: 2-D parallelism).
 
+    The layers take the setup's ``reshard_after_forward``; the root FSDP2's own ``None``, which its lazy init turns
+    to ``False`` (torch 2.13 _fsdp_state.py:203-207), as accelerate 1.16 leaves it (utils/fsdp_utils.py:901-904)."""
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    # FSDP2's CPU offload (torch 2.13 _fsdp_api.py ``CPUOffloadPolicy``, pin_memory=True by default): the sharded
+    # parameters and gradients pinned on the host, each unit's shards copied to the GPU for its all-gather
+    # (_fsdp_param.py:896-900), each reduce-scattered gradient copied back (_fsdp_collectives.py:711-742), the
+    # optimizer stepping on the host; accelerate's ``fsdp_offload_params`` passes it to every unit and the root
+    policy = CPUOffloadPolicy() if offload.offloads(setup) else OffloadPolicy()
     mp = MixedPrecisionPolicy()
     if setup.param_dtype != "none":
         mp = MixedPrecisionPolicy(param_dtype=getattr(torch, _DTYPES[setup.param_dtype]))
     layers = decoder_layers(model, cfg)
     for layer in layers:
-        fully_shard(layer, mesh=dp, mp_policy=mp)
-    fully_shard(model, mesh=dp, mp_policy=mp)
+        fully_shard(
+            layer, mesh=dp, mp_policy=mp, offload_policy=policy, reshard_after_forward=setup.reshard_after_forward
+        )
+    fully_shard(model, mesh=dp, mp_policy=mp, offload_policy=policy)
     return {
         "engine": ENGINES[setup.shard] + (" + tensor parallel" if tp else ""),
         "wrapping": f"fully_shard per decoder layer ({len(layers)} units) + root",
         "mesh": list(mesh.shape),
-        "reshard_after_forward": True,
+        "reshard_after_forward": setup.reshard_after_forward,
         "param_dtype": setup.param_dtype if setup.param_dtype != "none" else "as stored",
+        **({"offload_policy": "CPUOffloadPolicy(pin_memory=True)"} if offload.offloads(setup) else {}),
         **tp,
     }
 
@@ -465,72 +484,6 @@ class _Unwrapped:
 
 def _local(t: Any) -> Any:
     return t.to_local() if hasattr(t, "to_local") else t
-
-
-@contextlib.contextmanager
-def _streams(kind: str) -> Iterator[None]:
-    """CUDA streams and events that do nothing, on the fake device: FSDP2 and DDP make their own streams for the
-    collectives to overlap compute (a CPU-only build has none); on a fake group every collective is done when it
-    returns, so waiting on a stream or an event has nothing to wait for, and memory does not depend on it (FSDP2
-    frees a unit's gathered storage by its own bookkeeping, not by a stream's progress)."""
-    if kind != "fake":
-        yield
-        return
-    import torch
-
-    p = _Patch()
-    try:
-        p.set(torch.cuda, "Stream", _Stream)
-        p.set(torch.cuda, "Event", _Event)
-        p.set(torch.cuda, "current_stream", lambda *a, **k: _STREAM)
-        p.set(torch.cuda, "default_stream", lambda *a, **k: _STREAM)
-        p.set(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-        p.set(torch.cuda, "set_device", lambda *a, **k: None)
-        p.set(torch.accelerator, "current_stream", lambda *a, **k: _STREAM)
-        p.set(torch.Tensor, "record_stream", lambda self, s: None)
-        yield
-    finally:
-        p.restore()
-
-
-class _Event:
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def record(self, *args: Any) -> None:
-        pass
-
-    def wait(self, *args: Any) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-
-class _Stream(_Event):
-    def wait_stream(self, *args: Any) -> None:
-        pass
-
-    def wait_event(self, *args: Any) -> None:
-        pass
-
-    def record_event(self, *args: Any, **kwargs: Any) -> _Event:
-        return _Event()
-
-    def is_capturing(self) -> bool:  # (no CUDA graph is ever captured here)
-        return False
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Stream)
-
-    def __hash__(self) -> int:
-        return 0
-
-
-_STREAM = _Stream()
 
 
 @contextlib.contextmanager

@@ -56,6 +56,9 @@ class TraceResult:
     segments: int = 0
     paged_bytes: int = 0
     first_step_peak_bytes: int = 0
+    # host (CPU) memory of the GPU's process, the most live at once in the last step: FSDP2's CPU offload keeps the
+    # sharded parameters, gradients and optimizer state there (cabe.trace.distributed); 0 where nothing is offloaded
+    host_bytes: int = 0
     mode: str = "fake"
     # several GPUs (cabe.trace.distributed): the engine that ran, its version, wrapping, mesh and world size
     engine: dict[str, Any] = field(default_factory=dict)

@@ -103,6 +103,8 @@ class AllocationTracker(TorchDispatchMode):
         self.workspace_phases: set[int] = set()  # forward (1) and backward (2) once they made cuBLAS's
         # a tensor as counted: its local shard for a DTensor (cabe.trace.distributed), whose wrapper holds no memory
         self.local: Callable[[Any], Any] | None = None
+        # host (CPU) storages counted apart, when a simulated GPU run keeps states on the host (FSDP2's CPU offload)
+        self.host: HostTally | None = None
 
     # ---- recording ------------------------------------------------------------------
     def set_phase(self, name: str) -> None:
@@ -142,6 +144,8 @@ class AllocationTracker(TorchDispatchMode):
         if self.local is not None:
             t = self.local(t)
         if t.device.type != self.device_type:
+            if self.host is not None and t.device.type == "cpu":
+                self.host.record(t)
             return None
         if self.host_scalars_in_optimizer and self.phase == 3 and t.dim() == 0:
             # a CPU run: optimizers keep their `step` counters in host memory (not on a GPU)
@@ -287,3 +291,38 @@ class AllocationTracker(TorchDispatchMode):
         if phase in ("forward", "backward"):
             return "activations"
         return "other"
+
+
+class HostTally:
+    """Host (CPU) memory beside a simulated GPU's: every CPU storage the dispatch mode sees, at its exact size (pinned
+    or not; the CUDA host allocator's own rounding is not applied), and the most live at once in each step."""
+
+    def __init__(self, clock: Callable[[], int]) -> None:
+        self.clock = clock  # the step being run
+        self.live: dict[int, int] = {}  # storage key -> bytes
+        self.live_bytes = 0
+        self.peak_by_step: dict[int, int] = {}
+
+    def record(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        key = st._cdata
+        nbytes = st.nbytes()
+        if key in self.live or nbytes == 0:
+            return
+        self.live[key] = nbytes
+        self.live_bytes += nbytes
+        self._mark()
+        weakref.finalize(st, self._free, key)
+
+    def _free(self, key: int) -> None:
+        self._mark()  # (the level before the free)
+        self.live_bytes -= self.live.pop(key, 0)
+
+    def _mark(self) -> None:
+        step = self.clock()
+        if self.live_bytes > self.peak_by_step.get(step, 0):
+            self.peak_by_step[step] = self.live_bytes
+
+    def peak(self, step: int) -> int:
+        """The most host bytes live at once in ``step`` (those carried into it when it made none)."""
+        return self.peak_by_step.get(step, self.live_bytes)

@@ -66,8 +66,8 @@ def trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str) -
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from cabe.trace.distributed import _streams
     from cabe.trace.state import AttentionState
+    from cabe.trace.streams import streams
 
     if setup.shard not in ENGINES:
         raise ConfigError("mode_unsupported", "shard", mode=setup.shard, why="one_fsdp_group")
@@ -82,7 +82,7 @@ def trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str) -
         with (
             state.active(AttentionState(device)) as astate,
             trace_environment(kind, setup, model_types(config)),
-            _streams(kind),
+            streams(kind),
             _deepspeed(kind, setup.gpus),
         ):
             notes: list[str] = ["trace_parallel_fake_pg"]
