@@ -160,11 +160,7 @@ def _step_parts(
         # out of place: the new gradient and the sum coexist with the old one for a moment. Accumulating
         # into the previous micro-batch's .grad keeps one more gradient-sized tensor alive at that moment
         # (three, as the trace shows, not two).
-        embedding_backward_workspace=(
-            (3 if setup.grad_accum > 1 else 2) * round_alloc(spec.embedding_count * states.bytes_of["embedding"])
-            if setup.method == "full" and spec.tie_word_embeddings
-            else 0
-        ),
+        embedding_backward_workspace=_tied_embedding_workspace(spec, setup, states),
         runs=runs,
         grads_mlp_layer=mean(lambda r: r.grads_mlp),
         mlp_saved_layer=mean(lambda r: r.mlp_saved),
@@ -173,7 +169,7 @@ def _step_parts(
         carried_logits=tokens * head.carried,
         embedding_saved=tokens * embedding_lora_saved(spec, setup, dt),
         embedding_grad_input=(
-            tokens * dt.residual * spec.residual_width
+            tokens * dt.residual * spec.residual_width + _tp_embedding_grad(spec, setup, states)
             if not spec.tie_word_embeddings and _grads_of(states, "embedding")
             else 0
         ),
@@ -350,3 +346,28 @@ def _recompute_transient(per_layer: LayerActivations, tokens: int) -> int:
 def _temporaries_key(setup: TrainingSetup) -> str:
     """The catalog key of the optimizer step's temporaries: GaLore's own, else the implementation's."""
     return "low_rank" if optimizer_entry(setup.optimizer).low_rank else setup.resolved_optimizer_impl
+
+
+def _tp_embedding_grad(spec: ModelSpec, setup: TrainingSetup, states: Any) -> int:
+    """Tensor parallelism's vocabulary-sharded embedding, trained: DTensor has no backward that keeps its gradient
+    sharded over the vocabulary (torch 2.13 distributed/tensor/_ops/_embedding_ops.py
+    ``embedding_dense_backward_strategy``: Shard(1), or Partial), so each GPU makes the whole vocabulary's gradient
+    as a partial sum before the reduce-scatter to its shard: one whole embedding-sized gradient at the embedding's
+    backward (Megatron's VocabParallelEmbedding masks its input and makes only its own rows)."""
+    if setup.tp == 1 or setup.shard == "none":
+        # (TP alone: that whole gradient is the ``.grad`` itself, counted with the gradients: parallel.strategy)
+        return 0
+    return round_alloc(spec.embedding_count * states.bytes_of["embedding"])
+
+
+def _tied_embedding_workspace(spec: ModelSpec, setup: TrainingSetup, states: Any) -> int:
+    """The tied embedding's backward (full fine-tuning): the lm_head's gradient and the embedding's, and with
+    micro-batches the previous .grad beside their sum (see the NOTE above). Under tensor parallelism the lm_head's
+    is its vocabulary shard and the embedding's whole (:func:`_tp_embedding_grad`), their sum a shard again."""
+    if not (setup.method == "full" and spec.tie_word_embeddings):
+        return 0
+    one = round_alloc(spec.embedding_count * states.bytes_of["embedding"])
+    if setup.tp == 1:
+        return (3 if setup.grad_accum > 1 else 2) * one
+    shard = round_alloc(-(-spec.embedding_count // setup.tp) * states.bytes_of["embedding"])
+    return one + (2 if setup.grad_accum > 1 else 1) * shard

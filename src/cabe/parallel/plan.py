@@ -161,7 +161,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         # the strategy's head gradients are made whole (States.whole_head_grads: FSDP's unsharded parameter's)
         unsharded = st.whole_head_grads
         head_grad_share = f.head * unsharded
-        if embedding_workspace:
+        if embedding_workspace and lay.tp == 1:  # (under TP the parts already say it: analytic.parts)
             # the tied embedding's backward (step.StepParts.embedding_backward_workspace): the lm_head's gradient,
             # the embedding's own and their sum, all unsharded (on one GPU the sum is the .grad the gradients count;
             # here the .grad is a shard, and the sum is made whole before the root's reduce-scatter)

@@ -50,6 +50,8 @@ class Holdings:
     largest_module: float = 0.0  # elements of the largest module (DeepSpeed's "largest layer")
     #: every tensor this GPU holds, with its model-parallel share applied (:class:`Held`)
     held: list[Held] = field(default_factory=list)
+    #: the input embedding's weight is the lm_head's (tie_word_embeddings)
+    tied: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ def holdings(
     roles = {lin.name: lin.role for lin in spec.layer_linears}
     copies = {lin.name: lin.copies for lin in spec.layer_linears}
     stage_layers = lay.stage_layers
-    h = Holdings()
+    h = Holdings(tied=spec.tie_word_embeddings)
     group_of_experts = max(lay.shard_group // lay.ep, 1) if lay.ep > 1 else lay.shard_group
     for t in tensors:
         name = t.name

@@ -11,7 +11,7 @@ byte, the single-GPU figures.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cabe.parallel.config import ShardConfig
@@ -63,11 +63,26 @@ class Context:
 
     @property
     def grads(self) -> int:
-        return dense_bytes(pieces(self.mine.held, trainable=True))
+        return dense_bytes(self._grad_pieces)
 
     @property
     def optimizer(self) -> int:
-        return optimizer_bytes(pieces(self.mine.held, trainable=True), self.setup)[0]
+        state = optimizer_bytes(pieces(self.mine.held, trainable=True), self.setup)[0]
+        if self.setup.optimizer == "sgd-momentum":  # (its buffer is ``clone(grad)``: torch/optim/sgd.py)
+            state += self.grads - dense_bytes(pieces(self.mine.held, trainable=True))
+        return state
+
+    @property
+    def _grad_pieces(self) -> list[Any]:
+        """The trainable tensors as their gradients stand after backward. Under tensor parallelism alone a trained,
+        untied, vocabulary-sharded embedding keeps the whole vocabulary's gradient: DTensor's embedding backward
+        gives it as a partial sum (torch 2.13 distributed/tensor/_ops/_embedding_ops.py, no Shard(0) strategy) and
+        AccumulateGrad stores that as ``.grad``, whole on every GPU (traced: llama-3.1-8b, TP 8)."""
+        items = pieces(self.mine.held, trainable=True)
+        if self.layout.tp == 1 or self.layout.strategy != "none" or self.mine.tied:
+            return items
+        tp = self.layout.tp
+        return [(replace(t, numel=t.numel * tp) if t.name == "embed_tokens" else t, n, b) for t, n, b in items]
 
     @property
     def temporaries(self) -> int:

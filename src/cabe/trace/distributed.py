@@ -122,6 +122,20 @@ def _tp_refusal(config: dict[str, Any], tp: int) -> None:
         raise InvalidValueError("trace_parallel_unsupported", "tp", value=tp, why="tp_kv_heads", heads=kv)
 
 
+def _tp_alone_loop(setup: TrainingSetup) -> TrainingSetup:
+    """TP alone with an optimizer whose memory does not depend on its implementation (SGD, RMSprop: cabe reads no
+    ``optimizer_impl`` for them): its step runs one tensor at a time, as a real run must (torch.optim's foreach
+    step refuses TP's DTensors beside the plain norms: :func:`refusal`'s ``tp_mixed``)."""
+    from cabe import optimizer
+
+    if setup.tp == 1 or setup.shard != "none" or setup.optimizer_impl is not None:
+        return setup
+    entry = optimizer.get(setup.optimizer) if setup.optimizer in optimizer.OPTIMIZERS else None
+    if entry is None or entry.temporaries or entry.impl_flags:
+        return setup
+    return setup.with_(optimizer_impl="for-loop")
+
+
 def _partial_plan(text: Any) -> str:
     """What transformers' TP plan leaves whole on every GPU where cabe's TP (Megatron's cut, :mod:`cabe.parallel`)
     splits it: a layer's projections it gathers (``colwise_gather_output`` / ``rowwise_split_input``: Phi-3's fused
@@ -150,6 +164,7 @@ def trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str) -
 
     from cabe.trace.state import AttentionState
 
+    setup = _tp_alone_loop(setup)
     refusal(setup, config)
     if kind not in ("fake", "cpu"):
         raise ConfigError("mode_unsupported", "mode", mode=kind, why="distributed_meta")
