@@ -83,7 +83,11 @@ class _Partitions:
         train = pieces(mine.held, trainable=True, nbytes=half)
         part = sharded(train, zero3_shard, g) if stage == 3 else flat_partition(train, g)
         n_part = round(sum(t.numel * n for t, n, _ in part))
-        opt_in = _flat_groups(part, cfg.sub_group_size if stage == 3 else 0, 4 if amp else 0)
+        # the master partition is fp32 whatever the module's dtype, and the optimizer steps it: stages 1/2 clone it
+        # (stage_1_and_2.py:560-561, ``.detach().clone().to(dtype=self.master_weights_and_grads_dtype)``), stage 3
+        # converts it, sharing the module's own partition only when that is fp32 already (stage3.py:1162-1173)
+        opt_in = _flat_groups(part, cfg.sub_group_size if stage == 3 else 0, 4)
+        shared = stage == 3 and c.compute_bytes == 4
         optimizer, temporaries = optimizer_bytes(opt_in, c.setup)
         overlap = cfg.overlap_comm if cfg.overlap_comm is not None else stage == 3
         buffers = 2 if (overlap and stage < 3) else 1
@@ -93,11 +97,15 @@ class _Partitions:
             + quantized_held_bytes(mine.held, c.setup, g),
             g16=dense_bytes(train),
             g16_sharded=dense_bytes(_flat_groups(part, 0, 0)),
-            master=dense_bytes(opt_in) if amp else 0.0,
+            master=0.0 if shared else dense_bytes(opt_in),
             grad32=4 * (min(n_part, cfg.sub_group_size) if stage == 3 else n_part) if amp else 0.0,
             optimizer=optimizer,
             temporaries=temporaries,
-            ipg=cfg.reduce_bucket_size * 2 * buffers if (cfg.contiguous_gradients and mine.trainable) else 0,
+            # stages 1/2: the module's gradient dtype (stage_1_and_2.py:3266-3268, ``self.dtype``); stage 3: its
+            # communication dtype, the engine's 16-bit one in its bf16 / fp16 mode, else fp32 (stage3.py:782-784)
+            ipg=cfg.reduce_bucket_size * (2 if amp else 4 if stage == 3 else c.compute_bytes) * buffers
+            if (cfg.contiguous_gradients and mine.trainable)
+            else 0,
             elements=n_part,
             host_optimizer=optimizer_bytes(opt_in, c.setup, paged=True)[0],
         )
@@ -189,9 +197,11 @@ def _gradient_partition(c: Context, out: States, p: _Partitions, stage: int) -> 
             out.embedding_backward = {**(out.embedding_backward or {}), "grads_in_partition": gip}
         # each whole .grad until the hook has copied it into the bucket: the largest layer parameter's
         out.layer_grads["whole_grad"] = round_alloc(round(_largest_layer_param(c) * half))
-    if p.grad32:
+    if p.elements:
         # the fp64 norm of the largest piece, or the flat 16-bit partition and its fp32 cast, beside grads_in_partition
-        out.buffers["optimizer"]["grad_norm_or_flatten"] = max(8 * largest_piece, (half + 4) * p.elements)
+        out.buffers["optimizer"]["grad_norm_or_flatten"] = max(
+            8 * largest_piece, (half + (4 if half != 4 else 0)) * p.elements
+        )
 
 
 def _flat_order(c: Context, trainable: bool = True) -> list[tuple[str, float]]:
