@@ -110,6 +110,9 @@ HYBRID_MODELS = ["granite-4.0-h-350m", "granite-4.0-h-1b", "granite-4.0-h-tiny",
 #: whose presets take minutes per trace (DeepSeek-V3's 61 layers: 15-365 s each on fake tensors). Drawn only with
 #: ``--models`` (their own sample: the unfiltered draws of every earlier seed stay the same).
 DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
+    # Llama-3.1-8B at its widths (untied embeddings of 128256 x 4096) with 4 layers: DeepSpeed's ZeRO benchmark
+    # (zero.py), where the whole preset's traces take minutes
+    "llama-3.1-8b-4l": ("llama-3.1-8b", {"num_hidden_layers": 4}),
     # DeepSeek-V3 / V3.2-Exp at their widths (hidden 7168, 128 heads, MLA ranks 1536 / 512, 256 experts top-8 in 4
     # of 8 groups, a shared expert), 1 dense layer then 3 MoE layers
     "deepseek-v3-4l": ("deepseek-v3", {"num_hidden_layers": 4, "first_k_dense_replace": 1}),
