@@ -34,6 +34,7 @@ import run as single  # this directory's single-GPU benchmark: its models, sampl
 
 from cabe.analytic import estimate_model
 from cabe.errors import CabeError
+from cabe.trace.distributed import DTENSOR_OPTIMIZERS
 from cabe.training import TrainingSetup
 
 #: the engines the fake group runs (cabe.trace.distributed.ENGINES), with their weights in the draw
@@ -44,6 +45,23 @@ MIXED_MODELS = ["gemma-2-2b", "gemma-3-1b", "granite-4.0-h-350m", "qwen3-30b-a3b
 BIG = ["llama-3.1-70b", "qwen2.5-72b"]
 #: the share of draws with tensor parallelism (full and freeze only: PEFT's adapters do not wrap transformers' TP)
 TP_SHARE = 0.3
+#: dense models whose transformers TP plan splits attention and MLP as cabe does (Llama, Qwen 2.5, Mistral, Gemma 2 /
+#: 3, GPT-NeoX), small to 72B
+TP_MODELS = [
+    "llama-3.2-1b",
+    "qwen2.5-0.5b",
+    "qwen2.5-1.5b",
+    "gemma-2-2b",
+    "pythia-1.4b",
+    "llama-3.2-3b",
+    "llama-3.1-8b",
+    "mistral-7b-v0.3",
+    "qwen2.5-7b",
+    "gemma-3-4b",
+    "pythia-6.9b",
+    "llama-3.1-70b",
+    "qwen2.5-72b",
+]
 
 
 def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, Any]]:
@@ -66,13 +84,36 @@ def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, A
         kw["param_dtype"] = "bf16"
     if rng.random() < TP_SHARE:
         # tensor parallelism (transformers' TP plan on DTensor): alone on tp GPUs, or 2-D under FSDP2 / HSDP
-        kw["tp"] = rng.choice([t for t in (2, 4, 8) if t <= kw["gpus"]])
+        # a dense model whose transformers TP plan splits what cabe splits (cabe.trace.distributed._partial_plan),
+        # over a tp that divides its key / value heads
+        model = rng.choice(TP_MODELS)
+        kv = single.source(model).spec.num_kv_heads
+        kw["tp"] = rng.choice([t for t in (2, 4, 8) if t <= kw["gpus"] and kv % t == 0] or [2])
+        kw["gpus"] = max(kw["gpus"], kw["tp"])
         if engine in ("ddp", "none"):  # TP alone on tp GPUs (DDP does not wrap TP's DTensors)
             kw["gpus"], kw["shard"] = kw["tp"], "none"
             kw["optimizer_impl"] = "for-loop"  # (foreach / fused refuse TP's DTensors beside plain norms)
         elif engine == "fsdp-hybrid":  # a node holds whole TP groups
             kw["gpus_per_node"] = max(kw["gpus_per_node"], kw["tp"])
         kw["loss_parallel"] = rng.random() < 0.5
+        # what the TP trace refuses is made traceable rather than drawn again (else few TP draws would survive):
+        # full or freeze (no PEFT adapter under transformers' TP), transformers' loss, no fp16 scaler
+        if kw["method"] not in ("full", "freeze"):
+            kw["method"] = rng.choice(["full", "freeze"])
+            for k in [k for k in kw if k.startswith(("lora_", "dora", "adapter_"))]:
+                del kw[k]
+        if kw.get("loss") not in (None, "hf"):
+            kw["loss"] = "hf"
+            kw.pop("loss_chunks", None)
+        if kw.get("autocast") == "fp16":
+            kw["autocast"] = "bf16"
+        if kw.get("precision") in ("fp16-amp", "fp16-mixed"):
+            kw["precision"] = "bf16-amp"
+        if kw["optimizer"] not in DTENSOR_OPTIMIZERS:  # (DTensor parameters: torch.optim's)
+            kw["optimizer"] = rng.choice(DTENSOR_OPTIMIZERS)
+            kw.pop("optimizer_impl", None) if kw["shard"] != "none" else None
+        for k in ("offload_activations", "checkpoint_every", "optimizer_in_backward"):  # (one GPU's savers)
+            kw.pop(k, None)
     return model, kw
 
 
