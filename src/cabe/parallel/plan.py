@@ -81,7 +81,7 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, c: Context) -> tuple[StepParts
     host_per_gpu = round(st.host)
     # loading the checkpoint, per loading path (cabe.parallel.loading); reported beside the steady state
     load = loading.plan_load(c, spec, st.weights, per_node)
-    figures = per_gpu(new, st.buffers["optimizer"].get("master_weights", 0), host_per_gpu)
+    figures = per_gpu(new, st.buffers["optimizer"].get("master_weights", 0), host_per_gpu, st.state_grads)
     inflight = micro_batches_in_flight(lay, setup.grad_accum, cfg)
     info: dict[str, Any] = {
         "strategy": lay.strategy,

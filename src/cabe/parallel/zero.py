@@ -157,6 +157,7 @@ def states(c: Context) -> States:
             # (stage3.py:786-791), live all along; the whole 16-bit .grad goes into the bucket as it is made
             out.grads = 0.0
             out.everywhere("grad_partitions", p.g16_sharded)
+            out.state_grads = p.g16_sharded
             if p.grad32:
                 out.buffers["optimizer"]["fp32_grad_partition"] = p.grad32
         else:
@@ -187,6 +188,8 @@ def _gradient_partition(c: Context, out: States, p: _Partitions, stage: int) -> 
     out.grads = p.g16 if stage == 1 else 0.0
     out.step_grads = gip
     if stage == 2:
+        # the model state the ZeRO paper counts (2Ψ/N): the partition the rank keeps from the first reduce to the step
+        out.state_grads = gip
         mine, r = c.mine, c.cfg.reduce_bucket_size
         layer = mine.layer_trainable_elements
         embedding = sum(h.tensor.numel * h.count for h in mine.held if h.trainable and h.tensor.kind == "embedding")
