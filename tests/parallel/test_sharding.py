@@ -375,3 +375,14 @@ def test_zero_reduce_bucket_from_the_first_gradient(shard):
     with_bucket = {k for k, v in moments.items() if v > 1_000_000_000}
     assert ("backward", "top_layer") in with_bucket and ("backward", "embedding") in with_bucket
     assert (("backward", "head") in with_bucket) == (shard == "zero3")
+
+
+@pytest.mark.parametrize("shard,nbytes", [("zero1", 4), ("zero2", 2), ("zero3", 4)])
+def test_zero_reduce_bucket_of_a_plain_bf16_module(shard, nbytes):
+    """A plain bf16 module (no DeepSpeed bf16 mode): the engine accumulates gradients in fp32, its model dtype
+    (engine.py:1799-1810), unlike the module's, so stage 1 converts each .grad to an fp32 ``grad_accum`` and its
+    bucket is fp32 (``use_grad_accum_attribute``, stage_1_and_2.py:397-404, 1253-1254); stage 2 keeps the module's
+    dtype, stage 3 communicates in fp32 (stage3.py:782-784). Traced (benchmarks/differential, seed 699965443):
+    gpt2 LoRA ZeRO-1 on 4 GPUs -40.0% -> +0.5%."""
+    r = estimate_model(LLAMA2_7B, TrainingSetup(precision="bf16", shard=shard, gpus=8, batch=1, seq=128))
+    assert r.extra["distributed"]["per_gpu"]["communication_bytes"]["ipg_buckets"] == 500_000_000 * nbytes

@@ -101,9 +101,12 @@ class _Partitions:
             grad32=4 * (min(n_part, cfg.sub_group_size) if stage == 3 else n_part) if amp else 0.0,
             optimizer=optimizer,
             temporaries=temporaries,
-            # stages 1/2: the module's gradient dtype (stage_1_and_2.py:3266-3268, ``self.dtype``); stage 3: its
-            # communication dtype, the engine's 16-bit one in its bf16 / fp16 mode, else fp32 (stage3.py:782-784)
-            ipg=cfg.reduce_bucket_size * (2 if amp else 4 if stage == 3 else c.compute_bytes) * buffers
+            # stages 1/2: ``_gradient_reduction_buffer_dtype`` (stage_1_and_2.py:3266-3268, 1253-1254): the module's
+            # gradient dtype, but fp32 under stage 1 when the module's dtype is not the engine's gradient accumulation
+            # dtype (a plain bf16 module: the engine's is fp32 outside its bf16 / fp16 modes, engine.py:1799-1810;
+            # ``use_grad_accum_attribute``, stage_1_and_2.py:397-404); stage 3: its communication dtype, the engine's
+            # 16-bit one in its bf16 / fp16 mode, else fp32 (stage3.py:782-784)
+            ipg=cfg.reduce_bucket_size * (2 if amp else 4 if stage in (1, 3) else c.compute_bytes) * buffers
             if (cfg.contiguous_gradients and mine.trainable)
             else 0,
             elements=n_part,
