@@ -236,9 +236,9 @@ def _layer_facts(
         # LoRA variants (peft/tuners/lora/layer.py 0.21, Linear.forward / variants.py DoraLinearVariant.forward)
         dora=adapters and setup.dora,
         dropout=adapters and setup.lora_dropout > 0,
-        ad=dt.adapter,
+        ad=dt.adapter_compute,
         # without autocast PEFT's _cast_input_dtype gives lora_A an fp32 copy of its input, which it saves
-        adapter_cast=dt.adapter != dt.compute and not dt.autocast,
+        adapter_cast=dt.adapter_compute != dt.compute and not dt.autocast,
         four_bit=four_bit,
         quantized=quantized,
         attn=attn,

@@ -82,6 +82,13 @@ class Dtypes:
     def amp(self) -> bool:
         return self.input_casts
 
+    @property
+    def adapter_compute(self) -> int:
+        """Bytes of the LoRA adapters as the module computes with them: a sharding engine's mixed precision casts
+        every parameter of a unit, the adapters too (FSDP2 ``MixedPrecisionPolicy``: _fsdp_param.py:587-599;
+        DeepSpeed's ``module.bfloat16()``), while their stored (sharded) masters stay ``adapter``."""
+        return self.gathered or self.adapter
+
 
 def resolve(setup: TrainingSetup, checkpoint_dtype: str | None) -> TrainingSetup:
     """``dtype="auto"`` (not given) read as ``from_pretrained`` reads no dtype: in transformers 5 the checkpoint's

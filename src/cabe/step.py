@@ -129,6 +129,9 @@ class StepParts:
     # of them at the end of forward and at the loss head's backward, those at or below the layer running backward
     # (FSDP2 with reshard_after_forward=False: each unit's all-gathered parameters, freed in its post-backward)
     extra_pending_layer: dict[str, int] = field(default_factory=dict)
+    # held once per layer of the gradient's path whose backward has ended, to the end of backward (HSDP's all-reduce
+    # inputs: parallel.fsdp); the embedding's moment holds every one, the optimizer's none
+    extra_done_layer: dict[str, int] = field(default_factory=dict)
     # the backward buffers at the embedding's backward, after every layer's, where they differ from
     # ``extra_backward`` (FSDP: only the root unit is still gathered); None: ``extra_backward``
     extra_embedding: dict[str, int] | None = None
@@ -298,6 +301,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     # the bottom unit's reduce-scatter input alone waits (rank 0 of FSDP2 traced: llama-3.2-1b, tied)
                     **(p.extra_backward if p.extra_embedding is None else p.extra_embedding),
                     **p.extra_below_top,
+                    **{k: v * n_path for k, v in p.extra_done_layer.items()},
                 },
             )
         )
@@ -314,6 +318,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     # the bottom unit's reduce-scatter input alone waits (rank 0 of FSDP2 traced: llama-3.2-1b, tied)
                     **(p.extra_backward if p.extra_embedding is None else p.extra_embedding),
                     **p.extra_below_top,
+                    **{k: v * n_path for k, v in p.extra_done_layer.items()},
                 },
             )
         )
@@ -339,11 +344,16 @@ def timeline(p: StepParts) -> list[Moment]:
     return moments
 
 
-def _pending(p: StepParts, layers: int, extra: dict[str, int]) -> dict[str, int]:
-    """``extra`` with ``extra_pending_layer`` of ``layers`` layers whose backward has not ended added to it."""
-    if not p.extra_pending_layer:
+def _pending(p: StepParts, layers: int, extra: dict[str, int], done: int = 0) -> dict[str, int]:
+    """``extra`` with ``extra_pending_layer`` of ``layers`` layers whose backward has not ended added to it, and
+    ``extra_done_layer`` of the ``done`` layers whose backward has."""
+    if not p.extra_pending_layer and not (done and p.extra_done_layer):
         return extra
-    return {**extra, **{k: extra.get(k, 0) + v * layers for k, v in p.extra_pending_layer.items()}}
+    out = {**extra, **{k: extra.get(k, 0) + v * layers for k, v in p.extra_pending_layer.items()}}
+    if done:
+        for k, v in p.extra_done_layer.items():
+            out[k] = out.get(k, 0) + v * done
+    return out
 
 
 #: one GPU's layer moments: no sharded plan's buffers beside them (read only)
@@ -438,6 +448,7 @@ def _layer_moments(
                                 p,
                                 layers_all - layers_above - from_top,
                                 extras[top, suffix not in (".experts", ".recompute"), bottom],
+                                layers_above + from_top,
                             ),
                         },
                     )

@@ -54,7 +54,7 @@ def _adapter_input(dt: Dtypes) -> tuple[int, int]:
     16-bit casts; else the input in the adapters' dtype (its own copy when that is not the compute dtype)."""
     if dt.autocast:
         return 2, 2
-    return (dt.adapter if dt.adapter != dt.compute else dt.compute), dt.adapter
+    return (dt.adapter_compute if dt.adapter_compute != dt.compute else dt.compute), dt.adapter_compute
 
 
 def lm_head_lora_saved(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int:
@@ -66,7 +66,7 @@ def lm_head_lora_saved(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> int
     h, r = spec.hidden_size, setup.lora_rank
     x, mid = _adapter_input(dt)
     if setup.lora_dropout > 0:
-        x = 2 if dt.autocast else dt.adapter  # nn.Dropout's output in the adapters' dtype (cast under autocast)
+        x = 2 if dt.autocast else dt.adapter_compute  # nn.Dropout's output in the adapters' dtype (cast under autocast)
         return x * h + h + mid * r
     return x * h + mid * r
 
@@ -86,7 +86,7 @@ def embedding_lora_saved(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> i
     ``after_A``, r values per token, or autocast's 16-bit cast of it)."""
     if not head_facts(spec, setup).embedding_adapted:
         return 0
-    return (2 if dt.autocast else dt.adapter) * setup.lora_rank
+    return (2 if dt.autocast else dt.adapter_compute) * setup.lora_rank
 
 
 def _hf_loss(final_norm: int, softcap: int, v: int, a: int) -> HeadActivations:

@@ -239,5 +239,6 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         extra_above_bottom={**parts.extra_above_bottom, **{k: round(v) for k, v in st.above_bottom.items() if v}},
         extra_layer_grads={**parts.extra_layer_grads, **{k: round(v) for k, v in st.layer_grads.items() if v}},
         extra_pending_layer={**parts.extra_pending_layer, **pending},
+        extra_done_layer={**parts.extra_done_layer, **{k: round(v) for k, v in st.done_layer.items() if v}},
         extra_embedding=None if embedding is None else {**parts.extra_backward, **extra["backward"], **embedding},
     )

@@ -124,6 +124,8 @@ class States:
     # held once per layer whose backward has not ended, from its forward on (step.StepParts.extra_pending_layer;
     # FSDP2 with reshard_after_forward=False: each unit's all-gathered parameters)
     pending_layer: dict[str, float] = field(default_factory=dict)
+    # held once per layer whose backward has ended, to the end of backward (step.StepParts.extra_done_layer)
+    done_layer: dict[str, float] = field(default_factory=dict)
     # the backward buffers that differ at the embedding's backward, after every layer's (step.StepParts.extra_embedding)
     embedding_backward: dict[str, float] | None = None
     notes: list[str] = field(default_factory=list)

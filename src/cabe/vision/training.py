@@ -166,7 +166,7 @@ def tower_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, grid: I
         per_block = round_alloc(n * acts.bytes_per_token) + acts.constant_bytes * (n // span)
         # proj saves the concatenation itself when its weight trains, or when lora_A reads it as it is (no autocast,
         # no cast to the adapters' dtype, no dropout: cabe.activations _Layer.linear_inputs)
-        reads = "proj" in targets and not dt.autocast and dt.adapter == dt.compute and setup.lora_dropout == 0
+        reads = "proj" in targets and not dt.autocast and dt.adapter_compute == dt.compute and setup.lora_dropout == 0
         per_block += 0 if is_siglip else qwen25.concatenated_output(tower, n, setup, dt, trains or reads)
         by_span[span] = (per_block, n * acts.backward_workspace_per_token)
     full_blocks = set(tower.full_attention_blocks)
