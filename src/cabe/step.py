@@ -145,6 +145,9 @@ class StepParts:
     grads_mlp_layer: int = 0
     mlp_saved_layer: int = 0
     attention_workspace_layer: int = 0
+    # the gradients at the optimizer's step where they differ from ``grads`` (DeepSpeed ZeRO-1/2: rank 0's gradient
+    # partition, cabe.parallel.zero); None: ``grads``
+    grads_at_step: int | None = None
     # cuBLAS's workspaces, held by the caching allocator from the first step on (cabe.units.CUDA_WORKSPACES)
     cuda_workspaces: int = 0
     # logits a training loop keeps bound from one step to the next (LitGPT's ``logits``: through backward, the
@@ -323,7 +326,12 @@ def timeline(p: StepParts) -> list[Moment]:
         Moment(
             "optimizer",
             "step",
-            {**base, "gradients": p.grads, "optimizer_temporaries": p.optimizer_temporaries, **p.extra_optimizer},
+            {
+                **base,
+                "gradients": p.grads if p.grads_at_step is None else p.grads_at_step,
+                "optimizer_temporaries": p.optimizer_temporaries,
+                **p.extra_optimizer,
+            },
         )
     )
     if p.carried_logits:  # (the loss moment counts them as its own logits)

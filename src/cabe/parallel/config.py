@@ -20,6 +20,9 @@ class ShardConfig:
     contiguous_gradients: bool = True
     prefetch_bucket_size: int = 50_000_000
     max_live_parameters: int = 1_000_000_000
+    # ZeRO-3 keeps a submodule gathered when the step uses it again within this many elements
+    # (zero/config.py:251, ``stage3_max_reuse_distance``)
+    max_reuse_distance: int = 1_000_000_000
     param_persistence_threshold: int = 100_000
     sub_group_size: int = 1_000_000_000  # ZeRO-3 steps the optimizer one sub-group at a time
     # FSDP

@@ -14,9 +14,11 @@ from cabe.units import GB, GiB
 COMMUNICATION = ("ddp_buckets", "ipg_buckets", "p2p_buffers", "tp_comm", "moe_all_to_all")
 
 
-def per_gpu(new: StepParts, master_weights: float, host: int) -> dict[str, Any]:
-    """Model states, communication buffers, gathered parameters and host RAM of one GPU."""
+def per_gpu(new: StepParts, master_weights: float, host: int, grads: float | None = None) -> dict[str, Any]:
+    """Model states, communication buffers, gathered parameters and host RAM of one GPU; ``grads``: the gradients
+    kept as a model state where the step holds them elsewhere than ``new.grads`` (strategy.States.state_grads)."""
     master = round(master_weights)
+    kept = new.grads if grads is None else round(grads)
     buffers = {
         **new.extra_forward,
         **new.extra_backward,
@@ -28,10 +30,10 @@ def per_gpu(new: StepParts, master_weights: float, host: int) -> dict[str, Any]:
     }
     return {
         "weights_bytes": new.weights,
-        "gradients_bytes": new.grads,
+        "gradients_bytes": kept,
         "optimizer_bytes": new.optimizer,
         "master_weights_bytes": master,
-        "model_states_bytes": new.weights + new.grads + new.optimizer + master,
+        "model_states_bytes": new.weights + kept + new.optimizer + master,
         "communication_bytes": {k: v for k, v in buffers.items() if k in COMMUNICATION},
         "gathered_params_bytes": max(
             # (reshard_after_forward=False: every unit's gathered parameters at the end of forward)

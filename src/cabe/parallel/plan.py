@@ -81,7 +81,7 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, c: Context) -> tuple[StepParts
     host_per_gpu = round(st.host)
     # loading the checkpoint, per loading path (cabe.parallel.loading); reported beside the steady state
     load = loading.plan_load(c, spec, st.weights, per_node)
-    figures = per_gpu(new, st.buffers["optimizer"].get("master_weights", 0), host_per_gpu)
+    figures = per_gpu(new, st.buffers["optimizer"].get("master_weights", 0), host_per_gpu, st.state_grads)
     inflight = micro_batches_in_flight(lay, setup.grad_accum, cfg)
     info: dict[str, Any] = {
         "strategy": lay.strategy,
@@ -166,7 +166,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
             # the embedding's own and their sum, all unsharded (on one GPU the sum is the .grad the gradients count;
             # here the .grad is a shard, and the sum is made whole before the root's reduce-scatter)
             one = embedding_workspace // (3 if setup.grad_accum > 1 else 2)
-            embedding_workspace = round(3 * one * unsharded)
+            embedding_workspace = round((2 if st.head_grad_counted else 3) * one * unsharded)
     else:
         head_grad_share = g_share
     grads_head, grads_per_layer = _grads_split(parts, grads_total, lay, layer_frac, grad_layers)
@@ -194,6 +194,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         weights=round(st.weights),
         optimizer=round(st.optimizer),
         grads=round(grads_total),
+        grads_at_step=None if st.step_grads is None else round(st.step_grads),
         grads_head=round(grads_head),
         grads_per_layer=round(grads_per_layer),
         grad_layers=grad_layers,

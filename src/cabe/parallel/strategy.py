@@ -108,6 +108,15 @@ class States:
     # embedding's backward) are made whole by autograd, this many times the stored gradient's bytes per element
     # (FSDP: the unsharded parameter's, in the gathered dtype); 0: they shrink as the gradients do
     whole_head_grads: float = 0.0
+    # the tied embedding's summed gradient is the .grad ``grads`` counts (DeepSpeed ZeRO-1 keeps every 16-bit .grad
+    # whole until the backward's end): beside it at that moment only the lm_head's and the embedding's own
+    head_grad_counted: bool = False
+    # the gradients at the optimizer's step, where they differ from ``grads`` at the backward's end (DeepSpeed ZeRO-1/2:
+    # rank 0's ``grads_in_partition``); None: ``grads``
+    step_grads: float | None = None
+    # the gradients this rank keeps as a model state (the ZeRO paper's 2Ψ/N under stages 2/3), where the timeline
+    # holds them elsewhere than ``grads`` (``step_grads``, a buffer); None: ``grads``
+    state_grads: float | None = None
     # live while a layer above the bottom one runs backward (step.StepParts.extra_above_bottom)
     above_bottom: dict[str, float] = field(default_factory=dict)
     # live once the layer running backward makes its gradients (step.StepParts.extra_layer_grads)

@@ -7,6 +7,15 @@ partition and its optimizer state. ``backward()`` fills ``ipg_buffer`` (``reduce
 one ``sub_group_size`` group at a time). Stage 2 partitions the 16-bit gradients, stage 3 also the
 parameters, gathering a submodule (plus the prefetch bucket, at most ``max_live_parameters``) while
 it runs; parameters under ``param_persistence_threshold`` stay whole.
+
+Where each 16-bit gradient lives (DeepSpeed 0.19.8, rank 0 traced on a fake group, ``cabe.trace.zero``): autograd
+makes it whole, as ``.grad``; the engine's hook on the parameter's AccumulateGrad (stage_1_and_2.py:1354-1383,
+stage3.py:1525) then copies it into the reduce bucket and frees it (stage_1_and_2.py:1455-1461, stage3.py:1632-1640)
+-- except under stage 1, whose hook only makes the bucket (stage_1_and_2.py:2284-2291: no
+``reduce_ready_partitions_and_remove_grads`` without ``partition_gradients`` or ``overlap_comm``), so every ``.grad``
+stays whole until the backward's end. The gradients a rank keeps are made when a bucket is reduced: stages 1/2
+``grads_in_partition`` (stage_1_and_2.py:2184-2196, at the first ``reduce_ipg_grads``: the *whole* parameters that
+overlap the rank's partition), stage 3 ``grad_partitions_flat_buffer`` (stage3.py:786-791, made with the optimizer).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from dataclasses import dataclass
 
 from cabe.errors import InvalidValueError
 from cabe.parallel.shares import (
+    NON_LAYER,
     Piece,
     dense_bytes,
     flat_partition,
@@ -26,6 +36,7 @@ from cabe.parallel.shares import (
 )
 from cabe.parallel.strategy import Context, States
 from cabe.tensors import Tensor
+from cabe.units import round_alloc
 
 
 def zero_paper_model_states(params: float, gpus: int, stage: int, k: int = 12) -> float:
@@ -72,7 +83,11 @@ class _Partitions:
         train = pieces(mine.held, trainable=True, nbytes=half)
         part = sharded(train, zero3_shard, g) if stage == 3 else flat_partition(train, g)
         n_part = round(sum(t.numel * n for t, n, _ in part))
-        opt_in = _flat_groups(part, cfg.sub_group_size if stage == 3 else 0, 4 if amp else 0)
+        # the master partition is fp32 whatever the module's dtype, and the optimizer steps it: stages 1/2 clone it
+        # (stage_1_and_2.py:560-561, ``.detach().clone().to(dtype=self.master_weights_and_grads_dtype)``), stage 3
+        # converts it, sharing the module's own partition only when that is fp32 already (stage3.py:1162-1173)
+        opt_in = _flat_groups(part, cfg.sub_group_size if stage == 3 else 0, 4)
+        shared = stage == 3 and c.compute_bytes == 4
         optimizer, temporaries = optimizer_bytes(opt_in, c.setup)
         overlap = cfg.overlap_comm if cfg.overlap_comm is not None else stage == 3
         buffers = 2 if (overlap and stage < 3) else 1
@@ -82,11 +97,18 @@ class _Partitions:
             + quantized_held_bytes(mine.held, c.setup, g),
             g16=dense_bytes(train),
             g16_sharded=dense_bytes(_flat_groups(part, 0, 0)),
-            master=dense_bytes(opt_in) if amp else 0.0,
+            master=0.0 if shared else dense_bytes(opt_in),
             grad32=4 * (min(n_part, cfg.sub_group_size) if stage == 3 else n_part) if amp else 0.0,
             optimizer=optimizer,
             temporaries=temporaries,
-            ipg=cfg.reduce_bucket_size * 2 * buffers if (cfg.contiguous_gradients and mine.trainable) else 0,
+            # stages 1/2: ``_gradient_reduction_buffer_dtype`` (stage_1_and_2.py:3266-3268, 1253-1254): the module's
+            # gradient dtype, but fp32 under stage 1 when the module's dtype is not the engine's gradient accumulation
+            # dtype (a plain bf16 module: the engine's is fp32 outside its bf16 / fp16 modes, engine.py:1799-1810;
+            # ``use_grad_accum_attribute``, stage_1_and_2.py:397-404); stage 3: its communication dtype, the engine's
+            # 16-bit one in its bf16 / fp16 mode, else fp32 (stage3.py:782-784)
+            ipg=cfg.reduce_bucket_size * (2 if amp else 4 if stage in (1, 3) else c.compute_bytes) * buffers
+            if (cfg.contiguous_gradients and mine.trainable)
+            else 0,
             elements=n_part,
             host_optimizer=optimizer_bytes(opt_in, c.setup, paged=True)[0],
         )
@@ -113,6 +135,10 @@ def states(c: Context) -> States:
     stage = int(c.layout.strategy[-1])
     p = _Partitions.of(c, stage)
     out = States(weights=p.w16, grads=c.grads, optimizer=c.optimizer, temporaries=c.temporaries, keep_copies=False)
+    # the head's gradients (the tied lm_head's pending one, the tied embedding's sum) are whole 16-bit .grad tensors,
+    # made by autograd before the hook moves them (module docstring); under stage 1 the sum is the .grad it keeps
+    out.whole_head_grads = c.compute_bytes / c.dt.grad if c.mine.trainable else 0.0
+    out.head_grad_counted = stage == 1
     if stage == 3:
         _partition_parameters(c, out, p.w16_sharded)
     if c.offload_optimizer:
@@ -129,9 +155,16 @@ def states(c: Context) -> States:
         if fused:
             out.notes.append("deepspeed_fused_adam")
         out.everywhere("master_weights", p.master)
-        out.grads = p.g16 if stage == 1 else p.g16_sharded
-        if p.grad32:
-            out.buffers["optimizer"]["fp32_grad_partition"] = p.grad32
+        if stage == 3:
+            # grad_partitions_flat_buffer: every trainable parameter's partition, made with the optimizer
+            # (stage3.py:786-791), live all along; the whole 16-bit .grad goes into the bucket as it is made
+            out.grads = 0.0
+            out.everywhere("grad_partitions", p.g16_sharded)
+            out.state_grads = p.g16_sharded
+            if p.grad32:
+                out.buffers["optimizer"]["fp32_grad_partition"] = p.grad32
+        else:
+            _gradient_partition(c, out, p, stage)
     if p.ipg:
         _ipg_buckets(out, p.ipg, stage)
     if c.dt.gathered:
@@ -141,38 +174,223 @@ def states(c: Context) -> States:
     return out
 
 
+def _gradient_partition(c: Context, out: States, p: _Partitions, stage: int) -> None:
+    """Stages 1/2: the 16-bit gradients in backward, and at the step (rank 0, the rank the trace measures).
+
+    ``grads_in_partition`` holds the whole parameters that overlap rank 0's flat partition (stage_1_and_2.py:2184-2196:
+    ``total_size += param_in_partition.numel()``), made at the first bucket reduce (stage 1: at the backward's end,
+    ``reduce_gradients``, engine.py:3073-3097) and released after the step has flattened it. The step (stage_1_and_2.py
+    ``step``) first takes the norm of each piece of the partition in fp64 (``get_grad_norm_direct``,
+    stage_1_and_2.py:2684, ``g.data.to(get_norm_dtype())``: double where the device has it), then flattens the
+    partition (16-bit) and casts it to fp32 (stage_1_and_2.py:3118) beside it; then the optimizer steps on the fp32
+    partition alone."""
+    whole, largest_piece = _rank0_partition(c, p.elements)
+    half = c.compute_bytes
+    gip = round_alloc(round(whole * half))
+    # stage 1: each .grad whole until the backward's end; stage 2: none kept until the first bucket reduce
+    out.grads = p.g16 if stage == 1 else 0.0
+    out.step_grads = gip
+    if stage == 2:
+        # the model state the ZeRO paper counts (2Ψ/N): the partition the rank keeps from the first reduce to the step
+        out.state_grads = gip
+        mine, r = c.mine, c.cfg.reduce_bucket_size
+        layer = mine.layer_trainable_elements
+        embedding = sum(h.tensor.numel * h.count for h in mine.held if h.trainable and h.tensor.kind == "embedding")
+        # the bucket reduced once before the bottom layer's backward (every gradient above it made) / the embedding's
+        if mine.trainable_elements - layer - embedding > r:
+            out.below_top["grads_in_partition"] = gip
+        if mine.trainable_elements - embedding > r:
+            out.embedding_backward = {**(out.embedding_backward or {}), "grads_in_partition": gip}
+        # each whole .grad until the hook has copied it into the bucket: the largest layer parameter's
+        out.layer_grads["whole_grad"] = round_alloc(round(_largest_layer_param(c) * half))
+    if p.elements:
+        # the fp64 norm of the largest piece, or the flat 16-bit partition and its fp32 cast, beside grads_in_partition
+        out.buffers["optimizer"]["grad_norm_or_flatten"] = max(
+            8 * largest_piece, (half + (4 if half != 4 else 0)) * p.elements
+        )
+
+
+def _flat_order(c: Context, trainable: bool = True) -> list[tuple[str, float]]:
+    """(name, elements) of the parameters in the module's order (``model.parameters()``: the embeddings, each layer's
+    linears then its norms, the final norm, the lm_head), the trainable ones only with ``trainable``."""
+    mine = c.mine
+    lead: list[tuple[str, float]] = []
+    tail: list[tuple[str, float]] = []
+    layer: list[tuple[str, float, int, int]] = []
+    layers = c.layout.stage_layers or 1
+    trained = layers
+    if c.setup.method == "freeze":
+        trained = min(layers, c.setup.trainable_layers or layers)
+    for h in mine.held:
+        t = h.tensor
+        if t.kind == "quantized" or (trainable and not h.trainable):
+            continue
+        if t.name in NON_LAYER:
+            (lead if t.kind in ("embedding", "prompt") else tail).append((t.name, t.numel * h.count))
+        else:
+            # freeze: the trained tensors are the top layers', the frozen ones the bottom layers'
+            lo, hi = (
+                (layers - trained, layers) if h.trainable else (0, layers - trained if trained < layers else layers)
+            )
+            layer.append((t.name, t.numel * h.count / max(hi - lo, 1), lo, hi))
+    tail.sort(key=lambda x: x[0] != "final_norm")  # (the final norm runs before the lm_head)
+    out = list(lead)
+    for i in range(layers):
+        here = [(n, numel) for n, numel, lo, hi in layer if lo <= i < hi]
+        out += sorted(here, key=lambda x: x[0].startswith("norm"))  # (a layer's norms after its linears)
+    return out + tail
+
+
+def _rank0_partition(c: Context, part: int) -> tuple[float, float]:
+    """Rank 0's flat partition ``[0, part)`` of the trainable parameters in order: the elements of the whole
+    parameters that overlap it, and its largest piece."""
+    whole = largest = 0.0
+    offset = 0.0
+    for _, numel in _flat_order(c):
+        if offset >= part:
+            break
+        whole += numel
+        largest = max(largest, min(numel, part - offset))
+        offset += numel
+    return whole, largest
+
+
+def _largest_layer_param(c: Context) -> float:
+    return max(
+        (
+            h.tensor.numel
+            for h in c.mine.held
+            if h.trainable and h.tensor.name not in NON_LAYER and h.tensor.kind != "quantized"
+        ),
+        default=0,
+    )
+
+
 def _ipg_buckets(out: States, nbytes: int, stage: int) -> None:
     """The ``reduce_bucket_size`` gradient buffers (``contiguous_gradients``), whatever the model's size.
 
     Stage 3 makes one per gradient dtype with the optimizer (DeepSpeed 0.19.8 stage3.py:779-784, ``__init__``:
-    ``bucket.buffer = torch.empty(self.reduce_bucket_size, ...)``): live all along. Stages 1/2 make theirs at the
-    first gradient of every backward (stage_1_and_2.py:2287, ``process_gradients`` calls ``setup_buckets``,
-    stage_1_and_2.py:3256-3279: one, two with ``overlap_comm``), after the loss head's logits gradients are freed:
-    beside the layers' and the embedding's backward, not the loss head's (rank 0 traced, ``cabe.trace.zero``:
-    qwen2.5-0.5b on 8 GPUs, bf16, its peak in the layers' backward with the buffer, 17% below the estimate that
-    put the buffer beside the head's fp32 logits)."""
+    ``bucket.buffer = torch.empty(self.reduce_bucket_size, ...)``): live all along, in forward too (rank 0 traced:
+    qwen2.5-0.5b on 8 GPUs holds it from the set-up on). Stages 1/2 make theirs at the first gradient of every
+    backward (stage_1_and_2.py:2287, ``process_gradients`` calls ``setup_buckets``, stage_1_and_2.py:3256-3279: one,
+    two with ``overlap_comm``) and release them at its end (``_release_ipg_buffers``, stage_1_and_2.py:924-932), after
+    the loss head's logits gradients are freed: beside the layers' and the embedding's backward, not the loss head's
+    nor the step's."""
     if stage == 3:
-        out.buffers["backward"]["ipg_buckets"] = nbytes
+        out.everywhere("ipg_buckets", nbytes)
         return
     out.layer_backward["ipg_buckets"] = nbytes
-    out.embedding_backward = {**out.buffers["backward"], "ipg_buckets": nbytes}
+    out.embedding_backward = {**out.buffers["backward"], **(out.embedding_backward or {}), "ipg_buckets": nbytes}
 
 
 def _partition_parameters(c: Context, out: States, w16_sharded: float) -> None:
-    """ZeRO-3: the 16-bit parameters partitioned (or on the host), one submodule gathered at a time."""
-    mine, cfg, amp, dt, g = c.mine, c.cfg, c.amp, c.dt, c.group
+    """ZeRO-3: the 16-bit parameters partitioned (or on the host), gathered submodule by submodule.
+
+    A submodule's parameters are released after it runs unless the recorded order of the step (forward, then backward)
+    uses them again within ``max_reuse_distance`` elements (partitioned_param_coordinator.py:634-664,
+    ``__params_to_release``; the order is recorded in the first step and used from the second on: ``reset_step`` at
+    every forward's start, parameter_offload.py:306, partitioned_param_coordinator.py:251-283). With the default 1e9, a
+    layer whose parameters come back within that many elements -- twice what lies above it, the lm_head's included --
+    stays gathered from its forward to its backward: at the loss head's backward every such layer is gathered, and a
+    tied embedding all along (rank 0 traced: qwen2.5-0.5b on 8 GPUs holds all 24 layers and the embedding, 988 MB, at
+    the head's backward, -10% without them). Each fetch also prefetches the next ``prefetch_bucket_size`` elements not
+    gathered (partitioned_param_coordinator.py:453-475), while fewer than ``max_live_parameters`` are."""
+    mine, amp, dt, g = c.mine, c.amp, c.dt, c.group
     # parameters under stage3_param_persistence_threshold (norms, biases) stay whole
     persistent = mine.persistent_elements * (2 if amp else dt.weight) * (1 - 1 / max(g, 1))
     out.weights = (0.0 if c.offload_parameters else w16_sharded) + persistent
-    # the submodule being run + the prefetch bucket, at most max_live_parameters
-    gathered = min(
-        cfg.max_live_parameters, mine.largest_module + cfg.prefetch_bucket_size, mine.elements + 2 * mine.quantized
-    )
-    gathered *= 2 if (amp or dt.weight == 2) else dt.weight
-    out.buffers["forward"]["gathered_params"] = gathered
-    out.buffers["backward"]["gathered_params"] = gathered
-    mod_grad = min(mine.largest_module, mine.trainable_elements) * (2 if amp else dt.grad) if mine.trainable else 0
+    per = 2 if (amp or dt.weight == 2) else dt.weight
+    head, bottom, embedding = _gathered(c)
+    out.buffers["forward"]["gathered_params"] = head * per
+    out.buffers["backward"]["gathered_params"] = head * per
+    out.above_bottom["gathered_params"] = head * per  # (the layers between: at most the head's)
+    out.layer_backward["gathered_params"] = bottom * per
+    out.embedding_backward = {**(out.embedding_backward or {}), "gathered_params": embedding * per}
+    mod_grad = _largest_layer_param(c) * (2 if amp else dt.grad) if mine.trainable else 0
     if mod_grad:
-        out.buffers["backward"]["module_grads"] = mod_grad
+        # the whole .grad of the layer's parameter being made, until the hook copies it into the bucket
+        out.layer_grads["whole_grad"] = round_alloc(round(mod_grad))
     if c.offload_parameters:
         out.host += w16_sharded
+
+
+def _gathered(c: Context) -> tuple[float, float, float]:
+    """Elements gathered at the loss head's backward (and the forward's end), at the bottom layer's backward and at
+    the embedding's: the step's recorded submodule order walked with ``max_reuse_distance`` (see
+    :func:`_partition_parameters`). A submodule is a linear (its weight and bias, its adapters) or a norm; parameters
+    under the persistence threshold stay whole (counted in the weights) but count in the distance."""
+    cfg, mine = c.cfg, c.mine
+    threshold = cfg.param_persistence_threshold
+    order = _flat_order(c, trainable=False)
+    modules: list[tuple[str, float, bool]] = []  # (id, elements, released after use)
+    for name, numel in order:
+        base = name.split(".lora_")[0].removesuffix(".bias")
+        if modules and modules[-1][0].rsplit("#", 1)[0] == base and name not in NON_LAYER:
+            last = modules[-1]
+            modules[-1] = (last[0], last[1] + numel, last[2] or numel >= threshold)
+        else:
+            modules.append((f"{base}#{len(modules)}", numel, numel >= threshold))
+    tied = not any(h.tensor.kind == "lm_head" for h in mine.held) and any(
+        h.tensor.kind == "embedding" for h in mine.held
+    )
+    emb = next((m for m in modules if m[0].startswith("embed_tokens#")), None)
+    forward = list(modules)
+    if tied and emb is not None:
+        forward.append(emb)  # the lm_head module runs the embedding's weight
+    trained = mine.trainable > 0
+    head_trained = any(h.trainable for h in mine.held if h.tensor.kind in ("embedding", "lm_head")) and tied
+    in_backward = _backward_modules(c, forward, emb, tied, head_trained) if trained else []
+    seq = forward + in_backward
+    # the next use of each module after position i, and the elements between: kept if fewer than the distance
+    prefix = [0.0]
+    for _, numel, _ in seq:
+        prefix.append(prefix[-1] + numel)
+    next_use: dict[str, int] = {}
+    kept_after = [False] * len(seq)
+    for i in range(len(seq) - 1, -1, -1):
+        mid = seq[i][0]
+        j = next_use.get(mid)
+        kept_after[i] = j is not None and prefix[j] - prefix[i + 1] < cfg.max_reuse_distance
+        next_use[mid] = i
+    gathered = {m[0]: m[1] for i, m in enumerate(forward) if m[2] and kept_after[i]}
+    if forward and forward[-1][2]:
+        gathered[forward[-1][0]] = forward[-1][1]  # the module running: the lm_head
+    head = sum(gathered.values())
+    # what the lm_head's fetch prefetches: the next modules of the backward not gathered
+    prefetch = 0.0
+    if head < cfg.max_live_parameters:
+        limit = min(cfg.prefetch_bucket_size, cfg.max_live_parameters - head)
+        for mid, numel, released in in_backward:
+            if prefetch >= limit:
+                break
+            if released and mid not in gathered:
+                prefetch += numel
+    # the bottom layer's backward: its own submodules, and the embedding next (a tied one kept, else prefetched)
+    body = [m for m in in_backward if m[0].split("#")[0] not in NON_LAYER]
+    per = len([m for m in forward if m[0].split("#")[0] not in NON_LAYER]) // max(c.layout.stage_layers, 1)
+    embedding = emb[1] if emb is not None and emb in in_backward else 0.0
+    bottom = sum(n for _, n, released in body[-per:] if released) if body and per else 0.0
+    return head + prefetch, bottom + embedding, embedding
+
+
+def _backward_modules(
+    c: Context,
+    forward: list[tuple[str, float, bool]],
+    emb: tuple[str, float, bool] | None,
+    tied: bool,
+    head_trained: bool,
+) -> list[tuple[str, float, bool]]:
+    """The submodules whose backward runs, in order: the head, then the layers in the gradient's path from the top
+    (freeze: its trained layers), then the embedding when it is trained."""
+    layers = c.layout.stage_layers or 1
+    trained = min(layers, c.setup.trainable_layers or layers) if c.setup.method == "freeze" else layers
+    body = [m for m in forward if m[0].split("#")[0] not in NON_LAYER]
+    per = len(body) // layers if layers else 0
+    head_mods = [m for m in forward if m[0].split("#")[0] in ("final_norm", "lm_head")]
+    head_mods = [forward[-1], *head_mods] if tied and emb is not None else list(reversed(head_mods))
+    out = list(head_mods)
+    for i in range(layers - 1, layers - 1 - trained, -1):
+        out += list(reversed(body[i * per : (i + 1) * per]))
+    if emb is not None and any(h.trainable and h.tensor.kind == "embedding" for h in c.mine.held):
+        out.append(emb)
+    return out
