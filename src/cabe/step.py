@@ -144,6 +144,13 @@ class StepParts:
     # the per-layer split of the layer's backward (see LayerRun), for plans that walk a mean layer
     grads_mlp_layer: int = 0
     mlp_saved_layer: int = 0
+    # of ``saved_layer`` / ``recompute_layer`` / ``mlp_saved_layer`` / ``final_norm_saved``: what the linears reading
+    # a block's input save of it (LayerActivations.gathered_input_per_token, HeadActivations.gathered_input), the
+    # tensors sequence parallelism all-gathers (cabe.parallel.activations.sequence_parallel)
+    gathered_layer: int = 0
+    gathered_recompute_layer: int = 0
+    mlp_gathered_layer: int = 0
+    final_norm_gathered: int = 0
     attention_workspace_layer: int = 0
     # the gradients at the optimizer's step where they differ from ``grads`` (DeepSpeed ZeRO-1/2: rank 0's gradient
     # partition, cabe.parallel.zero); None: ``grads``

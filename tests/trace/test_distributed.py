@@ -192,7 +192,6 @@ def test_tensor_parallel_rank0(extra):
         ({"loss": "chunked"}, "tp_loss"),
         ({"dtype": "fp32", "autocast": "fp16"}, "tp_scaler"),
         ({"optimizer_impl": "foreach"}, "tp_mixed"),
-        ({"sequence_parallel": True}, "sp"),
         ({"tp": 4, "gpus": 4}, "tp_kv_heads"),  # (2 key / value heads below)
     ],
 )

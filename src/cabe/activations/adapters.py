@@ -19,13 +19,22 @@ from cabe.architecture import ModelSpec
 from cabe.layers import Linear
 from cabe.units import round_alloc
 
+#: the groups of linears that read a block's input (the norm's output, or the residual): not the inner ones
+#: (``mlp.down``, ``attn.q_b_proj``...), which read what the block made of it
+BLOCK_INPUTS = ("attn", "mlp", "moe", "ssm")
+
 
 def linear_inputs(
     layer: LayerState, group: str, names: list[tuple[str, int]], shared_bytes: int, shared_formula: str
 ) -> None:
     """Inputs saved by the linear layers ``names`` (name, in_features) that read one tensor."""
+    before = layer.saved
     with layer.adapter_owned():
         _linear_inputs(layer, group, names, shared_bytes, shared_formula)
+    if group in BLOCK_INPUTS:  # (LayerActivations.gathered_input_per_token)
+        layer.gathered += layer.saved - before
+        if group != "attn":
+            layer.gathered_mlp += layer.saved - before
 
 
 def _linear_inputs(

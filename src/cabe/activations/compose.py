@@ -81,6 +81,8 @@ def layer_activations(
         dispatch_workspace_per_token=layer.dispatch_workspace,
         experts_freed_per_token=layer.experts_freed,
         output_grad_per_token=layer.output_grad,
+        gathered_input_per_token=layer.gathered,
+        mlp_gathered_per_token=layer.gathered_mlp,
     )
 
 

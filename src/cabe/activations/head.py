@@ -8,6 +8,8 @@ test_lora_head_trace.py, test_modules_to_save_trace.py, test_bert_trace.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cabe.activations import compressed
 from cabe.activations.terms import HeadActivations
 from cabe.architecture import ModelSpec
@@ -21,6 +23,14 @@ def head_activations(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadA
     """The final norm and the loss, by loss kernel (``setup.resolved_loss``)."""
     if spec.head == "sequence_classification":
         return _classifier_head(spec, setup, dt)
+    head = _lm_head(spec, setup, dt)
+    # what the lm_head saves of its input (HeadActivations.gathered_input): its matmul's when its weight trains,
+    # LoRA's, modules_to_save's copy
+    gathered = (dt.residual * spec.hidden_size if setup.method == "full" else 0) + lm_head_lora_saved(spec, setup, dt)
+    return replace(head, gathered_input=gathered + lm_head_saved_input(spec, setup, dt))
+
+
+def _lm_head(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadActivations:
     h, v = spec.hidden_size, spec.vocab_size
     rho = dt.residual
     a = dt.compute

@@ -47,6 +47,7 @@ class LayerState:
         self.experts_freed = 0  # per token: see LayerActivations.experts_freed_per_token
         self.experts_from = 0  # the first term the routed experts save after their input (activations.compressed)
         self.output_grad = 0  # per token: see LayerActivations.output_grad_per_token
+        self.gathered = self.gathered_mlp = 0  # per token: see LayerActivations.gathered_input_per_token
         # compressed attention's softmax: the moment's bytes, the first term after it, its backward (compressed)
         self.softmax_moment = self.softmax_at = self.softmax_backward = 0
         # Whether the tensor flowing through the block being counted requires grad. Autograd saves a tensor for an

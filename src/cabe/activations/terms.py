@@ -67,6 +67,12 @@ class LayerActivations:
     # checkpointing: the gradient of the layer's output, waiting in autograd's input buffer while the layer is
     # recomputed (set where it is not small beside the rest: DeepSeek-V4's n streams, cabe.compressed_attention)
     output_grad_per_token: int = 0
+    # of ``terms``: what the linears that read the attention's and the MLP's input save of it (the shared input,
+    # its casts, the adapters' copies: activations.adapters.linear_inputs), and of that the MLP block's. Sequence
+    # parallelism all-gathers that input before the column-parallel projections, so it stays whole on every GPU
+    # (cabe.parallel.activations.sequence_parallel)
+    gathered_input_per_token: int = 0
+    mlp_gathered_per_token: int = 0
 
     @property
     def indexer_moment_per_token(self) -> int:
@@ -96,3 +102,6 @@ class HeadActivations:
     backward_fixed: int = 0
     # logits the training loop keeps from one step to the next (per token; LitGPT: cabe.step.StepParts.carried_logits)
     carried: int = 0
+    # of ``final_norm``: what the lm_head saves of its input (the final norm's output): all-gathered whole on every
+    # GPU by sequence parallelism (cabe.parallel.activations.sequence_parallel)
+    gathered_input: int = 0

@@ -164,6 +164,12 @@ def _step_parts(
         runs=runs,
         grads_mlp_layer=mean(lambda r: r.grads_mlp),
         mlp_saved_layer=mean(lambda r: r.mlp_saved),
+        # (the layers left out of checkpointing keep theirs through the forward; a recomputed layer makes its own)
+        gathered_layer=sum(n * tokens * r.per_layer.gathered_input_per_token for r, n, ck in act.pieces() if not ck)
+        // max(grad_layers, 1),
+        gathered_recompute_layer=act.mean(lambda r: tokens * r.per_layer.gathered_input_per_token) if ckpt else 0,
+        mlp_gathered_layer=act.mean(lambda r: tokens * r.per_layer.mlp_gathered_per_token),
+        final_norm_gathered=tokens * head.gathered_input,
         attention_workspace_layer=mean(lambda r: r.attention_workspace),
         cuda_workspaces=CUDA_WORKSPACES,
         carried_logits=tokens * head.carried,

@@ -1,9 +1,11 @@
-"""Model parallelism on what a step saves and sends: Megatron TP / SP splits of the saved tensors,
-pipeline micro-batches in flight, and the buffers TP, PP and EP add.
+"""Model parallelism on what a step saves and sends: TP / SP splits of the saved tensors, pipeline
+micro-batches in flight, and the buffers PP and EP add.
 
 Korthikanti et al. 2022 ("Reducing Activation Recomputation"): per layer sbh(10 + 24/t + 5as/(ht))
-without sequence parallelism, sbh(34/t + 5as/(ht)) with it — 10/34 of a layer's saved bytes (norm
-inputs, dropout masks, the residual) are replicated across TP ranks unless SP splits them.
+without sequence parallelism — 10/34 of a layer's saved bytes (norm inputs, dropout masks, the
+residual) are replicated across TP ranks. With sequence parallelism their sbh·34/t holds for Megatron's
+linears only; torch's styles keep the projections' all-gathered inputs whole, and the plan follows them
+tensor by tensor (:func:`sequence_parallel`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,24 @@ def tensor_parallel(setup: TrainingSetup) -> TensorParallelFactors:
     )
 
 
+def sequence_parallel(saved: float, gathered: float, tp: int) -> float:
+    """One GPU's share of saved bytes of which ``gathered`` are what the column-parallel projections save of their
+    all-gathered input, under sequence parallelism as torch's styles run it (torch 2.13
+    distributed/tensor/parallel/style.py, torchtitan's ``parallelize_llama``; traced by
+    cabe.trace.sequence_parallel).
+
+    ``SequenceParallel`` runs each norm on the GPU's s/t positions and the residual stream stays split, so what the
+    norms save, the layer's checkpointed input and the o / down projections' outputs shrink by t; attention and the
+    MLP's inner tensors are split by heads and features as under TP. But ``PrepareModuleInput`` all-gathers the
+    norm's output (``Shard(1)`` to ``Replicate()``, style.py ``_prepare_input_arg``) before q / k / v and gate /
+    up, and their matmuls save that whole input (``ColwiseParallel`` hands it on as it is: ``_prepare_input_fn``);
+    so does the lm_head (``ColwiseParallel(input_layouts=Shard(1))``). Megatron's sequence-parallel linear saves the
+    shard and all-gathers it again in backward (megatron/core/tensor_parallel/layers.py,
+    ``LinearWithGradAccumulationAndAsyncCommunication``), which Korthikanti et al.'s sbh·34/t assumes; torch's do
+    not: those stay whole."""
+    return (saved - gathered) / tp + gathered
+
+
 def micro_batches_in_flight(lay: Layout, grad_accum: int, cfg: ShardConfig) -> int:
     """Pipeline: 1F1B keeps at most ``pp - stage`` micro-batches' activations; GPipe all of them."""
     if lay.pp == 1:
@@ -53,15 +73,17 @@ def micro_batches_in_flight(lay: Layout, grad_accum: int, cfg: ShardConfig) -> i
 def communication_buffers(
     spec: ModelSpec, setup: TrainingSetup, lay: Layout, cfg: ShardConfig, dt: Any
 ) -> dict[str, float]:
-    """Bytes live in forward and backward: pipeline send / receive buffers, SP's all-gathered
-    sequence, MoE all-to-all. Sequences are ``tokens_per_sequence`` long (prompt tuning's virtual
-    tokens included), as in the single-GPU estimate."""
+    """Bytes live in forward and backward: pipeline send / receive buffers, MoE all-to-all. Sequences are
+    ``tokens_per_sequence`` long (prompt tuning's virtual tokens included), as in the single-GPU estimate.
+
+    Sequence parallelism adds no buffer of its own here: torch's all-gathered sequence is the input the projections
+    save (:func:`sequence_parallel`), counted with the saved tensors; it holds no persistent all-gather buffer
+    (Megatron's ``get_global_memory_buffer`` is not in torch's styles). Traced: with a whole b·s·h buffer beside the
+    saved tensors the estimate was b·s·h over rank 0 at the head's backward, to the byte (tiny Llama, t = 2)."""
     tokens = setup.batch * setup.tokens_per_sequence
     out: dict[str, float] = {}
     if lay.pp > 1:
         out["p2p_buffers"] = 2 * tokens * spec.hidden_size * dt.compute
-    if lay.tp > 1 and setup.sequence_parallel:
-        out["tp_comm"] = tokens * spec.hidden_size * dt.compute
     if spec.num_experts and lay.ep > 1:
         out["moe_all_to_all"] = 2 * tokens * spec.experts_per_token * spec.hidden_size * dt.compute
     return out

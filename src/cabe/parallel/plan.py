@@ -17,7 +17,7 @@ from typing import Any
 from cabe.architecture import ModelSpec
 from cabe.parallel import config as _config
 from cabe.parallel import ddp, fsdp, loading, zero
-from cabe.parallel.activations import communication_buffers, micro_batches_in_flight, tensor_parallel
+from cabe.parallel.activations import communication_buffers, micro_batches_in_flight, sequence_parallel, tensor_parallel
 from cabe.parallel.config import ShardConfig
 from cabe.parallel.explain import per_gpu, step_json, steps
 from cabe.parallel.layout import Layout, layout, stage_layers
@@ -151,6 +151,12 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
     f = tensor_parallel(setup)
     inflight = micro_batches_in_flight(lay, setup.grad_accum, cfg)
     saved = parts.saved_layer * (f.checkpointed if setup.checkpointing else f.saved)
+    recompute, mlp_saved, final_norm = parts.recompute_layer * f.saved, parts.mlp_saved_layer * f.saved, None
+    if lay.tp > 1 and setup.sequence_parallel:  # tensor by tensor: what stays whole (sequence_parallel)
+        saved = sequence_parallel(parts.saved_layer, parts.gathered_layer, lay.tp)
+        recompute = sequence_parallel(parts.recompute_layer, parts.gathered_recompute_layer, lay.tp)
+        mlp_saved = sequence_parallel(parts.mlp_saved_layer, parts.mlp_gathered_layer, lay.tp)
+        final_norm = round(sequence_parallel(parts.final_norm_saved, parts.final_norm_gathered, lay.tp))
     head_on = lay.last
     layer_frac = lay.stage_layers / spec.num_layers
     grad_layers = _grad_layers(parts, spec, setup, lay)
@@ -206,7 +212,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         saved_layer=round(saved * inflight),
         frozen_inputs=round(_frozen_inputs(parts, spec, lay.stage_layers, grad_layers) * f.checkpointed * inflight),
         frozen_copies=round(_frozen_share(parts.frozen_copies, parts, spec, lay.stage_layers, grad_layers) * per_tp),
-        recompute_layer=round(parts.recompute_layer * f.saved),
+        recompute_layer=round(recompute),
         recompute_transient_layer=round(parts.recompute_transient_layer * f.saved),
         dispatch_workspace_layer=round(parts.dispatch_workspace_layer * f.saved),
         workspace_layer=round(parts.workspace_layer * f.saved),
@@ -215,12 +221,13 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         grads_mlp_layer=round(parts.grads_mlp_layer * grads_per_layer / parts.grads_per_layer)
         if parts.grads_per_layer
         else 0,
-        mlp_saved_layer=round(parts.mlp_saved_layer * f.saved),
+        mlp_saved_layer=round(mlp_saved),
         attention_workspace_layer=round(parts.attention_workspace_layer * f.saved),
         embedding_grad_input=parts.embedding_grad_input if lay.first else 0,
         embedding_backward_workspace=embedding_workspace,
         rotary=round(parts.rotary * inflight) if grad_layers else 0,
         head_saved=round(parts.head_saved * f.head) if head_on else 0,
+        final_norm_saved=parts.final_norm_saved if final_norm is None else final_norm,
         head_forward_extra=round(parts.head_forward_extra * f.head) if head_on else 0,
         head_backward_extra=round(parts.head_backward_extra * f.head) if head_on else 0,
         optimizer_temporaries=round(st.temporaries),

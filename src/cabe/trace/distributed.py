@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cabe.errors import ConfigError, InvalidValueError
-from cabe.trace import offload, state, zero
+from cabe.trace import offload, sequence_parallel, state, zero
 from cabe.trace.build import build_model, decoder_layers
 from cabe.trace.family_patches import model_types
 from cabe.trace.patches import _Patch, trace_environment
@@ -76,9 +76,6 @@ def refusal(setup: TrainingSetup, config: dict[str, Any] | None = None) -> None:
         # transformers' TP styles replace the forward of the nn.Linear its plan names; PEFT's adapters wrap that
         # module and add their own full-width output to its sharded one (no TP plan covers an adapter)
         raise InvalidValueError("trace_parallel_unsupported", "method", value=setup.method, why="tp_adapters")
-    if setup.sequence_parallel:
-        # transformers' DistributedConfig reserves it ("not wired up yet", 5.25 configuration_utils.py)
-        raise InvalidValueError("trace_parallel_unsupported", "sequence_parallel", value=True, why="sp")
     for name in ("pp", "ep"):
         if getattr(setup, name) > 1:
             raise InvalidValueError("trace_parallel_unsupported", name, value=getattr(setup, name), why=name)
@@ -216,7 +213,9 @@ def _run(
     # (the data-parallel submesh sliced here too: a slice made in the fake mode computes rank 0's coordinate on fake
     # tensors, finds none, and DTensor then treats rank 0 as outside the mesh: empty host shards)
     dp_mesh = _dp_mesh(setup, mesh) if fsdp else None
-    engine: dict[str, Any] = _tensor_parallel(model, mesh["tp"], setup) if tp else {}
+    engine: dict[str, Any] = {}
+    if tp:  # (sequence parallelism: torch's own styles, as torchtitan applies them: cabe.trace.sequence_parallel)
+        engine = (sequence_parallel.apply if setup.sequence_parallel else _tensor_parallel)(model, mesh["tp"], setup)
     rank0 = tracker(setup, kind, device, astate, None)
     rank0.host = offload.host_tally(setup, rank0)
     rank0.local = _local  # a DTensor is counted by its local shard: the wrapper holds no memory of its own
