@@ -64,7 +64,7 @@ TP_MODELS = [
 ]
 
 
-def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, Any]]:
+def sample(rng: random.Random, *, small: bool = False, tp_share: float = TP_SHARE) -> tuple[str, dict[str, Any]]:
     """One configuration: the single-GPU sampler's model and knobs, then the engine, the world and its policy."""
     model, kw = single.sample(rng, small=True)
     roll = rng.random()
@@ -82,11 +82,11 @@ def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, A
         kw["gpus_per_node"] = rng.choice([p for p in (2, 4, 8) if p < kw["gpus"]] or [kw["gpus"]])
     if engine.startswith("fsdp") and rng.random() < 0.4:
         kw["param_dtype"] = "bf16"
-    if rng.random() < TP_SHARE:
+    if rng.random() < tp_share:
         # tensor parallelism (transformers' TP plan on DTensor): alone on tp GPUs, or 2-D under FSDP2 / HSDP
         # a dense model whose transformers TP plan splits what cabe splits (cabe.trace.distributed._partial_plan),
         # over a tp that divides its key / value heads
-        model = rng.choice(TP_MODELS)
+        model = rng.choice(TP_MODELS[:5] if small else TP_MODELS)
         kv = single.source(model).spec.num_kv_heads
         kw["tp"] = rng.choice([t for t in (2, 4, 8) if t <= kw["gpus"] and kv % t == 0] or [2])
         kw["gpus"] = max(kw["gpus"], kw["tp"])
@@ -117,14 +117,14 @@ def sample(rng: random.Random, *, small: bool = False) -> tuple[str, dict[str, A
     return model, kw
 
 
-def draw(seed: int, n: int, *, small: bool = False) -> list[tuple[str, dict[str, Any]]]:
+def draw(seed: int, n: int, *, small: bool = False, tp_share: float = TP_SHARE) -> list[tuple[str, dict[str, Any]]]:
     """``n`` configurations cabe estimates and the fake group can trace, drawn from ``seed``."""
     from cabe.trace.distributed import refusal
 
     rng = random.Random(seed)
     out: list[tuple[str, dict[str, Any]]] = []
     while len(out) < n:
-        model, kw = sample(rng, small=small)
+        model, kw = sample(rng, small=small, tp_share=tp_share)
         try:
             setup = TrainingSetup(**kw)
             refusal(setup, dict(single.source(model).config))  # (DeepSpeed, pp / ep, offload, QLoRA: not traced)
