@@ -59,6 +59,10 @@ def refusal(setup: TrainingSetup, config: dict[str, Any] | None = None) -> None:
     if setup.shard in ("zero1", "zero2", "zero3") and not zero.available():
         # DeepSpeed's engine runs on the fake group (cabe.trace.zero) when DeepSpeed is installed: an optional extra
         raise InvalidValueError("trace_parallel_unsupported", "shard", value=setup.shard, why="deepspeed")
+    if setup.shard in ("zero1", "zero2", "zero3") and "fp16" in (setup.dtype, setup.param_dtype):
+        # DeepSpeed's fp16 training scales the loss inside ``engine.backward`` and refuses a plain backward ("Loss
+        # scaling is required for this configuration", runtime/engine.py); the trace runs the step's own backward
+        raise InvalidValueError("trace_parallel_unsupported", "shard", value=setup.shard, why="deepspeed_fp16")
     if setup.gpus > MAX_WORLD:
         raise InvalidValueError("trace_parallel_unsupported", "gpus", value=setup.gpus, why="world", maximum=MAX_WORLD)
     if setup.tp > 1 and setup.gpus > setup.tp and setup.shard not in ("fsdp", "fsdp-hybrid"):

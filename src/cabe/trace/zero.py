@@ -251,6 +251,14 @@ def _deepspeed(kind: str, world: int) -> Iterator[None]:
     saved_env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE")}
     try:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world), LOCAL_SIZE="1")
+        # what DeepSpeed replaces for the whole process and leaves so ("This will persist unless manually reset"):
+        # ZeRO-3's memory-efficient linear (runtime/zero/partition_parameters.py:412-419, ``torch.nn.functional.linear
+        # = zero3_linear_wrap``) and torch.manual_seed: put back after the trace, so the next trace in this process
+        # runs PyTorch's own (a later single-GPU trace lost autocast's weight copies without it)
+        import torch
+
+        p.set(torch.nn.functional, "linear", torch.nn.functional.linear)
+        p.set(torch, "manual_seed", torch.manual_seed)
         accelerator = _fake_cuda_accelerator() if kind == "fake" else None
         if accelerator is None:
             from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
