@@ -9,6 +9,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("deepspeed")
 
 from cabe import api
+from cabe.trace import trace_step
 from cabe.trace.modes import check_setup
 from cabe.trace.zero import trace
 from cabe.training import TrainingSetup
@@ -52,7 +53,9 @@ def test_zero_on_the_fake_device_is_the_cpu_reference_plus_cublas():
     """DeepSpeed's CPU accelerator with its device named cuda, on fake tensors: every tensor the engine makes is the
     CPU run's (to a 512-byte block), plus the fake device's cuBLAS workspaces."""
     setup = _setup("zero3", 4)
-    fake = trace(CONFIG, setup, 2, "fake")
+    # (through trace_step: the fake device needs the fake-CUDA shim, loaded before torch, so in a process where torch
+    # came first the trace runs in the worker subprocess)
+    fake = trace_step(CONFIG, setup, mode="fake")
     cpu = trace(CONFIG, setup, 2, "cpu")
     assert fake.mode == "fake-zero3" and cpu.mode == "cpu-zero3"
     assert abs(fake.peak_bytes - CUDA_WORKSPACES - cpu.peak_bytes) <= 1024
