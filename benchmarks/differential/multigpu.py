@@ -135,6 +135,26 @@ def draw(seed: int, n: int, *, small: bool = False, tp_share: float = TP_SHARE) 
     return out
 
 
+def report(configs: list[tuple[str, dict[str, Any]]], seed: int, jobs: int, suffix: str) -> None:
+    """Trace and estimate ``configs``, write ``results/results-<seed><suffix>.*`` and print the summary line (this
+    benchmark's and the ZeRO one's, zero.py)."""
+    out = single.RESULTS
+    out.mkdir(exist_ok=True)
+    log = out / f"results-{seed}{suffix}.jsonl"
+    t0 = time.perf_counter()
+    rows = single.run(configs, jobs=jobs, log=log)
+    for r in rows:  # (the invariants are the single-GPU benchmark's: checked there)
+        r["invariants_broken"] = [i for i in r["invariants_broken"] if i != "checkpointing_raises"]
+    single._write(rows, seed, out, suffix)
+    s = single.summary(rows)
+    print(
+        f"seed {seed}: {s['traced']} of {s['configurations']} traced in {time.perf_counter() - t0:.0f} s; "
+        f"max |error| {100 * (s['max_abs_error'] or 0):.2f}%, median {100 * (s['median_abs_error'] or 0):.2f}%, "
+        f"within 3%: {s['within_3pct']}",
+        flush=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=100)
@@ -145,21 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     print(f"seed {seed}", flush=True)
     configs = draw(seed, args.n, small=args.small)
-    out = single.RESULTS
-    out.mkdir(exist_ok=True)
-    log = out / f"results-{seed}-multigpu.jsonl"
-    t0 = time.perf_counter()
-    rows = single.run(configs, jobs=args.jobs, log=log)
-    for r in rows:  # (the invariants are the single-GPU benchmark's: checked there)
-        r["invariants_broken"] = [i for i in r["invariants_broken"] if i != "checkpointing_raises"]
-    single._write(rows, seed, out, "-multigpu")
-    s = single.summary(rows)
-    print(
-        f"seed {seed}: {s['traced']} of {s['configurations']} traced in {time.perf_counter() - t0:.0f} s; "
-        f"max |error| {100 * (s['max_abs_error'] or 0):.2f}%, median {100 * (s['median_abs_error'] or 0):.2f}%, "
-        f"within 3%: {s['within_3pct']}",
-        flush=True,
-    )
+    report(configs, seed, args.jobs, "-multigpu")
     return 0
 
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import multigpu  # this directory's multi-GPU benchmark: its runner and summary (report)
 import run as single  # this directory's single-GPU benchmark: its models, runner and writers
 
 from cabe.analytic import estimate_model
@@ -98,21 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     print(f"seed {seed}", flush=True)
     configs = draw(seed, args.n)
-    out = single.RESULTS
-    out.mkdir(exist_ok=True)
-    log = out / f"results-{seed}-zero.jsonl"
-    t0 = time.perf_counter()
-    rows = single.run(configs, jobs=args.jobs, log=log)
-    for r in rows:  # (the invariants are the single-GPU benchmark's: checked there)
-        r["invariants_broken"] = [i for i in r["invariants_broken"] if i != "checkpointing_raises"]
-    single._write(rows, seed, out, "-zero")
-    s = single.summary(rows)
-    print(
-        f"seed {seed}: {s['traced']} of {s['configurations']} traced in {time.perf_counter() - t0:.0f} s; "
-        f"max |error| {100 * (s['max_abs_error'] or 0):.2f}%, median {100 * (s['median_abs_error'] or 0):.2f}%, "
-        f"within 3%: {s['within_3pct']}",
-        flush=True,
-    )
+    multigpu.report(configs, seed, args.jobs, "-zero")
     return 0
 
 

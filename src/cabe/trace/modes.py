@@ -48,3 +48,16 @@ def tracker(setup: TrainingSetup, kind: str, device: Any, astate: Any, gemm4: An
     # A CPU run stands in for a GPU run: optimizer `step` counters are host tensors there.
     tracker.host_scalars_in_optimizer = kind == "cpu" and setup.resolved_optimizer_impl != "fused"
     return tracker
+
+
+def finish(result: Any, setup: TrainingSetup, engine: dict[str, Any], notes: list[str], astate: Any, t0: float) -> Any:
+    """A rank-0 trace's result with what every engine's run adds (cabe.trace.distributed, cabe.trace.zero): the
+    attention kernels picked, the notes, the setup, the engine's description and the seconds it took."""
+    import time
+
+    result.attention_kernels = dict(astate.choices)
+    result.notes = notes + result.notes
+    result.setup = setup.to_dict()
+    result.engine = engine
+    result.seconds = time.perf_counter() - t0
+    return result

@@ -33,6 +33,7 @@ from cabe.errors import ConfigError
 from cabe.trace import state
 from cabe.trace.build import build_model
 from cabe.trace.family_patches import model_types
+from cabe.trace.modes import finish
 from cabe.trace.patches import _Patch, trace_environment
 from cabe.trace.result import TraceResult
 from cabe.training import TrainingSetup
@@ -90,12 +91,7 @@ def trace(config: dict[str, Any], setup: TrainingSetup, steps: int, kind: str) -
             result, engine = _run(model, cfg, setup, steps, kind, device, astate)
     finally:
         _destroy()
-    result.attention_kernels = dict(astate.choices)
-    result.notes = notes + result.notes
-    result.setup = setup.to_dict()
-    result.engine = engine
-    result.seconds = time.perf_counter() - t0
-    return result
+    return finish(result, setup, engine, notes, astate, t0)
 
 
 def _run(
