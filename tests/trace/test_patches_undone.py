@@ -44,3 +44,21 @@ def test_phi4_mini_longrope_is_traced_after_a_meta_build_in_the_same_process():
         torch.tensor([1.0])
     result = fake_trace(models.preset("phi-4-mini").config, TrainingSetup(method="lora", dtype="bf16", batch=1, seq=64))
     assert result.peak_bytes > 0
+
+
+def test_a_patched_staticmethod_is_put_back_as_a_staticmethod():
+    """_Patch keeps a class's own attribute as stored: the staticmethod DeviceMesh._concatenate (patched by
+    cabe.trace.distributed._real_mesh_coordinates) comes back a staticmethod, not a plain function that an instance
+    would bind."""
+    from cabe.trace.patches import _Patch
+
+    class Holder:
+        @staticmethod
+        def f(x):
+            return x
+
+    p = _Patch()
+    p.set(Holder, "f", staticmethod(lambda x: -x))
+    assert Holder().f(1) == -1
+    p.restore()
+    assert isinstance(vars(Holder)["f"], staticmethod) and Holder().f(1) == 1

@@ -22,7 +22,10 @@ class _Patch:
         self._undo: list[tuple[Any, str, Any]] = []
 
     def set(self, obj: Any, name: str, value: Any) -> None:
-        self._undo.append((obj, name, getattr(obj, name, None)))
+        # a class's own attribute is kept as it is stored (a staticmethod or classmethod, not what getattr binds), so
+        # restoring it puts the same descriptor back
+        own = isinstance(obj, type) and name in vars(obj)
+        self._undo.append((obj, name, vars(obj)[name] if own else getattr(obj, name, None)))
         setattr(obj, name, value)
 
     def restore(self) -> None:
