@@ -190,8 +190,13 @@ MAPPING: dict[str, tuple[dict[str, Any] | None, str]] = {
         "torchtune NF4 as bitsandbytes NF4; 512 cap; reserved after init (9.13 GB) is not modelled",
     ),
     # PR #527: full fine-tuning with the optimizer step fused into backward (each gradient freed as soon as
-    # its parameter is stepped) and a paged AdamW. cabe has no optimizer-in-backward knob.
-    "tt-l2-7b-full-paged": (None, "optimizer-in-backward (gradients freed during backward): no cabe knob"),
+    # its parameter is stepped: torchtune's ``optimizer_in_bwd``, cabe's ``optimizer_in_backward``) and
+    # bitsandbytes' PagedAdamW (32-bit state in unified memory: cabe's ``paged-adamw``, counted apart from
+    # allocated), pure bf16, batch 2, checkpointing; alpaca capped at 512 as the rows above
+    "tt-l2-7b-full-paged": (
+        {**_TT_ALPACA, "method": "full", "optimizer": "paged-adamw", "optimizer_in_backward": True, "grad_accum": 1},
+        "optimizer step in backward, bnb PagedAdamW (state paged, not allocated); alpaca max_seq_len 512",
+    ),
 }
 # transformers' "Efficient Training on a Single GPU" (docs/source/en/perf_train_gpu_one.md, 2022, the version
 # with the nvml figures): ``AutoModelForSequenceClassification.from_pretrained("bert-large-uncased")`` (a

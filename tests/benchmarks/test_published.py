@@ -104,3 +104,17 @@ def test_full_fsdp4_gap_does_not_come_from_the_length():
     at_cap = api.build(req).reserved_bytes
     at_512 = api.build({**req, "seq": compare.ALPACA_REFERENCE_SEQ}).reserved_bytes
     assert at_512 <= at_cap < 1.1 * at_512
+
+
+def test_optimizer_in_backward_row_is_expressed():
+    """torchtune PR #527: full fine-tuning with the step fused into backward (``optimizer_in_bwd``, which refuses
+    gradient accumulation) and bitsandbytes' PagedAdamW, pure bf16, batch 2, checkpointing, alpaca at 512."""
+    req, _ = compare.MAPPING["tt-l2-7b-full-paged"]
+    assert req is not None
+    assert req["optimizer_in_backward"] is True and req["grad_accum"] == 1
+    assert req["optimizer"] == "paged-adamw" and req["method"] == "full"
+    row = ROWS["tt-l2-7b-full-paged"]
+    assert req["batch"] == int(row["micro_batch"]) and bool(req["checkpointing"]) == (row["grad_ckpt"] == "on")
+    # the paged state lives in unified memory: allocated (the row's metric) does not hold it
+    rep = api.build(req)
+    assert rep.paged_bytes > 0 and rep.total_bytes < rep.paged_bytes
