@@ -264,6 +264,17 @@ def test_accelerate_cpu_ram_efficient_loading(strategy, read):
     assert (read is None) == (("fsdp_config.fsdp_cpu_ram_efficient_loading", "no_effect") in ignored)
 
 
+@pytest.mark.parametrize(("fsdp", "read"), [("full_shard auto_wrap", False), ("shard_grad_op", None)])
+def test_training_args_cpu_ram_efficient_loading(fsdp, read):
+    """TrainingArguments' ``fsdp_config.cpu_ram_efficient_loading`` (transformers 5.25 training_args.py: handed to
+    accelerate's FSDP plugin); read only where the words shard the whole model (SHARD_GRAD_OP is planned as ZeRO-2)."""
+    fields, _, ignored = configs.module("training_args").to_request(
+        {"output_dir": "out", "fsdp": fsdp, "fsdp_config": {"cpu_ram_efficient_loading": False}}
+    )
+    assert fields.get("cpu_ram_efficient_loading") is read
+    assert (read is None) == (("fsdp_config.cpu_ram_efficient_loading", "no_effect") in ignored)
+
+
 @pytest.mark.parametrize(
     "strategy,shard",
     [

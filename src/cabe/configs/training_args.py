@@ -145,6 +145,10 @@ def _fsdp_config(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) ->
         elif kk == "reshard_after_forward" and all_.get("fsdp"):
             # FSDP2's fully_shard argument, passed through accelerate (transformers' fsdp_config)
             c.set("reshard_after_forward", _base.as_bool(v, name), name)
+        elif kk == "cpu_ram_efficient_loading" and fsdp_words(all_.get("fsdp") or "")[0] in ("fsdp", "fsdp-hybrid"):
+            # TrainingArguments hands it to accelerate as FSDP_CPU_RAM_EFFICIENT_LOADING (transformers 5.25
+            # training_args.py, ``fsdp_config``): how FSDP loads (cabe.parallel.loading)
+            c.set("cpu_ram_efficient_loading", _base.as_bool(v, name), name)
         else:
             c.ignore(name, "not_modeled" if kk in FSDP_NOT_MODELED else "no_effect")
 
