@@ -92,7 +92,7 @@ def test_ulysses_and_eager_allowed():
 
 
 def test_accelerate_reader():
-    req, used, ignored = accelerate.to_request(
+    req, _, _ = accelerate.to_request(
         {
             "distributed_type": "FSDP",
             "num_processes": 8,

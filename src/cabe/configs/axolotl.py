@@ -217,6 +217,8 @@ FLAGS: dict[str, _base.Flag] = {
 #: ``fsdp_config`` keys (without their ``fsdp_`` prefix).
 FSDP_FLAGS: dict[str, _base.Flag] = {"offload_params": ("offload", "both")}
 FSDP_FIELDS: dict[str, _base.Field] = {"activation_checkpointing": ("checkpointing", _base.as_bool)}
+
+
 #: Keys that need more than a table entry.
 def _context_parallel(c: Collector, key: str, value: Any) -> None:
     n = _base.as_int(value, key)

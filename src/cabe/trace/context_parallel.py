@@ -68,11 +68,10 @@ def seen(fn: Any, rank0: Any) -> Any:
 @contextlib.contextmanager
 def active(model: Any, setup: TrainingSetup, cp_mesh: Any, rank0: Any) -> Iterator[dict[str, Any]]:
     """The ring attention on, for the steps: the inputs sharded, SDPA dispatched to the ring (module docstring)."""
+    import torch.nn.functional as F
     from accelerate.big_modeling import _attach_context_parallel_hooks
     from torch.distributed.tensor.experimental._context_parallel import _attention as cp
     from torch.distributed.tensor.experimental._context_parallel._load_balancer import _create_default_load_balancer
-
-    import torch.nn.functional as F
 
     from cabe.trace import step
     from cabe.trace.patches import _Patch
@@ -91,8 +90,8 @@ def active(model: Any, setup: TrainingSetup, cp_mesh: Any, rank0: Any) -> Iterat
         ids, labels, _ = make_inputs(cfg, s, device)
         positions = torch.arange(s.seq, device=device).expand(ids.shape[0], -1)
         lb = balancer and _create_default_load_balancer(s.seq, s.cp, device)  # (its indices on the batch's device)
-        ids, labels, positions = cp._context_parallel_buffers(cp_mesh, [ids, labels, positions], [1, 1, 1], lb)
-        return ids, labels, positions
+        shards: list[Any] = cp._context_parallel_buffers(cp_mesh, [ids, labels, positions], [1, 1, 1], lb)
+        return shards[0], shards[1], shards[2]
 
     p = _Patch()
     _attach_context_parallel_hooks(model)  # (hooks on the traced model, dropped with it)
