@@ -37,6 +37,7 @@ Recipe = Literal["hf-trainer", "trl-sft", "axolotl", "llama-factory", "torchtune
 Loss = Literal["hf", "chunked", "liger", "cce", "litgpt"]
 ParamDtype = Literal["none", "bf16", "fp16"]
 AdapterDtype = Literal["fp32", "model"]
+CpImpl = Literal["allgather", "alltoall", "ulysses"]
 
 
 def _choices(name: str) -> tuple[str, ...]:
@@ -187,7 +188,7 @@ class TrainingSetup:
     cpu_ram_efficient_loading: bool = _D["cpu_ram_efficient_loading"]
     reshard_after_forward: bool = _D["reshard_after_forward"]
     cp: int = _D["cp"]
-    cp_impl: str = _D["cp_impl"]
+    cp_impl: CpImpl = _D["cp_impl"]
 
     def __post_init__(self) -> None:
         validate(self)
