@@ -13,7 +13,8 @@ or with layers that differ (Gemma's windows, Granite's hybrids). What cabe refus
 (DeepSpeed without its package, pipeline / expert parallelism, offloading, QLoRA; tensor parallelism with adapters,
 chunked losses or fp16's scaler: refused in one sentence by ``cabe trace``) is drawn
 again. A share of the draws (:data:`TP_SHARE`) run transformers' tensor parallelism, alone on ``tp`` GPUs or under
-FSDP2 / HSDP as 2-D (3-D) parallelism. The seed is printed first and is new on every run unless given.
+FSDP2 / HSDP as 2-D (3-D) parallelism; another (:data:`CP_SHARE`) torch's context parallelism (ring attention,
+all-gather or all-to-all rotation) under FSDP2 / HSDP. The seed is printed first and is new on every run unless given.
 
 Writes ``results/results-<seed>-multigpu.json`` and ``.md`` and a row of the table of every run (``results/README.md``).
 Target (issue 30): max |error| <= 3 % on >= 100 configurations.
@@ -45,6 +46,8 @@ MIXED_MODELS = ["gemma-2-2b", "gemma-3-1b", "granite-4.0-h-350m", "qwen3-30b-a3b
 BIG = ["llama-3.1-70b", "qwen2.5-72b"]
 #: the share of draws with tensor parallelism (full and freeze only: PEFT's adapters do not wrap transformers' TP)
 TP_SHARE = 0.3
+#: the share of the other draws with context parallelism (torch's ring under FSDP2: cabe.trace.context_parallel)
+CP_SHARE = 0.2
 #: dense models whose transformers TP plan splits attention and MLP as cabe does (Llama, Qwen 2.5, Mistral, Gemma 2 /
 #: 3, GPT-NeoX), small to 72B
 TP_MODELS = [
@@ -114,6 +117,16 @@ def sample(rng: random.Random, *, small: bool = False, tp_share: float = TP_SHAR
             kw.pop("optimizer_impl", None) if kw["shard"] != "none" else None
         for k in ("offload_activations", "checkpoint_every", "optimizer_in_backward"):  # (one GPU's savers)
             kw.pop(k, None)
+    elif engine.startswith("fsdp") and rng.random() < CP_SHARE:
+        # context parallelism: cp GPUs of the world split each sequence (an even split; SDPA's fused kernels, which
+        # the ring serves; no packed rows beside it: cabe.trace.context_parallel's refusal)
+        kw["cp"] = rng.choice([c for c in (2, 4) if kw["gpus"] % c == 0] or [2])
+        kw["gpus"] = max(kw["gpus"], kw["cp"])
+        kw["cp_impl"] = rng.choice(["allgather", "alltoall"])
+        kw["seq"] = max(kw["seq"] // (2 * kw["cp"]), 1) * 2 * kw["cp"]
+        if kw.get("attention") == "eager":
+            kw["attention"] = "sdpa"
+        kw.pop("packing", None)
     return model, kw
 
 

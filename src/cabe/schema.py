@@ -663,6 +663,22 @@ _GPUS: tuple[Field, ...] = (
         flags=_flag("reshard_after_forward"),
         negatable=True,
     ),
+    # context parallelism: each GPU of a cp group holds seq / cp tokens' activations (cabe.parallel.context); the
+    # world is dp × cp × tp × pp (accelerate 1.16 parallelism_config.py ``total_size``, torchtitan's mesh)
+    _int("cp", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("cp")),
+    # how attention sees the other GPUs' tokens: torch's ring attention (torch 2.13 distributed/tensor/experimental/
+    # _context_parallel/_attention.py, ``set_rotate_method``: the key / value shards all-gathered once, or passed
+    # round the ring by all-to-all; accelerate's ``cp_comm_strategy``) or DeepSpeed-Ulysses (deepspeed 0.19.8
+    # runtime/sequence_parallel/ulysses_sp.py: an all-to-all from sequence shards to head shards; accelerate's
+    # ``sp_backend="deepspeed"``). Read with cp > 1 only (cp_only)
+    _choice(
+        "cp_impl",
+        "gpus",
+        _TRAINING,
+        "allgather",
+        ("allgather", "alltoall", "ulysses"),
+        flags=_flag("cp_impl"),
+    ),
 )
 
 _FIT: tuple[Field, ...] = (
@@ -969,6 +985,7 @@ def _companions(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any
                 out.append(("optimizer_impl", "impl_not_read", {"optimizer": name}))
     out += _per_node(values)
     out += _tp_only(values)
+    out += _cp_only(values)
     out += _fsdp_loading(values)
     return out
 
@@ -987,6 +1004,17 @@ def _tp_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]
         for name in ("loss_parallel", "sequence_parallel")
         if _sent(values.get(name)) and not _is_default(field(name), values.get(name))
     ]
+
+
+def _cp_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``cp_impl`` without context parallelism (``cp_only``): it says how the cp group's attention communicates."""
+    cp = values.get("cp") if _sent(values.get("cp")) else field("cp").default
+    try:
+        one = int(str(cp)) == 1
+    except ValueError:
+        return []  # a bad value TrainingSetup refuses with its own error
+    sent = _sent(values.get("cp_impl")) and not _is_default(field("cp_impl"), values.get("cp_impl"))
+    return [("cp_impl", "cp_only", {})] if one and sent else []
 
 
 def _fsdp_loading(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:

@@ -37,6 +37,7 @@ Recipe = Literal["hf-trainer", "trl-sft", "axolotl", "llama-factory", "torchtune
 Loss = Literal["hf", "chunked", "liger", "cce", "litgpt"]
 ParamDtype = Literal["none", "bf16", "fp16"]
 AdapterDtype = Literal["fp32", "model"]
+CpImpl = Literal["allgather", "alltoall", "ulysses"]
 
 
 def _choices(name: str) -> tuple[str, ...]:
@@ -113,7 +114,7 @@ class TrainingSetup:
         modules_to_save: PEFT's ``modules_to_save``: the token embedding and / or the lm_head trained whole beside
             the adapters (a trainable copy of each; the original stays, frozen).
         trainable_fp32: freeze: the trained layers cast to fp32, the frozen ones left as loaded (LLaMA-Factory).
-        gpus: data-parallel world size × tp × pp (total GPUs); memory is reported per GPU.
+        gpus: data-parallel world size × cp × tp × pp (total GPUs); memory is reported per GPU.
         shard: ``none`` (one GPU), ``ddp``, DeepSpeed ``zero1``/``zero2``/``zero3``, ``fsdp``
             (full sharding), ``fsdp-hybrid`` (shard within a node, replicate across nodes).
         offload: CPU offload of optimizer state and/or parameters (ZeRO-Offload / FSDP offload).
@@ -121,6 +122,7 @@ class TrainingSetup:
             ``MixedPrecisionPolicy`` ``param_dtype``, DeepSpeed ``bf16`` / ``fp16``): the parameters are
             computed with in this dtype while the stored, sharded ones keep ``dtype``; ``none``: no such mode.
         tp, pp, ep: tensor-, pipeline- and expert-parallel degrees.
+        cp, cp_impl: context-parallel degree and how its attention communicates (cabe.parallel.context).
         gpus_per_node: GPUs in one node (hybrid sharding and host-RAM-per-node figures).
         cpu_ram_efficient_loading: FSDP through accelerate: rank 0's weights are broadcast one tensor at a time into
             shards made on the meta device (accelerate's default); ``False``: each wrapped unit is moved to the GPU
@@ -185,6 +187,8 @@ class TrainingSetup:
     sequence_parallel: bool = _D["sequence_parallel"]
     cpu_ram_efficient_loading: bool = _D["cpu_ram_efficient_loading"]
     reshard_after_forward: bool = _D["reshard_after_forward"]
+    cp: int = _D["cp"]
+    cp_impl: CpImpl = _D["cp_impl"]
 
     def __post_init__(self) -> None:
         validate(self)
@@ -245,7 +249,13 @@ class TrainingSetup:
         # NOTE: ep > 1 too: expert parallelism on one GPU is refused by the layout (ep_not_divisor),
         # never dropped without a word
         return (
-            self.gpus > 1 or self.shard != "none" or self.offload != "none" or self.tp > 1 or self.pp > 1 or self.ep > 1
+            self.gpus > 1
+            or self.shard != "none"
+            or self.offload != "none"
+            or self.tp > 1
+            or self.pp > 1
+            or self.ep > 1
+            or self.cp > 1
         )
 
     def with_dtype(self, dtype: str) -> TrainingSetup:

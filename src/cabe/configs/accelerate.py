@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cabe.configs import _base
+from cabe.configs import _base, parallelism
 from cabe.configs._base import Collector
 from cabe.configs.deepspeed import shard_for_stage
 from cabe.errors import ConfigError
@@ -203,6 +203,14 @@ def _deepspeed(c: Collector, d: Mapping[str, Any]) -> None:
         c.fields["offload"] = "both" if opt and par else "optimizer" if opt else "parameters"
 
 
+def _parallelism(c: Collector, key: str, value: Any) -> None:
+    """``parallelism_config``: its context-parallel sizes (cabe.configs.parallelism)."""
+    if isinstance(value, Mapping):
+        parallelism.read(c, key, value)
+    else:
+        _unmapped(c, key, value)
+
+
 Handler = Callable[[Collector, str, Any, Mapping[str, Any]], None]
 #: Top-level keys and their readers.
 HANDLERS: dict[str, Handler] = {
@@ -212,4 +220,5 @@ HANDLERS: dict[str, Handler] = {
     "mixed_precision": _mixed_precision,
     "fsdp_config": _block("FSDP", _fsdp),
     "deepspeed_config": _block("DEEPSPEED", _deepspeed),
+    "parallelism_config": lambda c, key, value, data: _parallelism(c, key, value),
 }

@@ -217,7 +217,17 @@ FLAGS: dict[str, _base.Flag] = {
 #: ``fsdp_config`` keys (without their ``fsdp_`` prefix).
 FSDP_FLAGS: dict[str, _base.Flag] = {"offload_params": ("offload", "both")}
 FSDP_FIELDS: dict[str, _base.Field] = {"activation_checkpointing": ("checkpointing", _base.as_bool)}
+
+
 #: Keys that need more than a table entry.
+def _context_parallel(c: Collector, key: str, value: Any) -> None:
+    n = _base.as_int(value, key)
+    if n > 1:
+        c.set("cp", n, key)
+    else:
+        c.use(key)
+
+
 HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = {
     "adapter": _method,
     "load_in_4bit": _load_in_4bit,
@@ -233,6 +243,11 @@ HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = 
     "activation_offloading": _activation_offloading,
     "gradient_checkpointing_kwargs": _checkpointing_kwargs,
     # multipack: rows of sequence_len holding several samples, told apart by position_ids
+    # axolotl's context parallelism (``context_parallel_size``; ``sequence_parallel_degree`` before it was renamed):
+    # ring-flash-attn over the group, whose default ``varlen_llama3`` ring all-gathers the keys and values as torch's
+    # ``allgather`` rotation does (cabe.parallel.context)
+    "context_parallel_size": lambda c, key, value, data: _context_parallel(c, key, value),
+    "sequence_parallel_degree": lambda c, key, value, data: _context_parallel(c, key, value),
     "sample_packing": lambda c, key, value, data: (
         c.set("packing", "packed", key) if _checkpointing(value, key) else c.use(key)
     ),

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cabe import optimizer
-from cabe.configs import _base, deepspeed
+from cabe.configs import _base, deepspeed, parallelism
 from cabe.configs._base import Collector
 from cabe.errors import ConfigError
 
@@ -26,7 +26,6 @@ NOT_MODELED = {
     "lora_modules_to_save",
     "neftune_noise_alpha",
     "auto_find_batch_size",
-    "parallelism_config",
     "completion_only_loss",
     "assistant_only_loss",
     "use_rslora",
@@ -118,6 +117,14 @@ def _load_in_8bit(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -
         c.ignore(key, "not_modeled")
     else:
         c.use(key)
+
+
+def _parallelism(c: Collector, key: str, value: Any) -> None:
+    """accelerate's ``ParallelismConfig``, as a mapping: its context-parallel sizes (cabe.configs.parallelism)."""
+    if isinstance(value, Mapping):
+        parallelism.read(c, key, value)
+    else:
+        c.ignore(key, "not_modeled")
 
 
 def _deepspeed(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) -> None:
@@ -259,6 +266,7 @@ HANDLERS: dict[str, Callable[[Collector, str, Any, Mapping[str, Any]], None]] = 
     "packing_strategy": lambda c, key, value, all_: c.use(key),  # read with packing
     "gradient_checkpointing_kwargs": _checkpointing_kwargs,
     "n_gpu": _gpus,
+    "parallelism_config": lambda c, key, value, all_: _parallelism(c, key, value),
 }
 
 

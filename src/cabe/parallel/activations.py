@@ -80,7 +80,7 @@ def communication_buffers(
     save (:func:`sequence_parallel`), counted with the saved tensors; it holds no persistent all-gather buffer
     (Megatron's ``get_global_memory_buffer`` is not in torch's styles). Traced: with a whole b·s·h buffer beside the
     saved tensors the estimate was b·s·h over rank 0 at the head's backward, to the byte (tiny Llama, t = 2)."""
-    tokens = setup.batch * setup.tokens_per_sequence
+    tokens = setup.batch * setup.tokens_per_sequence / lay.cp  # (context parallelism: the GPU's s / cp positions)
     out: dict[str, float] = {}
     if lay.pp > 1:
         out["p2p_buffers"] = 2 * tokens * spec.hidden_size * dt.compute

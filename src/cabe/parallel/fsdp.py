@@ -93,7 +93,7 @@ def states(c: Context) -> States:
         # gradient's own dtype (_fsdp_collectives.py:754, ``sharded_param.grad = ...``); a separate one when it is
         # cast to orig_dtype or added into the .grad a previous micro-batch made, 749)
         separate = c.setup.grad_accum > 1 or unit_b != c.dt.grad
-        if c.layout.strategy == "fsdp-hybrid" and c.layout.dp > g and separate:
+        if c.layout.strategy == "fsdp-hybrid" and c.layout.dp * c.layout.cp > g and separate:
             # HSDP: each unit's reduce-scattered shard is all-reduced across the replicas and the unit keeps that
             # buffer until the root's final callback ends backward (torch 2.13 _fsdp_param_group.py:140-147
             # ``AllReduceState``: "Holding all_reduce_input ... keeps the caching allocator from reusing the block

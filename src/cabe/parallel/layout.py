@@ -1,4 +1,4 @@
-"""The parallel layout: world = dp × tp × pp (ep within dp), the data-parallel shard group, and the
+"""The parallel layout: world = dp × cp × tp × pp (ep within dp), the data-parallel shard group, and the
 pipeline stage one GPU runs. Validation is here: a layout the frameworks refuse is a typed error."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
+from cabe.parallel import context
 from cabe.parallel.config import ShardConfig
 from cabe.training import TrainingSetup
 
@@ -27,6 +28,7 @@ class Layout:
     shard_group: int  # GPUs that share one copy of the sharded states
     stage: int = 0
     layers: int = 1  # decoder layers of the whole model
+    cp: int = 1  # context-parallel degree (cabe.parallel.context)
 
     @property
     def first(self) -> bool:
@@ -42,7 +44,7 @@ class Layout:
 
     def at_stage(self, stage: int) -> Layout:
         return Layout(
-            self.world, self.dp, self.tp, self.pp, self.ep, self.strategy, self.shard_group, stage, self.layers
+            self.world, self.dp, self.tp, self.pp, self.ep, self.strategy, self.shard_group, stage, self.layers, self.cp
         )
 
 
@@ -54,10 +56,13 @@ def stage_layers(layers: int, pp: int, stage: int) -> int:
 
 def validate(spec: ModelSpec, setup: TrainingSetup, cfg: ShardConfig) -> int:
     """Check the layout the setup asks for; returns the data-parallel degree dp."""
-    tp, pp, ep, n = setup.tp, setup.pp, setup.ep, setup.gpus
-    if n % (tp * pp):
+    tp, pp, ep, n, cp = setup.tp, setup.pp, setup.ep, setup.gpus, setup.cp
+    if n % (tp * pp * cp):
+        if cp > 1:
+            raise InvalidValueError("gpus_not_divisible_cp", "gpus", value=n, cp=cp, tp=tp, pp=pp)
         raise InvalidValueError("gpus_not_divisible", "gpus", value=n, tp=tp, pp=pp)
-    dp = n // (tp * pp)
+    dp = n // (tp * pp * cp)
+    context.validate(spec, setup)
     if pp > spec.num_layers:
         raise InvalidValueError("out_of_range", "pp", value=pp, minimum=1, maximum=spec.num_layers)
     if tp > 1 and spec.num_heads % tp:
@@ -87,12 +92,18 @@ def layout(spec: ModelSpec, setup: TrainingSetup, cfg: ShardConfig) -> tuple[Lay
     if strategy == "none" and dp > 1:
         strategy = "ddp"
         notes.append("none_means_ddp")
+    # the model states are sharded over the data-parallel GPUs and the context-parallel ones together: FSDP over the
+    # joint ``dp_shard_cp`` mesh (accelerate 1.16 parallelism_config.py ``dp_shard_cp_dim_names``, torchtitan's),
+    # ZeRO over DeepSpeed's ``seq_data_parallel_group`` (deepspeed 0.19.8 runtime/engine.py
+    # ``_resolve_zero3_param_placement``): a cp group's GPUs hold the same weights and their gradients are reduced
+    sharded = dp * setup.cp
     if strategy == "fsdp-hybrid":
         # shard within a node, replicate across nodes; a node's GPUs hold whole TP groups (TP innermost, as
         # torchtitan's and cabe.trace.distributed's meshes lay it out), so a node has gpus_per_node / tp shards
-        group = min(max(setup.gpus_per_node // setup.tp, 1), dp)
+        group = min(max(setup.gpus_per_node // setup.tp, 1), sharded)
     elif strategy in SHARDED:
-        group = dp
+        group = sharded
     else:
         group = 1
-    return Layout(setup.gpus, dp, setup.tp, setup.pp, setup.ep, strategy, group, 0, spec.num_layers), notes
+    lay = Layout(setup.gpus, dp, setup.tp, setup.pp, setup.ep, strategy, group, 0, spec.num_layers, setup.cp)
+    return lay, notes

@@ -16,7 +16,7 @@ from typing import Any
 
 from cabe.architecture import ModelSpec
 from cabe.parallel import config as _config
-from cabe.parallel import ddp, fsdp, loading, zero
+from cabe.parallel import context, ddp, fsdp, loading, zero
 from cabe.parallel.activations import communication_buffers, micro_batches_in_flight, sequence_parallel, tensor_parallel
 from cabe.parallel.config import ShardConfig
 from cabe.parallel.explain import per_gpu, step_json, steps
@@ -90,6 +90,7 @@ def _gpu_parts(parts: StepParts, spec: ModelSpec, c: Context) -> tuple[StepParts
         "tp": lay.tp,
         "pp": lay.pp,
         "ep": lay.ep,
+        **context.info(setup),
         "shard_group": lay.shard_group,
         "nodes": nodes,
         "gpus_per_node": setup.gpus_per_node,
@@ -146,8 +147,28 @@ def _grads_split(
     return grads_head, (grads_total - grads_head) / grad_layers if grad_layers else 0
 
 
+def _context_parallel(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, dt: Any) -> StepParts:
+    """Context parallelism: the tokens' tensors of s / cp positions, and attention's buffers (cabe.parallel.context)."""
+    if setup.cp == 1:
+        return parts
+    k = context.share(setup)
+    per_token = {
+        name: round(getattr(parts, name) * k)
+        for name in (
+            *("saved_layer", "recompute_layer", "recompute_transient_layer", "dispatch_workspace_layer"),
+            *("workspace_layer", "mlp_saved_layer", "gathered_layer", "gathered_recompute_layer"),
+            *("mlp_gathered_layer", "final_norm_gathered", "frozen_inputs", "rotary", "head_saved"),
+            *("final_norm_saved", "head_forward_extra", "head_backward_extra", "head_chunk_logits"),
+            *("embedding_grad_input", "embedding_saved"),
+        )
+    }
+    ring = context.attention_buffers(spec, setup, setup.tp, dt.compute)
+    return replace(parts, **per_token, attention_workspace_layer=round(parts.attention_workspace_layer * k) + ring)
+
+
 def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> StepParts:
     setup, cfg, lay = c.setup, c.cfg, c.layout
+    parts = _context_parallel(parts, spec, setup, c.dt)
     f = tensor_parallel(setup)
     inflight = micro_batches_in_flight(lay, setup.grad_accum, cfg)
     saved = parts.saved_layer * (f.checkpointed if setup.checkpointing else f.saved)

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cabe.errors import ConfigError, InvalidValueError
-from cabe.trace import offload, sequence_parallel, state, zero
+from cabe.trace import context_parallel, offload, sequence_parallel, state, zero
 from cabe.trace.build import build_model, decoder_layers
 from cabe.trace.family_patches import model_types
 from cabe.trace.modes import finish
@@ -57,6 +57,7 @@ def refusal(setup: TrainingSetup, config: dict[str, Any] | None = None) -> None:
     model's ``config``, what its tensor-parallel plan cannot cut too)."""
     if config is not None and setup.tp > 1:
         _tp_refusal(config, setup.tp)
+    context_parallel.refusal(setup)
     if setup.shard in ("zero1", "zero2", "zero3") and not zero.available():
         # DeepSpeed's engine runs on the fake group (cabe.trace.zero) when DeepSpeed is installed: an optional extra
         raise InvalidValueError("trace_parallel_unsupported", "shard", value=setup.shard, why="deepspeed")
@@ -209,10 +210,14 @@ def _run(
     tp = setup.tp > 1
     # (outside the fake mode: the mesh's coordinates are real, and TP's DTensors of the ``meta`` model stay on meta,
     # where under the fake mode distribute_tensor would give them fake CPU shards FSDP2 refuses to move)
-    mesh: Any = _mesh(setup, device.type) if fsdp or tp else None
+    mesh: Any = _mesh(setup, device.type) if (fsdp or tp) and setup.cp == 1 else None
     # (the data-parallel submesh sliced here too: a slice made in the fake mode computes rank 0's coordinate on fake
     # tensors, finds none, and DTensor then treats rank 0 as outside the mesh: empty host shards)
-    dp_mesh = _dp_mesh(setup, mesh) if fsdp else None
+    dp_mesh = _dp_mesh(setup, mesh) if fsdp and mesh is not None else None
+    cp_mesh = None
+    if setup.cp > 1:  # FSDP2 over dp_shard × cp, the ring over cp (cabe.trace.context_parallel)
+        mesh, cp_mesh = context_parallel.mesh(setup, device.type)
+        dp_mesh = mesh
     engine: dict[str, Any] = {}
     if tp:  # (sequence parallelism: torch's own styles, as torchtitan applies them: cabe.trace.sequence_parallel)
         engine = (sequence_parallel.apply if setup.sequence_parallel else _tensor_parallel)(model, mesh["tp"], setup)
@@ -242,7 +247,7 @@ def _run(
             raise ConfigError("nothing_to_train", "method", method=setup.method)
         if not fsdp and not tp:
             model, engine = _ddp(model, device)
-        with _loss_context(setup, rank0):
+        with _loss_context(setup, rank0), _context(model, setup, cp_mesh, rank0, engine):
             result = train(model, cfg, setup, steps, device, rank0, trainable, kind, {})
     result.parameters = n_params
     result.trainable_parameters = sum(p.numel() for p in trainable)
@@ -332,6 +337,17 @@ def _tensor_parallel(model: Any, mesh: Any, setup: TrainingSetup) -> dict[str, A
         "tp": setup.tp,
         "loss_parallel": bool(heads),
     }
+
+
+@contextlib.contextmanager
+def _context(model: Any, setup: TrainingSetup, cp_mesh: Any, rank0: Any, engine: dict[str, Any]) -> Iterator[None]:
+    """torch's context parallelism around the steps when the setup asks for it (cabe.trace.context_parallel)."""
+    if cp_mesh is None:
+        yield
+        return
+    with context_parallel.active(model, setup, cp_mesh, rank0) as info:
+        engine.update(info)
+        yield
 
 
 @contextlib.contextmanager
