@@ -8,6 +8,7 @@ Sharding (:mod:`cabe.parallel`) transforms the parts before the walk; the walk i
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from cabe.frozen import quick
 
@@ -59,6 +60,31 @@ class LayerRun:
     # the MLP block's gradient moment: what the routed experts' backward released before their last weight gradient
     # (cabe.activations LayerActivations.experts_freed_per_token)
     experts_freed: int = 0
+    # checkpointed layers; of ``saved`` / ``recompute`` / ``mlp_saved``: the all-gathered inputs under SP (as
+    # StepParts.gathered_layer ...); the run's LayerGroup (a sharded plan's units are sized by it) and its buffers
+    # while this run's unit is the one they hold (RunBuffers; None: the StepParts' own)
+    checkpointed: bool = False
+    gathered: int = 0
+    gathered_recompute: int = 0
+    mlp_gathered: int = 0
+    group: Any = field(default=None, compare=False)
+    buffers: Any = field(default=None, compare=False)
+
+
+@quick
+@dataclass(frozen=True)
+class RunBuffers:
+    """A sharded plan's buffers (the StepParts fields of these names, whole) while the unit they hold is one run's
+    layer's: a MoE unit's gathered parameters are many times a dense one's (cabe.parallel.runs)."""
+
+    extra_forward: dict[str, int]
+    extra_backward: dict[str, int]
+    extra_layer_backward: dict[str, int]
+    extra_below_top: dict[str, int]
+    extra_above_bottom: dict[str, int]
+    extra_layer_grads: dict[str, int]
+    extra_pending_layer: dict[str, int]
+    extra_done_layer: dict[str, int]
 
 
 @quick
@@ -212,11 +238,14 @@ def timeline(p: StepParts) -> list[Moment]:
 
     Between the top and the bottom layer of a run of like layers, live memory during backward is linear
     in the layer index (activations freed, gradients added at constant rates), so the run's two ends
-    bound it: each run of :func:`StepParts.layer_runs` adds its two ends.
+    bound it: each run of :func:`StepParts.layer_runs` adds its two ends. A sharded plan's per-unit buffers
+    (:class:`RunBuffers`) follow the run whose layer holds them: the top run's beside the loss head, the bottom
+    run's beside the embedding's backward.
     """
+    runs = p.layer_runs()
+    whole, p = p, _with(p, runs[-1]) if runs else p  # (``whole``: every run's pending units summed)
     base = {"weights": p.weights, "optimizer": p.optimizer}
     g_acc = p.grads if p.grads_in_forward else 0
-    runs = p.layer_runs()
     saved_all = sum(r.count * r.saved for r in runs)
     copies_all = sum(r.count * r.copies for r in runs) + p.frozen_copies
     acts_all = saved_all + p.rotary + p.final_norm_saved + p.frozen_inputs + p.embedding_saved + p.vision_saved
@@ -231,7 +260,7 @@ def timeline(p: StepParts) -> list[Moment]:
                 "weight_copies": copies_all + sum(r.copies_cached * r.cached_count for r in runs) + p.copies_head,
                 "activations": acts_all,
                 "logits": p.head_saved + p.head_forward_extra,
-                **_pending(p, n_path, p.extra_forward),
+                **_pending(whole, runs, p.extra_forward),
             },
         ),
         Moment(
@@ -243,7 +272,7 @@ def timeline(p: StepParts) -> list[Moment]:
                 "weight_copies": copies_all + p.copies_head,
                 "activations": acts_all,
                 "logits": p.head_saved + p.head_backward_extra,
-                **_pending(p, n_path, p.extra_backward),
+                **_pending(whole, runs, p.extra_backward),
             },
         ),
     ]
@@ -257,7 +286,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     "gradients": g_acc,
                     "weight_copies": copies_all + sum(r.copies_cached * r.cached_count for r in runs),
                     "activations": acts_all + p.forward_transient,
-                    **_pending(p, n_path, p.extra_forward),
+                    **_pending(whole, runs, p.extra_forward),
                 },
             )
         )
@@ -281,8 +310,9 @@ def timeline(p: StepParts) -> list[Moment]:
     if p.extra_pending_layer:  # (the head's weight moments too: every layer's backward is still to come)
         for m in moments[2:]:
             if m.where.startswith("lm_head"):
-                m.components.update(_pending(p, n_path, m.components))
-    moments += _layer_moments(p, runs, base, g_acc, saved_all, copies_all)
+                m.components.update(_pending(whole, runs, m.components))
+    moments += _layer_moments(whole, runs, base, g_acc, saved_all, copies_all)
+    p = _with(whole, runs[0]) if runs else whole  # (below every layer: the bottom unit's buffers)
     strays_all = sum(r.count * r.stray_grads for r in runs)  # freed with the graph, after backward
     if p.vision_backward:
         moments.append(_vision_moment(p, base))
@@ -308,7 +338,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     # the bottom unit's reduce-scatter input alone waits (rank 0 of FSDP2 traced: llama-3.2-1b, tied)
                     **(p.extra_backward if p.extra_embedding is None else p.extra_embedding),
                     **p.extra_below_top,
-                    **{k: v * n_path for k, v in p.extra_done_layer.items()},
+                    **_pending(whole, runs, {}, n_path),
                 },
             )
         )
@@ -325,7 +355,7 @@ def timeline(p: StepParts) -> list[Moment]:
                     # the bottom unit's reduce-scatter input alone waits (rank 0 of FSDP2 traced: llama-3.2-1b, tied)
                     **(p.extra_backward if p.extra_embedding is None else p.extra_embedding),
                     **p.extra_below_top,
-                    **{k: v * n_path for k, v in p.extra_done_layer.items()},
+                    **_pending(whole, runs, {}, n_path),
                 },
             )
         )
@@ -351,15 +381,40 @@ def timeline(p: StepParts) -> list[Moment]:
     return moments
 
 
-def _pending(p: StepParts, layers: int, extra: dict[str, int], done: int = 0) -> dict[str, int]:
-    """``extra`` with ``extra_pending_layer`` of ``layers`` layers whose backward has not ended added to it, and
-    ``extra_done_layer`` of the ``done`` layers whose backward has."""
-    if not p.extra_pending_layer and not (done and p.extra_done_layer):
+def _with(p: StepParts, r: LayerRun) -> StepParts:
+    """``p`` with the buffers it holds while ``r``'s unit is the one they hold (:class:`RunBuffers`)."""
+    b = r.buffers
+    if b is None:
+        return p
+    return replace(
+        p,
+        extra_forward=b.extra_forward,
+        extra_backward=b.extra_backward,
+        extra_layer_backward=b.extra_layer_backward,
+        extra_below_top=b.extra_below_top,
+        extra_above_bottom=b.extra_above_bottom,
+        extra_layer_grads=b.extra_layer_grads,
+        extra_pending_layer=b.extra_pending_layer,
+        extra_done_layer=b.extra_done_layer,
+    )
+
+
+def _pending(p: StepParts, runs: tuple[LayerRun, ...], extra: dict[str, int], ended: int = 0) -> dict[str, int]:
+    """``extra`` with ``extra_pending_layer`` of each layer whose backward has not ended added to it, and
+    ``extra_done_layer`` of each that has: the path's top ``ended`` layers (each run's unit its own)."""
+    if not p.extra_pending_layer and not (ended and p.extra_done_layer):
         return extra
-    out = {**extra, **{k: extra.get(k, 0) + v * layers for k, v in p.extra_pending_layer.items()}}
-    if done:
-        for k, v in p.extra_done_layer.items():
-            out[k] = out.get(k, 0) + v * done
+    out = dict(extra)
+    for r in reversed(runs):  # from the top run down
+        done = min(ended, r.count)
+        ended -= done
+        b = p if r.buffers is None else r.buffers
+        if r.count > done:
+            for k, v in b.extra_pending_layer.items():
+                out[k] = out.get(k, 0) + v * (r.count - done)
+        if done:
+            for k, v in b.extra_done_layer.items():
+                out[k] = out.get(k, 0) + v * done
     return out
 
 
@@ -369,44 +424,56 @@ _NO_EXTRAS: dict[tuple[bool, bool, bool], dict[str, int]] = {
 }
 
 
+def _extras(here: Any, above: Any, below: Any) -> dict[tuple[bool, bool, bool], dict[str, int]]:
+    """The sharded plans' buffers beside a layer's backward, merged once: at the top layer (none of the unit above's
+    reduce-scatter input yet) or below it, before the layer's first gradient (".experts", ".recompute") or after,
+    at the bottom layer (no unit below prefetched) or above it. ``here``: the buffers of the layer's unit (a
+    :class:`StepParts` or :class:`RunBuffers`), ``above`` / ``below``: of the units above and below it."""
+    if not (
+        here.extra_backward
+        or here.extra_layer_backward
+        or above.extra_below_top
+        or here.extra_layer_grads
+        or below.extra_above_bottom
+    ):
+        return _NO_EXTRAS
+    return {
+        (top, grads, bottom): {
+            **here.extra_backward,
+            **here.extra_layer_backward,
+            **({} if bottom else below.extra_above_bottom),
+            **({} if top else above.extra_below_top),
+            **(here.extra_layer_grads if grads else {}),
+        }
+        for top in (True, False)
+        for grads in (True, False)
+        for bottom in (True, False)
+    }
+
+
 def _layer_moments(
     p: StepParts, runs: tuple[LayerRun, ...], base: dict[str, int], g_acc: int, saved: int, copies: int
 ) -> list[Moment]:
     """Backward through the layers, from the top run down: the top and the bottom layer of each run.
     ``saved`` and ``copies``: what every layer of the gradient's path saves and copies."""
     out: list[Moment] = []
-    # the sharded plans' buffers beside a layer's backward, merged once: at the top layer (none of the unit above's
-    # reduce-scatter input yet) or below it, before the layer's first gradient (".experts", ".recompute") or after
-    extras = (
-        {
-            (top, grads, bottom): {
-                **p.extra_backward,
-                **p.extra_layer_backward,
-                **({} if bottom else p.extra_above_bottom),
-                **({} if top else p.extra_below_top),
-                **(p.extra_layer_grads if grads else {}),
-            }
-            for top in (True, False)
-            for grads in (True, False)
-            for bottom in (True, False)
-        }
-        if p.extra_backward
-        or p.extra_layer_backward
-        or p.extra_below_top
-        or p.extra_layer_grads
-        or p.extra_above_bottom
-        else _NO_EXTRAS
-    )
+    extras = _extras(p, p, p)
     grads_above = p.grads_head  # gradients made above the run being walked
     stray_above = 0  # throwaway parameters' gradients made above it (LayerRun.stray_grads)
     layers_above = 0
-    layers_all = sum(r.count for r in runs)
-    for i, r in enumerate(reversed(runs)):
+    down = tuple(reversed(runs))
+    # FSDP2: the unit above's reduce-scatter input and the prefetch of the one below are both held from the layer
+    # below the top one to the layer above the bottom one, not at the path's ends (rank 0 traced on a fake group:
+    # qwen3-30b-a3b cut to 4 layers, full on 8 GPUs, peaks at the third layer from the top: -8.5% at the ends only)
+    # NOTE: ZeRO-2's below_top alone steps too (its layer below the top is not walked: ZeRO not traced here)
+    steps = bool(p.extra_below_top and p.extra_above_bottom)
+    per_run = any(r.buffers is not None for r in runs)  # (a sharded plan's units that differ by run)
+    for i, r in enumerate(down):
         saved -= r.count * r.saved  # now what the runs below this one save
         copies -= r.count * r.copies
-        for end, from_top in enumerate((0, r.count - 1)):
+        for from_top in _ends(r.count, i == 0, i == len(down) - 1, steps):
             remaining = r.count - from_top
-            where = _where(i == 0 and end == 0, i == len(runs) - 1 and end == 1, layers_above + from_top)
+            where = _where(not (i or from_top), i == len(down) - 1 and from_top == r.count - 1, layers_above + from_top)
             before = grads_above + r.grads * from_top  # the gradients of the layers above this one
             acts = saved + remaining * r.saved + r.recompute + p.rotary + p.frozen_inputs + p.embedding_saved
             acts += p.vision_saved
@@ -432,6 +499,11 @@ def _layer_moments(
                 # its last adapted module's transient (cabe.activations.adapters.note_lora_input)
                 moments_of_layer.insert(0, (".recompute", before, acts + r.recompute_transient, stray))
             top, bottom = where == "top_layer", where == "bottom_layer"
+            if per_run:  # this layer's unit; the unit above's reduce-scatter input, the one below's prefetch
+                here = r.buffers or p
+                above = here if from_top or not i else (down[i - 1].buffers or p)
+                below = here if from_top < r.count - 1 or bottom else (down[i + 1].buffers or p)
+                extras = _extras(here, above, below)
             for suffix, grads, activations, strays in (
                 *moments_of_layer,
                 (
@@ -453,7 +525,7 @@ def _layer_moments(
                             # (with what this layer and those below it still hold)
                             **_pending(
                                 p,
-                                layers_all - layers_above - from_top,
+                                runs,
                                 extras[top, suffix not in (".experts", ".recompute"), bottom],
                                 layers_above + from_top,
                             ),
@@ -483,6 +555,14 @@ def _vision_moment(p: StepParts, base: dict[str, int]) -> Moment:
             **p.extra_layer_grads,
         },
     )
+
+
+def _ends(count: int, top: bool, bottom: bool, steps: bool) -> tuple[int, ...]:
+    """The layers of a run (from its top) whose moments bound it: its two ends, between which live memory is linear
+    in the layer; and, with buffers that step at the path's ends (``steps``), the layers next to those ends."""
+    if not steps or count < 3 or not (top or bottom):
+        return (0, count - 1)
+    return tuple(sorted({0, *((1,) if top else ()), *((count - 2,) if bottom else ()), count - 1}))
 
 
 def _where(top: bool, bottom: bool, from_top: int) -> str:

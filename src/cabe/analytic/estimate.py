@@ -5,7 +5,6 @@ where it really is — model states (:mod:`.states`), the activations of every r
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from cabe import compressed_attention, ssm, transformers_line
@@ -83,10 +82,9 @@ def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[st
         parts = layerwise(parts, lw.gradient, lw.temporaries, lw.layer_gradient, lw.layer_temporaries)
     shard_info: dict[str, Any] = {}
     if setup.distributed:
-        # Multi-GPU plans: sharding transforms the per-GPU parts; the walk of the step is the same.
-        # NOTE: the plans share out the per-layer figures; where the layers differ they take the mean layer
-        # of the gradient's path (StepParts' scalar fields), not each run
-        parts, shard_info = shard_parts(replace(parts, runs=()), spec, setup)
+        # Multi-GPU plans: sharding transforms the per-GPU parts run by run (cabe.parallel.runs); the walk of the
+        # step is the same
+        parts, shard_info = shard_parts(parts, spec, setup)
     moments = timeline(parts)
     totals: list[int] = []  # each moment's total (Moment.total, summed once here)
     phase_peaks: dict[str, int] = {}

@@ -307,6 +307,13 @@ def _layer_run(
         accum_grad_attention=largest_attention if accum else 0,
         dispatch_workspace=tokens * r.per_layer.dispatch_workspace_per_token,
         experts_freed=tokens * r.per_layer.experts_freed_per_token,
+        checkpointed=ckpt,
+        # (a layer left out of checkpointing keeps its all-gathered inputs through the forward; a recomputed one
+        # makes its own again: StepParts.gathered_layer, gathered_recompute_layer)
+        gathered=0 if ckpt else tokens * r.per_layer.gathered_input_per_token,
+        gathered_recompute=tokens * r.per_layer.gathered_input_per_token if ckpt else 0,
+        mlp_gathered=tokens * r.per_layer.mlp_gathered_per_token,
+        group=r.group,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 from cabe.architecture import ModelSpec
@@ -21,11 +21,12 @@ from cabe.parallel.activations import communication_buffers, micro_batches_in_fl
 from cabe.parallel.config import ShardConfig
 from cabe.parallel.explain import per_gpu, step_json, steps
 from cabe.parallel.layout import Layout, layout, stage_layers
+from cabe.parallel.runs import RunFactors, shard_runs, stage_runs
 from cabe.parallel.shares import holdings
 from cabe.parallel.strategy import Context, States, unsharded
 from cabe.parameters import parameter_tensors
 from cabe.precision import dtypes_for
-from cabe.step import StepParts, timeline
+from cabe.step import RunBuffers, StepParts, timeline
 from cabe.training import TrainingSetup
 
 #: one function per data-parallel strategy: Context -> States
@@ -197,25 +198,21 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
     else:
         head_grad_share = g_share
     grads_head, grads_per_layer = _grads_split(parts, grads_total, lay, layer_frac, grad_layers)
-    for name, nbytes in communication_buffers(spec, setup, lay, cfg, c.dt).items():
-        st.buffers["forward"][name] = nbytes
-        st.buffers["backward"][name] = nbytes
+    comm = communication_buffers(spec, setup, lay, cfg, c.dt)
     keep = st.keep_copies
     per_tp = 1 / lay.tp if lay.tp > 1 else 1
     layer_copies = parts.copies_layer * per_tp if keep else 0
     head_copies = parts.copies_head * f.head * (1 if head_on else 0) if keep else 0
     # the trained layers on this stage (freeze trains the last ones, as the gradient layers)
     cached_layers = min(parts.cached_layers, grad_layers) if lay.pp > 1 else parts.cached_layers
-    extra = {ph: {k: round(v) for k, v in st.buffers[ph].items() if v} for ph in st.buffers}
-    pending = {k: round(v) for k, v in st.pending_layer.items() if v}
-    embedding = None if st.embedding_backward is None else {k: round(v) for k, v in st.embedding_backward.items() if v}
-    for name, nbytes in pending.items():
-        # the stage's layers outside the gradient's path (freeze's frozen bottom) have no backward: what they hold
-        # stays to the end of backward (FSDP2's root callback reshards them: cabe.parallel.fsdp)
-        frozen = nbytes * max(0, lay.stage_layers - grad_layers)
-        for d in (extra["forward"], extra["backward"], *([embedding] if embedding is not None else [])):
-            if frozen:
-                d[name] = d.get(name, 0) + frozen
+    frozen_layers = max(0, lay.stage_layers - grad_layers)
+    runs = stage_runs(parts.runs, spec, lay)
+    if runs:  # every per-layer figure below, run by run (cabe.parallel.runs)
+        x = RunFactors(f, lay.tp, setup.sequence_parallel, inflight, keep, per_tp)
+        units = None
+        if lay.strategy in _UNITS:
+            units = lambda u: _run_buffers(parts, _UNITS[lay.strategy](u), comm, frozen_layers)  # noqa: E731
+        runs = shard_runs(runs, spec, c, x, grads_per_layer * grad_layers, units)
     return replace(
         parts,
         weights=round(st.weights),
@@ -259,14 +256,51 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         head_chunk_grads=round(parts.head_chunk_grads * head_grad_share) if head_on else 0,
         head_chunk_logits=round(parts.head_chunk_logits * f.head) if head_on else 0,
         grads_in_forward=parts.grads_in_forward or (lay.pp > 1 and setup.grad_accum > 1),
-        extra_forward={**parts.extra_forward, **extra["forward"]},
-        extra_backward={**parts.extra_backward, **extra["backward"]},
-        extra_optimizer={**parts.extra_optimizer, **extra["optimizer"]},
-        extra_layer_backward={**parts.extra_layer_backward, **{k: round(v) for k, v in st.layer_backward.items() if v}},
-        extra_below_top={**parts.extra_below_top, **{k: round(v) for k, v in st.below_top.items() if v}},
-        extra_above_bottom={**parts.extra_above_bottom, **{k: round(v) for k, v in st.above_bottom.items() if v}},
-        extra_layer_grads={**parts.extra_layer_grads, **{k: round(v) for k, v in st.layer_grads.items() if v}},
-        extra_pending_layer={**parts.extra_pending_layer, **pending},
-        extra_done_layer={**parts.extra_done_layer, **{k: round(v) for k, v in st.done_layer.items() if v}},
-        extra_embedding=None if embedding is None else {**parts.extra_backward, **extra["backward"], **embedding},
+        runs=runs,
+        **_extras(parts, st, comm, frozen_layers),
     )
+
+
+#: the strategies whose buffers are sized by the unit of the layer running (FSDP's gathered parameters, unsharded
+#: gradients, reduce-scatter input): Context -> States, run again with each run's layer (cabe.parallel.runs)
+_UNITS: dict[str, Callable[[Context], States]] = {"fsdp": fsdp.states, "fsdp-hybrid": fsdp.states}
+_RUN_BUFFERS = tuple(f.name for f in fields(RunBuffers))
+
+
+def _run_buffers(parts: StepParts, st: States, comm: dict[str, float], frozen_layers: int) -> RunBuffers:
+    """The step's buffers while one run's unit is the one they hold (``st``: the strategy's, with that unit)."""
+    ex = _extras(parts, st, comm, frozen_layers)
+    return RunBuffers(*(ex[k] for k in _RUN_BUFFERS))
+
+
+def _extras(parts: StepParts, st: States, comm: dict[str, float], frozen_layers: int) -> dict[str, Any]:
+    """The strategy's buffers and the communication buffers ``comm`` as the StepParts ``extra_*`` fields."""
+    for name, nbytes in comm.items():
+        st.buffers["forward"][name] = nbytes
+        st.buffers["backward"][name] = nbytes
+    extra = {ph: {k: round(v) for k, v in st.buffers[ph].items() if v} for ph in st.buffers}
+    pending = {k: round(v) for k, v in st.pending_layer.items() if v}
+    embedding = None if st.embedding_backward is None else {k: round(v) for k, v in st.embedding_backward.items() if v}
+    for name, nbytes in pending.items():
+        # the stage's layers outside the gradient's path (freeze's frozen bottom) have no backward: what they hold
+        # stays to the end of backward (FSDP2's root callback reshards them: cabe.parallel.fsdp)
+        frozen = nbytes * frozen_layers
+        for d in (extra["forward"], extra["backward"], *([embedding] if embedding is not None else [])):
+            if frozen:
+                d[name] = d.get(name, 0) + frozen
+    return {
+        "extra_forward": {**parts.extra_forward, **extra["forward"]},
+        "extra_backward": {**parts.extra_backward, **extra["backward"]},
+        "extra_optimizer": {**parts.extra_optimizer, **extra["optimizer"]},
+        "extra_layer_backward": {**parts.extra_layer_backward, **_rounded(st.layer_backward)},
+        "extra_below_top": {**parts.extra_below_top, **_rounded(st.below_top)},
+        "extra_above_bottom": {**parts.extra_above_bottom, **_rounded(st.above_bottom)},
+        "extra_layer_grads": {**parts.extra_layer_grads, **_rounded(st.layer_grads)},
+        "extra_pending_layer": {**parts.extra_pending_layer, **pending},
+        "extra_done_layer": {**parts.extra_done_layer, **_rounded(st.done_layer)},
+        "extra_embedding": None if embedding is None else {**parts.extra_backward, **extra["backward"], **embedding},
+    }
+
+
+def _rounded(d: dict[str, float]) -> dict[str, int]:
+    return {k: round(v) for k, v in d.items() if v}

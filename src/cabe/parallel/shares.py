@@ -11,12 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from cabe import memo
 from cabe.architecture import ModelSpec
 from cabe.optimizer import get as get_optimizer
 from cabe.optimizer_memory import low_rank_temporaries
 from cabe.parallel.config import ShardConfig
 from cabe.parallel.layout import Layout
-from cabe.parameters import quantized_bytes, stored_bytes
+from cabe.parameters import layer_tensors, quantized_bytes, stored_bytes
 from cabe.tensors import Tensor
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -269,3 +270,46 @@ def optimizer_bytes(items: list[Piece], setup: TrainingSetup, *, paged: bool = F
     else:
         temp = 0
     return round(state), temp
+
+
+@dataclass(frozen=True)
+class RunUnit:
+    """One decoder layer of one kind (a run's) as one GPU holds it before data-parallel sharding: what an FSDP unit
+    gathers of it (``elements`` non-quantized, ``quantized`` bytes), its trainable elements, and the share of its
+    trainable bytes this GPU's tensor / expert parallelism leaves (1: none)."""
+
+    elements: float
+    quantized: float
+    trainable_elements: float
+    trainable_share: float
+
+
+def run_unit(spec: ModelSpec, setup: TrainingSetup, cfg: ShardConfig, dt: Any, lay: Layout, group: Any) -> RunUnit:
+    """:class:`RunUnit` of one layer of ``group`` (a :class:`cabe.layers.LayerGroup` of the gradient's path: its
+    base weights trainable under full and freeze), tensor by tensor with :func:`holdings`' shares. Once per model,
+    request and layout (cabe.memo)."""
+    m, key = memo.of(spec), ("run_unit", memo.request_key(setup), cfg, lay.tp, lay.ep, id(group))
+    hit = m.get(key)
+    if hit is None:
+        hit = m[key] = (group, _run_unit(spec, setup, cfg, dt, lay, group))
+    out: RunUnit = hit[1]
+    return out
+
+
+def _run_unit(spec: ModelSpec, setup: TrainingSetup, cfg: ShardConfig, dt: Any, lay: Layout, group: Any) -> RunUnit:
+    roles = {lin.name: lin.role for lin in spec.layer_linears}
+    elements = quantized = trainable = mine = whole = 0.0
+    for t in layer_tensors(spec, setup, group, True):
+        base = t.name.split(".lora_")[0].removesuffix(".bias")
+        role = roles.get(base, "attn")
+        share = tp_share(t, base, role, spec, lay.tp, cfg) / ep_divisor(role, lay.ep)
+        if t.kind == "quantized":
+            quantized += quantized_bytes(t.numel, setup.double_quant) * t.count * share
+            continue
+        elements += t.total * share
+        if t.trainable:
+            trainable += t.total * share
+            b = stored_bytes(t, setup, dt)
+            mine += t.total * share * b
+            whole += t.total * b
+    return RunUnit(elements, quantized, trainable, mine / whole if whole else 1.0)
