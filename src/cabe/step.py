@@ -498,7 +498,8 @@ def _layer_moments(
                 # the recomputed forward's end, before this layer's first gradient: all it saves is back, and
                 # its last adapted module's transient (cabe.activations.adapters.note_lora_input)
                 moments_of_layer.insert(0, (".recompute", before, acts + r.recompute_transient, stray))
-            top, bottom = where == "top_layer", where == "bottom_layer"
+            # (a path of one layer is its top and its bottom: _where names it the top)
+            top, bottom = not (i or from_top), i == len(down) - 1 and from_top == r.count - 1
             if per_run:  # this layer's unit; the unit above's reduce-scatter input, the one below's prefetch
                 here = r.buffers or p
                 above = here if from_top or not i else (down[i - 1].buffers or p)

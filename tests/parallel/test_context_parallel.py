@@ -78,6 +78,8 @@ def test_ring_buffers_arithmetic():
         # 32 heads over 64 GPUs
         (dict(cp=64, gpus=64, cp_impl="ulysses", shard="zero3"), "cp_heads_not_divisible"),
         (dict(cp_impl="alltoall"), "cp_only"),
+        # HSDP: a node's 4 GPUs cannot hold a cp group of 8 (FSDP shards over dp_shard × cp within the node)
+        (dict(cp=8, gpus=16, shard="fsdp-hybrid", gpus_per_node=4), "cp_node"),
     ],
 )
 def test_refusals(kw, code):

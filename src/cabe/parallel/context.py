@@ -50,6 +50,11 @@ def validate(spec: ModelSpec, setup: TrainingSetup) -> None:
         # ``_templated_ring_attention``: ``next_kv[: key.numel()].reshape(key.shape)``); Ulysses' data loader refuses
         # "batch's seqlen isn't divisible by sp-size" (ulysses_sp.py ``UlyssesSPDataLoaderAdapter.refill``)
         raise InvalidValueError("cp_seq_not_divisible", "cp", value=cp, seq=seq, impl=impl)
+    per = min(setup.gpus_per_node, setup.gpus)
+    if setup.shard == "fsdp-hybrid" and per % (cp * setup.tp):
+        # HSDP shards within a node over dp_shard × cp (accelerate 1.16 parallelism_config.py: the mesh is
+        # (dp_replicate, dp_shard, cp, tp), FSDP over (dp_replicate, dp_shard_cp)): a node holds whole cp × tp groups
+        raise InvalidValueError("cp_node", "cp", value=cp, per_node=per, tp=setup.tp)
     if setup.shard not in STRATEGIES[impl]:
         code = "cp_ulysses_needs_deepspeed" if impl == "ulysses" else "cp_needs_fsdp"
         raise InvalidValueError(code, "cp", value=cp, shard=setup.shard)

@@ -164,7 +164,25 @@ def _context_parallel(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, d
         )
     }
     ring = context.attention_buffers(spec, setup, setup.tp, dt.compute)
-    return replace(parts, **per_token, attention_workspace_layer=round(parts.attention_workspace_layer * k) + ring)
+    # each run of a model whose layers differ (cabe.parallel.runs) alike, before its own TP / SP split
+    runs = tuple(
+        replace(
+            r,
+            **{name: round(getattr(r, name) * k) for name in _RUN_PER_TOKEN},
+            attention_workspace=round(r.attention_workspace * k) + ring,
+        )
+        for r in parts.runs
+    )
+    return replace(
+        parts, **per_token, runs=runs, attention_workspace_layer=round(parts.attention_workspace_layer * k) + ring
+    )
+
+
+#: a LayerRun's figures that grow with the tokens (the per-token ones of :func:`_context_parallel`)
+_RUN_PER_TOKEN = (
+    *("saved", "recompute", "workspace", "mlp_saved", "recompute_transient", "dispatch_workspace", "experts_freed"),
+    *("gathered", "gathered_recompute", "mlp_gathered"),
+)
 
 
 def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> StepParts:

@@ -41,13 +41,20 @@ def refusal(setup: TrainingSetup) -> None:
 
 
 def mesh(setup: TrainingSetup, device_type: str) -> tuple[Any, Any]:
-    """The (dp_shard, cp) mesh: FSDP2's over the flattened ``dp_shard_cp`` (accelerate's ``dp_shard_cp_dim_names``,
-    torchtitan's), the ring's over ``cp``."""
+    """The (dp_shard, cp) mesh -- (dp_replicate, dp_shard, cp) under HSDP, a node's GPUs sharding --: FSDP2's over the
+    flattened ``dp_shard_cp`` (accelerate's ``dp_shard_cp_dim_names``, torchtitan's; HSDP: ``dp_replicate`` beside
+    it, accelerate's ``fsdp_dim_names``), the ring's over ``cp``."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    dp = setup.gpus // setup.cp
-    world = init_device_mesh(device_type, (dp, setup.cp), mesh_dim_names=("dp_shard", "cp"))
-    return world[("dp_shard", "cp")]._flatten("dp_shard_cp"), world["cp"]
+    if setup.shard == "fsdp-hybrid":
+        per = min(setup.gpus_per_node, setup.gpus)
+        dims, names = (setup.gpus // per, per // setup.cp, setup.cp), ("dp_replicate", "dp_shard", "cp")
+    else:
+        dims, names = (setup.gpus // setup.cp, setup.cp), ("dp_shard", "cp")
+    world = init_device_mesh(device_type, dims, mesh_dim_names=names)
+    flat = world[("dp_shard", "cp")]._flatten("dp_shard_cp")
+    dp = world[("dp_replicate", "dp_shard_cp")] if setup.shard == "fsdp-hybrid" else flat
+    return dp, world["cp"]
 
 
 def _named(fn: Any) -> Any:
