@@ -15,7 +15,7 @@ gradient (``reduce_dtype`` defaults to ``param_dtype``; the reduce-scattered res
 
 from __future__ import annotations
 
-from cabe.parallel.shares import dense_bytes, fsdp_shard, optimizer_bytes, pieces, quantized_held_bytes, sharded
+from cabe.parallel.shares import dense_bytes, fsdp_shard, optimizer_bytes, own_groups, quantized_held_bytes
 from cabe.parallel.strategy import Context, States
 from cabe.units import round_alloc
 
@@ -31,10 +31,10 @@ def states(c: Context) -> States:
     layer_gathered = mine.layer_elements * unit_b + mine.layer_quantized
     root_gathered = mine.root_elements * unit_b
     units = 2 if c.cfg.fsdp_prefetch else 1
-    trainable = sharded(pieces(mine.held, trainable=True), fsdp_shard, g)
+    trainable = own_groups(mine.held, fsdp_shard, trainable=True)  # (experts over their own group under EP)
     optimizer, temporaries = optimizer_bytes(trainable, c.setup)
     out = States(
-        weights=dense_bytes(sharded(pieces(mine.held), fsdp_shard, g)) + quantized_held_bytes(mine.held, c.setup, g),
+        weights=dense_bytes(own_groups(mine.held, fsdp_shard)) + quantized_held_bytes(mine.held, c.setup, g),
         grads=dense_bytes(trainable),
         optimizer=optimizer,
         temporaries=temporaries,

@@ -231,6 +231,19 @@ def sharded(items: list[Piece], rule: Callable[[Tensor, int], Tensor], group: in
     return [(rule(t, group), n, b) for t, n, b in items]
 
 
+def own_groups(held: list[Held], rule: Callable[[Tensor, int], Tensor], *, trainable: bool = False) -> list[Piece]:
+    """:func:`pieces` of ``held``, each sharded by ``rule`` over its own group (:attr:`Held.group`): under expert
+    parallelism the experts over the expert-FSDP group (``efsdp = fsdp / ep``), the rest over the whole shard group.
+    transformers 5.25 wraps each experts module as its own FSDP2 unit on that mesh (distributed/fsdp.py
+    ``apply_fully_sharded_data_parallelism``: ``fully_shard(module, mesh=expert_mesh)``, ``efsdp_size = fsdp_size
+    * tp_size // ep_size``, configuration_utils.py), its stacks already cut to the rank's experts (``MoEParamShard``)."""
+    return [
+        (rule(h.tensor, h.group), h.count, h.nbytes)
+        for h in held
+        if h.tensor.kind != "quantized" and (h.trainable or not trainable)
+    ]
+
+
 def flat_partition(items: list[Piece], group: int, align: int = 2) -> list[Piece]:
     """DeepSpeed ZeRO-1/2: the trainable tensors of one dtype flattened into one buffer, padded to a
     multiple of ``nccl_start_alignment_factor`` (2) × world (``stage_1_and_2.py``,
