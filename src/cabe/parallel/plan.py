@@ -222,7 +222,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         recompute_layer=round(recompute),
         recompute_transient_layer=round(parts.recompute_transient_layer * f.saved),
         dispatch_workspace_layer=round(parts.dispatch_workspace_layer * f.saved + ep_backward),
-        forward_transient=max(parts.forward_transient, round(ep_forward)),
+        forward_transient=max(parts.forward_transient, round(ep_forward + st.experts_gathered if ep_forward else 0)),
         workspace_layer=round(parts.workspace_layer * f.saved),
         # the layer's backward split (step.LayerRun): the MLP's gradients shrink as the layer's do, its saved
         # tensors and attention's workspace as the layer's activations do

@@ -42,6 +42,7 @@ class Holdings:
     trainable_elements_sharded: float = 0.0
     persistent_elements: float = 0.0  # ZeRO-3: elements under the persistence threshold (kept whole)
     layer_elements: float = 0.0  # non-quantized elements of one decoder layer
+    layer_expert_elements: float = 0.0  # of which the routed experts' (under EP: this rank's experts)
     layer_quantized: float = 0.0  # quantized bytes of one decoder layer
     layer_stored: float = 0.0  # stored bytes of one decoder layer
     layer_trainable_elements: float = 0.0
@@ -138,6 +139,8 @@ def holdings(
             continue
         b = stored_bytes(t, setup, dt)
         _add_stored(h, t, numel, b, group, is_layer, stage_layers, t.numel * share < cfg.param_persistence_threshold)
+        if is_layer and role == "expert":
+            h.layer_expert_elements += numel / stage_layers
         # a module's parameters: weight (+ its experts, stored as one 3-D parameter)
         mod = per_tensor * (copies.get(base, 1) if t.count == layers * copies.get(base, 1) else 1)
         h.largest_module = max(h.largest_module, mod if role == "expert" else per_tensor)
