@@ -113,7 +113,7 @@ def test_hsdp_shards_within_a_node_and_replicates_across():
             marks=pytest.mark.skipif(zero.available(), reason="DeepSpeed installed: traced (test_zero)"),
         ),
         ({"tp": 2, "shard": "fsdp", "method": "lora"}, "method", "tp_adapters"),
-        ({"ep": 2}, "ep", "ep"),
+        ({"ep": 2, "shard": "ddp"}, "ep", "ep_fsdp"),
         ({"pp": 2}, "pp", "pp"),
         ({"offload": "optimizer", "shard": "ddp"}, "offload", "offload"),
         ({"method": "qlora"}, "method", "qlora"),

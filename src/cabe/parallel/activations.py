@@ -73,7 +73,8 @@ def micro_batches_in_flight(lay: Layout, grad_accum: int, cfg: ShardConfig) -> i
 def communication_buffers(
     spec: ModelSpec, setup: TrainingSetup, lay: Layout, cfg: ShardConfig, dt: Any
 ) -> dict[str, float]:
-    """Bytes live in forward and backward: pipeline send / receive buffers, MoE all-to-all. Sequences are
+    """Bytes live in forward and backward: pipeline send / receive buffers (EP's exchange is a transient of each MoE
+    layer: :func:`expert_parallel`). Sequences are
     ``tokens_per_sequence`` long (prompt tuning's virtual tokens included), as in the single-GPU estimate.
 
     Sequence parallelism adds no buffer of its own here: torch's all-gathered sequence is the input the projections
@@ -84,6 +85,31 @@ def communication_buffers(
     out: dict[str, float] = {}
     if lay.pp > 1:
         out["p2p_buffers"] = 2 * tokens * spec.hidden_size * dt.compute
-    if spec.num_experts and lay.ep > 1:
-        out["moe_all_to_all"] = 2 * tokens * spec.experts_per_token * spec.hidden_size * dt.compute
     return out
+
+
+#: rows of T·k x h (the layer's token-expert pairs, compute dtype) that transformers' AllToAllEP holds beyond what the
+#: layer saves, at its combine's weighting in forward and at the experts' first backward node (:func:`expert_parallel`)
+EP_FORWARD_ROWS = 4
+EP_BACKWARD_ROWS = 1
+
+
+def expert_parallel(spec: ModelSpec, setup: TrainingSetup, lay: Layout, dt: Any) -> tuple[float, float]:
+    """Bytes of the EP exchange beyond a layer's saved tensors, (forward, backward), under balanced routing: rank 0
+    receives the ``T·k`` token-expert pairs it sends (traced: cabe.trace.expert_parallel).
+
+    transformers 5.25 ``AllToAllEP`` (distributed/expert_parallel.py) in training: ``_dispatch_tokens`` gathers the
+    ``T·k`` rows (``hidden_states[order // k]``) and all-to-alls them; the experts run top-1 on the received rows with
+    unit weights; ``_combine_tokens`` all-to-alls their output back, scatters it into ``token_outputs``
+    (``empty_like``) and weights it: ``(token_outputs * top_k_weights.unsqueeze(-1)).sum(dim=1)``. At that product
+    four ``T·k x h`` tensors live beside what the layer saves: the received rows (``tokens``, a local of
+    ``AllToAllEP.__call__`` until it returns), the experts' output (``expert_output``, likewise), the all-to-all's
+    result (``recv_out``, a local of ``_combine_tokens``) and the product. ``token_outputs`` is saved by the product
+    for the routing weights' gradient, where one GPU's experts save their own weighted output for it
+    (integrations/moe.py ``weighted_out = proj_out * sample_weights``; the unit weights need no gradient): the same
+    bytes, counted with the saved tensors. In backward the reverse all-to-all makes the experts' output gradient
+    (``T·k x h``) before their first node runs. Nothing persists between layers: no phase-wide buffer."""
+    if not (spec.num_experts and lay.ep > 1):
+        return 0.0, 0.0
+    rows = setup.batch * setup.tokens_per_sequence * spec.experts_per_token * spec.hidden_size * dt.compute
+    return EP_FORWARD_ROWS * rows, EP_BACKWARD_ROWS * rows

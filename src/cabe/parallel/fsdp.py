@@ -15,7 +15,7 @@ gradient (``reduce_dtype`` defaults to ``param_dtype``; the reduce-scattered res
 
 from __future__ import annotations
 
-from cabe.parallel.shares import dense_bytes, fsdp_shard, optimizer_bytes, pieces, quantized_held_bytes, sharded
+from cabe.parallel.shares import dense_bytes, fsdp_shard, optimizer_bytes, own_groups, quantized_held_bytes
 from cabe.parallel.strategy import Context, States
 from cabe.units import round_alloc
 
@@ -31,10 +31,10 @@ def states(c: Context) -> States:
     layer_gathered = mine.layer_elements * unit_b + mine.layer_quantized
     root_gathered = mine.root_elements * unit_b
     units = 2 if c.cfg.fsdp_prefetch else 1
-    trainable = sharded(pieces(mine.held, trainable=True), fsdp_shard, g)
+    trainable = own_groups(mine.held, fsdp_shard, trainable=True)  # (experts over their own group under EP)
     optimizer, temporaries = optimizer_bytes(trainable, c.setup)
     out = States(
-        weights=dense_bytes(sharded(pieces(mine.held), fsdp_shard, g)) + quantized_held_bytes(mine.held, c.setup, g),
+        weights=dense_bytes(own_groups(mine.held, fsdp_shard)) + quantized_held_bytes(mine.held, c.setup, g),
         grads=dense_bytes(trainable),
         optimizer=optimizer,
         temporaries=temporaries,
@@ -59,8 +59,16 @@ def states(c: Context) -> States:
         out.buffers["forward"]["gathered_params"] = root_gathered
         out.buffers["backward"]["gathered_params"] = root_gathered
     else:
-        out.buffers["forward"]["gathered_params"] = layer_gathered + root_gathered
-        out.buffers["backward"]["gathered_params"] = layer_gathered + root_gathered
+        # expert parallelism: transformers wraps each experts module as its own unit (distributed/fsdp.py
+        # ``apply_fully_sharded_data_parallelism``, ``reshard_after_forward=True``), gathered in its own pre-forward
+        # and pre-backward only: not beside the loss head (rank 0 traced, qwen3-30b-a3b-4l on 8 GPUs: the same peak at
+        # the head for ep 2, 4 and 8, 1.1 GiB under ep 1's, whose top layer unit holds all 128 experts there)
+        experts = mine.layer_expert_elements * unit_b if c.layout.ep > 1 else 0.0
+        out.buffers["forward"]["gathered_params"] = layer_gathered - experts + root_gathered
+        out.buffers["backward"]["gathered_params"] = layer_gathered - experts + root_gathered
+        if experts:
+            out.layer_backward["gathered_experts"] = experts
+            out.experts_gathered = experts
     out.embedding_backward = {"gathered_params": root_gathered}  # (the root alone: every unit's backward is over)
     # the head's gradients are the unsharded parameter's, made whole by autograd (in the gathered dtype) and
     # reduce-scattered only in the root unit's post-backward: the tied lm_head's gradient pending beside the
@@ -81,6 +89,10 @@ def states(c: Context) -> States:
         # 16 GPUs holds one layer unit at its bottom layer's backward)
         out.above_bottom["prefetched_params"] = (units - 1) * layer_gathered
     layer_grad = mine.layer_trainable_elements * unit_b
+    if c.layout.ep > 1:
+        # expert parallelism: the experts unit's unsharded gradients are reduce-scattered in its own post-backward,
+        # before the rest of its layer's backward (transformers' separate unit, above): not the layer unit's
+        layer_grad -= min(mine.layer_trainable_elements, mine.layer_expert_elements) * unit_b
     if layer_grad:
         # (from the top unit's backward on: the loss head's backward, in the root unit, precedes them)
         out.layer_grads["unsharded_grads"] = layer_grad

@@ -17,7 +17,13 @@ from typing import Any
 from cabe.architecture import ModelSpec
 from cabe.parallel import config as _config
 from cabe.parallel import context, ddp, fsdp, loading, zero
-from cabe.parallel.activations import communication_buffers, micro_batches_in_flight, sequence_parallel, tensor_parallel
+from cabe.parallel.activations import (
+    communication_buffers,
+    expert_parallel,
+    micro_batches_in_flight,
+    sequence_parallel,
+    tensor_parallel,
+)
 from cabe.parallel.config import ShardConfig
 from cabe.parallel.explain import per_gpu, step_json, steps
 from cabe.parallel.layout import Layout, layout, stage_layers
@@ -217,6 +223,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         head_grad_share = g_share
     grads_head, grads_per_layer = _grads_split(parts, grads_total, lay, layer_frac, grad_layers)
     comm = communication_buffers(spec, setup, lay, cfg, c.dt)
+    ep_forward, ep_backward = expert_parallel(spec, setup, lay, c.dt)  # (AllToAllEP's exchange, per MoE layer)
     keep = st.keep_copies
     per_tp = 1 / lay.tp if lay.tp > 1 else 1
     layer_copies = parts.copies_layer * per_tp if keep else 0
@@ -231,6 +238,11 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         if lay.strategy in _UNITS:
             units = lambda u: _run_buffers(parts, _UNITS[lay.strategy](u), comm, frozen_layers)  # noqa: E731
         runs = shard_runs(runs, spec, c, x, grads_per_layer * grad_layers, units)
+        if ep_backward:  # the exchange's received gradient beside each MoE run's routed-experts backward
+            runs = tuple(
+                replace(r, dispatch_workspace=r.dispatch_workspace + round(ep_backward)) if r.dispatch_workspace else r
+                for r in runs
+            )
     return replace(
         parts,
         weights=round(st.weights),
@@ -250,7 +262,8 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         frozen_copies=round(_frozen_share(parts.frozen_copies, parts, spec, lay.stage_layers, grad_layers) * per_tp),
         recompute_layer=round(recompute),
         recompute_transient_layer=round(parts.recompute_transient_layer * f.saved),
-        dispatch_workspace_layer=round(parts.dispatch_workspace_layer * f.saved),
+        dispatch_workspace_layer=round(parts.dispatch_workspace_layer * f.saved + ep_backward),
+        forward_transient=max(parts.forward_transient, round(ep_forward + st.experts_gathered if ep_forward else 0)),
         workspace_layer=round(parts.workspace_layer * f.saved),
         # the layer's backward split (step.LayerRun): the MLP's gradients shrink as the layer's do, its saved
         # tensors and attention's workspace as the layer's activations do

@@ -43,6 +43,7 @@ class Holdings:
     trainable_elements_sharded: float = 0.0
     persistent_elements: float = 0.0  # ZeRO-3: elements under the persistence threshold (kept whole)
     layer_elements: float = 0.0  # non-quantized elements of one decoder layer
+    layer_expert_elements: float = 0.0  # of which the routed experts' (under EP: this rank's experts)
     layer_quantized: float = 0.0  # quantized bytes of one decoder layer
     layer_stored: float = 0.0  # stored bytes of one decoder layer
     layer_trainable_elements: float = 0.0
@@ -139,6 +140,8 @@ def holdings(
             continue
         b = stored_bytes(t, setup, dt)
         _add_stored(h, t, numel, b, group, is_layer, stage_layers, t.numel * share < cfg.param_persistence_threshold)
+        if is_layer and role == "expert":
+            h.layer_expert_elements += numel / stage_layers
         # a module's parameters: weight (+ its experts, stored as one 3-D parameter)
         mod = per_tensor * (copies.get(base, 1) if t.count == layers * copies.get(base, 1) else 1)
         h.largest_module = max(h.largest_module, mod if role == "expert" else per_tensor)
@@ -230,6 +233,19 @@ def zero3_shard(t: Tensor, group: int) -> Tensor:
 
 def sharded(items: list[Piece], rule: Callable[[Tensor, int], Tensor], group: int) -> list[Piece]:
     return [(rule(t, group), n, b) for t, n, b in items]
+
+
+def own_groups(held: list[Held], rule: Callable[[Tensor, int], Tensor], *, trainable: bool = False) -> list[Piece]:
+    """:func:`pieces` of ``held``, each sharded by ``rule`` over its own group (:attr:`Held.group`): under expert
+    parallelism the experts over the expert-FSDP group (``efsdp = fsdp / ep``), the rest over the whole shard group.
+    transformers 5.25 wraps each experts module as its own FSDP2 unit on that mesh (distributed/fsdp.py
+    ``apply_fully_sharded_data_parallelism``: ``fully_shard(module, mesh=expert_mesh)``, ``efsdp_size = fsdp_size
+    * tp_size // ep_size``, configuration_utils.py), its stacks already cut to the rank's experts (``MoEParamShard``)."""
+    return [
+        (rule(h.tensor, h.group), h.count, h.nbytes)
+        for h in held
+        if h.tensor.kind != "quantized" and (h.trainable or not trainable)
+    ]
 
 
 def flat_partition(items: list[Piece], group: int, align: int = 2) -> list[Piece]:

@@ -128,6 +128,9 @@ class States:
     done_layer: dict[str, float] = field(default_factory=dict)
     # the backward buffers that differ at the embedding's backward, after every layer's (step.StepParts.extra_embedding)
     embedding_backward: dict[str, float] | None = None
+    # expert parallelism under FSDP2: the experts unit's gathered parameters, live only while its own layer runs
+    # (cabe.parallel.fsdp), in forward at the top MoE layer's exchange (plan: its forward transient)
+    experts_gathered: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     def everywhere(self, name: str, nbytes: float) -> None:

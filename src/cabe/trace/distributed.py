@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cabe.errors import ConfigError, InvalidValueError
-from cabe.trace import context_parallel, offload, sequence_parallel, state, zero
+from cabe.trace import context_parallel, expert_parallel, offload, sequence_parallel, state, zero
 from cabe.trace.build import build_model, decoder_layers
 from cabe.trace.family_patches import model_types
 from cabe.trace.modes import finish
@@ -82,9 +82,9 @@ def refusal(setup: TrainingSetup, config: dict[str, Any] | None = None) -> None:
         # transformers' TP styles replace the forward of the nn.Linear its plan names; PEFT's adapters wrap that
         # module and add their own full-width output to its sharded one (no TP plan covers an adapter)
         raise InvalidValueError("trace_parallel_unsupported", "method", value=setup.method, why="tp_adapters")
-    for name in ("pp", "ep"):
-        if getattr(setup, name) > 1:
-            raise InvalidValueError("trace_parallel_unsupported", name, value=getattr(setup, name), why=name)
+    if setup.pp > 1:
+        raise InvalidValueError("trace_parallel_unsupported", "pp", value=setup.pp, why="pp")
+    expert_parallel.refusal(setup, config)  # transformers' EP (cabe.trace.expert_parallel)
     if setup.offload != "none" and not offload.offloads(setup):
         raise InvalidValueError("trace_parallel_unsupported", "offload", value=setup.offload, why=offload.why(setup))
     if setup.method == "qlora":
@@ -219,6 +219,10 @@ def _run(
         mesh, cp_mesh = context_parallel.mesh(setup, device.type)
         dp_mesh = mesh
     engine: dict[str, Any] = {}
+    experts: Any = None  # (expert parallelism: transformers' ep_plan on its own meshes, as TP outside the fake mode)
+    if setup.ep > 1:
+        ep_mesh, efsdp, tp_mesh = expert_parallel.meshes(setup, device.type)
+        experts = (expert_parallel.apply(model, ep_mesh, tp_mesh), efsdp)
     if tp:  # (sequence parallelism: torch's own styles, as torchtitan applies them: cabe.trace.sequence_parallel)
         engine = (sequence_parallel.apply if setup.sequence_parallel else _tensor_parallel)(model, mesh["tp"], setup)
     rank0 = tracker(setup, kind, device, astate, None)
@@ -227,7 +231,7 @@ def _run(
     with fake_mode(kind), rank0, _storage_resizes(rank0), _real_mesh_coordinates(), offload.pinned_host(kind, setup):
         rank0.set_phase("setup")
         if fsdp:
-            engine = _fully_shard(model, cfg, setup, mesh, dp_mesh, engine)
+            engine = _fully_shard(model, cfg, setup, mesh, dp_mesh, engine, experts)
         if fsdp or tp:
             offload.to_empty(
                 model, setup, device
@@ -247,7 +251,11 @@ def _run(
             raise ConfigError("nothing_to_train", "method", method=setup.method)
         if not fsdp and not tp:
             model, engine = _ddp(model, device)
-        with _loss_context(setup, rank0), _context(model, setup, cp_mesh, rank0, engine):
+        with (
+            _loss_context(setup, rank0),
+            expert_parallel.balanced_exchange(setup.ep > 1),
+            _context(model, setup, cp_mesh, rank0, engine),
+        ):
             result = train(model, cfg, setup, steps, device, rank0, trainable, kind, {})
     result.parameters = n_params
     result.trainable_parameters = sum(p.numel() for p in trainable)
@@ -382,7 +390,9 @@ def _loss_context(setup: TrainingSetup, rank0: Any) -> Iterator[None]:
         p.restore()
 
 
-def _fully_shard(model: Any, cfg: Any, setup: TrainingSetup, mesh: Any, dp: Any, tp: dict[str, Any]) -> dict[str, Any]:
+def _fully_shard(
+    model: Any, cfg: Any, setup: TrainingSetup, mesh: Any, dp: Any, tp: dict[str, Any], experts: Any = None
+) -> dict[str, Any]:
     """``fully_shard`` each decoder layer, then the root (embeddings, final norm, lm_head), on the data-parallel
     part of ``mesh`` (with tensor parallelism, FSDP2 shards the TP shards: 2-D parallelism).
 
@@ -399,6 +409,10 @@ def _fully_shard(model: Any, cfg: Any, setup: TrainingSetup, mesh: Any, dp: Any,
     mp = MixedPrecisionPolicy()
     if setup.param_dtype != "none":
         mp = MixedPrecisionPolicy(param_dtype=getattr(torch, _DTYPES[setup.param_dtype]))
+    ep = {}
+    if experts is not None:  # each experts module its own unit on the expert-FSDP mesh, before its layer
+        units = expert_parallel.shard_experts(model, experts[0], experts[1], setup, mp_policy=mp, offload_policy=policy)
+        ep = expert_parallel.engine(setup, experts[0], units)
     layers = decoder_layers(model, cfg)
     for layer in layers:
         fully_shard(
@@ -413,6 +427,7 @@ def _fully_shard(model: Any, cfg: Any, setup: TrainingSetup, mesh: Any, dp: Any,
         "param_dtype": setup.param_dtype if setup.param_dtype != "none" else "as stored",
         **({"offload_policy": "CPUOffloadPolicy(pin_memory=True)"} if offload.offloads(setup) else {}),
         **tp,
+        **ep,
     }
 
 
