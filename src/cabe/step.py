@@ -135,6 +135,9 @@ class StepParts:
     # the backward buffers at the embedding's backward, after every layer's, where they differ from
     # ``extra_backward`` (FSDP: only the root unit is still gathered); None: ``extra_backward``
     extra_embedding: dict[str, int] | None = None
+    # transients of one moment of backward (DeepSpeed ZeRO-3's bucket flush, cabe.parallel.zero): (layers from the top
+    # of the gradient's path, buffers) beside that layer's backward; -1: after every layer's, beside ``extra_embedding``
+    extra_flush: tuple[tuple[int, dict[str, int]], ...] = ()
     # the layers in the gradient's path, run by run from the bottom, when their figures are known run by
     # run (a model whose layers differ); empty: ``grad_layers`` layers of the per-layer fields above
     runs: tuple[LayerRun, ...] = ()
@@ -329,6 +332,11 @@ def timeline(p: StepParts) -> list[Moment]:
                 },
             )
         )
+    for k, flush in p.extra_flush:
+        if k < 0:  # (the end of backward: every gradient made, no layer's activations)
+            extras = p.extra_backward if p.extra_embedding is None else p.extra_embedding
+            comps = {**base, "gradients": p.grads + strays_all, **extras, **p.extra_below_top, **flush}
+            moments.append(Moment("backward", "end_of_backward", comps))
     moments.append(
         Moment(
             "optimizer",
@@ -404,9 +412,11 @@ def _layer_moments(
     for i, r in enumerate(reversed(runs)):
         saved -= r.count * r.saved  # now what the runs below this one save
         copies -= r.count * r.copies
-        for end, from_top in enumerate((0, r.count - 1)):
+        flushes = [(k - layers_above, f) for k, f in p.extra_flush if layers_above <= k < layers_above + r.count]
+        for end, from_top, flush in ((0, 0, None), (1, r.count - 1, None), *((2, k, f) for k, f in flushes)):
             remaining = r.count - from_top
-            where = _where(i == 0 and end == 0, i == len(runs) - 1 and end == 1, layers_above + from_top)
+            top_end, bottom_end = (end == 0, end == 1) if flush is None else (from_top == 0, from_top == r.count - 1)
+            where = _where(i == 0 and top_end, i == len(runs) - 1 and bottom_end, layers_above + from_top)
             before = grads_above + r.grads * from_top  # the gradients of the layers above this one
             acts = saved + remaining * r.saved + r.recompute + p.rotary + p.frozen_inputs + p.embedding_saved
             acts += p.vision_saved
@@ -432,13 +442,21 @@ def _layer_moments(
                 # its last adapted module's transient (cabe.activations.adapters.note_lora_input)
                 moments_of_layer.insert(0, (".recompute", before, acts + r.recompute_transient, stray))
             top, bottom = where == "top_layer", where == "bottom_layer"
+            if flush is not None:  # (the flush at the layer's first gradient, all it saved alive: a bound)
+                moments_of_layer = [(".flush", before + r.grads_mlp, acts, stray + r.stray_grads_mlp)]
             for suffix, grads, activations, strays in (
                 *moments_of_layer,
-                (
-                    ".attention",
-                    before + r.grads,
-                    acts - r.mlp_saved + max(r.attention_workspace, r.accum_grad_attention),
-                    stray + r.stray_grads,
+                *(
+                    ()
+                    if flush is not None
+                    else (
+                        (
+                            ".attention",
+                            before + r.grads,
+                            acts - r.mlp_saved + max(r.attention_workspace, r.accum_grad_attention),
+                            stray + r.stray_grads,
+                        ),
+                    )
                 ),
             ):
                 out.append(
@@ -457,6 +475,7 @@ def _layer_moments(
                                 extras[top, suffix not in (".experts", ".recompute"), bottom],
                                 layers_above + from_top,
                             ),
+                            **(flush or {}),
                         },
                     )
                 )

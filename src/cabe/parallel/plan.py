@@ -247,5 +247,6 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         extra_layer_grads={**parts.extra_layer_grads, **{k: round(v) for k, v in st.layer_grads.items() if v}},
         extra_pending_layer={**parts.extra_pending_layer, **pending},
         extra_done_layer={**parts.extra_done_layer, **{k: round(v) for k, v in st.done_layer.items() if v}},
+        extra_flush=tuple((k, {n: round(v) for n, v in d.items() if v}) for k, d in st.flushes),
         extra_embedding=None if embedding is None else {**parts.extra_backward, **extra["backward"], **embedding},
     )

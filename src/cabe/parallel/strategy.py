@@ -128,6 +128,9 @@ class States:
     done_layer: dict[str, float] = field(default_factory=dict)
     # the backward buffers that differ at the embedding's backward, after every layer's (step.StepParts.extra_embedding)
     embedding_backward: dict[str, float] | None = None
+    # transients of one moment of backward, (layers from the top of the gradient's path, buffers); -1: the end of
+    # backward (step.StepParts.extra_flush: DeepSpeed ZeRO-3's bucket flushes)
+    flushes: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def everywhere(self, name: str, nbytes: float) -> None:
