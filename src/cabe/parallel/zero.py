@@ -412,7 +412,7 @@ def _zero3_flushes(c: Context) -> list[tuple[int, dict[str, float]]]:
     """ZeRO-3's bucket flushes in backward, each with the ``torch.cat`` it makes, by the layer whose backward it is in.
 
     Each trainable parameter's hook (in the order autograd makes the gradients: the head's, the layers' from the top,
-    each layer's parameters in reverse, then the embedding's, a tied one's last) adds its gradient to the bucket; when
+    each layer's linears in reverse, then the embedding's, a tied one's last) adds its gradient to the bucket; when
     it would overflow ``reduce_bucket_size`` (stage3.py:1582, ``bucket.elements + param.ds_numel >
     self.reduce_bucket_size``) the bucket is reduced first, and what is left at the end of backward in the epilogue
     (stage3.py:1407-1411, ``independent_gradient_partition_epilogue``, run by the last hook: runtime/base_optimizer.py:218). DeepSpeed's default
@@ -426,7 +426,10 @@ def _zero3_flushes(c: Context) -> list[tuple[int, dict[str, float]]]:
     comm = 2 if c.amp else 4  # the engine's communication dtype: its 16-bit one in bf16 / fp16 mode, else fp32
     placed = _placed_order(c)
     head = [x for x in placed if x[2] >= layers][::-1]
+    # (a layer's backward makes its linears' gradients from the last one, its norms' after them: the MLP's before the
+    # post-attention norm's, attention's before the input norm's -- taken after all its linears' here)
     body = [x for x in placed if 0 <= x[2] < layers][::-1]
+    body.sort(key=lambda x: (-x[2], x[0].startswith("norm")))
     lead = [x for x in placed if x[2] < 0]
     flushes: dict[int, dict[str, float]] = {}
     bucket: list[float] = []
