@@ -161,6 +161,9 @@ class StepParts:
     # the backward buffers at the embedding's backward, after every layer's, where they differ from
     # ``extra_backward`` (FSDP: only the root unit is still gathered); None: ``extra_backward``
     extra_embedding: dict[str, int] | None = None
+    # transients of one moment of backward (DeepSpeed ZeRO-3's bucket flush, cabe.parallel.zero): (layers from the top
+    # of the gradient's path, buffers) beside that layer's backward; -1: after every layer's, beside ``extra_embedding``
+    extra_flush: tuple[tuple[int, dict[str, int]], ...] = ()
     # the layers in the gradient's path, run by run from the bottom, when their figures are known run by
     # run (a model whose layers differ); empty: ``grad_layers`` layers of the per-layer fields above
     runs: tuple[LayerRun, ...] = ()
@@ -359,6 +362,11 @@ def timeline(p: StepParts) -> list[Moment]:
                 },
             )
         )
+    for k, flush in p.extra_flush:
+        if k < 0:  # (the end of backward: every gradient made, no layer's activations)
+            extras = p.extra_backward if p.extra_embedding is None else p.extra_embedding
+            comps = {**base, "gradients": p.grads + strays_all, **extras, **p.extra_below_top, **flush}
+            moments.append(Moment("backward", "end_of_backward", comps))
     moments.append(
         Moment(
             "optimizer",
@@ -471,7 +479,12 @@ def _layer_moments(
     for i, r in enumerate(down):
         saved -= r.count * r.saved  # now what the runs below this one save
         copies -= r.count * r.copies
-        for from_top in _ends(r.count, i == 0, i == len(down) - 1, steps):
+        # DeepSpeed ZeRO-3's bucket flushes at their layers (StepParts.extra_flush), beside the walked ones
+        flushes = [(k - layers_above, f) for k, f in p.extra_flush if layers_above <= k < layers_above + r.count]
+        walked: list[tuple[int, dict[str, int] | None]] = [
+            (k, None) for k in _ends(r.count, i == 0, i == len(down) - 1, steps)
+        ]
+        for from_top, flush in (*walked, *flushes):
             remaining = r.count - from_top
             where = _where(not (i or from_top), i == len(down) - 1 and from_top == r.count - 1, layers_above + from_top)
             before = grads_above + r.grads * from_top  # the gradients of the layers above this one
@@ -505,13 +518,21 @@ def _layer_moments(
                 above = here if from_top or not i else (down[i - 1].buffers or p)
                 below = here if from_top < r.count - 1 or bottom else (down[i + 1].buffers or p)
                 extras = _extras(here, above, below)
+            if flush is not None:  # (the flush at the layer's first gradient, all it saved alive: a bound)
+                moments_of_layer = [(".flush", before + r.grads_mlp, acts, stray + r.stray_grads_mlp)]
             for suffix, grads, activations, strays in (
                 *moments_of_layer,
-                (
-                    ".attention",
-                    before + r.grads,
-                    acts - r.mlp_saved + max(r.attention_workspace, r.accum_grad_attention),
-                    stray + r.stray_grads,
+                *(
+                    ()
+                    if flush is not None
+                    else (
+                        (
+                            ".attention",
+                            before + r.grads,
+                            acts - r.mlp_saved + max(r.attention_workspace, r.accum_grad_attention),
+                            stray + r.stray_grads,
+                        ),
+                    )
                 ),
             ):
                 out.append(
@@ -530,6 +551,7 @@ def _layer_moments(
                                 extras[top, suffix not in (".experts", ".recompute"), bottom],
                                 layers_above + from_top,
                             ),
+                            **(flush or {}),
                         },
                     )
                 )

@@ -131,6 +131,9 @@ class States:
     # expert parallelism under FSDP2: the experts unit's gathered parameters, live only while its own layer runs
     # (cabe.parallel.fsdp), in forward at the top MoE layer's exchange (plan: its forward transient)
     experts_gathered: float = 0.0
+    # transients of one moment of backward, (layers from the top of the gradient's path, buffers); -1: the end of
+    # backward (step.StepParts.extra_flush: DeepSpeed ZeRO-3's bucket flushes)
+    flushes: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def everywhere(self, name: str, nbytes: float) -> None:

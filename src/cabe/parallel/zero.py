@@ -96,7 +96,10 @@ class _Partitions:
             w16_sharded=dense_bytes(sharded(pieces(mine.held, nbytes=half), zero3_shard, g))
             + quantized_held_bytes(mine.held, c.setup, g),
             g16=dense_bytes(train),
-            g16_sharded=dense_bytes(_flat_groups(part, 0, 0)),
+            # stage 3's ``grad_partitions_flat_buffer`` is in the engine's gradient accumulation dtype
+            # (stage3.py:786-788), its model dtype unless configured (engine.py:1799-1810): the 16-bit one in its
+            # bf16 / fp16 mode, else fp32 -- fp32 for a plain bf16 module too
+            g16_sharded=dense_bytes(_flat_groups(part, 0, 0 if amp or stage < 3 else 4)),
             master=0.0 if shared else dense_bytes(opt_in),
             grad32=4 * (min(n_part, cfg.sub_group_size) if stage == 3 else n_part) if amp else 0.0,
             optimizer=optimizer,
@@ -133,6 +136,7 @@ def _flat_groups(part: list[Piece], sub_group: int, nbytes: int) -> list[Piece]:
 
 def states(c: Context) -> States:
     stage = int(c.layout.strategy[-1])
+    mine = c.mine
     p = _Partitions.of(c, stage)
     out = States(weights=p.w16, grads=c.grads, optimizer=c.optimizer, temporaries=c.temporaries, keep_copies=False)
     # the head's gradients (the tied lm_head's pending one, the tied embedding's sum) are whole 16-bit .grad tensors,
@@ -167,6 +171,8 @@ def states(c: Context) -> States:
             _gradient_partition(c, out, p, stage)
     if p.ipg:
         _ipg_buckets(out, p.ipg, stage)
+    if stage == 3 and mine.trainable:
+        out.flushes = _zero3_flushes(c)
     if c.dt.gathered:
         out.notes.append("zero_param_dtype_" + c.setup.param_dtype)
     else:
@@ -213,6 +219,12 @@ def _gradient_partition(c: Context, out: States, p: _Partitions, stage: int) -> 
 def _flat_order(c: Context, trainable: bool = True) -> list[tuple[str, float]]:
     """(name, elements) of the parameters in the module's order (``model.parameters()``: the embeddings, each layer's
     linears then its norms, the final norm, the lm_head), the trainable ones only with ``trainable``."""
+    return [(name, numel) for name, numel, _ in _placed_order(c, trainable)]
+
+
+def _placed_order(c: Context, trainable: bool = True) -> list[tuple[str, float, int]]:
+    """:func:`_flat_order` with where each parameter is: -1 before the layers (the embeddings), the layer's index
+    (0 the bottom one), the layer count after them (the final norm, the lm_head)."""
     mine = c.mine
     lead: list[tuple[str, float]] = []
     tail: list[tuple[str, float]] = []
@@ -234,11 +246,11 @@ def _flat_order(c: Context, trainable: bool = True) -> list[tuple[str, float]]:
             )
             layer.append((t.name, t.numel * h.count / max(hi - lo, 1), lo, hi))
     tail.sort(key=lambda x: x[0] != "final_norm")  # (the final norm runs before the lm_head)
-    out = list(lead)
+    out = [(n, numel, -1) for n, numel in lead]
     for i in range(layers):
-        here = [(n, numel) for n, numel, lo, hi in layer if lo <= i < hi]
+        here = [(n, numel, i) for n, numel, lo, hi in layer if lo <= i < hi]
         out += sorted(here, key=lambda x: x[0].startswith("norm"))  # (a layer's norms after its linears)
-    return out + tail
+    return out + [(n, numel, layers) for n, numel in tail]
 
 
 def _rank0_partition(c: Context, part: int) -> tuple[float, float]:
@@ -394,3 +406,51 @@ def _backward_modules(
     if emb is not None and any(h.trainable and h.tensor.kind == "embedding" for h in c.mine.held):
         out.append(emb)
     return out
+
+
+def _zero3_flushes(c: Context) -> list[tuple[int, dict[str, float]]]:
+    """ZeRO-3's bucket flushes in backward, each with the ``torch.cat`` it makes, by the layer whose backward it is in.
+
+    Each trainable parameter's hook (in the order autograd makes the gradients: the head's, the layers' from the top,
+    each layer's linears in reverse, then the embedding's, a tied one's last) adds its gradient to the bucket; when
+    it would overflow ``reduce_bucket_size`` (stage3.py:1582, ``bucket.elements + param.ds_numel >
+    self.reduce_bucket_size``) the bucket is reduced first, and what is left at the end of backward in the epilogue
+    (stage3.py:1407-1411, ``independent_gradient_partition_epilogue``, run by the last hook: runtime/base_optimizer.py:218). DeepSpeed's default
+    ``reduce_scatter`` (stage3.py:1673-1678) takes ``__avg_scatter_grads`` -> ``reduce_scatter_coalesced``
+    (runtime/comm/coalesced_collectives.py:97-111): one ``torch.cat`` of every gradient's partitions padded to
+    ``ceil(numel / world)`` -- the bucket's elements in the communication dtype (the gradients were copied into the
+    bucket in that dtype, stage3.py:1615-1624), none for a single gradient the world divides. At the embedding's
+    hook its whole gradient (autograd's, the module's dtype) is live beside the cat; it goes into the bucket after."""
+    cfg, g = c.cfg, max(c.group, 1)
+    layers = c.layout.stage_layers or 1
+    comm = 2 if c.amp else 4  # the engine's communication dtype: its 16-bit one in bf16 / fp16 mode, else fp32
+    placed = _placed_order(c)
+    head = [x for x in placed if x[2] >= layers][::-1]
+    # (a layer's backward makes its linears' gradients from the last one, its norms' after them: the MLP's before the
+    # post-attention norm's, attention's before the input norm's -- taken after all its linears' here)
+    body = [x for x in placed if 0 <= x[2] < layers][::-1]
+    body.sort(key=lambda x: (-x[2], x[0].startswith("norm")))
+    lead = [x for x in placed if x[2] < 0]
+    flushes: dict[int, dict[str, float]] = {}
+    bucket: list[float] = []
+
+    def flush(at: int, extra: dict[str, float]) -> None:
+        if len(bucket) == 1 and bucket[0] % g == 0:
+            nbytes = 0.0
+        else:
+            nbytes = float(round_alloc(round(comm * sum(-(-round(n) // g) * g for n in bucket))))
+        now = {"reduce_scatter_input": nbytes, **extra}
+        if sum(now.values()) > sum(flushes.get(at, {}).values()):
+            flushes[at] = now
+        bucket.clear()
+
+    for _, numel, where in head + body + lead:
+        # where the flush happens: the top layer's moment for the head's (a bound), the end of backward for the
+        # embedding's (its whole gradient beside it)
+        at = -1 if where < 0 else layers - 1 - min(where, layers - 1)
+        if bucket and sum(bucket) + numel > cfg.reduce_bucket_size:
+            flush(at, {"whole_grad": round_alloc(round(numel * c.compute_bytes))} if where < 0 else {})
+        bucket.append(numel)
+    if bucket:
+        flush(-1, {})
+    return sorted(flushes.items())
