@@ -151,6 +151,12 @@ class StepParts:
     gathered_recompute_layer: int = 0
     mlp_gathered_layer: int = 0
     final_norm_gathered: int = 0
+    # of ``saved_layer`` / ``recompute_layer`` / ``mlp_saved_layer``: the residual stream's tensors (the stream norms',
+    # dropout masks on it: LayerActivations.stream_per_token; a checkpointed layer's input; the layer's constants),
+    # whole on every GPU under tensor parallelism as the gathered inputs are (cabe.parallel.activations)
+    stream_layer: int = 0
+    stream_recompute_layer: int = 0
+    mlp_stream_layer: int = 0
     attention_workspace_layer: int = 0
     # the gradients at the optimizer's step where they differ from ``grads`` (DeepSpeed ZeRO-1/2: rank 0's gradient
     # partition, cabe.parallel.zero); None: ``grads``

@@ -170,6 +170,14 @@ def _step_parts(
         gathered_recompute_layer=act.mean(lambda r: tokens * r.per_layer.gathered_input_per_token) if ckpt else 0,
         mlp_gathered_layer=act.mean(lambda r: tokens * r.per_layer.mlp_gathered_per_token),
         final_norm_gathered=tokens * head.gathered_input,
+        stream_layer=sum(n * _stream_kept(act, r, ck) for r, n, ck in act.pieces()) // max(grad_layers, 1),
+        stream_recompute_layer=act.mean(
+            lambda r: tokens * (r.per_layer.stream_per_token - r.per_layer.input_alias_per_token)
+            + r.per_layer.constant_bytes
+        )
+        if ckpt
+        else 0,
+        mlp_stream_layer=act.mean(lambda r: tokens * r.per_layer.mlp_stream_per_token),
         attention_workspace_layer=mean(lambda r: r.attention_workspace),
         cuda_workspaces=CUDA_WORKSPACES,
         carried_logits=tokens * head.carried,
@@ -180,6 +188,15 @@ def _step_parts(
             else 0
         ),
     )
+
+
+def _stream_kept(act: _Activations, r: _RunActivations, ckpt: bool) -> int:
+    """Of what one layer keeps through the forward (``act.kept``), the residual stream's tensors: a checkpointed
+    layer's input, or a plain layer's stream terms (LayerActivations.stream_per_token) and constants (Gemma's fp32
+    ``1 + w``, flash attention's seed: per GPU whole)."""
+    if ckpt:
+        return act.kept(r, ckpt)
+    return act.tokens * r.per_layer.stream_per_token + r.per_layer.constant_bytes
 
 
 def _counted(run: LayerRun, count: int, cached_count: int) -> LayerRun:

@@ -62,6 +62,25 @@ def sequence_parallel(saved: float, gathered: float, tp: int) -> float:
     return (saved - gathered) / tp + gathered
 
 
+def tensor_parallel_saved(saved: float, whole: float, tp: int) -> float:
+    """One GPU's share of saved bytes of which ``whole`` stay whole on every GPU, under tensor parallelism without
+    sequence parallelism as transformers 5.25 applies its TP plan (distributed/tensor_parallel.py; traced by
+    cabe.trace.distributed on the fake group).
+
+    Every module the plan does not name runs on its replicated input: the norms on the residual stream save its
+    whole width and length (their fp32 inputs, statistics and outputs), as do dropout masks on it and a checkpointed
+    layer's input (LayerActivations.stream_per_token). ``ColwiseParallel`` (q / k / v, gate / up) takes its input
+    ``Replicate()`` (``transform_inputs_pre_forward``) and its matmul saves that whole tensor, or autocast's whole
+    16-bit cast of it (LayerActivations.gathered_input_per_token). What the column-parallel projections make is this
+    GPU's heads and features (``Shard(-1)``): attention per head, the MLP's intermediate tensors and what the
+    row-parallel projections save of them (their input, ``Shard(-1)``) are split by t. ``RowwiseParallel``'s output
+    is all-reduced whole (``Partial()`` to ``Replicate()``) but nothing saves it as it is: it joins the residual
+    stream, whose norm saves its own tensors (whole, counted above). Korthikanti et al.'s 10/34 replicated is this
+    split for GPT-3's 16-bit tensors (two LayerNorm inputs, two projections' inputs, two dropout masks); a Llama
+    layer's fp32 norm tensors and fp32 residual stream (fp32 weights under autocast) replicate more."""
+    return whole + (saved - whole) / tp
+
+
 def micro_batches_in_flight(lay: Layout, grad_accum: int, cfg: ShardConfig) -> int:
     """Pipeline: 1F1B keeps at most ``pp - stage`` micro-batches' activations; GPipe all of them."""
     if lay.pp == 1:
