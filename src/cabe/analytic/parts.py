@@ -386,11 +386,16 @@ def _tp_embedding_grad(spec: ModelSpec, setup: TrainingSetup, states: Any) -> in
 def _tied_embedding_workspace(spec: ModelSpec, setup: TrainingSetup, states: Any) -> int:
     """The tied embedding's backward (full fine-tuning): the lm_head's gradient and the embedding's, and with
     micro-batches the previous .grad beside their sum (see the NOTE above). Under tensor parallelism the lm_head's
-    is its vocabulary shard and the embedding's whole (:func:`_tp_embedding_grad`), their sum a shard again."""
+    is its vocabulary shard and the embedding's whole (:func:`_tp_embedding_grad`), their sum a shard again; under
+    FSDP2 the unsharded parameter's .grad is None at every backward (its post-backward reduce-scatters and drops it,
+    torch 2.13 _fsdp_param_group.py ``post_backward``), so the sum is a shard beside the two whatever the
+    micro-batches (the plan puts them in the gathered dtype: cabe.parallel.plan). Traced: gemma-3-4b full, fp32
+    weights, FSDP2 over TP 2 with bf16 ``param_dtype``, 4 micro-batches: the embedding's whole bf16 gradient and two
+    vocabulary shards (the lm_head's, the sum) at its backward."""
     if not (setup.method == "full" and spec.tie_word_embeddings):
         return 0
     one = round_alloc(spec.embedding_count * states.bytes_of["embedding"])
     if setup.tp == 1:
         return (3 if setup.grad_accum > 1 else 2) * one
     shard = round_alloc(-(-spec.embedding_count // setup.tp) * states.bytes_of["embedding"])
-    return one + (2 if setup.grad_accum > 1 else 1) * shard
+    return one + (2 if setup.grad_accum > 1 or setup.shard in ("fsdp", "fsdp-hybrid") else 1) * shard

@@ -184,6 +184,8 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
             # here the .grad is a shard, and the sum is made whole before the root's reduce-scatter)
             one = embedding_workspace // (3 if setup.grad_accum > 1 else 2)
             embedding_workspace = round((2 if st.head_grad_counted else 3) * one * unsharded)
+        elif embedding_workspace:  # (TP: the parts' whole gradient and two shards, in the stored dtype)
+            embedding_workspace = round(embedding_workspace * unsharded)
     else:
         head_grad_share = g_share
     grads_head, grads_per_layer = _grads_split(parts, grads_total, lay, layer_frac, grad_layers)
