@@ -172,8 +172,9 @@ def _step_parts(
         final_norm_gathered=tokens * head.gathered_input,
         stream_layer=sum(n * _stream_kept(act, r, ck) for r, n, ck in act.pieces()) // max(grad_layers, 1),
         stream_recompute_layer=act.mean(
-            lambda r: tokens * (r.per_layer.stream_per_token - r.per_layer.input_alias_per_token)
-            + r.per_layer.constant_bytes
+            lambda r: (
+                tokens * (r.per_layer.stream_per_token - r.per_layer.input_alias_per_token) + r.per_layer.constant_bytes
+            )
         )
         if ckpt
         else 0,

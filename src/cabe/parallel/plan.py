@@ -163,11 +163,12 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         recompute = sequence_parallel(parts.recompute_layer, parts.gathered_recompute_layer, lay.tp)
         mlp_saved = sequence_parallel(parts.mlp_saved_layer, parts.mlp_gathered_layer, lay.tp)
         final_norm = round(sequence_parallel(parts.final_norm_saved, parts.final_norm_gathered, lay.tp))
-    elif lay.tp > 1:  # tensor by tensor: the stream's tensors and the gathered inputs stay whole (tensor_parallel_saved)
+    elif lay.tp > 1:  # tensor by tensor: the stream's tensors and the gathered inputs stay whole
         saved = tensor_parallel_saved(parts.saved_layer, parts.stream_layer + parts.gathered_layer, lay.tp)
         whole = parts.stream_recompute_layer + parts.gathered_recompute_layer
         recompute = tensor_parallel_saved(parts.recompute_layer, whole, lay.tp)
-        mlp_saved = tensor_parallel_saved(parts.mlp_saved_layer, parts.mlp_stream_layer + parts.mlp_gathered_layer, lay.tp)
+        whole = parts.mlp_stream_layer + parts.mlp_gathered_layer
+        mlp_saved = tensor_parallel_saved(parts.mlp_saved_layer, whole, lay.tp)
     head_on = lay.last
     layer_frac = lay.stage_layers / spec.num_layers
     grad_layers = _grad_layers(parts, spec, setup, lay)
