@@ -161,6 +161,9 @@ class StepParts:
     # the gradients at the optimizer's step where they differ from ``grads`` (DeepSpeed ZeRO-1/2: rank 0's gradient
     # partition, cabe.parallel.zero); None: ``grads``
     grads_at_step: int | None = None
+    # the gradients at the embedding's backward, where they differ from ``grads`` (FSDP2's root unit: its sharded
+    # gradients are reduce-scattered after the embedding's backward, cabe.parallel.fsdp); None: ``grads``
+    grads_at_embedding: int | None = None
     # cuBLAS's workspaces, held by the caching allocator from the first step on (cabe.units.CUDA_WORKSPACES)
     cuda_workspaces: int = 0
     # logits a training loop keeps bound from one step to the next (LitGPT's ``logits``: through backward, the
@@ -307,7 +310,7 @@ def timeline(p: StepParts) -> list[Moment]:
                 "embedding",
                 {
                     **base,
-                    "gradients": p.grads + strays_all,
+                    "gradients": (p.grads if p.grads_at_embedding is None else p.grads_at_embedding) + strays_all,
                     "activations": p.embedding_grad_input + p.frozen_inputs + p.embedding_saved,
                     "weight_copies": p.frozen_copies,
                     # every layer's backward is over: no unit is prefetched or holds its unsharded gradients,
@@ -325,7 +328,7 @@ def timeline(p: StepParts) -> list[Moment]:
                 "embedding",
                 {
                     **base,
-                    "gradients": p.grads + strays_all,
+                    "gradients": (p.grads if p.grads_at_embedding is None else p.grads_at_embedding) + strays_all,
                     "activations": p.embedding_backward_workspace,
                     # every layer's backward is over: no unit is prefetched or holds its unsharded gradients,
                     # the bottom unit's reduce-scatter input alone waits (rank 0 of FSDP2 traced: llama-3.2-1b, tied)

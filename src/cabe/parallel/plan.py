@@ -215,6 +215,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         optimizer=round(st.optimizer),
         grads=round(grads_total),
         grads_at_step=None if st.step_grads is None else round(st.step_grads),
+        grads_at_embedding=None if st.embedding_grads is None else round(st.embedding_grads),
         grads_head=round(grads_head),
         grads_per_layer=round(grads_per_layer),
         grad_layers=grad_layers,
