@@ -170,6 +170,12 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         whole = parts.mlp_stream_layer + parts.mlp_gathered_layer
         mlp_saved = tensor_parallel_saved(parts.mlp_saved_layer, whole, lay.tp)
     head_on = lay.last
+    # TP's plan cuts the lm_head's weight over the vocabulary whatever the loss (``colwise_gather_output`` gathers
+    # the logits, not the weight: transformers 5.25 distributed/tensor_parallel.py ``ColwiseParallel.shard_param``;
+    # a tied one is the vocabulary-sharded embedding's): its autocast copy and their gradients are shards (rank 0
+    # traced on a fake group: qwen2.5-72b full bf16-amp, FSDP2 over TP 4 with the logits gathered, +5.7% with them
+    # whole); what ``f.head`` scales is the logits' (loss_parallel)
+    per_tp = 1 / lay.tp if lay.tp > 1 else 1
     layer_frac = lay.stage_layers / spec.num_layers
     grad_layers = _grad_layers(parts, spec, setup, lay)
     grads_total = st.grads
@@ -178,7 +184,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
     if st.whole_head_grads and parts.grads:
         # the strategy's head gradients are made whole (States.whole_head_grads: FSDP's unsharded parameter's)
         unsharded = st.whole_head_grads
-        head_grad_share = f.head * unsharded
+        head_grad_share = unsharded / lay.tp  # (the lm_head's weight: a vocabulary shard under TP, see below)
         if embedding_workspace and lay.tp == 1:  # (under TP the parts already say it: analytic.parts)
             # the tied embedding's backward (step.StepParts.embedding_backward_workspace): the lm_head's gradient,
             # the embedding's own and their sum, all unsharded (on one GPU the sum is the .grad the gradients count;
@@ -194,9 +200,8 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         st.buffers["forward"][name] = nbytes
         st.buffers["backward"][name] = nbytes
     keep = st.keep_copies
-    per_tp = 1 / lay.tp if lay.tp > 1 else 1
     layer_copies = parts.copies_layer * per_tp if keep else 0
-    head_copies = parts.copies_head * f.head * (1 if head_on else 0) if keep else 0
+    head_copies = parts.copies_head * per_tp * (1 if head_on else 0) if keep else 0
     # the trained layers on this stage (freeze trains the last ones, as the gradient layers)
     cached_layers = min(parts.cached_layers, grad_layers) if lay.pp > 1 else parts.cached_layers
     extra = {ph: {k: round(v) for k, v in st.buffers[ph].items() if v} for ph in st.buffers}
@@ -248,7 +253,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         optimizer_temporaries=round(st.temporaries),
         # the head's weight gradients (tied pending, autocast's 16-bit one) shrink as the gradients do
         tied_grad_pending=round(parts.tied_grad_pending * head_grad_share) if head_on else 0,
-        head_copy_grad=round(parts.head_copy_grad * f.head) if head_on and keep else 0,
+        head_copy_grad=round(parts.head_copy_grad * per_tp) if head_on and keep else 0,
         head_weight_grad=round(parts.head_weight_grad * head_grad_share) if head_on else 0,
         head_chunk_grads=round(parts.head_chunk_grads * head_grad_share) if head_on else 0,
         head_chunk_logits=round(parts.head_chunk_logits * f.head) if head_on else 0,
