@@ -108,12 +108,14 @@ def states(c: Context) -> States:
         # gradient's own dtype (_fsdp_collectives.py:754, ``sharded_param.grad = ...``); a separate one when it is
         # cast to orig_dtype or added into the .grad a previous micro-batch made, 749)
         separate = c.setup.grad_accum > 1 or unit_b != c.dt.grad
-        if c.layout.strategy == "fsdp-hybrid" and c.layout.dp > g and separate:
+        if c.layout.strategy == "fsdp-hybrid" and separate:
             # HSDP: each unit's reduce-scattered shard is all-reduced across the replicas and the unit keeps that
             # buffer until the root's final callback ends backward (torch 2.13 _fsdp_param_group.py:140-147
             # ``AllReduceState``: "Holding all_reduce_input ... keeps the caching allocator from reusing the block
             # across layers", set at 753-760, cleared in ``finalize_backward``, 768): one shard per unit whose
-            # backward has ended (rank 0 traced on a fake group: llama-3.1-8b full, HSDP 2 × 4, -13% without them)
+            # backward has ended (rank 0 traced on a fake group: llama-3.1-8b full, HSDP 2 × 4, -13% without them).
+            # Any 2-D mesh is HSDP to FSDP2, one replica too (``HSDPMeshInfo``: _fsdp_param_group.py ``_is_hsdp``,
+            # the all-reduce on its replicate group of one; traced: qwen2.5-7b, HSDP (1, 1) over TP 2, -26% without)
             out.done_layer["hsdp_all_reduce_input"] = round_alloc(-(-mine.layer_trainable_elements // g) * unit_b)
     if c.dt.gathered:
         out.notes.append("fsdp_param_dtype_" + c.setup.param_dtype)
