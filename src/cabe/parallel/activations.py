@@ -2,10 +2,11 @@
 micro-batches in flight, and the buffers PP and EP add.
 
 Korthikanti et al. 2022 ("Reducing Activation Recomputation"): per layer sbh(10 + 24/t + 5as/(ht))
-without sequence parallelism — 10/34 of a layer's saved bytes (norm inputs, dropout masks, the
-residual) are replicated across TP ranks. With sequence parallelism their sbh·34/t holds for Megatron's
-linears only; torch's styles keep the projections' all-gathered inputs whole, and the plan follows them
-tensor by tensor (:func:`sequence_parallel`).
+without sequence parallelism — 10/34 of a GPT-3 layer's 16-bit saved bytes (norm inputs, dropout masks, the
+projections' inputs) are replicated across TP ranks. The plan follows the saved tensors one by one instead
+(:func:`tensor_parallel_saved`: a Llama layer's fp32 norm tensors, an fp32 residual stream); the fraction is left
+for a layer's backward transients. With sequence parallelism their sbh·34/t holds for Megatron's linears only;
+torch's styles keep the projections' all-gathered inputs whole (:func:`sequence_parallel`).
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from cabe.parallel.config import ShardConfig
 from cabe.parallel.layout import Layout
 from cabe.training import TrainingSetup
 
-#: Korthikanti et al.: of the 34·sbh bytes a layer saves (16-bit), 10·sbh are not split by TP without SP.
+#: Korthikanti et al.: of the 34·sbh bytes a layer saves (16-bit), 10·sbh are not split by TP without SP (what the
+#: plan applies to a layer's backward transients; its saved tensors go one by one: tensor_parallel_saved)
 TP_REPLICATED_ACT_FRACTION = 10 / 34
 
 
 @dataclass(frozen=True)
 class TensorParallelFactors:
-    """What fraction of one GPU's single-GPU figure remains under TP: saved layer tensors
-    (``saved``), the checkpointed layer inputs (``checkpointed``), the loss head (``head``)."""
+    """What fraction of one GPU's single-GPU figure remains under TP: a layer's transients (``saved``; its saved
+    tensors: :func:`tensor_parallel_saved`), the checkpointed layer inputs (``checkpointed``), the logits (``head``)."""
 
     saved: float = 1.0
     checkpointed: float = 1.0
