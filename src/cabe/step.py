@@ -67,6 +67,11 @@ class LayerRun:
     gathered: int = 0
     gathered_recompute: int = 0
     mlp_gathered: int = 0
+    # of ``saved`` / ``recompute`` / ``mlp_saved``: the residual stream's tensors, whole on every GPU under TP (as
+    # StepParts.stream_layer ...: cabe.parallel.activations.tensor_parallel_saved)
+    stream: int = 0
+    stream_recompute: int = 0
+    mlp_stream: int = 0
     group: Any = field(default=None, compare=False)
     buffers: Any = field(default=None, compare=False)
 
@@ -180,10 +185,19 @@ class StepParts:
     gathered_recompute_layer: int = 0
     mlp_gathered_layer: int = 0
     final_norm_gathered: int = 0
+    # of ``saved_layer`` / ``recompute_layer`` / ``mlp_saved_layer``: the residual stream's tensors (the stream norms',
+    # dropout masks on it: LayerActivations.stream_per_token; a checkpointed layer's input; the layer's constants),
+    # whole on every GPU under tensor parallelism as the gathered inputs are (cabe.parallel.activations)
+    stream_layer: int = 0
+    stream_recompute_layer: int = 0
+    mlp_stream_layer: int = 0
     attention_workspace_layer: int = 0
     # the gradients at the optimizer's step where they differ from ``grads`` (DeepSpeed ZeRO-1/2: rank 0's gradient
     # partition, cabe.parallel.zero); None: ``grads``
     grads_at_step: int | None = None
+    # the gradients at the embedding's backward, where they differ from ``grads`` (FSDP2's root unit: its sharded
+    # gradients are reduce-scattered after the embedding's backward, cabe.parallel.fsdp); None: ``grads``
+    grads_at_embedding: int | None = None
     # cuBLAS's workspaces, held by the caching allocator from the first step on (cabe.units.CUDA_WORKSPACES)
     cuda_workspaces: int = 0
     # logits a training loop keeps bound from one step to the next (LitGPT's ``logits``: through backward, the
@@ -334,7 +348,7 @@ def timeline(p: StepParts) -> list[Moment]:
                 "embedding",
                 {
                     **base,
-                    "gradients": p.grads + strays_all,
+                    "gradients": (p.grads if p.grads_at_embedding is None else p.grads_at_embedding) + strays_all,
                     "activations": p.embedding_grad_input + p.frozen_inputs + p.embedding_saved,
                     "weight_copies": p.frozen_copies,
                     # every layer's backward is over: no unit is prefetched or holds its unsharded gradients,
@@ -352,7 +366,7 @@ def timeline(p: StepParts) -> list[Moment]:
                 "embedding",
                 {
                     **base,
-                    "gradients": p.grads + strays_all,
+                    "gradients": (p.grads if p.grads_at_embedding is None else p.grads_at_embedding) + strays_all,
                     "activations": p.embedding_backward_workspace,
                     # every layer's backward is over: no unit is prefetched or holds its unsharded gradients,
                     # the bottom unit's reduce-scatter input alone waits (rank 0 of FSDP2 traced: llama-3.2-1b, tied)

@@ -49,12 +49,14 @@ def tp_rows():
     return mod.single.run(mod.draw(SEED, 4, small=True, tp_share=1.0), quiet=True)
 
 
-def test_tensor_parallel_sample_traces_and_its_median_is_close(tp_rows):
+def test_tensor_parallel_sample_traces_and_matches_rank_0(tp_rows):
     """Tensor parallelism (transformers' TP plan on DTensor, alone and under FSDP2 / HSDP) on drawn configurations:
-    every one traces and the median |error| is within 3%; single configurations are not yet (TP's saved activations
-    are Korthikanti's replicated fraction, not per tensor: README, limits)."""
+    every one traces and each is within 3% (TP's saved tensors tensor by tensor: cabe.parallel.activations
+    ``tensor_parallel_saved``). Measured 2026-12-07: gemma-2-2b HSDP over TP 2 (tied, GaLore) -0.0002% (+16.4%
+    before), llama-3.2-1b FSDP2 over TP 4 (nf4 freeze) +0.70%, pythia-1.4b TP 2 alone -0.01%, pythia-1.4b FSDP2 over
+    TP 8 -1.27%."""
     assert all(r["setup"]["tp"] > 1 for r in tp_rows)
     failed = [(r["model"], r["setup"], r["error"]) for r in tp_rows if r["error"]]
     assert not failed, failed
-    errors = sorted(abs(r["relative_error"]) for r in tp_rows)
-    assert (errors[1] + errors[2]) / 2 <= 0.03, errors
+    worst = max(tp_rows, key=lambda r: abs(r["relative_error"]))
+    assert abs(worst["relative_error"]) <= 0.03, (worst["model"], worst["setup"], worst["relative_error"])

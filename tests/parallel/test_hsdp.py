@@ -29,9 +29,12 @@ def test_each_unit_keeps_its_all_reduce_input_to_the_end_of_backward():
     """With 2 replicas and 2 micro-batches each unit's reduce-scattered shard waits in its AllReduceState until the root's final callback
     (torch 2.13 _fsdp_param_group.py:140-147, 753-768): at the bottom layer's backward the 31 units above hold one
     each, a layer's 218,112,000 parameters / 4 GPUs × 2 B = 109,056,000 B (traced: 15,777.0 MiB at the bottom
-    layer vs 15,808.9 estimated, +0.2%). One replica (4 GPUs, the same shard group) all-reduces nothing."""
+    layer vs 15,808.9 estimated, +0.2%). FSDP2 on a 1-D mesh of the same 4 GPUs all-reduces nothing; HSDP with one
+    replica (a (1, 4) mesh) is HSDP to FSDP2 (``HSDPMeshInfo``) and holds them too (traced: llama-3.2-1b, 1 × 256
+    tokens, 2 micro-batches: 16 units' 30,410,752 B each at the embedding's backward, the estimate to -0.0003%)."""
     two = api.build({**KW, "gpus": 8})
-    one = api.build({**KW, "gpus": 4})
+    one = api.build({**KW, "gpus": 4, "shard": "fsdp"})
+    assert api.build({**KW, "gpus": 4}).total_bytes == two.total_bytes
     assert _moment(two, "bottom_layer") - _moment(one, "bottom_layer") == 31 * 109_056_000
     assert _moment(two, "top_layer") == _moment(one, "top_layer")
     assert _moment(two, "embedding") - _moment(one, "embedding") == 32 * 109_056_000

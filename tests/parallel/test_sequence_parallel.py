@@ -35,7 +35,8 @@ def test_sequence_parallel_saves_less_than_tp_alone_and_more_than_korthikanti():
 
 
 def test_non_sp_unchanged():
-    """TP without SP keeps Korthikanti's 10/34 replicated fraction (tests/parallel/test_tensor_parallel.py)."""
+    """TP without SP keeps Korthikanti's 10/34 replicated fraction for a layer's transients (its saved tensors go
+    tensor by tensor: tests/parallel/test_tensor_parallel.py)."""
     from cabe.parallel.activations import TP_REPLICATED_ACT_FRACTION, tensor_parallel
     from cabe.training import TrainingSetup
 

@@ -124,11 +124,11 @@ def ln_attention(layer: LayerState) -> None:
         layer.ln2_pending = not parallel and n_ln == 2  # the MLP's norm reads the residual after attention
     elif layer.facts.autocast and rho != 4:
         # layer_norm is on autocast's fp32 list: each norm saves its own fp32 cast of a 16-bit input
-        layer.add("ln.input_fp32", 4 * h * n_ln, f"{n_ln}·4·h" if n_ln > 1 else "4·h")
+        layer.add_stream("ln.input_fp32", 4 * h * n_ln, f"{n_ln}·4·h" if n_ln > 1 else "4·h")
     else:
         formula = f"{rho}·h" if parallel or n_ln == 1 else f"{n_ln}·{rho}·h"
-        layer.add("ln.input", rho * h * (1 if parallel else n_ln), formula)
-    layer.add("ln.mean_rstd", ln_stats * n_ln, f"{n_ln}·8")
+        layer.add_stream("ln.input", rho * h * (1 if parallel else n_ln), formula)
+    layer.add_stream("ln.mean_rstd", ln_stats * n_ln, f"{n_ln}·8")
     layer.input_live = layer.live
     # one fused projection (GPT-2's c_attn), or separate q, k, v reading the same norm output (SigLIP's)
     adapters.linear_inputs(layer, "attn", [(n, h) for n in qkv_names], rho * h, f"{rho}·h")
@@ -136,7 +136,7 @@ def ln_attention(layer: LayerState) -> None:
     attention.core(layer)
     _dense_input(layer)
     if spec.hidden_dropout > 0:
-        layer.add("attn.resid_dropout_mask", h, "1·h")
+        layer.add_stream("attn.resid_dropout_mask", h, "1·h")
 
 
 def _dense_input(layer: LayerState) -> None:

@@ -70,12 +70,12 @@ def ln_mlp(layer: LayerState) -> None:
     if parallel:  # the MLP reads the layer's input through its norm, beside attention: not what attention made
         layer.live = layer.input_live
     elif layer.ln2_pending and layer.live:  # GPT-2's ln_2 on the residual attention made
-        layer.add(
+        layer.add_stream(
             "ln2.input",
             (4 if layer.facts.autocast and rho != 4 else rho) * h,
             "4·h" if layer.facts.autocast else f"{rho}·h",
         )
-        layer.add("ln2.mean_rstd", 8, "8")
+        layer.add_stream("ln2.mean_rstd", 8, "8")
     if not parallel or n_ln == 2:
         adapters.linear_inputs(layer, "mlp", [(fc_name, h)], rho * h if n_ln == 2 else 0, f"{rho}·h")
     else:
@@ -105,4 +105,4 @@ def ln_mlp(layer: LayerState) -> None:
             layer.add(f"mlp.{down}.lora_input_fp32", 4 * f, "4·f")
     adapters.lora_mid(layer, [down])  # lora_A's output, saved by lora_B, as for every other adapted module
     if spec.hidden_dropout > 0:
-        layer.add("mlp.dropout_mask", h, "1·h")
+        layer.add_stream("mlp.dropout_mask", h, "1·h")

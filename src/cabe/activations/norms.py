@@ -13,6 +13,11 @@ from __future__ import annotations
 from cabe.activations.state import LayerState
 from cabe.precision import Dtypes
 
+#: the norms on the residual stream (a layer's input, attention's and the MLP's outputs): what they save is the
+#: stream's width and length, whole on every GPU under tensor parallelism (LayerActivations.stream_per_token); the
+#: others (per-head q / k norms, latent attention's) read a projection's output, split by heads as it is
+STREAM_NORMS = frozenset(("input_norm", "mlp_norm", "post_attention_norm", "post_mlp_norm"))
+
 
 def rms_norm(
     layer: LayerState,
@@ -27,12 +32,13 @@ def rms_norm(
 ) -> None:
     """``in_bytes``: dtype of the norm's input (the residual stream ρ, or a for q/k norms);
     ``fp32_weight``: the weight multiplies the fp32 normalised tensor (Gemma, OLMo 2)."""
-    layer.add(f"{name}.fp32_input", 4 * width, f"4·{width_sym}")
-    layer.add(f"{name}.rsqrt", 4 * rows, f"4·{rows_sym}" if rows_sym else "4")
+    add = layer.add_stream if name in STREAM_NORMS else layer.add
+    add(f"{name}.fp32_input", 4 * width, f"4·{width_sym}")
+    add(f"{name}.rsqrt", 4 * rows, f"4·{rows_sym}" if rows_sym else "4")
     width_in = layer.facts.rho if in_bytes is None else in_bytes
     if trainable:
         nb = 4 * width if fp32_weight else width_in * width
-        layer.add(f"{name}.normalized", nb, f"{nb // width}·{width_sym}")
+        add(f"{name}.normalized", nb, f"{nb // width}·{width_sym}")
     if fp32_weight and layer.facts.spec.norm_plus_one:
         layer.constant += 4 * (
             layer.facts.spec.head_dim if rows_sym else width

@@ -48,6 +48,7 @@ class LayerState:
         self.experts_from = 0  # the first term the routed experts save after their input (activations.compressed)
         self.output_grad = 0  # per token: see LayerActivations.output_grad_per_token
         self.gathered = self.gathered_mlp = 0  # per token: see LayerActivations.gathered_input_per_token
+        self.stream_at: list[int] = []  # the terms on the residual stream, by index (LayerActivations.stream_per_token)
         # compressed attention's softmax: the moment's bytes, the first term after it, its backward (compressed)
         self.softmax_moment = self.softmax_at = self.softmax_backward = 0
         # Whether the tensor flowing through the block being counted requires grad. Autograd saves a tensor for an
@@ -65,6 +66,14 @@ class LayerState:
         if nbytes and (self.live or self.owned):
             self.terms.append(_term(Term, (name, nbytes, formula)))  # Term(name, nbytes, formula), without its __new__
             self.saved += nbytes
+
+    def add_stream(self, name: str, nbytes: int, formula: str) -> None:
+        """A term of the residual stream's width and length (a norm's input, output or statistics, a dropout mask on
+        the stream): whole on every GPU under tensor parallelism (LayerActivations.stream_per_token)."""
+        at = len(self.terms)
+        self.add(name, nbytes, formula)
+        if len(self.terms) > at:
+            self.stream_at.append(at)
 
     def add_owned(self, name: str, nbytes: int, formula: str) -> None:
         """A term kept whether or not the block is ``live`` (its caller decides: :func:`cabe.activations.moe._moe`)."""

@@ -73,6 +73,12 @@ class LayerActivations:
     # (cabe.parallel.activations.sequence_parallel)
     gathered_input_per_token: int = 0
     mlp_gathered_per_token: int = 0
+    # of ``terms``: the residual stream's own tensors (the stream norms' inputs, outputs and statistics, dropout masks on
+    # the stream: LayerState.add_stream), and of that the MLP block's. Tensor parallelism without sequence parallelism
+    # leaves them whole on every GPU, as it does the gathered inputs above; sequence parallelism splits them by
+    # position (cabe.parallel.activations)
+    stream_per_token: int = 0
+    mlp_stream_per_token: int = 0
 
     @property
     def indexer_moment_per_token(self) -> int:

@@ -170,6 +170,15 @@ def _step_parts(
         gathered_recompute_layer=act.mean(lambda r: tokens * r.per_layer.gathered_input_per_token) if ckpt else 0,
         mlp_gathered_layer=act.mean(lambda r: tokens * r.per_layer.mlp_gathered_per_token),
         final_norm_gathered=tokens * head.gathered_input,
+        stream_layer=sum(n * _stream_kept(act, r, ck) for r, n, ck in act.pieces()) // max(grad_layers, 1),
+        stream_recompute_layer=act.mean(
+            lambda r: (
+                tokens * (r.per_layer.stream_per_token - r.per_layer.input_alias_per_token) + r.per_layer.constant_bytes
+            )
+        )
+        if ckpt
+        else 0,
+        mlp_stream_layer=act.mean(lambda r: tokens * r.per_layer.mlp_stream_per_token),
         attention_workspace_layer=mean(lambda r: r.attention_workspace),
         cuda_workspaces=CUDA_WORKSPACES,
         carried_logits=tokens * head.carried,
@@ -180,6 +189,15 @@ def _step_parts(
             else 0
         ),
     )
+
+
+def _stream_kept(act: _Activations, r: _RunActivations, ckpt: bool) -> int:
+    """Of what one layer keeps through the forward (``act.kept``), the residual stream's tensors: a checkpointed
+    layer's input, or a plain layer's stream terms (LayerActivations.stream_per_token) and constants (Gemma's fp32
+    ``1 + w``, flash attention's seed: per GPU whole)."""
+    if ckpt:
+        return act.kept(r, ckpt)
+    return act.tokens * r.per_layer.stream_per_token + r.per_layer.constant_bytes
 
 
 def _counted(run: LayerRun, count: int, cached_count: int) -> LayerRun:
@@ -313,6 +331,13 @@ def _layer_run(
         gathered=0 if ckpt else tokens * r.per_layer.gathered_input_per_token,
         gathered_recompute=tokens * r.per_layer.gathered_input_per_token if ckpt else 0,
         mlp_gathered=tokens * r.per_layer.mlp_gathered_per_token,
+        stream=_stream_kept(act, r, ckpt),
+        stream_recompute=(
+            tokens * (r.per_layer.stream_per_token - r.per_layer.input_alias_per_token) + r.per_layer.constant_bytes
+            if ckpt
+            else 0
+        ),
+        mlp_stream=tokens * r.per_layer.mlp_stream_per_token,
         group=r.group,
     )
 
@@ -376,11 +401,16 @@ def _tp_embedding_grad(spec: ModelSpec, setup: TrainingSetup, states: Any) -> in
 def _tied_embedding_workspace(spec: ModelSpec, setup: TrainingSetup, states: Any) -> int:
     """The tied embedding's backward (full fine-tuning): the lm_head's gradient and the embedding's, and with
     micro-batches the previous .grad beside their sum (see the NOTE above). Under tensor parallelism the lm_head's
-    is its vocabulary shard and the embedding's whole (:func:`_tp_embedding_grad`), their sum a shard again."""
+    is its vocabulary shard and the embedding's whole (:func:`_tp_embedding_grad`), their sum a shard again; under
+    FSDP2 the unsharded parameter's .grad is None at every backward (its post-backward reduce-scatters and drops it,
+    torch 2.13 _fsdp_param_group.py ``post_backward``), so the sum is a shard beside the two whatever the
+    micro-batches (the plan puts them in the gathered dtype: cabe.parallel.plan). Traced: gemma-3-4b full, fp32
+    weights, FSDP2 over TP 2 with bf16 ``param_dtype``, 4 micro-batches: the embedding's whole bf16 gradient and two
+    vocabulary shards (the lm_head's, the sum) at its backward."""
     if not (setup.method == "full" and spec.tie_word_embeddings):
         return 0
     one = round_alloc(spec.embedding_count * states.bytes_of["embedding"])
     if setup.tp == 1:
         return (3 if setup.grad_accum > 1 else 2) * one
     shard = round_alloc(-(-spec.embedding_count // setup.tp) * states.bytes_of["embedding"])
-    return one + (2 if setup.grad_accum > 1 else 1) * shard
+    return one + (2 if setup.grad_accum > 1 or setup.shard in ("fsdp", "fsdp-hybrid") else 1) * shard

@@ -2,10 +2,11 @@
 micro-batches in flight, and the buffers PP and EP add.
 
 Korthikanti et al. 2022 ("Reducing Activation Recomputation"): per layer sbh(10 + 24/t + 5as/(ht))
-without sequence parallelism — 10/34 of a layer's saved bytes (norm inputs, dropout masks, the
-residual) are replicated across TP ranks. With sequence parallelism their sbh·34/t holds for Megatron's
-linears only; torch's styles keep the projections' all-gathered inputs whole, and the plan follows them
-tensor by tensor (:func:`sequence_parallel`).
+without sequence parallelism — 10/34 of a GPT-3 layer's 16-bit saved bytes (norm inputs, dropout masks, the
+projections' inputs) are replicated across TP ranks. The plan follows the saved tensors one by one instead
+(:func:`tensor_parallel_saved`: a Llama layer's fp32 norm tensors, an fp32 residual stream); the fraction is left
+for a layer's backward transients. With sequence parallelism their sbh·34/t holds for Megatron's linears only;
+torch's styles keep the projections' all-gathered inputs whole (:func:`sequence_parallel`).
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from cabe.parallel.config import ShardConfig
 from cabe.parallel.layout import Layout
 from cabe.training import TrainingSetup
 
-#: Korthikanti et al.: of the 34·sbh bytes a layer saves (16-bit), 10·sbh are not split by TP without SP.
+#: Korthikanti et al.: of the 34·sbh bytes a layer saves (16-bit), 10·sbh are not split by TP without SP (what the
+#: plan applies to a layer's backward transients; its saved tensors go one by one: tensor_parallel_saved)
 TP_REPLICATED_ACT_FRACTION = 10 / 34
 
 
 @dataclass(frozen=True)
 class TensorParallelFactors:
-    """What fraction of one GPU's single-GPU figure remains under TP: saved layer tensors
-    (``saved``), the checkpointed layer inputs (``checkpointed``), the loss head (``head``)."""
+    """What fraction of one GPU's single-GPU figure remains under TP: a layer's transients (``saved``; its saved
+    tensors: :func:`tensor_parallel_saved`), the checkpointed layer inputs (``checkpointed``), the logits (``head``)."""
 
     saved: float = 1.0
     checkpointed: float = 1.0
@@ -60,6 +62,25 @@ def sequence_parallel(saved: float, gathered: float, tp: int) -> float:
     ``LinearWithGradAccumulationAndAsyncCommunication``), which Korthikanti et al.'s sbh·34/t assumes; torch's do
     not: those stay whole."""
     return (saved - gathered) / tp + gathered
+
+
+def tensor_parallel_saved(saved: float, whole: float, tp: int) -> float:
+    """One GPU's share of saved bytes of which ``whole`` stay whole on every GPU, under tensor parallelism without
+    sequence parallelism as transformers 5.25 applies its TP plan (distributed/tensor_parallel.py; traced by
+    cabe.trace.distributed on the fake group).
+
+    Every module the plan does not name runs on its replicated input: the norms on the residual stream save its
+    whole width and length (their fp32 inputs, statistics and outputs), as do dropout masks on it and a checkpointed
+    layer's input (LayerActivations.stream_per_token). ``ColwiseParallel`` (q / k / v, gate / up) takes its input
+    ``Replicate()`` (``transform_inputs_pre_forward``) and its matmul saves that whole tensor, or autocast's whole
+    16-bit cast of it (LayerActivations.gathered_input_per_token). What the column-parallel projections make is this
+    GPU's heads and features (``Shard(-1)``): attention per head, the MLP's intermediate tensors and what the
+    row-parallel projections save of them (their input, ``Shard(-1)``) are split by t. ``RowwiseParallel``'s output
+    is all-reduced whole (``Partial()`` to ``Replicate()``) but nothing saves it as it is: it joins the residual
+    stream, whose norm saves its own tensors (whole, counted above). Korthikanti et al.'s 10/34 replicated is this
+    split for GPT-3's 16-bit tensors (two LayerNorm inputs, two projections' inputs, two dropout masks); a Llama
+    layer's fp32 norm tensors and fp32 residual stream (fp32 weights under autocast) replicate more."""
+    return whole + (saved - whole) / tp
 
 
 def micro_batches_in_flight(lay: Layout, grad_accum: int, cfg: ShardConfig) -> int:

@@ -15,7 +15,16 @@ gradient (``reduce_dtype`` defaults to ``param_dtype``; the reduce-scattered res
 
 from __future__ import annotations
 
-from cabe.parallel.shares import dense_bytes, fsdp_shard, optimizer_bytes, own_groups, quantized_held_bytes
+from cabe.parallel.shares import (
+    NON_LAYER,
+    dense_bytes,
+    fsdp_shard,
+    optimizer_bytes,
+    own_groups,
+    pieces,
+    quantized_held_bytes,
+    sharded,
+)
 from cabe.parallel.strategy import Context, States
 from cabe.units import round_alloc
 
@@ -84,6 +93,13 @@ def states(c: Context) -> States:
     if head_grad:
         out.layer_backward["root_unsharded_grads"] = head_grad
         out.embedding_backward["root_unsharded_grads"] = head_grad
+    if c.setup.grad_accum == 1 and not c.offload_parameters:
+        # the root unit's sharded gradients are made by its post-backward's reduce-scatter, after the embedding's
+        # backward (the last of the root's), and the step before set every .grad to None: at the embedding's backward
+        # only the layers' shards exist (with micro-batches the previous one's stay). Rank 0 traced on a fake group:
+        # gemma-2-2b full, tied, FSDP2 on 4 GPUs over TP 2 and alone: +8.2% and +7.3% with the embedding's shard
+        root = [h for h in mine.held if h.tensor.name in NON_LAYER]
+        out.embedding_grads = out.grads - dense_bytes(sharded(pieces(root, trainable=True), fsdp_shard, g))
     if units > 1 and not kept:
         # (not at the bottom unit: the next one in backward is the root, gathered all along; traced: llama-3.1-8b on
         # 16 GPUs holds one layer unit at its bottom layer's backward)
@@ -105,12 +121,14 @@ def states(c: Context) -> States:
         # gradient's own dtype (_fsdp_collectives.py:754, ``sharded_param.grad = ...``); a separate one when it is
         # cast to orig_dtype or added into the .grad a previous micro-batch made, 749)
         separate = c.setup.grad_accum > 1 or unit_b != c.dt.grad
-        if c.layout.strategy == "fsdp-hybrid" and c.layout.dp * c.layout.cp > g and separate:
+        if c.layout.strategy == "fsdp-hybrid" and separate:
             # HSDP: each unit's reduce-scattered shard is all-reduced across the replicas and the unit keeps that
             # buffer until the root's final callback ends backward (torch 2.13 _fsdp_param_group.py:140-147
             # ``AllReduceState``: "Holding all_reduce_input ... keeps the caching allocator from reusing the block
             # across layers", set at 753-760, cleared in ``finalize_backward``, 768): one shard per unit whose
-            # backward has ended (rank 0 traced on a fake group: llama-3.1-8b full, HSDP 2 × 4, -13% without them)
+            # backward has ended (rank 0 traced on a fake group: llama-3.1-8b full, HSDP 2 × 4, -13% without them).
+            # Any 2-D mesh is HSDP to FSDP2, one replica too (``HSDPMeshInfo``: _fsdp_param_group.py ``_is_hsdp``,
+            # the all-reduce on its replicate group of one; traced: qwen2.5-7b, HSDP (1, 1) over TP 2, -26% without)
             out.done_layer["hsdp_all_reduce_input"] = round_alloc(-(-mine.layer_trainable_elements // g) * unit_b)
     if c.dt.gathered:
         out.notes.append("fsdp_param_dtype_" + c.setup.param_dtype)

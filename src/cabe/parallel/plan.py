@@ -23,6 +23,7 @@ from cabe.parallel.activations import (
     micro_batches_in_flight,
     sequence_parallel,
     tensor_parallel,
+    tensor_parallel_saved,
 )
 from cabe.parallel.config import ShardConfig
 from cabe.parallel.explain import per_gpu, step_json, steps
@@ -166,7 +167,7 @@ def _context_parallel(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, d
             *("workspace_layer", "mlp_saved_layer", "gathered_layer", "gathered_recompute_layer"),
             *("mlp_gathered_layer", "final_norm_gathered", "frozen_inputs", "rotary", "head_saved"),
             *("final_norm_saved", "head_forward_extra", "head_backward_extra", "head_chunk_logits"),
-            *("embedding_grad_input", "embedding_saved"),
+            *("embedding_grad_input", "embedding_saved", "stream_layer", "stream_recompute_layer", "mlp_stream_layer"),
         )
     }
     ring = context.attention_buffers(spec, setup, setup.tp, dt.compute)
@@ -187,7 +188,7 @@ def _context_parallel(parts: StepParts, spec: ModelSpec, setup: TrainingSetup, d
 #: a LayerRun's figures that grow with the tokens (the per-token ones of :func:`_context_parallel`)
 _RUN_PER_TOKEN = (
     *("saved", "recompute", "workspace", "mlp_saved", "recompute_transient", "dispatch_workspace", "experts_freed"),
-    *("gathered", "gathered_recompute", "mlp_gathered"),
+    *("gathered", "gathered_recompute", "mlp_gathered", "stream", "stream_recompute", "mlp_stream"),
 )
 
 
@@ -203,7 +204,19 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         recompute = sequence_parallel(parts.recompute_layer, parts.gathered_recompute_layer, lay.tp)
         mlp_saved = sequence_parallel(parts.mlp_saved_layer, parts.mlp_gathered_layer, lay.tp)
         final_norm = round(sequence_parallel(parts.final_norm_saved, parts.final_norm_gathered, lay.tp))
+    elif lay.tp > 1:  # tensor by tensor: the stream's tensors and the gathered inputs stay whole
+        saved = tensor_parallel_saved(parts.saved_layer, parts.stream_layer + parts.gathered_layer, lay.tp)
+        whole = parts.stream_recompute_layer + parts.gathered_recompute_layer
+        recompute = tensor_parallel_saved(parts.recompute_layer, whole, lay.tp)
+        whole = parts.mlp_stream_layer + parts.mlp_gathered_layer
+        mlp_saved = tensor_parallel_saved(parts.mlp_saved_layer, whole, lay.tp)
     head_on = lay.last
+    # TP's plan cuts the lm_head's weight over the vocabulary whatever the loss (``colwise_gather_output`` gathers
+    # the logits, not the weight: transformers 5.25 distributed/tensor_parallel.py ``ColwiseParallel.shard_param``;
+    # a tied one is the vocabulary-sharded embedding's): its autocast copy and their gradients are shards (rank 0
+    # traced on a fake group: qwen2.5-72b full bf16-amp, FSDP2 over TP 4 with the logits gathered, +5.7% with them
+    # whole); what ``f.head`` scales is the logits' (loss_parallel)
+    per_tp = 1 / lay.tp if lay.tp > 1 else 1
     layer_frac = lay.stage_layers / spec.num_layers
     grad_layers = _grad_layers(parts, spec, setup, lay)
     grads_total = st.grads
@@ -212,22 +225,23 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
     if st.whole_head_grads and parts.grads:
         # the strategy's head gradients are made whole (States.whole_head_grads: FSDP's unsharded parameter's)
         unsharded = st.whole_head_grads
-        head_grad_share = f.head * unsharded
+        head_grad_share = unsharded / lay.tp  # (the lm_head's weight: a vocabulary shard under TP, see below)
         if embedding_workspace and lay.tp == 1:  # (under TP the parts already say it: analytic.parts)
             # the tied embedding's backward (step.StepParts.embedding_backward_workspace): the lm_head's gradient,
             # the embedding's own and their sum, all unsharded (on one GPU the sum is the .grad the gradients count;
             # here the .grad is a shard, and the sum is made whole before the root's reduce-scatter)
             one = embedding_workspace // (3 if setup.grad_accum > 1 else 2)
             embedding_workspace = round((2 if st.head_grad_counted else 3) * one * unsharded)
+        elif embedding_workspace:  # (TP: the parts' whole gradient and two shards, in the stored dtype)
+            embedding_workspace = round(embedding_workspace * unsharded)
     else:
         head_grad_share = g_share
     grads_head, grads_per_layer = _grads_split(parts, grads_total, lay, layer_frac, grad_layers)
     comm = communication_buffers(spec, setup, lay, cfg, c.dt)
     ep_forward, ep_backward = expert_parallel(spec, setup, lay, c.dt)  # (AllToAllEP's exchange, per MoE layer)
     keep = st.keep_copies
-    per_tp = 1 / lay.tp if lay.tp > 1 else 1
     layer_copies = parts.copies_layer * per_tp if keep else 0
-    head_copies = parts.copies_head * f.head * (1 if head_on else 0) if keep else 0
+    head_copies = parts.copies_head * per_tp * (1 if head_on else 0) if keep else 0
     # the trained layers on this stage (freeze trains the last ones, as the gradient layers)
     cached_layers = min(parts.cached_layers, grad_layers) if lay.pp > 1 else parts.cached_layers
     frozen_layers = max(0, lay.stage_layers - grad_layers)
@@ -249,6 +263,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         optimizer=round(st.optimizer),
         grads=round(grads_total),
         grads_at_step=None if st.step_grads is None else round(st.step_grads),
+        grads_at_embedding=None if st.embedding_grads is None else round(st.embedding_grads),
         grads_head=round(grads_head),
         grads_per_layer=round(grads_per_layer),
         grad_layers=grad_layers,
@@ -282,7 +297,7 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         optimizer_temporaries=round(st.temporaries),
         # the head's weight gradients (tied pending, autocast's 16-bit one) shrink as the gradients do
         tied_grad_pending=round(parts.tied_grad_pending * head_grad_share) if head_on else 0,
-        head_copy_grad=round(parts.head_copy_grad * f.head) if head_on and keep else 0,
+        head_copy_grad=round(parts.head_copy_grad * per_tp) if head_on and keep else 0,
         head_weight_grad=round(parts.head_weight_grad * head_grad_share) if head_on else 0,
         head_chunk_grads=round(parts.head_chunk_grads * head_grad_share) if head_on else 0,
         head_chunk_logits=round(parts.head_chunk_logits * f.head) if head_on else 0,

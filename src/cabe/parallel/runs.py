@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from cabe.architecture import ModelSpec
 from cabe.frozen import evolve
-from cabe.parallel.activations import TensorParallelFactors, sequence_parallel
+from cabe.parallel.activations import TensorParallelFactors, sequence_parallel, tensor_parallel_saved
 from cabe.parallel.layout import Layout, stage_layers
 from cabe.parallel.shares import RunUnit, run_unit
 from cabe.parallel.strategy import Context
@@ -62,9 +62,12 @@ def shard_run(r: LayerRun, x: RunFactors, grads: int, buffers: RunBuffers | None
         saved = sequence_parallel(r.saved, r.gathered, x.tp)
         recompute = sequence_parallel(r.recompute, r.gathered_recompute, x.tp)
         mlp_saved = sequence_parallel(r.mlp_saved, r.mlp_gathered, x.tp)
+    elif x.tp > 1:  # tensor by tensor: the stream's tensors and the gathered inputs stay whole
+        saved = tensor_parallel_saved(r.saved, r.stream + r.gathered, x.tp)
+        recompute = tensor_parallel_saved(r.recompute, r.stream_recompute + r.gathered_recompute, x.tp)
+        mlp_saved = tensor_parallel_saved(r.mlp_saved, r.mlp_stream + r.mlp_gathered, x.tp)
     else:
-        saved = r.saved * (f.checkpointed if r.checkpointed else f.saved)
-        recompute, mlp_saved = r.recompute * f.saved, r.mlp_saved * f.saved
+        saved, recompute, mlp_saved = r.saved, r.recompute, r.mlp_saved
     copies = (lambda b: round(b * x.per_tp)) if x.keep else (lambda b: 0)
     return evolve(
         r,

@@ -117,6 +117,9 @@ class States:
     # the gradients this rank keeps as a model state (the ZeRO paper's 2Ψ/N under stages 2/3), where the timeline
     # holds them elsewhere than ``grads`` (``step_grads``, a buffer); None: ``grads``
     state_grads: float | None = None
+    # the gradients at the embedding's backward, where they differ from ``grads`` (FSDP2: the root unit's shards are
+    # made only in its post-backward, after it); None: ``grads``
+    embedding_grads: float | None = None
     # live while a layer above the bottom one runs backward (step.StepParts.extra_above_bottom)
     above_bottom: dict[str, float] = field(default_factory=dict)
     # live once the layer running backward makes its gradients (step.StepParts.extra_layer_grads)
