@@ -46,6 +46,8 @@ def mesh(setup: TrainingSetup, device_type: str) -> tuple[Any, Any]:
     it, accelerate's ``fsdp_dim_names``), the ring's over ``cp``."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    dims: tuple[int, ...]
+    names: tuple[str, ...]
     if setup.shard == "fsdp-hybrid":
         per = min(setup.gpus_per_node, setup.gpus)
         dims, names = (setup.gpus // per, per // setup.cp, setup.cp), ("dp_replicate", "dp_shard", "cp")
