@@ -679,6 +679,21 @@ _GPUS: tuple[Field, ...] = (
         ("allgather", "alltoall", "ulysses"),
         flags=_flag("cp_impl"),
     ),
+    # FSDP2's units (cabe.parallel.fsdp; traced by cabe.trace.fsdp_wrap): ``accelerate`` is accelerate >= 1.14's
+    # ``fsdp2_prepare_model`` (1.16 utils/fsdp_utils.py:850-904), run by the Trainer and ``accelerate launch``: each
+    # decoder layer, the input embedding, [final norm, lm_head] kept gathered from its forward to its backward, the
+    # root; ``layers`` is each decoder layer and the root holding embeddings, final norm and lm_head (accelerate
+    # <= 1.13, FSDP1's transformer_based_wrap). Read with FSDP only (fsdp_only)
+    Field(
+        "fsdp_wrap",
+        str,
+        "gpus",
+        _TRAINING + ("from-config",),
+        "accelerate",
+        choices=("accelerate", "layers"),
+        states=True,
+        flags=_flag("fsdp_wrap"),
+    ),
 )
 
 _FIT: tuple[Field, ...] = (
@@ -1018,7 +1033,7 @@ def _cp_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]
 
 
 def _fsdp_loading(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """``cpu_ram_efficient_loading`` or ``reshard_after_forward`` turned off beside a strategy that is not FSDP
+    """``cpu_ram_efficient_loading``, ``reshard_after_forward`` or ``fsdp_wrap`` changed beside a strategy that is not FSDP
     (``fsdp_only``): only accelerate's FSDP reads the first (cabe.parallel.loading), only FSDP's units the second
     (cabe.parallel.fsdp); the other engines load and gather their own way whatever they say."""
     shard = values.get("shard") if _sent(values.get("shard")) else field("shard").default
@@ -1026,7 +1041,7 @@ def _fsdp_loading(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, A
         return []
     return [
         (name, "fsdp_only", {"shard": shard})
-        for name in ("cpu_ram_efficient_loading", "reshard_after_forward")
+        for name in ("cpu_ram_efficient_loading", "reshard_after_forward", "fsdp_wrap")
         if _sent(values.get(name)) and not _is_default(field(name), values.get(name))
     ]
 

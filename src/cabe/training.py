@@ -130,6 +130,9 @@ class TrainingSetup:
         reshard_after_forward: FSDP2's ``fully_shard`` argument on each decoder-layer unit: ``True`` (its default)
             frees a unit's all-gathered parameters after its forward and gathers them again for its backward;
             ``False`` keeps them from the unit's forward to its backward (FSDP1's ``SHARD_GRAD_OP``).
+        fsdp_wrap: FSDP's units: ``accelerate`` (accelerate >= 1.14: each decoder layer, the input embedding,
+            [final norm, lm_head] kept gathered from forward to backward, the root) or ``layers`` (each decoder layer
+            and the root holding the rest: accelerate <= 1.13, FSDP1).
         adapter_dtype: the LoRA adapters' dtype: ``fp32`` (PEFT's default, ``autocast_adapter_dtype=True``) or
             ``model``, the base weights' dtype (``autocast_adapter_dtype=False``; torchtune's, LitGPT's bf16-true).
         optimizer_in_backward: the optimizer steps each parameter inside backward and frees its gradient there
@@ -189,6 +192,7 @@ class TrainingSetup:
     reshard_after_forward: bool = _D["reshard_after_forward"]
     cp: int = _D["cp"]
     cp_impl: CpImpl = _D["cp_impl"]
+    fsdp_wrap: str = _D["fsdp_wrap"]
 
     def __post_init__(self) -> None:
         validate(self)

@@ -55,7 +55,15 @@ def states(c: Context) -> States:
     # trace of rank 0 (cabe.trace.distributed: a 4-layer llama on 4 GPUs) holds root + one unit at the loss's
     # backward, where two units were counted (+4% to +30% on tiny models)
     kept = not c.setup.reshard_after_forward
-    if kept:
+    # expert parallelism: transformers wraps each experts module as its own unit (distributed/fsdp.py
+    # ``apply_fully_sharded_data_parallelism``, ``reshard_after_forward=True``), gathered in its own pre-forward
+    # and pre-backward only: not beside the loss head (rank 0 traced, qwen3-30b-a3b-4l on 8 GPUs: the same peak at
+    # the head for ep 2, 4 and 8, 1.1 GiB under ep 1's, whose top layer unit holds all 128 experts there)
+    experts = mine.layer_expert_elements * unit_b if c.layout.ep > 1 else 0.0
+    carved = _carved(c, unit_b) if c.setup.fsdp_wrap == "accelerate" else None
+    if carved is not None:
+        _accelerate_units(c, out, carved, layer_gathered - experts, kept)
+    elif kept:
         # reshard_after_forward=False: a unit's post-forward keeps what its pre-forward gathered (torch 2.13
         # _fsdp_param_group.py:499-503, ``reshard`` returns at once in FORWARD when ``_reshard_after_forward`` is
         # False, i.e. ``post_forward_mesh_info`` is None: _fsdp_init.py:183-185), its pre-backward finds the
@@ -68,17 +76,13 @@ def states(c: Context) -> States:
         out.buffers["forward"]["gathered_params"] = root_gathered
         out.buffers["backward"]["gathered_params"] = root_gathered
     else:
-        # expert parallelism: transformers wraps each experts module as its own unit (distributed/fsdp.py
-        # ``apply_fully_sharded_data_parallelism``, ``reshard_after_forward=True``), gathered in its own pre-forward
-        # and pre-backward only: not beside the loss head (rank 0 traced, qwen3-30b-a3b-4l on 8 GPUs: the same peak at
-        # the head for ep 2, 4 and 8, 1.1 GiB under ep 1's, whose top layer unit holds all 128 experts there)
-        experts = mine.layer_expert_elements * unit_b if c.layout.ep > 1 else 0.0
         out.buffers["forward"]["gathered_params"] = layer_gathered - experts + root_gathered
         out.buffers["backward"]["gathered_params"] = layer_gathered - experts + root_gathered
-        if experts:
-            out.layer_backward["gathered_experts"] = experts
-            out.experts_gathered = experts
-    out.embedding_backward = {"gathered_params": root_gathered}  # (the root alone: every unit's backward is over)
+    if experts and not kept:
+        out.layer_backward["gathered_experts"] = experts
+        out.experts_gathered = experts
+    if carved is None:
+        out.embedding_backward = {"gathered_params": root_gathered}  # (the root alone: every unit's backward is over)
     # the head's gradients are the unsharded parameter's, made whole by autograd (in the gathered dtype) and
     # reduce-scattered only in the root unit's post-backward: the tied lm_head's gradient pending beside the
     # embedding's, the chunked loss's summed weight gradients (rank 0 traced on a fake group: gpt2-medium full on 64
@@ -90,19 +94,23 @@ def states(c: Context) -> States:
     head_grad = sum(
         round_alloc(h.tensor.numel * unit_b) * h.count for h in mine.held if h.trainable and h.tensor.kind == "lm_head"
     )
-    if head_grad:
+    if head_grad and (carved is None or mine.tied):  # (untied, accelerate's tail reduce-scatters it before the layers)
         out.layer_backward["root_unsharded_grads"] = head_grad
-        out.embedding_backward["root_unsharded_grads"] = head_grad
+        out.embedding_backward = {**(out.embedding_backward or {}), "root_unsharded_grads": head_grad}
     if c.setup.grad_accum == 1 and not c.offload_parameters:
         # the root unit's sharded gradients are made by its post-backward's reduce-scatter, after the embedding's
         # backward (the last of the root's), and the step before set every .grad to None: at the embedding's backward
         # only the layers' shards exist (with micro-batches the previous one's stay). Rank 0 traced on a fake group:
         # gemma-2-2b full, tied, FSDP2 on 4 GPUs over TP 2 and alone: +8.2% and +7.3% with the embedding's shard
-        root = [h for h in mine.held if h.tensor.name in NON_LAYER]
+        # (under accelerate's untied cut the tail's post-backward came before the layers': its shards exist; the
+        # embedding's unit's, after its backward, do not)
+        done = ("final_norm", "lm_head") if carved is not None and not mine.tied else ()
+        root = [h for h in mine.held if h.tensor.name in NON_LAYER and h.tensor.name not in done]
         out.embedding_grads = out.grads - dense_bytes(sharded(pieces(root, trainable=True), fsdp_shard, g))
     if units > 1 and not kept:
-        # (not at the bottom unit: the next one in backward is the root, gathered all along; traced: llama-3.1-8b on
-        # 16 GPUs holds one layer unit at its bottom layer's backward)
+        # (not at the bottom unit: the next one in backward is the root, gathered all along -- under accelerate's
+        # untied cut the embedding's unit, _accelerate_units --; traced: llama-3.1-8b on 16 GPUs holds one layer unit
+        # at its bottom layer's backward)
         out.above_bottom["prefetched_params"] = (units - 1) * layer_gathered
     layer_grad = mine.layer_trainable_elements * unit_b
     if c.layout.ep > 1:
@@ -142,3 +150,65 @@ def states(c: Context) -> States:
     if c.layout.strategy == "fsdp-hybrid":
         out.notes.append("hybrid_replicates_across_nodes")
     return out
+
+
+def _carved(c: Context, unit_b: float) -> tuple[float, float, float]:
+    """accelerate's units outside the decoder layers, gathered (bytes): the input embedding, [final norm, lm_head],
+    and what the root keeps (position embeddings, a prompt encoder's)."""
+    embed = tail = rest = 0.0
+    for h in c.mine.held:
+        t = h.tensor
+        if t.name not in NON_LAYER:
+            continue
+        b = t.numel * h.count * unit_b
+        if t.name == "embed_tokens":
+            embed += b
+        elif t.name in ("final_norm", "lm_head"):
+            tail += b
+        else:
+            rest += b
+    return embed, tail, rest
+
+
+def _tail_trainable(c: Context) -> float:
+    """The trainable elements of [final norm, lm_head]."""
+    return sum(
+        h.tensor.numel * h.count for h in c.mine.held if h.trainable and h.tensor.name in ("final_norm", "lm_head")
+    )
+
+
+def _accelerate_units(c: Context, out: States, carved: tuple[float, float, float], layer: float, kept: bool) -> None:
+    """The gathered parameters under accelerate's cut (accelerate 1.16 utils/fsdp_utils.py:876-899; traced by
+    cabe.trace.fsdp_wrap): the untied input embedding its own unit, resharded after its forward as the layers are;
+    [final norm, lm_head] -- with the embedding when tied -- one unit with reshard_after_forward=False, gathered from
+    its first forward to its post-backward (untied: once the final norm's backward is done, before the top layer's;
+    tied: at the end of backward); the root what is left.
+
+    FSDP2 frees a unit's all-gather output (the flat buffer its parameters are copied out of) at the next unit's
+    copy-out in forward, the last one in the root's post-forward (torch 2.13 _fsdp_param_group.py:478-489,
+    _fsdp_state.py:333-342), which follows the loss transformers computes inside the model's forward: at the loss the
+    untied tail's buffer is alive beside its parameters, the tied case's is the top layer's (the tail was gathered at
+    the embedding). In backward the tail's pre-backward prefetches nothing (the unit before it in FSDP2's
+    post-forward order is the tail itself: norm and lm_head both ran in it), so the head's backward holds no layer."""
+    embed, tail, rest = carved
+    tied = c.mine.tied
+    if tied:
+        tail, embed = tail + embed, 0.0
+    always = rest + (tail if tied else 0.0) + (embed if kept else 0.0)
+    out.buffers["forward"]["gathered_params"] = always + (layer if tied else 2 * tail)
+    out.buffers["backward"]["gathered_params"] = always + (0.0 if tied else tail)
+    # a layer's backward: the tail resharded (untied), the layer gathered (kept: every pending one, plan's pending)
+    out.layer_backward["gathered_params"] = always + (0.0 if kept else layer)
+    if kept:
+        out.pending_layer["kept_gathered_params"] = layer
+    elif embed:
+        # the embedding's unit comes after the bottom layer's in backward: prefetched beside it (FSDP2's implicit
+        # backward prefetch follows the reverse forward order); above the bottom, the next layer (above_bottom)
+        out.layer_backward["prefetched_params"] = embed
+    tail_grad = _tail_trainable(c) * (c.dt.gathered or c.dt.weight)
+    if tail_grad and not tied:
+        # the tail's reduce-scatter input (its gradients flattened, in reduce_dtype) kept until the top unit's
+        # post-backward reclaims it (reduce_scatter_max_input_buffers = 1, torch 2.13 _fsdp_param_group.py:107-112);
+        # below the top, the previous layer's (below_top)
+        out.layer_backward["reduce_scatter_input"] = tail_grad
+    out.embedding_backward = {"gathered_params": rest + (tail if tied else embed)}

@@ -28,8 +28,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from cabe.errors import ConfigError, InvalidValueError
-from cabe.trace import context_parallel, expert_parallel, offload, sequence_parallel, state, zero
-from cabe.trace.build import build_model, decoder_layers
+from cabe.trace import context_parallel, expert_parallel, fsdp_wrap, offload, sequence_parallel, state, zero
+from cabe.trace.build import build_model
 from cabe.trace.family_patches import model_types
 from cabe.trace.modes import finish
 from cabe.trace.patches import _Patch, trace_environment
@@ -44,7 +44,6 @@ ENGINES = {
     "ddp": "DistributedDataParallel",
     "none": "DistributedDataParallel",
 }
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 #: the largest world traced: FSDP2 chunks every parameter into a view per rank (torch.chunk), so the set-up grows
 #: with the world; rank 0 of a 1,024-GPU job is the largest the differential has asked for (64 is its usual top)
 MAX_WORLD = 1024
@@ -393,35 +392,18 @@ def _loss_context(setup: TrainingSetup, rank0: Any) -> Iterator[None]:
 def _fully_shard(
     model: Any, cfg: Any, setup: TrainingSetup, mesh: Any, dp: Any, tp: dict[str, Any], experts: Any = None
 ) -> dict[str, Any]:
-    """``fully_shard`` each decoder layer, then the root (embeddings, final norm, lm_head), on the data-parallel
-    part of ``mesh`` (with tensor parallelism, FSDP2 shards the TP shards: 2-D parallelism).
-
-    The layers take the setup's ``reshard_after_forward``; the root FSDP2's own ``None``, which its lazy init turns
-    to ``False`` (torch 2.13 _fsdp_state.py:203-207), as accelerate 1.16 leaves it (utils/fsdp_utils.py:901-904)."""
-    import torch
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-
-    # FSDP2's CPU offload (torch 2.13 _fsdp_api.py ``CPUOffloadPolicy``, pin_memory=True by default): the sharded
-    # parameters and gradients pinned on the host, each unit's shards copied to the GPU for its all-gather
-    # (_fsdp_param.py:896-900), each reduce-scattered gradient copied back (_fsdp_collectives.py:711-742), the
-    # optimizer stepping on the host; accelerate's ``fsdp_offload_params`` passes it to every unit and the root
-    policy = CPUOffloadPolicy() if offload.offloads(setup) else OffloadPolicy()
-    mp = MixedPrecisionPolicy()
-    if setup.param_dtype != "none":
-        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, _DTYPES[setup.param_dtype]))
+    """FSDP2's units on the data-parallel part of ``mesh`` (with tensor parallelism, FSDP2 shards the TP shards: 2-D
+    parallelism), cut as the request's ``fsdp_wrap`` says (:mod:`cabe.trace.fsdp_wrap`); under expert parallelism
+    each experts module its own unit on the expert-FSDP mesh first, as transformers does before its layers."""
+    mp, policy = fsdp_wrap.policies(setup)
     ep = {}
-    if experts is not None:  # each experts module its own unit on the expert-FSDP mesh, before its layer
+    if experts is not None:
         units = expert_parallel.shard_experts(model, experts[0], experts[1], setup, mp_policy=mp, offload_policy=policy)
         ep = expert_parallel.engine(setup, experts[0], units)
-    layers = decoder_layers(model, cfg)
-    for layer in layers:
-        fully_shard(
-            layer, mesh=dp, mp_policy=mp, offload_policy=policy, reshard_after_forward=setup.reshard_after_forward
-        )
-    fully_shard(model, mesh=dp, mp_policy=mp, offload_policy=policy)
+    wrapping = fsdp_wrap.apply(model, cfg, setup, dp, mp, policy)
     return {
         "engine": ENGINES[setup.shard] + (" + tensor parallel" if tp else ""),
-        "wrapping": f"fully_shard per decoder layer ({len(layers)} units) + root",
+        "wrapping": wrapping,
         "mesh": list(mesh.shape),
         "reshard_after_forward": setup.reshard_after_forward,
         "param_dtype": setup.param_dtype if setup.param_dtype != "none" else "as stored",
