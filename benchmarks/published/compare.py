@@ -103,6 +103,7 @@ MAPPING: dict[str, tuple[dict[str, Any] | None, str]] = {
             "grad_accum": 32,
             "gpus": 2,
             "shard": "fsdp",
+            "fsdp_wrap": "layers",  # FSDP1: each decoder layer wrapped, the rest in the root unit
         },
         "llama2/7B_lora.yaml: FSDP1, bf16 adapters, no checkpointing, 32 accumulation steps; alpaca capped at 2048",
     ),
@@ -116,6 +117,7 @@ MAPPING: dict[str, tuple[dict[str, Any] | None, str]] = {
             "checkpointing": True,
             "gpus": 4,
             "shard": "fsdp",
+            "fsdp_wrap": "layers",  # FSDP1: each decoder layer wrapped, the rest in the root unit
         },
         "llama2/7B_full.yaml: FSDP1, pure bf16 AdamW (foreach), checkpointing; alpaca capped at 2048",
     ),
@@ -133,6 +135,7 @@ MAPPING: dict[str, tuple[dict[str, Any] | None, str]] = {
             "checkpointing": True,
             "gpus": 8,
             "shard": "fsdp",
+            "fsdp_wrap": "layers",  # FSDP1: each decoder layer wrapped, the rest in the root unit
         },
         "llama2/70B_lora.yaml: FSDP1, bf16 adapters, checkpointing; alpaca capped at 4096",
     ),

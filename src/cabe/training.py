@@ -30,6 +30,7 @@ OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Attention = Literal["eager", "sdpa", "flash"]
 Quant = Literal["nf4", "fp4"]
 Packing = Literal["none", "packed", "padding-free"]
+FsdpWrap = Literal["accelerate", "layers"]
 ComputeDtype = Literal["bf16", "fp16", "fp32"]
 Shard = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid"]
 Offload = Literal["none", "optimizer", "parameters", "both"]
@@ -192,7 +193,7 @@ class TrainingSetup:
     reshard_after_forward: bool = _D["reshard_after_forward"]
     cp: int = _D["cp"]
     cp_impl: CpImpl = _D["cp_impl"]
-    fsdp_wrap: str = _D["fsdp_wrap"]
+    fsdp_wrap: FsdpWrap = _D["fsdp_wrap"]
 
     def __post_init__(self) -> None:
         validate(self)

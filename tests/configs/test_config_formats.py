@@ -227,6 +227,8 @@ def test_accelerate_fsdp():
         "precision": "bf16-amp",
         "checkpointing": True,
         "cpu_ram_efficient_loading": True,
+        # no fsdp_version: accelerate's FSDP1, each decoder layer wrapped and the rest in the root unit
+        "fsdp_wrap": "layers",
     }
     assert reasons(s)["fsdp_config.fsdp_backward_prefetch"] == "not_modeled"
 
@@ -548,3 +550,17 @@ def test_a_requirements_file_changes_the_estimate(tmp_path):
     v4 = api.estimate_json(request)
     v5 = api.estimate_json({**request, "transformers": "5"})
     assert v4["setup"]["transformers"] == "4.51.3" and v4["total_bytes"] < v5["total_bytes"] / 3
+
+
+@pytest.mark.parametrize(("version", "wrap"), [(1, "layers"), (2, None)])
+def test_fsdp_version_picks_the_wrapping(version, wrap):
+    """FSDP1 wraps each decoder layer and leaves the rest in the root unit (cabe's ``layers``); FSDP2 is accelerate's
+    own cut (the default, ``accelerate``): accelerate's config and TrainingArguments' fsdp_config alike."""
+    fields, _, _ = configs.module("accelerate").to_request(
+        {"distributed_type": "FSDP", "num_processes": 4, "fsdp_config": {"fsdp_version": version}}
+    )
+    assert fields.get("fsdp_wrap") == wrap
+    fields, _, _ = configs.module("training_args").to_request(
+        {"output_dir": "o", "fsdp": "full_shard auto_wrap", "fsdp_config": {"version": version}}
+    )
+    assert fields.get("fsdp_wrap") == wrap

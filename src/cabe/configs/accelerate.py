@@ -165,6 +165,10 @@ def _fsdp(c: Collector, f: Mapping[str, Any]) -> None:
         else:
             c.ignore(name, "no_effect")
     _ram_efficient_loading(c, f)
+    if str(version) == "1" and c.fields.get("shard") in ("fsdp", "fsdp-hybrid"):
+        # FSDP1 (accelerate 1.16 utils/fsdp_utils.py: the plugin's transformer_based_wrap on each decoder layer, the
+        # rest in the root unit): cabe's ``layers`` cut; FSDP2's is accelerate's own (cabe.trace.fsdp_wrap)
+        c.set("fsdp_wrap", "layers", "fsdp_config.fsdp_version")
 
 
 def _ram_efficient_loading(c: Collector, f: Mapping[str, Any]) -> None:

@@ -89,6 +89,10 @@ def collect(data: Mapping[str, Any]) -> Collector:
             _unmapped(c, key, value)
     _check_offloading(c, data)
     _optimizer_in_bwd(c, data)
+    if c.fields.get("shard") in ("fsdp", "fsdp-hybrid") and not data.get("custom_sharded_layers"):
+        # shard_model wraps each decoder layer, then the root (torchtune training/_distributed.py): cabe's ``layers``
+        # cut; with ``custom_sharded_layers`` (the embedding, the output) those get units too, nearest accelerate's
+        c.fields.setdefault("fsdp_wrap", "layers")
     c.fields.setdefault("recipe", "torchtune")  # a torchtune config is a torchtune run (data/recipes/torchtune.json)
     return c
 

@@ -152,6 +152,10 @@ def _fsdp_config(c: Collector, key: str, value: Any, all_: Mapping[str, Any]) ->
         elif kk == "reshard_after_forward" and all_.get("fsdp"):
             # FSDP2's fully_shard argument, passed through accelerate (transformers' fsdp_config)
             c.set("reshard_after_forward", _base.as_bool(v, name), name)
+        elif kk == "version" and str(v) == "1" and fsdp_words(all_.get("fsdp") or "")[0] in ("fsdp", "fsdp-hybrid"):
+            # FSDP1 (TrainingArguments' fsdp_config "version", 2 by default in transformers 5.25): each decoder layer
+            # wrapped, the rest in the root unit: cabe's ``layers`` cut
+            c.set("fsdp_wrap", "layers", name)
         elif kk == "cpu_ram_efficient_loading" and fsdp_words(all_.get("fsdp") or "")[0] in ("fsdp", "fsdp-hybrid"):
             # TrainingArguments hands it to accelerate as FSDP_CPU_RAM_EFFICIENT_LOADING (transformers 5.25
             # training_args.py, ``fsdp_config``): how FSDP loads (cabe.parallel.loading)
