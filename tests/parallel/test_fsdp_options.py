@@ -7,6 +7,8 @@ import pytest
 
 from cabe import api, configs
 from cabe.errors import InvalidValueError
+from cabe.models import preset
+from cabe.training import TrainingSetup
 
 #: the tiny Llama of tests/trace/test_distributed.py: 4 layers of hidden 256, ffn 688, vocab 2048 (8.4e6 parameters,
 #: one layer unit 790,528 of them), rank 0 of 4 GPUs
@@ -20,7 +22,10 @@ CONFIG = dict(
     vocab_size=2048,
     max_position_embeddings=256,
 )
-KW = dict(batch=2, seq=128, attention="eager", dtype="fp32", autocast="none", gpus=4, shard="fsdp", param_dtype="bf16")
+#: (the per-layer + root cut, whose root these figures count; accelerate's own cut: test_accelerate_cut_units)
+KW = dict(
+    batch=2, seq=128, attention="eager", dtype="fp32", autocast="none", gpus=4, shard="fsdp", param_dtype="bf16"
+) | dict(fsdp_wrap="layers")
 #: one layer unit all-gathered in bf16: its nine tensors whole, each rounded to 512 B (790,528 × 2 B = 1,581,056 B)
 UNIT = 1_582_080
 #: the root unit (embedding, final norm, lm_head) gathered in bf16
@@ -110,3 +115,27 @@ def test_the_field_is_fsdp_only():
 def test_readers_set_it(fmt, data):
     fields, _, _ = configs.module(fmt).to_request(data)
     assert fields["shard"] == "fsdp" and fields["reshard_after_forward"] is False
+
+
+def test_accelerate_cut_units():
+    """accelerate's cut (cabe.parallel.fsdp ``_accelerate_units``) on llama-3.1-8b (untied), FSDP2 over 8 GPUs in
+    bf16: the embedding's unit E and the tail T = [final norm, lm_head] gathered in bf16 (128,256 × 4,096 × 2 B =
+    1,050,673,152 B each, the norm 8,192 B more); at the loss T twice (its parameters and the all-gather output FSDP2
+    frees in the root's post-forward), at the head's backward T once, at a layer's backward the layer alone, E
+    prefetched beside the bottom layer and gathered at its own backward; the tail's reduce-scatter input at the top
+    layer. The per-layer + root cut holds E + T + a layer at the head's backward."""
+    from plan_parts import parts  # (this directory's helper: the plan's StepParts)
+
+    spec = preset("llama-3.1-8b").spec
+    setup = TrainingSetup(dtype="bf16", autocast="none", gpus=8, shard="fsdp", batch=1, seq=1024)
+    p = parts(spec, setup)
+    emb = 128_256 * 4_096 * 2
+    tail = emb + 8_192
+    layer = p.extra_layer_backward["gathered_params"]
+    assert p.extra_forward["gathered_params"] == 2 * tail
+    assert p.extra_backward["gathered_params"] == tail
+    assert p.extra_layer_backward["prefetched_params"] == emb and p.extra_above_bottom["prefetched_params"] == layer
+    assert p.extra_layer_backward["reduce_scatter_input"] == tail
+    assert p.extra_embedding is not None and p.extra_embedding["gathered_params"] == emb
+    q = parts(spec, setup.with_(fsdp_wrap="layers"))
+    assert q.extra_backward["gathered_params"] == emb + tail + layer

@@ -7,27 +7,19 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
-from cabe.activations import head_activations
+from plan_parts import both
+
 from cabe.analytic import estimate_model
-from cabe.analytic.estimate import _layer_activations, _model_states, _step_parts, _weight_copies
-from cabe.analytic.runs import _row_shape
 from cabe.models import preset
-from cabe.parallel import shard_parts
 from cabe.parallel.layout import Layout
 from cabe.parallel.runs import stage_runs
-from cabe.precision import dtypes_for, resolve
 from cabe.step import LayerRun, _ends, timeline
 from cabe.training import TrainingSetup
 
 
 def _parts(spec: Any, setup: TrainingSetup) -> Any:
     """The one-GPU parts of ``setup`` as estimate_model builds them, then the plan's."""
-    setup = _row_shape(resolve(setup, spec.dtype))
-    dt = dtypes_for(setup)
-    states = _model_states(spec, setup)
-    act = _layer_activations(spec, setup, dt)
-    one = _step_parts(spec, setup, dt, states, act, head_activations(spec, setup, dt), _weight_copies(spec, setup, dt))
-    return one, shard_parts(one, spec, setup)[0]
+    return both(spec, setup)
 
 
 def test_a_stage_keeps_its_own_layers_of_each_run():
@@ -57,8 +49,12 @@ def test_an_fsdp_unit_of_a_moe_layer_gathers_its_own_layer():
     spec = preset("deepseek-v3").spec
     one, new = _parts(spec, TrainingSetup(dtype="bf16", gpus=8, shard="fsdp", batch=1, seq=1024))
     assert [r.count for r in one.runs] == [3, 58] == [r.count for r in new.runs]
-    dense, moe = (r.buffers.extra_backward["gathered_params"] for r in new.runs)
+    # (the unit running backward: accelerate's cut names it apart from the head's, the layers' cut with the root)
+    dense, moe = (r.buffers.extra_layer_backward["gathered_params"] for r in new.runs)
     assert moe - dense == 2 * (11_320_164_352 - 396_361_728) == 21_847_605_248
+    _, layers = _parts(spec, TrainingSetup(dtype="bf16", gpus=8, shard="fsdp", batch=1, seq=1024, fsdp_wrap="layers"))
+    dense, moe = (r.buffers.extra_backward["gathered_params"] for r in layers.runs)
+    assert moe - dense == 21_847_605_248
     # the unsharded gradients of the unit running backward and the reduce-scatter input too
     dense, moe = (r.buffers.extra_layer_grads["unsharded_grads"] for r in new.runs)
     assert moe - dense == 21_847_605_248
