@@ -58,6 +58,14 @@ def timeline(p: StepParts) -> list[Moment]:
             },
         ),
     ]
+    if p.extra_forward_start:  # (the first layer's unit gathered: nothing saved yet)
+        moments.append(
+            Moment(
+                "forward",
+                "start",
+                {**base, "gradients": g_acc, "activations": p.rotary + p.embedding_saved, **p.extra_forward_start},
+            )
+        )
     if p.forward_transient:
         moments.append(
             Moment(

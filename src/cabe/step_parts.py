@@ -167,6 +167,9 @@ class StepParts:
     # transients of one moment of backward (DeepSpeed ZeRO-3's bucket flush, cabe.parallel.zero): (layers from the top
     # of the gradient's path, buffers) beside that layer's backward; -1: after every layer's, beside ``extra_embedding``
     extra_flush: tuple[tuple[int, dict[str, int]], ...] = ()
+    # the forward's start, where the first layer's unit is gathered beside the unit before it and its all-gather
+    # output (FSDP2: cabe.parallel.fsdp ``_forward_start``), before any layer has saved anything; empty: no moment
+    extra_forward_start: dict[str, int] = field(default_factory=dict)
     # the layers in the gradient's path, run by run from the bottom, when their figures are known run by
     # run (a model whose layers differ); empty: ``grad_layers`` layers of the per-layer fields above
     runs: tuple[LayerRun, ...] = ()

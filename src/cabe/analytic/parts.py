@@ -164,6 +164,25 @@ def _step_parts(
         runs=runs,
         grads_mlp_layer=mean(lambda r: r.grads_mlp),
         mlp_saved_layer=mean(lambda r: r.mlp_saved),
+        **(_tp_parts(act, head, ckpt) if setup.tp > 1 else {}),
+        attention_workspace_layer=mean(lambda r: r.attention_workspace),
+        cuda_workspaces=CUDA_WORKSPACES,
+        carried_logits=tokens * head.carried,
+        embedding_saved=tokens * embedding_lora_saved(spec, setup, dt),
+        embedding_grad_input=(
+            tokens * dt.residual * spec.residual_width + _tp_embedding_grad(spec, setup, states)
+            if not spec.tie_word_embeddings and _grads_of(states, "embedding")
+            else 0
+        ),
+    )
+
+
+def _tp_parts(act: _Activations, head: HeadActivations, ckpt: bool) -> dict[str, Any]:
+    """The StepParts fields only tensor parallelism reads (what stays whole on every GPU of a TP group:
+    cabe.parallel.activations ``tensor_parallel_saved`` / ``sequence_parallel``); on one GPU they stay 0 (an estimate
+    pays for them only where they are used)."""
+    tokens, grad_layers = act.tokens, act.grad_layers
+    return dict(
         # (the layers left out of checkpointing keep theirs through the forward; a recomputed layer makes its own)
         gathered_layer=sum(n * tokens * r.per_layer.gathered_input_per_token for r, n, ck in act.pieces() if not ck)
         // max(grad_layers, 1),
@@ -179,15 +198,25 @@ def _step_parts(
         if ckpt
         else 0,
         mlp_stream_layer=act.mean(lambda r: tokens * r.per_layer.mlp_stream_per_token),
-        attention_workspace_layer=mean(lambda r: r.attention_workspace),
-        cuda_workspaces=CUDA_WORKSPACES,
-        carried_logits=tokens * head.carried,
-        embedding_saved=tokens * embedding_lora_saved(spec, setup, dt),
-        embedding_grad_input=(
-            tokens * dt.residual * spec.residual_width + _tp_embedding_grad(spec, setup, states)
-            if not spec.tie_word_embeddings and _grads_of(states, "embedding")
+    )
+
+
+def _tp_run(act: _Activations, r: _RunActivations, ckpt: bool) -> dict[str, Any]:
+    """A run's LayerRun fields only tensor parallelism reads (as :func:`_tp_parts`' per layer)."""
+    tokens = act.tokens
+    return dict(
+        # (a layer left out of checkpointing keeps its all-gathered inputs through the forward; a recomputed one
+        # makes its own again: StepParts.gathered_layer, gathered_recompute_layer)
+        gathered=0 if ckpt else tokens * r.per_layer.gathered_input_per_token,
+        gathered_recompute=tokens * r.per_layer.gathered_input_per_token if ckpt else 0,
+        mlp_gathered=tokens * r.per_layer.mlp_gathered_per_token,
+        stream=_stream_kept(act, r, ckpt),
+        stream_recompute=(
+            tokens * (r.per_layer.stream_per_token - r.per_layer.input_alias_per_token) + r.per_layer.constant_bytes
+            if ckpt
             else 0
         ),
+        mlp_stream=tokens * r.per_layer.mlp_stream_per_token,
     )
 
 
@@ -326,18 +355,7 @@ def _layer_run(
         dispatch_workspace=tokens * r.per_layer.dispatch_workspace_per_token,
         experts_freed=tokens * r.per_layer.experts_freed_per_token,
         checkpointed=ckpt,
-        # (a layer left out of checkpointing keeps its all-gathered inputs through the forward; a recomputed one
-        # makes its own again: StepParts.gathered_layer, gathered_recompute_layer)
-        gathered=0 if ckpt else tokens * r.per_layer.gathered_input_per_token,
-        gathered_recompute=tokens * r.per_layer.gathered_input_per_token if ckpt else 0,
-        mlp_gathered=tokens * r.per_layer.mlp_gathered_per_token,
-        stream=_stream_kept(act, r, ckpt),
-        stream_recompute=(
-            tokens * (r.per_layer.stream_per_token - r.per_layer.input_alias_per_token) + r.per_layer.constant_bytes
-            if ckpt
-            else 0
-        ),
-        mlp_stream=tokens * r.per_layer.mlp_stream_per_token,
+        **(_tp_run(act, r, ckpt) if setup.tp > 1 else {}),
         group=r.group,
     )
 

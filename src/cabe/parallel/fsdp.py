@@ -81,6 +81,7 @@ def states(c: Context) -> States:
     if experts and not kept:
         out.layer_backward["gathered_experts"] = experts
         out.experts_gathered = experts
+    _forward_start(c, out, carved, root_gathered, layer_gathered - experts, kept)
     if carved is None:
         out.embedding_backward = {"gathered_params": root_gathered}  # (the root alone: every unit's backward is over)
     # the head's gradients are the unsharded parameter's, made whole by autograd (in the gathered dtype) and
@@ -212,3 +213,26 @@ def _accelerate_units(c: Context, out: States, carved: tuple[float, float, float
         # below the top, the previous layer's (below_top)
         out.layer_backward["reduce_scatter_input"] = tail_grad
     out.embedding_backward = {"gathered_params": rest + (tail if tied else embed)}
+
+
+def _forward_start(
+    c: Context, out: States, carved: tuple[float, float, float] | None, root: float, layer: float, kept: bool
+) -> None:
+    """The forward's start: the first layer's unit all-gathered and copied out while the unit before it is still held.
+
+    In forward FSDP2 frees a unit's all-gather output only at the next unit's copy-out, and later than it reads:
+    ``wait_for_unshard`` takes the previous result into a local (``prev_all_gather_state``, torch 2.13
+    _fsdp_param_group.py:430-432) that lives to the end of the call, through this unit's copy-out (lines 461-466). So
+    at the first layer's copy-out: the unit before it gathered (the root, or under accelerate's cut the tied tail; the
+    untied embedding's unit is resharded by its post-forward unless kept) with its all-gather output, and the layer's
+    all-gather output beside its parameters (rank 0 traced on a fake group: qwen2.5-0.5b prompt tuning on HSDP 2 × 2,
+    the tied tail twice and a layer twice, -6.7% without this moment)."""
+    if carved is None:
+        before = 2 * root
+    else:
+        embed, tail, rest = carved
+        if c.mine.tied:
+            before = 2 * (tail + embed) + rest
+        else:
+            before = embed * (2 if kept else 1) + rest
+    out.forward_start["gathered_params"] = before + 2 * layer

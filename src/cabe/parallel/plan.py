@@ -346,6 +346,7 @@ def _extras(parts: StepParts, st: States, comm: dict[str, float], frozen_layers:
         "extra_pending_layer": {**parts.extra_pending_layer, **pending},
         "extra_done_layer": {**parts.extra_done_layer, **_rounded(st.done_layer)},
         "extra_embedding": None if embedding is None else {**parts.extra_backward, **extra["backward"], **embedding},
+        "extra_forward_start": {**parts.extra_forward_start, **_rounded(st.forward_start)},
     }
 
 

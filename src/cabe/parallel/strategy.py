@@ -137,6 +137,8 @@ class States:
     # transients of one moment of backward, (layers from the top of the gradient's path, buffers); -1: the end of
     # backward (step.StepParts.extra_flush: DeepSpeed ZeRO-3's bucket flushes)
     flushes: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    # live at the forward's start (step.StepParts.extra_forward_start)
+    forward_start: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def everywhere(self, name: str, nbytes: float) -> None:
