@@ -259,17 +259,22 @@ def test_per_gpu_memory_never_rises_with_more_gpus(spec, shard, n, batch, seq, m
 def test_zero_stages_are_ordered(spec, n, batch, seq, ckpt, precision):
     """Each ZeRO stage needs no more than the one before on 3 GPUs or more; below DDP where the optimizer's states
     are kept in the same dtype (not a plain bf16 module, see :func:`test_zero_against_ddp_and_each_other_on_two_gpus`).
-    ZeRO-3 but for its bucket flush mid-backward: ``reduce_scatter_coalesced``'s ``torch.cat`` of up to
-    ``reduce_bucket_size`` (5e8) elements in the communication dtype (fp32 for a plain bf16 module), beside the
-    activations of the layers below (cabe.parallel.zero ``_zero3_flushes``; stage 2's own flush is not modelled).
-    A plain bf16 module is left out of ZeRO-3 against ZeRO-2: stage 3's flat gradient partition is fp32 there
-    (stage3.py:786-788, the engine's gradient accumulation dtype), and stage 2's fp32 partition is not modelled yet.
-    """
-    totals = {}
+    ZeRO-2 and ZeRO-3 but for their bucket reduces mid-backward: stage 2's ``allreduce_bucket`` flattens the bucket
+    (``torch.cat``, stage_1_and_2.py:2367) and casts it to the communication dtype (2376-2377), stage 3's
+    ``reduce_scatter_coalesced`` concatenates it (coalesced_collectives.py:122): up to ``reduce_bucket_size`` (5e8)
+    elements beside the activations of the layers below, where stage 1 reduces once backward is over (958-978) and
+    its activations are gone (cabe.parallel.zero ``_bucket_flushes``, ``_zero3_flushes``). A plain bf16 module is left
+    out of ZeRO-3 against ZeRO-2: stage 3's flat gradient partition is fp32 there (stage3.py:786-788, the engine's
+    gradient accumulation dtype) as stage 2's compact one is, but stage 3 keeps it all along and stage 2 from its first
+    reduce."""
+    totals, unflushed = {}, {}
     for shard in ("ddp", "zero1", "zero2", "zero3"):
         s = TrainingSetup(precision=precision, shard=shard, gpus=n, batch=batch, seq=seq, checkpointing=ckpt)
-        totals[shard] = estimate_model(spec, s).total_bytes
-    assert totals["zero2"] <= totals["zero1"]
+        est = estimate_model(spec, s)
+        totals[shard] = est.total_bytes
+        # the step's moments but the bucket reduces mid-backward (``.flush``)
+        unflushed[shard] = max(m["total_bytes"] for m in est.extra["moments"] if not m["where"].endswith(".flush"))
+    assert unflushed["zero2"] <= totals["zero1"]
     if precision != "bf16":
         assert totals["zero3"] <= totals["zero2"] + 2 * 500_000_000
         assert totals["zero1"] <= totals["ddp"]
@@ -281,8 +286,11 @@ def test_zero_against_ddp_and_each_other_on_two_gpus():
     A plain bf16 module: DeepSpeed's optimizer steps an fp32 partition, 4 + 8 B per parameter / N (the master
     weights are fp32 unless ``bf16_master_weights_and_gradients``: base_optimizer.py:484-520,
     ``_configure_master_weights``; stage_1_and_2.py:560-561), where torch's AdamW under DDP keeps bf16 states, 4 B
-    beside DDP's 2 B of buckets: on 2 GPUs both are 12P at the step, ZeRO's by rank 0's partition overhanging P/2
-    more. ZeRO-3 on 2 GPUs at the loss head's backward: it saves P of 16-bit parameters but keeps P of 16-bit
+    beside DDP's 2 B of buckets: DDP is 12P at the step. ZeRO-1 peaks at the end of backward: the bf16 weights 2P,
+    each gradient accumulated whole in fp32 (``grad_accum``, stage_1_and_2.py:1234-1240: the engine accumulates in
+    fp32 for a 16-bit module in its fp32 mode, engine.py:1799-1810) 4P, the fp32 master and Adam partitions 2P + 4P,
+    the fp32 flat gradient partition 2P (``_use_compact_grad_partition_buffer``, 1259-1301) and the 5e8-element fp32
+    reduce bucket: 14P + 2 GB (traced on qwen2.5-0.5b, 4 GPUs: +0.7%). ZeRO-3 on 2 GPUs at the loss head's backward: it saves P of 16-bit parameters but keeps P of 16-bit
     gradients all along (``grad_partitions_flat_buffer``, stage3.py:786-791), the reduce bucket (stage3.py:779-784)
     and the top layers gathered for their reuse (partitioned_param_coordinator.py:634-664), where ZeRO-2 holds no
     gradient nor bucket yet (made at the first gradient and the first bucket reduce: stage_1_and_2.py:2287,
@@ -293,11 +301,13 @@ def test_zero_against_ddp_and_each_other_on_two_gpus():
         s = TrainingSetup(precision="bf16", shard=shard, gpus=2, batch=1, seq=128)
         totals[shard] = estimate_model(spec, s).total_bytes
     assert totals["ddp"] == pytest.approx(12 * P7, rel=0.001)
-    assert totals["ddp"] < totals["zero1"] == pytest.approx(12 * P7, rel=0.002)
+    assert totals["ddp"] < totals["zero1"] == pytest.approx(14 * P7 + 2_000_000_000, rel=0.002)
     amp = TrainingSetup(precision="bf16-amp", gpus=2, batch=1, seq=4096)
     zero2, zero3 = (estimate_model(spec, amp.with_(shard=s)) for s in ("zero2", "zero3"))
-    assert (zero2.extra["peak_at"], zero3.extra["peak_at"]) == ("head", "head")
-    assert zero3.total_bytes > zero2.total_bytes
+    # (ZeRO-2's own peak is its first bucket reduce mid-backward, test_zero_stages_are_ordered; at the head it is lower)
+    assert zero3.extra["peak_at"] == "head" and zero2.extra["peak_at"].endswith(".flush")
+    head2 = next(m["total_bytes"] for m in zero2.extra["moments"] if m["where"] == "head")
+    assert zero3.total_bytes > head2
 
 
 def test_lora_frozen_params_sharded_but_not_in_optimizer():
@@ -418,3 +428,45 @@ def test_zero3_bucket_flush_cat_at_its_layer():
     assert out["peak_at"] == "layer_8_from_top.flush"
     assert out["components"]["reduce_scatter_input"] == 1_946_296_320
     assert moments["end_of_backward"] == pytest.approx(7_844_798_976, rel=0.001)
+
+
+@pytest.mark.parametrize("param_dtype", ["none", "bf16"])
+def test_zero2_bucket_reduce_flatten_and_cast(param_dtype):
+    """ZeRO-2's bucket reduce (DeepSpeed 0.19.8 stage_1_and_2.py:2205-2229 -> ``average_tensor`` ->
+    ``allreduce_bucket``, 2367-2377): a ``cat`` of the bucket's elements in its dtype, cast to the communication dtype
+    where it differs. qwen2.5-0.5b (494,032,768 parameters, tied) fits one 5e8-element bucket: one reduce, at the
+    backward's end. Rank 0 of 4, batch 1, seq 128, traced (cabe trace --model qwen2.5-0.5b --autocast none --shard
+    zero2 --gpus 4 --batch 1 --seq 128):
+
+    - a plain bf16 module (``--dtype bf16``): the cat 2 x 494,032,768 = 988,065,536 -> 988,065,792 B, its fp32 cast
+      4 x 494,032,768 = 1,976,131,072 B (fp32 outside the engine's bf16 mode, engine.py:1719-1730), and the fp32 flat
+      partition made just before (``_build_compact_grad_partition_buffer``, stage_1_and_2.py:1268-1301):
+      4 x 494,032,768 / 4 = 494,032,768 -> 494,032,896 B. Traced peak 6,995,507,712 B (was -37.8%).
+    - DeepSpeed's bf16 mode (``--dtype fp32 --param-dtype bf16``): the cat alone (communication in bf16). Traced peak
+      4,525,343,744 B (was -3.8%)."""
+    plain = param_dtype == "none"
+    s = TrainingSetup(
+        dtype="bf16" if plain else "fp32", autocast="none", param_dtype=param_dtype, batch=1, seq=128, gpus=4
+    )
+    out = estimate_model(preset("qwen2.5-0.5b").spec, s.with_(shard="zero2")).to_json()
+    assert out["peak_at"] == "end_of_backward"
+    assert out["components"]["reduce_flat"] == 988_065_792
+    assert out["components"].get("reduce_cast", 0) == (1_976_131_072 if plain else 0)
+    assert out["components"].get("grads_in_partition", 0) == (494_032_896 if plain else 0)
+    assert out["total_bytes"] == pytest.approx(6_995_507_712 if plain else 4_525_343_744, rel=0.001)
+
+
+def test_zero1_plain_bf16_fp32_gradients():
+    """ZeRO-1 on a plain bf16 module: each hook moves the 16-bit .grad to a fp32 ``grad_accum``
+    (stage_1_and_2.py:1234-1240), all of them whole to the backward's end; ``reduce_gradients`` (958-978) copies them
+    into the fp32 bucket and reduces it: the cat (4 x 494,032,768 = 1,976,131,072 B) takes their place, beside the
+    fp32 flat partition (494,032,896 B, as under stage 2) and the 2 GB bucket. qwen2.5-0.5b on 4 GPUs, batch 1, seq
+    128: traced peak 7,007,441,920 B at that reduce (was -13.4%); the estimate's end of backward 7,007,529,984 B
+    (its gradients rounded per tensor), its peak the embedding's backward (+0.7%: the tied embedding's 16-bit sum is
+    counted beside its fp32 copy twice)."""
+    s = TrainingSetup(dtype="bf16", autocast="none", batch=1, seq=128, gpus=4, shard="zero1")
+    out = estimate_model(preset("qwen2.5-0.5b").spec, s).to_json()
+    moments = {m["where"]: m["total_bytes"] for m in out["moments"]}
+    assert out["components"]["gradients"] == pytest.approx(4 * 494_032_768, rel=0.001)
+    assert moments["end_of_backward"] == pytest.approx(7_007_441_920, rel=0.001)
+    assert out["total_bytes"] == pytest.approx(7_007_441_920, rel=0.01)

@@ -192,9 +192,13 @@ def _gradient_partition(c: Context, out: States, p: _Partitions, stage: int) -> 
     partition alone."""
     whole, largest_piece = _rank0_partition(c, p.elements)
     half = c.compute_bytes
-    gip = round_alloc(round(whole * half))
-    # stage 1: each .grad whole until the backward's end; stage 2: none kept until the first bucket reduce
-    out.grads = p.g16 if stage == 1 else 0.0
+    compact = _compact(c)
+    # the rank's gradient partition: the 16-bit ``grads_in_partition``, or (a plain 16-bit module) the fp32 flat one
+    gip = round_alloc(4 * p.elements) if compact else round_alloc(round(whole * half))
+    # stage 1: each gradient whole until the backward's end (a plain 16-bit module's hook moves each .grad to a fp32
+    # ``grad_accum``, ``_fill_param_grad_accum_attribute``, stage_1_and_2.py:1234-1240, via ``process_gradients``
+    # 2288-2289); stage 2: none kept until the first bucket reduce
+    out.grads = (p.g16 * 2 if compact else p.g16) if stage == 1 else 0.0
     out.step_grads = gip
     if stage == 2:
         # the model state the ZeRO paper counts (2Ψ/N): the partition the rank keeps from the first reduce to the step
@@ -211,9 +215,74 @@ def _gradient_partition(c: Context, out: States, p: _Partitions, stage: int) -> 
         out.layer_grads["whole_grad"] = round_alloc(round(_largest_layer_param(c) * half))
     if p.elements:
         # the fp64 norm of the largest piece, or the flat 16-bit partition and its fp32 cast, beside grads_in_partition
+        # (the fp32 flat partition is the step's gradient as it is: ``_get_preflattened_grad_partition``,
+        # stage_1_and_2.py:2904-2909, its ``.to(fp32)`` no copy)
         out.buffers["optimizer"]["grad_norm_or_flatten"] = max(
-            8 * largest_piece, (half + (4 if half != 4 else 0)) * p.elements
+            8 * largest_piece, 0 if compact else (half + (4 if half != 4 else 0)) * p.elements
         )
+    out.flushes = _bucket_flushes(c, stage, gip if compact else 0)
+
+
+def _compact(c: Context) -> bool:
+    """A plain 16-bit module under DeepSpeed's fp32 mode (no ``bf16`` / ``fp16`` in its config): the engine's gradient
+    accumulation dtype is fp32 (engine.py:1799-1810) while the module's is 16-bit, so stages 1/2 reduce into one fp32
+    flat partition per group (``_use_compact_grad_partition_buffer``, stage_1_and_2.py:1259-1266: ``zeros`` of the
+    partition's size, 1268-1301, made at the first bucket reduce by ``average_tensor``, 1674, kept to the step)."""
+    train = pieces(c.mine.held, trainable=True)
+    return not c.amp and bool(train) and train[0][2] == 2
+
+
+def _bucket_flushes(c: Context, stage: int, partition: float) -> list[tuple[int, dict[str, float]]]:
+    """Stages 1/2: each reduce of the gradient bucket (``reduce_ipg_grads``, stage_1_and_2.py:2205-2229, when the next
+    gradient would overflow ``reduce_bucket_size``, 1422-1424, and at the backward's end) with what it makes.
+
+    ``average_tensor`` (1590+) hands the bucket's slices to ``allreduce_and_scatter`` (1546-1588, one piece while under
+    ``reduce_bucket_size``), whose ``allreduce_bucket`` flattens them (2367, ``self.flatten``: a ``cat`` of the bucket's
+    elements in its dtype) and casts that to the communication dtype where it differs (2376-2377: fp32 outside the
+    engine's bf16 / fp16 modes, engine.py:1719-1730, while a stage-2 bucket is the module's 16-bit dtype,
+    stage_1_and_2.py:1253-1254); the fp32 flat partition of a plain 16-bit module (``partition``) is made just before.
+    Stage 1 reduces every bucket after the backward (``reduce_gradients``, 958-978, the parameters in the module's
+    order): the cat takes the place of the whole gradients it was copied from (their ``.grad`` now views the bucket,
+    1455-1461), so its moment holds what ``grads`` counts. Stage 2 reduces as the hooks fill it (``_zero3_flushes``'
+    order)."""
+    cfg = c.cfg
+    if not (cfg.contiguous_gradients and c.mine.trainable):
+        return []
+    compact = partition > 0
+    bucket_bytes = 4 if (stage == 1 and compact) else 2 if c.amp else _compact_or_stored(c)
+    comm = 2 if c.amp else 4
+    layers = c.layout.stage_layers or 1
+    placed = _placed_order(c)
+    if stage == 1:
+        order = [(numel, -1) for _, numel, _ in placed]
+    else:
+        order = [(numel, -1 if where < 0 else layers - 1 - min(where, layers - 1)) for _, numel, where in _hooks(c)]
+    flushes: dict[int, dict[str, float]] = {}
+    bucket = 0.0
+
+    def flush(at: int) -> None:
+        now: dict[str, float] = {"grads_in_partition": partition} if partition else {}
+        if stage == 2:
+            now["reduce_flat"] = round_alloc(round(bucket_bytes * bucket))
+        if comm != bucket_bytes:
+            now["reduce_cast"] = round_alloc(round(comm * bucket))
+        if sum(now.values()) > sum(flushes.get(at, {}).values()):
+            flushes[at] = now
+
+    for numel, at in order:
+        if bucket and bucket + numel > cfg.reduce_bucket_size:
+            flush(at)
+            bucket = 0.0
+        bucket += numel
+    if bucket:
+        flush(-1)
+    return sorted((k, v) for k, v in flushes.items() if v)
+
+
+def _compact_or_stored(c: Context) -> int:
+    """The bytes per element of the trainable parameters' gradients as the module holds them."""
+    train = pieces(c.mine.held, trainable=True)
+    return train[0][2] if train else c.compute_bytes
 
 
 def _flat_order(c: Context, trainable: bool = True) -> list[tuple[str, float]]:
@@ -408,6 +477,19 @@ def _backward_modules(
     return out
 
 
+def _hooks(c: Context) -> list[tuple[str, float, int]]:
+    """The trainable parameters as their gradients' hooks run (:func:`_placed_order`'s entries): the head's, the
+    layers' from the top, each layer's linears in reverse, then the embedding's."""
+    layers = c.layout.stage_layers or 1
+    placed = _placed_order(c)
+    head = [x for x in placed if x[2] >= layers][::-1]
+    # (a layer's backward makes its linears' gradients from the last one, its norms' after them: the MLP's before the
+    # post-attention norm's, attention's before the input norm's -- taken after all its linears' here)
+    body = [x for x in placed if 0 <= x[2] < layers][::-1]
+    body.sort(key=lambda x: (-x[2], x[0].startswith("norm")))
+    return head + body + [x for x in placed if x[2] < 0]
+
+
 def _zero3_flushes(c: Context) -> list[tuple[int, dict[str, float]]]:
     """ZeRO-3's bucket flushes in backward, each with the ``torch.cat`` it makes, by the layer whose backward it is in.
 
@@ -424,13 +506,6 @@ def _zero3_flushes(c: Context) -> list[tuple[int, dict[str, float]]]:
     cfg, g = c.cfg, max(c.group, 1)
     layers = c.layout.stage_layers or 1
     comm = 2 if c.amp else 4  # the engine's communication dtype: its 16-bit one in bf16 / fp16 mode, else fp32
-    placed = _placed_order(c)
-    head = [x for x in placed if x[2] >= layers][::-1]
-    # (a layer's backward makes its linears' gradients from the last one, its norms' after them: the MLP's before the
-    # post-attention norm's, attention's before the input norm's -- taken after all its linears' here)
-    body = [x for x in placed if 0 <= x[2] < layers][::-1]
-    body.sort(key=lambda x: (-x[2], x[0].startswith("norm")))
-    lead = [x for x in placed if x[2] < 0]
     flushes: dict[int, dict[str, float]] = {}
     bucket: list[float] = []
 
@@ -444,7 +519,7 @@ def _zero3_flushes(c: Context) -> list[tuple[int, dict[str, float]]]:
             flushes[at] = now
         bucket.clear()
 
-    for _, numel, where in head + body + lead:
+    for _, numel, where in _hooks(c):
         # where the flush happens: the top layer's moment for the head's (a bound), the end of backward for the
         # embedding's (its whole gradient beside it)
         at = -1 if where < 0 else layers - 1 - min(where, layers - 1)
