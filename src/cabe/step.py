@@ -263,17 +263,18 @@ def _layer_moments(
     # NOTE: ZeRO-2's below_top alone steps too (its layer below the top is not walked: ZeRO not traced here)
     steps = bool(p.extra_below_top and p.extra_above_bottom)
     per_run = any(r.buffers is not None for r in runs)  # (a sharded plan's units that differ by run)
+    last = len(down) - 1
     for i, r in enumerate(down):
         saved -= r.count * r.saved  # now what the runs below this one save
         copies -= r.count * r.copies
-        # DeepSpeed ZeRO-3's bucket flushes at their layers (StepParts.extra_flush), beside the walked ones
-        flushes = [(k - layers_above, f) for k, f in p.extra_flush if layers_above <= k < layers_above + r.count]
-        walked: list[tuple[int, dict[str, int] | None]] = [
-            (k, None) for k in _ends(r.count, i == 0, i == len(down) - 1, steps)
-        ]
-        for from_top, flush in (*walked, *flushes):
+        walked: list[tuple[int, dict[str, int] | None]] = [(k, None) for k in _ends(r.count, i == 0, i == last, steps)]
+        if p.extra_flush:  # DeepSpeed's bucket reduces at their layers (StepParts.extra_flush), beside the walked ones
+            walked += [(k - layers_above, f) for k, f in p.extra_flush if layers_above <= k < layers_above + r.count]
+        for from_top, flush in walked:
             remaining = r.count - from_top
-            where = _where(not (i or from_top), i == len(down) - 1 and from_top == r.count - 1, layers_above + from_top)
+            # (a path of one layer is its top and its bottom: _where names it the top)
+            top, bottom = not (i or from_top), i == last and from_top == r.count - 1
+            where = _where(top, bottom, layers_above + from_top)
             before = grads_above + r.grads * from_top  # the gradients of the layers above this one
             acts = saved + remaining * r.saved + r.recompute + p.rotary + p.frozen_inputs + p.embedding_saved
             acts += p.vision_saved
@@ -298,8 +299,6 @@ def _layer_moments(
                 # the recomputed forward's end, before this layer's first gradient: all it saves is back, and
                 # its last adapted module's transient (cabe.activations.adapters.note_lora_input)
                 moments_of_layer.insert(0, (".recompute", before, acts + r.recompute_transient, stray))
-            # (a path of one layer is its top and its bottom: _where names it the top)
-            top, bottom = not (i or from_top), i == len(down) - 1 and from_top == r.count - 1
             if per_run:  # this layer's unit; the unit above's reduce-scatter input, the one below's prefetch
                 here = r.buffers or p
                 above = here if from_top or not i else (down[i - 1].buffers or p)

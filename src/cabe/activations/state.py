@@ -70,10 +70,10 @@ class LayerState:
     def add_stream(self, name: str, nbytes: int, formula: str) -> None:
         """A term of the residual stream's width and length (a norm's input, output or statistics, a dropout mask on
         the stream): whole on every GPU under tensor parallelism (LayerActivations.stream_per_token)."""
-        at = len(self.terms)
-        self.add(name, nbytes, formula)
-        if len(self.terms) > at:
-            self.stream_at.append(at)
+        if nbytes and (self.live or self.owned):  # (add's test, inlined: a layer adds a dozen of these per estimate)
+            self.stream_at.append(len(self.terms))
+            self.terms.append(_term(Term, (name, nbytes, formula)))
+            self.saved += nbytes
 
     def add_owned(self, name: str, nbytes: int, formula: str) -> None:
         """A term kept whether or not the block is ``live`` (its caller decides: :func:`cabe.activations.moe._moe`)."""
