@@ -170,7 +170,7 @@ def _step_parts(
         carried_logits=tokens * head.carried,
         embedding_saved=tokens * embedding_lora_saved(spec, setup, dt),
         embedding_grad_input=(
-            tokens * dt.residual * spec.residual_width + _tp_embedding_grad(spec, setup, states)
+            tokens * dt.residual * spec.residual_width + _tp_embedding_grad(spec, setup, states, dt)
             if not spec.tie_word_embeddings and _grads_of(states, "embedding")
             else 0
         ),
@@ -404,7 +404,7 @@ def _temporaries_key(setup: TrainingSetup) -> str:
     return "low_rank" if optimizer_entry(setup.optimizer).low_rank else setup.resolved_optimizer_impl
 
 
-def _tp_embedding_grad(spec: ModelSpec, setup: TrainingSetup, states: Any) -> int:
+def _tp_embedding_grad(spec: ModelSpec, setup: TrainingSetup, states: Any, dt: Dtypes) -> int:
     """Tensor parallelism's vocabulary-sharded embedding, trained: DTensor has no backward that keeps its gradient
     sharded over the vocabulary (torch 2.13 distributed/tensor/_ops/_embedding_ops.py
     ``embedding_dense_backward_strategy``: Shard(1), or Partial), so each GPU makes the whole vocabulary's gradient
@@ -416,8 +416,10 @@ def _tp_embedding_grad(spec: ModelSpec, setup: TrainingSetup, states: Any) -> in
     if setup.tp == 1 or setup.shard == "none":
         # (TP alone: that whole gradient is the ``.grad`` itself, counted with the gradients: parallel.strategy)
         return 0
-    one = round_alloc(spec.embedding_count * states.bytes_of["embedding"])
-    return one + round_alloc(-(-spec.embedding_count // setup.tp) * states.bytes_of["embedding"])
+    # (in the gathered dtype under the engine's param_dtype: the unit's parameters are that dtype in its backward;
+    # traced: llama-3.1-8b fp32 weights, param_dtype bf16, FSDP2 over TP 2: a bf16 whole gradient and a bf16 half)
+    b = dt.gathered or states.bytes_of["embedding"]
+    return round_alloc(spec.embedding_count * b) + round_alloc(-(-spec.embedding_count // setup.tp) * b)
 
 
 def _tied_embedding_workspace(spec: ModelSpec, setup: TrainingSetup, states: Any) -> int:
