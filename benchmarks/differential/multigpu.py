@@ -168,13 +168,56 @@ def report(configs: list[tuple[str, dict[str, Any]]], seed: int, jobs: int, suff
     )
 
 
+def rescore(seed: int, cut: str | None) -> int:
+    """Each configuration of ``results-<seed>-multigpu.jsonl`` estimated again with today's analytic code against the
+    trace recorded then (valid while the trace's code is unchanged: say so when quoting it). Runs traced before
+    ``fsdp_wrap`` existed traced the per-layer + root cut: ``--cut layers``."""
+    import json
+
+    rows = [json.loads(line) for line in (single.RESULTS / f"results-{seed}-multigpu.jsonl").read_text().splitlines()]
+    errors = []
+    for r in rows:
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in r["setup"].items()}
+        if cut and kw.get("shard") in ("fsdp", "fsdp-hybrid"):
+            kw.setdefault("fsdp_wrap", cut)
+        if r.get("trace_bytes") is None:
+            print(f"{r['model']:24s} not traced then")
+            continue
+        try:
+            est = estimate_model(single.source(r["model"]).spec, TrainingSetup(**kw)).total_bytes
+        except CabeError as e:
+            print(f"{r['model']:24s} refused now: {e.code}")
+            continue
+        err = (est - r["trace_bytes"]) / r["trace_bytes"]
+        errors.append(abs(err))
+        then = r["relative_error"]
+        print(
+            f"{r['model']:24s} {100 * then:+7.2f}% -> {100 * err:+7.2f}%  {' '.join(f'{k}={v}' for k, v in kw.items())}"
+            if then is not None
+            else f"{r['model']:24s} {100 * err:+7.2f}%"
+        )
+    errors.sort()
+    within = sum(e <= 0.03 for e in errors)
+    print(
+        f"seed {seed} rescored: {len(errors)} configurations, {within} within 3%, median "
+        f"{100 * errors[len(errors) // 2]:.2f}%, max {100 * errors[-1]:.2f}%"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=100)
     ap.add_argument("--seed", type=int)
     ap.add_argument("--small", action="store_true", help="models up to 1.6B only")
     ap.add_argument("-j", "--jobs", type=int, default=1)
+    ap.add_argument("--rescore", type=int, metavar="SEED", help="re-estimate a run's recorded traces with today's code")
+    ap.add_argument(
+        "--cut", choices=("accelerate", "layers"), help="--rescore: the FSDP cut the run traced (default: as recorded)"
+    )
     args = ap.parse_args(argv)
+    if args.rescore is not None:
+        return rescore(args.rescore, args.cut)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     print(f"seed {seed}", flush=True)
     configs = draw(seed, args.n, small=args.small)
