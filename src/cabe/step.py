@@ -25,7 +25,7 @@ def timeline(p: StepParts) -> list[Moment]:
     run's beside the embedding's backward.
     """
     runs = p.layer_runs()
-    whole, p = p, _with(p, runs[-1]) if runs else p  # (``whole``: every run's pending units summed)
+    whole, p = p, _with(p, runs[-1]) if runs and runs[-1].buffers is not None else p  # (``whole``: every run's pending)
     base = {"weights": p.weights, "optimizer": p.optimizer}
     g_acc = p.grads if p.grads_in_forward else 0
     saved_all = sum(r.count * r.saved for r in runs)
@@ -267,7 +267,8 @@ def _layer_moments(
     for i, r in enumerate(down):
         saved -= r.count * r.saved  # now what the runs below this one save
         copies -= r.count * r.copies
-        walked: list[tuple[int, dict[str, int] | None]] = [(k, None) for k in _ends(r.count, i == 0, i == last, steps)]
+        ends = _ends(r.count, i == 0, i == last, steps) if steps else (0, r.count - 1)
+        walked: list[tuple[int, dict[str, int] | None]] = [(k, None) for k in ends]
         if p.extra_flush:  # DeepSpeed's bucket reduces at their layers (StepParts.extra_flush), beside the walked ones
             walked += [(k - layers_above, f) for k, f in p.extra_flush if layers_above <= k < layers_above + r.count]
         for from_top, flush in walked:

@@ -83,8 +83,8 @@ def layer_activations(
         output_grad_per_token=layer.output_grad,
         gathered_input_per_token=layer.gathered,
         mlp_gathered_per_token=layer.gathered_mlp,
-        stream_per_token=sum(layer.terms[i].bytes_per_token for i in layer.stream_at),
-        mlp_stream_per_token=sum(layer.terms[i].bytes_per_token for i in layer.stream_at if i >= layer.mlp_from),
+        stream_at=tuple(layer.stream_at),
+        mlp_from=layer.mlp_from,
     )
 
 

@@ -77,8 +77,16 @@ class LayerActivations:
     # the stream: LayerState.add_stream), and of that the MLP block's. Tensor parallelism without sequence parallelism
     # leaves them whole on every GPU, as it does the gathered inputs above; sequence parallelism splits them by
     # position (cabe.parallel.activations)
-    stream_per_token: int = 0
-    mlp_stream_per_token: int = 0
+    stream_at: tuple[int, ...] = ()  # (the indices of those terms: read under TP only, summed when read)
+    mlp_from: int = 0  # (the index of the MLP block's first term)
+
+    @property
+    def stream_per_token(self) -> int:
+        return sum(self.terms[i].bytes_per_token for i in self.stream_at)
+
+    @property
+    def mlp_stream_per_token(self) -> int:
+        return sum(self.terms[i].bytes_per_token for i in self.stream_at if i >= self.mlp_from)
 
     @property
     def indexer_moment_per_token(self) -> int:
