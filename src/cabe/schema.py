@@ -25,8 +25,8 @@ Over 600 lines on purpose (1,329 on 2026-12-07, session 40): this is the one tab
 field declared once). The table alone is 627 lines (``_MODEL`` to ``FIELDS``, lines 202-829) and :class:`Field` with
 its builders another 130, so the declarations by themselves are over 600 before anything reads them; splitting the
 table across modules would scatter the one place a field is declared. The seam that remains is the machinery after
-the table (what applies to a request and the defaults, ~280 lines; argparse and the markdown table, ~175), which
-could move to a module that imports this one: it would leave this one at ~760 lines, still over, so it stays here
+the table (what applies to a request and the defaults, ~300 lines; argparse and the markdown table, ~175), which
+could move to a module that imports this one: it would leave this one at ~850 lines, still over, so it stays here
 beside the table it reads.
 """
 
@@ -1007,12 +1007,7 @@ def _companions(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any
 
 def _tp_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     """``loss_parallel`` / ``sequence_parallel`` without tensor parallelism (``tp_only``): they cut what TP cuts."""
-    tp = values.get("tp") if _sent(values.get("tp")) else field("tp").default
-    try:
-        one = int(str(tp)) == 1
-    except ValueError:
-        return []  # a bad value TrainingSetup refuses with its own error
-    if not one:
+    if not _degree_one(values, "tp"):
         return []
     return [
         (name, "tp_only", {})
@@ -1023,13 +1018,18 @@ def _tp_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]
 
 def _cp_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     """``cp_impl`` without context parallelism (``cp_only``): it says how the cp group's attention communicates."""
-    cp = values.get("cp") if _sent(values.get("cp")) else field("cp").default
-    try:
-        one = int(str(cp)) == 1
-    except ValueError:
-        return []  # a bad value TrainingSetup refuses with its own error
     sent = _sent(values.get("cp_impl")) and not _is_default(field("cp_impl"), values.get("cp_impl"))
-    return [("cp_impl", "cp_only", {})] if one and sent else []
+    return [("cp_impl", "cp_only", {})] if sent and _degree_one(values, "cp") else []
+
+
+def _degree_one(values: Mapping[str, Any], name: str) -> bool:
+    """The parallel degree ``name`` (``tp``, ``cp``) is 1, as given or by default; a bad value is not (TrainingSetup
+    refuses it with its own error)."""
+    v = values.get(name) if _sent(values.get(name)) else field(name).default
+    try:
+        return int(str(v)) == 1
+    except ValueError:
+        return False
 
 
 def _fsdp_loading(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
