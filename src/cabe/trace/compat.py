@@ -37,7 +37,7 @@ WINDOW: dict[str, tuple[str, str]] = {
 TESTED: dict[str, tuple[str, ...]] = {
     "torch": ("2.13.0",),
     "transformers": ("5.25.0", "5.24.0", "4.57.6"),
-    "peft": ("0.21.2",),
+    "peft": ("0.22.0", "0.21.2"),
     "bitsandbytes": ("0.50.2",),
     "accelerate": ("1.16.0",),
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -213,10 +214,17 @@ def trace_environment(kind: str, setup: TrainingSetup, model_types: tuple[str, .
 
     bnb_opt: Any = None
     if needs_bitsandbytes(setup):
-        import bitsandbytes  # noqa: F401  (import before torch.cuda is patched)
+        import bitsandbytes  # (imported before torch.cuda is patched)
         import bitsandbytes.optim.optimizer as bnb_opt
     if needs_peft(setup):
         import peft  # noqa: F401
+
+        # PEFT 0.22 imports bitsandbytes lazily, inside get_peft_model, whenever it is installed
+        # (peft/tuners/lora/model.py _create_new_module: "avoid eager bnb import" -> lora/bnb.py); under the patched
+        # torch.cuda that import would load bitsandbytes' CUDA backend, which reads torch._C._cuda_getCurrentRawStream,
+        # absent from a CPU torch. PEFT 0.21 imported it with peft itself; import it here, before the patch, likewise.
+        if importlib.util.find_spec("bitsandbytes") is not None:
+            import bitsandbytes  # noqa: F401
 
     p = _Patch()
     try:
