@@ -6,23 +6,21 @@ The weights by format are in :mod:`cabe.weights`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-from cabe import api, linear_attention, ssm
+from cabe import api, ssm
 from cabe import gpus as gpu_catalog
 from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers)
 from cabe.architecture import ModelSpec
+from cabe.engines.vllm import BLOCK_SIZE, serving  # noqa: F401  (re-exported: callers import them from here)
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
-from cabe.kv_cache import attended, breakdown, kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes
-from cabe.training import number
+from cabe.kv_cache import breakdown, kv_cache_bytes, kv_dtype_bytes
 from cabe.vision.images import check_images
 from cabe.vision.serving import vision_forward_bytes
 from cabe.weights import weights_bytes
 
-BLOCK_SIZE = 16
 #: bytes of one Mamba-2 conv-state element when serving: the model's 16-bit dtype (transformers 5.24 cache_utils.py
 #: ``LinearAttentionLayer.lazy_initialization`` makes it in the conv input's dtype); the SSM state is fp32 (cabe.ssm)
 SSM_CONV_BYTES = 2
@@ -295,84 +293,7 @@ def fit_inference(est: Mapping[str, Any], card: Gpu) -> dict[str, Any]:
     }
 
 
-# ---- serving engine (vLLM semantics) ------------------------------------------------------------
-
-
-def serving(
-    spec: ModelSpec,
-    card: Gpu,
-    *,
-    weights: str = "auto",
-    kv_dtype: str = "fp16",
-    context: int = 4096,
-    gpu_memory_utilization: float = 0.9,
-    max_num_batched_tokens: int = 8192,
-    max_num_seqs: int = 256,
-    block_size: int = BLOCK_SIZE,
-    group_size: int = 128,
-) -> dict[str, Any]:
-    """vLLM: the engine may use ``gpu_memory_utilization`` × the card's memory; after the weights,
-    the activation peak of a profiling forward (``max_num_batched_tokens`` tokens, logits for
-    ``max_num_seqs`` sequences) and non-torch memory (CUDA context), the rest is the KV pool, cut
-    into blocks of ``block_size`` tokens. A sequence of L tokens takes ceil(L / block_size) blocks
-    in every full-attention layer and at most the window in sliding layers."""
-    util = number("gpu_memory_utilization", gpu_memory_utilization, minimum=0.0, maximum=1.0, strict=True)
-    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
-        raise InvalidValueError("out_of_range", "context", value=context, minimum=1, maximum=1 << 24)
-    w = weights_bytes(spec, weights, group_size)["total_bytes"]
-    act = forward_bytes(spec, max_num_batched_tokens) + logits_bytes(spec, max_num_seqs)
-    budget = util * card.memory_bytes
-    pool = int(budget - w - act - card.cuda_context_bytes)
-    per_layer = per_layer_token_bytes(spec, kv_dtype)
-
-    state = ssm.state_bytes_per_sequence(spec, SSM_CONV_BYTES)  # Mamba-2 layers: fixed per sequence
-
-    def seq_bytes(length: int) -> float:
-        if spec.compressed_attention:  # DeepSeek-V4's windows and compressed entries (cabe.compressed_attention)
-            return kv_cache_bytes(spec, length, 1, kv_dtype) + state
-        # the blocks of every attention group: a sliding group's layers hold at most its window
-        blocks = sum(
-            g.count * math.ceil(attended(g, length) / block_size) for g in spec.layer_groups if g.mixer == "attention"
-        )
-        # linear-attention layers keep a fixed state per sequence (cabe.linear_attention), no blocks
-        return block_size * per_layer * blocks + state + linear_attention.state_bytes(spec)
-
-    out: dict[str, Any] = {
-        "gpu": card.name,
-        "gpu_memory_utilization": util,
-        "budget_bytes": round(budget),
-        "weights_bytes": w,
-        "activation_profile_bytes": act,
-        "non_torch_bytes": card.cuda_context_bytes,
-        "kv_pool_bytes": max(pool, 0),
-        "block_size": block_size,
-        "block_bytes": block_size * per_layer * spec.attention_layers,
-        "context": context,
-        "kv_dtype": kv_dtype,
-        "weights_format": weights,
-    }
-    if pool <= 0:
-        out.update({"fits": False, "max_concurrent_sequences": 0, "max_context": 0, "total_blocks": 0})
-        return out
-    out["total_blocks"] = int(pool // out["block_bytes"]) if out["block_bytes"] else 0
-    out["bytes_per_sequence"] = round(seq_bytes(context))
-    out["max_concurrent_sequences"] = int(pool // seq_bytes(context))
-    # the longest single sequence: the pool's bytes are monotone in the length, bisect
-    lo, hi = 0, 1
-    cap = spec.max_positions or (1 << 24)
-    while hi <= cap and seq_bytes(hi) <= pool:
-        lo, hi = hi, hi * 2
-    hi = min(hi, cap + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if seq_bytes(mid) <= pool:
-            lo = mid
-        else:
-            hi = mid
-    out["max_context"] = lo
-    out["max_context_capped"] = lo >= cap
-    out["fits"] = out["max_concurrent_sequences"] >= 1
-    return out
+# ---- serving engines: vLLM's pool lives in cabe.engines.vllm (re-exported here as ``serving``) ---------
 
 
 # ---- solver: longest context, most concurrent sequences (no engine) -------------------------------
