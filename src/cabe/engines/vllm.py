@@ -227,7 +227,9 @@ def serving(
         "context": context,
         "kv_dtype": kv_dtype,
         "weights_format": weights,
-        "kv_cache_groups": [{"kind": k.kind, "layers": k.layers, "window": k.window, "page_bytes": k.page} for k in kinds],
+        "kv_cache_groups": [
+            {"kind": k.kind, "layers": k.layers, "window": k.window, "page_bytes": k.page} for k in kinds
+        ],
     }
     if spec.compressed_attention or not kinds:  # DeepSeek-V4: bytes per sequence (cabe.compressed_attention)
         return _by_bytes(out, spec, kv_dtype, pool, context)
@@ -238,7 +240,9 @@ def serving(
     out["num_groups"] = n_groups
     out["block_bytes"] = page * size  # one block of every layer of a group: the unit num_blocks counts
     if pool <= 0:
-        out.update({"fits": False, "max_concurrent_sequences": 0, "max_context": 0, "total_blocks": 0, "kv_cache_tokens": 0})
+        out.update(
+            {"fits": False, "max_concurrent_sequences": 0, "max_context": 0, "total_blocks": 0, "kv_cache_tokens": 0}
+        )
         return out
     num_blocks = pool // page // size
     per_request = blocks_per_request(kinds, context, max_num_batched_tokens)
