@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cabe import api, ssm
+from cabe import api, engines, ssm
 from cabe import gpus as gpu_catalog
 from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers)
 from cabe.architecture import ModelSpec
@@ -352,7 +352,7 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
         "image_size",
         "lang",
         "units",
-    )
+    ) + engines.FIELDS
     unknown = [k for k in body if k not in allowed]
     if unknown:
         raise InvalidValueError("unknown_field", unknown[0], allowed=", ".join(allowed))
@@ -360,6 +360,7 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
     if src is None:
         raise InvalidValueError("missing_model", "model")
     spec = src.spec
+    engine = engines.engine_of(body)
     keys = ("weights", "kv_dtype", "mode", "prefill_chunk", "group_size", "images", "image_size")
     kw = {k: body[k] for k in keys if body.get(k) is not None}
     context = body.get("context")
@@ -382,4 +383,12 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
             else body["gpu_memory_utilization"],
             **skw,
         )
+        out["engine"] = _engine(engine, spec, card, body, context, out)
     return out
+
+
+def _engine(engine: str, spec: ModelSpec, card: Gpu, body: Mapping[str, Any], context: int, out: dict) -> dict:
+    """``--engine``: transformers' ``generate`` (the solver's answers above) or a serving engine's accounting."""
+    if engine == "hf":
+        return {"engine": "hf", "max_context": out["max_context"], "max_concurrent_sequences": out["max_batch"]}
+    return engines.run(engine, spec, card, body, context=context, tp=body.get("tp") or 1)

@@ -127,6 +127,104 @@ def format_infer(out: dict, lang: str, units: str) -> str:
             )
         else:
             lines.append(t("infer.serving_none", lang, util=s["gpu_memory_utilization"]))
+    if out.get("engine", {}).get("engine", "hf") != "hf":
+        lines.append("")
+        lines.extend(engine_lines(out["engine"], lang, b))
     for note in out.get("notes", []):
         lines.append("· " + t("note." + note, lang))
     return "\n".join(lines)
+
+
+def engine_lines(e: dict, lang: str, b: Any) -> list[str]:
+    """``--engine vllm|sglang|llamacpp``: the engine's accounting (cabe.engines), in words."""
+    from cabe.i18n import fmt_number, t
+
+    name = e["engine"]
+    if name == "llamacpp":
+        return [
+            t(
+                "infer.engine.llamacpp",
+                lang,
+                weights=e["weights_format"],
+                bpw=fmt_number(e["bits_per_weight"], lang, 2),
+                ngl=e["n_gpu_layers"],
+                model=b(e["model_buffer_bytes"]),
+                kv=b(e["kv_buffer_bytes"] + e["recurrent_state_bytes"]),
+                cells=e["kv_cells"],
+                ctk=e["cache_type_k"],
+                ctv=e["cache_type_v"],
+                compute=b(e["compute_buffer_bytes"]),
+                ubatch=e["n_ubatch"],
+                need=b(e["needed_bytes"]),
+            ),
+            t(
+                "infer.engine.llamacpp_fit",
+                lang,
+                max_context=e["max_context"],
+                context=e["context"],
+                seqs=e["max_concurrent_sequences"],
+            ),
+        ]
+    if e["kv_pool_bytes"] <= 0:
+        return [t("infer.engine.none", lang, engine=name)]
+    lines = []
+    if name == "vllm":
+        lines.append(
+            t(
+                "infer.engine.vllm",
+                lang,
+                util=e["gpu_memory_utilization"],
+                budget=b(e["budget_bytes"]),
+                weights=b(e["weights_bytes"]),
+                profile=b(e["activation_profile_bytes"]),
+                tokens=e["max_num_batched_tokens"],
+                non_torch=b(e["non_torch_bytes"]),
+                pool=b(e["kv_pool_bytes"]),
+            )
+        )
+        if "num_groups" in e:
+            kinds = ", ".join(f"{k['layers']} {k['kind']}" for k in e["kv_cache_groups"])
+            lines.append(
+                t(
+                    "infer.engine.vllm_groups",
+                    lang,
+                    groups=e["num_groups"],
+                    size=e["group_size"],
+                    kinds=kinds,
+                    block=e["block_size"],
+                    blocks=e["total_blocks"],
+                    tokens=e["kv_cache_tokens"],
+                )
+            )
+        concurrency = fmt_number(round(e["max_concurrency"], 2), lang, 2)
+    else:
+        auto = t("infer.engine.sglang_auto", lang) if e["mem_fraction_static_auto"] else ""
+        lines.append(
+            t(
+                "infer.engine.sglang",
+                lang,
+                mfs=e["mem_fraction_static"],
+                auto=auto,
+                free=b(e["free_before_weights_bytes"]),
+                weights=b(e["weights_bytes"]),
+                pool=b(e["kv_pool_bytes"]),
+                tokens=e["max_total_num_tokens"],
+                cell=round(e["cell_bytes"]),
+            )
+        )
+        if "swa_max_total_num_tokens" in e:
+            lines.append(
+                t(
+                    "infer.engine.sglang_swa",
+                    lang,
+                    swa=e["swa_max_total_num_tokens"],
+                    full=e["full_max_total_num_tokens"],
+                )
+            )
+        concurrency = str(e["max_concurrent_sequences"])
+    lines.append(
+        t("infer.engine.concurrency", lang, context=e["context"], concurrency=concurrency, max_context=e["max_context"])
+    )
+    if e.get("tp", 1) > 1:
+        lines.append(t("infer.engine.tp", lang, tp=e["tp"]))
+    return lines
