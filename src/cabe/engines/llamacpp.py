@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from cabe import linear_attention
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
@@ -189,8 +188,9 @@ def kv_bytes(
             kv += take * c * per_cell
         elif g.mixer == "mamba2" and spec.mamba2:
             state += take * n_seq * (spec.mamba2.conv_state_elements + spec.mamba2.ssm_state_elements) * F32
-        elif g.mixer == "gated_deltanet":
-            state += take * n_seq * linear_attention.state_bytes(spec) / max(1, linear_attention.linear_layers(spec))
+        elif g.mixer == "gated_deltanet" and spec.gated_deltanet:
+            dn = spec.gated_deltanet
+            state += take * n_seq * (dn.conv_state_elements + dn.recurrent_state_elements) * F32
     return {"cells": cells, "kv": kv, "recurrent": state}
 
 

@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from cabe import linear_attention, ssm
+from cabe import linear_attention
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
@@ -51,8 +51,8 @@ GROUP_BALANCE = 1.25
 #: the attention kernels' block alignment a hybrid model's attention block size is rounded up to
 #: (``HybridAttentionMambaModelConfig``: ``kernel_block_alignment_size = 16`` for FlashAttention)
 HYBRID_BLOCK_ALIGNMENT = 16
-#: bytes of one Mamba-2 conv-state element: the model's 16-bit dtype (SSM state fp32: cabe.ssm)
-SSM_CONV_BYTES = 2
+#: bytes of one Mamba / linear-attention state element in vLLM: the model's 16-bit dtype (``_state_per_layer``)
+STATE_BYTES = 2
 #: vllm/model_executor/layers/fused_moe/fused_moe.py ``fused_experts_impl``: tokens are processed in chunks of
 #: ``VLLM_FUSED_MOE_CHUNK_SIZE`` (default 32768, vllm/envs.py)
 FUSED_MOE_CHUNK = 32768
@@ -108,10 +108,15 @@ def kv_kinds(spec: ModelSpec, kv_dtype: str, block_size: int, tp: int = 1) -> li
 
 
 def _state_per_layer(spec: ModelSpec) -> int:
-    n_m = sum(g.count for g in spec.layer_groups if g.mixer == "mamba2")
-    n_l = linear_attention.linear_layers(spec)
-    per = [ssm.state_bytes_per_sequence(spec, SSM_CONV_BYTES) // n_m] if n_m else []
-    per += [linear_attention.state_bytes(spec) // n_l] if n_l else []
+    """One sequence's conv + SSM (recurrent) state in one Mamba-2 / gated DeltaNet layer, both in the model's
+    16-bit dtype: vllm/model_executor/layers/mamba/mamba_utils.py ``MambaStateDtypeCalculator`` with
+    ``mamba_ssm_cache_dtype`` "auto" (the default) takes the model dtype for the conv and the SSM state."""
+    per = []
+    if spec.mamba2 and any(g.mixer == "mamba2" for g in spec.layer_groups):
+        per.append((spec.mamba2.conv_state_elements + spec.mamba2.ssm_state_elements) * STATE_BYTES)
+    dn = spec.gated_deltanet
+    if dn and linear_attention.linear_layers(spec):
+        per.append((dn.conv_state_elements + dn.recurrent_state_elements) * STATE_BYTES)
     return max(per) if per else 0
 
 
