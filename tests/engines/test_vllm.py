@@ -106,3 +106,18 @@ def test_no_room_says_so():
 def test_bad_knobs(kw):
     with pytest.raises(InvalidValueError):
         vllm.serving(L3, H100, **kw)
+
+
+def test_vllm_serve_batch_defaults_by_card():
+    # EngineArgs.get_batch_defaults, OPENAI_API_SERVER: ≥ 70 GiB and not an A100 -> 8192 tokens, 1024 sequences
+    assert vllm.batch_defaults(H100) == (8192, 1024)
+    assert vllm.batch_defaults(gpus.gpu("a100-80gb")) == (2048, 256)
+    assert vllm.batch_defaults(gpus.gpu("rtx-4090")) == (2048, 256)
+    s = vllm.serving(L3, gpus.gpu("a100-80gb"))
+    assert (s["max_num_batched_tokens"], s["max_num_seqs"]) == (2048, 256)
+
+
+def test_sampler_logits_are_whole_on_every_rank():
+    # LogitsProcessor gathers the vocabulary before sampling: the sampler term does not shrink with tp
+    one, two = vllm.profile_bytes(L3, 8192, 1024), vllm.profile_bytes(L3, 8192, 1024, tp=2)
+    assert one["sampler"] == two["sampler"] and two["forward"] < one["forward"]

@@ -170,28 +170,29 @@ def kv_bytes(
     swa_full: bool = False,
     layers: int | None = None,
 ) -> dict[str, float]:
-    """The KV cache of ``n_ctx`` cells (and the recurrent states of ``n_seq`` sequences) over the first ``layers``."""
+    """The KV cache of ``n_ctx`` cells (and the recurrent states of ``n_seq`` sequences) over the first ``layers``:
+    ``kv_full`` the layers that keep every cell, ``kv_swa`` the sliding-window ones, ``kv`` both."""
     for name, t in (("cache_type_k", type_k), ("cache_type_v", type_v)):
         if t not in KV_TYPES:
             raise InvalidValueError("bad_choice", name, value=t, allowed=", ".join(KV_TYPES))
     cells = -(-n_ctx // KV_PAD) * KV_PAD
     per_cell = type_bytes(type_k, spec.kv_dim) + type_bytes(type_v, spec.kv_dim)
     left = spec.num_layers if layers is None else layers
-    kv = state = 0.0
+    kv = swa = state = 0.0
     for g in spec.layer_groups:
         take = min(g.count, left)
         left -= take
         if g.mixer == "attention":
-            c = cells
             if g.attention in ("sliding", "chunked") and g.window and not swa_full:
-                c = min(cells, -(-(g.window * n_seq + n_ubatch) // KV_PAD) * KV_PAD)
-            kv += take * c * per_cell
+                swa += take * min(cells, -(-(g.window * n_seq + n_ubatch) // KV_PAD) * KV_PAD) * per_cell
+            else:
+                kv += take * cells * per_cell
         elif g.mixer == "mamba2" and spec.mamba2:
             state += take * n_seq * (spec.mamba2.conv_state_elements + spec.mamba2.ssm_state_elements) * F32
         elif g.mixer == "gated_deltanet" and spec.gated_deltanet:
             dn = spec.gated_deltanet
             state += take * n_seq * (dn.conv_state_elements + dn.recurrent_state_elements) * F32
-    return {"cells": cells, "kv": kv, "recurrent": state}
+    return {"cells": cells, "kv": kv + swa, "kv_full": kv, "kv_swa": swa, "recurrent": state}
 
 
 def compute_bytes(spec: ModelSpec, n_ctx: int, n_ubatch: int, flash_attn: bool = True) -> int:
@@ -270,6 +271,8 @@ def serving(
         "cache_type_k": cache_type_k,
         "cache_type_v": cache_type_v,
         "kv_buffer_bytes": round(now["kv"]),
+        "kv_buffer_full_bytes": round(now["kv_full"]),  # llama-server prints the two caches of an iSWA model apart
+        "kv_buffer_swa_bytes": round(now["kv_swa"]),
         "recurrent_state_bytes": round(now["recurrent"]),
         "n_batch": n_batch,
         "n_ubatch": ubatch,

@@ -173,8 +173,18 @@ def profile_bytes(spec: ModelSpec, tokens: int, requests: int, tp: int = 1) -> d
             mm = spec.mamba2
             mixer = tokens * a * (mm.in_proj_width + mm.conv_dim + 2 * mm.d_inner) // tp
         layer = max(layer, tokens * a * 2 * h + max(mixer, mlp))
-    sampler = tokens * a * h + requests * a * h + requests * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT // tp
+    # the logits are gathered whole on every rank before sampling (``LogitsProcessor._gather_logits``): not ÷ tp
+    sampler = tokens * a * h + requests * a * h + requests * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
     return {"forward": layer, "sampler": sampler, "peak": max(layer, sampler)}
+
+
+def batch_defaults(card: Gpu) -> tuple[int, int]:
+    """``vllm serve``'s ``max_num_batched_tokens`` and ``max_num_seqs`` for ``card``
+    (vllm/engine/arg_utils.py ``EngineArgs.get_batch_defaults``, ``UsageContext.OPENAI_API_SERVER``): 8192 and 1024
+    on a card of 70 GiB or more that is not an A100, else 2048 and 256."""
+    if card.memory_bytes >= 70 * (1 << 30) and "a100" not in card.name:
+        return 8192, 1024
+    return 2048, 256
 
 
 def serving(
@@ -185,18 +195,27 @@ def serving(
     kv_dtype: str = "fp16",
     context: int = 4096,
     gpu_memory_utilization: float = 0.9,
-    max_num_batched_tokens: int = 8192,
-    max_num_seqs: int = 256,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
     block_size: int = BLOCK_SIZE,
     group_size: int = 128,
     tp: int = 1,
 ) -> dict[str, Any]:
-    """vLLM's KV pool on ``card``: budget, profile, KV cache groups, blocks, tokens and concurrency at ``context``.
+    """vLLM's KV pool on ``card``: budget, profile, KV cache groups, blocks, tokens and concurrency at ``context``
+    (``max_num_batched_tokens`` / ``max_num_seqs`` not given: ``vllm serve``'s defaults for the card).
+
+    Non-torch memory is taken as the card's CUDA context (``Gpu.cuda_context_bytes``): vLLM 0.6 took its baseline
+    before the context existed, so the context was in ``non_torch_increase`` (1.79 GiB with it in PR #10511's log);
+    since the snapshot moved after ``init_device`` the context is outside the budget and the increase is the cuBLAS
+    workspace, attention backends' buffers and, with TP, NCCL's.
 
     ``tp`` > 1: one rank's share of a tensor-parallel replica (weights ÷ tp, KV heads ÷ tp or replicated), without
     the communication buffers (NCCL, custom all-reduce) that tensor-parallel serving adds to the non-torch memory.
     """
     util = number("gpu_memory_utilization", gpu_memory_utilization, minimum=0.0, maximum=1.0, strict=True)
+    tokens_default, seqs_default = batch_defaults(card)
+    max_num_batched_tokens = tokens_default if max_num_batched_tokens is None else max_num_batched_tokens
+    max_num_seqs = seqs_default if max_num_seqs is None else max_num_seqs
     for name, v in (
         ("context", context),
         ("max_num_batched_tokens", max_num_batched_tokens),

@@ -1,0 +1,169 @@
+"""cabe's serving engines against the startup figures the engines printed (``serving.csv``), a peer beside them.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/published/serving_compare.py    # prints the table, writes serving.md
+
+Each row of ``serving.csv`` is one figure of one run: the engine, the model (``cabe_model``: the preset with its
+shapes), the card, the tensor-parallel degree, the settings the run states (``key=value;...``, passed to the engine
+module: cabe.engines.vllm / sglang / llamacpp) and the metric. cabe's figure is the engine module's at those settings,
+on the card of cabe's catalog. For the vLLM token count and SGLang's pool, cabe is also shown *given the measured
+pool*, which isolates the allocator (groups, pages, blocks) from the budget's other terms.
+
+The peer: cabe before issue 31 (``serving()`` in cabe.inference up to this branch: one vLLM-style pool, the profile
+run as transformers' forward and 6 bytes per logit), reconstructed below for the vLLM rows; no estimator we know of
+models SGLang's or llama.cpp's startup accounting, so those rows have none.
+
+Rows whose status is "waiting on TP serving" run at ``tp`` > 1: cabe's engine modules take a rank's share of the
+weights and of the KV heads, but the communication buffers of tensor-parallel serving are another helper's work
+(``cabe infer --tp``); they are shown, not scored.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from cabe import gpus
+from cabe.engines import llamacpp, sglang, vllm
+from cabe.inference import forward_bytes, logits_bytes
+from cabe.models import preset
+from cabe.weights import weights_bytes
+
+HERE = Path(__file__).parent
+CSV = HERE / "serving.csv"
+OUT = HERE / "serving.md"
+GIB, MIB = 1 << 30, 1 << 20
+UNIT = {"GiB": GIB, "MiB": MIB, "GB": 1e9, "tokens": 1}
+
+
+def settings(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part in filter(None, text.split(";")):
+        k, v = part.split("=", 1)
+        out[k] = float(v) if "." in v and v.replace(".", "").isdigit() else int(v) if v.isdigit() else v
+    return out
+
+
+def before(spec: Any, card: Any, kw: dict[str, Any], tp: int) -> dict[str, float]:
+    """cabe's ``serving()`` before this branch (one pool; the HF forward at 8192 tokens + 6 B logits of 256 rows)."""
+    w = weights_bytes(spec, kw.get("weights", "auto"), 128)["total_bytes"] / tp
+    act = forward_bytes(spec, 8192) + logits_bytes(spec, 256)
+    pool = kw.get("gpu_memory_utilization", 0.9) * card.memory_bytes - w - act - card.cuda_context_bytes
+    per_token = 2 * max(1, spec.num_kv_heads // tp) * spec.head_dim * 2 * spec.attention_layers
+    return {
+        "weights": w,
+        "activation_peak": act,
+        "non_torch": card.cuda_context_bytes,
+        "kv_cache": pool,
+        "kv_cache_tokens": pool // (16 * per_token) * 16,
+    }
+
+
+def cabe_figure(row: dict[str, str]) -> tuple[float | None, float | None, float | None, str]:
+    """(cabe, cabe given the measured pool, peer, how) in the row's unit."""
+    spec = preset(row["cabe_model"]).spec
+    card = gpus.gpu(row["cabe_gpu"])
+    tp = int(row["tp"])
+    kw = settings(row["settings"])
+    metric, unit = row["metric"], UNIT[row["unit"]]
+    given = peer = None
+    if row["engine"] == "vllm":
+        s = vllm.serving(spec, card, tp=tp, **kw)
+        figure = {
+            "weights": s["weights_bytes"],
+            "non_torch": s["non_torch_bytes"],
+            "activation_peak": s["activation_profile_bytes"],
+            "kv_cache": s["kv_pool_bytes"],
+            "kv_cache_tokens": s.get("kv_cache_tokens", 0),
+        }[metric]
+        peer = before(spec, card, kw, tp)[metric]
+        if metric == "kv_cache_tokens":  # the allocator alone: the measured pool (the row's sibling) in blocks
+            pool = _sibling(row, "kv_cache") * GIB
+            kinds = vllm.kv_kinds(spec, kw.get("kv_dtype", "fp16"), 16, tp)
+            size, page = vllm.group_size(kinds), max(k.page for k in kinds)
+            given = int(pool // page // size) // len(vllm.groups(kinds)) * 16
+        how = f"vllm.serving(tp={tp}, {row['settings']})"
+    elif row["engine"] == "sglang":
+        s = sglang.serving(spec, card, tp=tp, **kw)
+        figure = {"kv_cache_tokens": s["max_total_num_tokens"], "k_size": s["k_size_gib"] * GIB}[metric]
+        if metric == "kv_cache_tokens":  # the measured K + V bytes in cells
+            given = int(2 * _sibling(row, "k_size") * GIB // s["cell_bytes"])
+        how = f"sglang.serving(tp={tp}, {row['settings']})"
+    else:
+        n_ctx = kw.pop("n_ctx", 4096)
+        s = llamacpp.serving(spec, card, context=n_ctx, **kw)
+        figure = {
+            "model_buffer": s["model_buffer_bytes"],
+            "compute_buffer": s["compute_buffer_bytes"],
+            "kv_buffer_full": s["kv_buffer_full_bytes"],
+            "kv_buffer_swa": s["kv_buffer_swa_bytes"],
+            "file_size": s["file_bytes"],
+        }[metric]
+        how = f"llamacpp.serving(n_ctx={n_ctx}, {row['settings']})"
+
+    def conv(x: float | None) -> float | None:
+        return None if x is None else x / unit
+
+    return conv(figure), conv(given) if metric != "kv_cache_tokens" else given, conv(peer), how
+
+
+def _sibling(row: dict[str, str], metric: str) -> float:
+    prefix = row["id"].rsplit("-", 1)[0]
+    for r in ROWS:
+        if r["id"].startswith(prefix) and r["metric"] == metric:
+            return float(r["measured"])
+    raise KeyError(metric)
+
+
+def err(x: float | None, measured: float) -> str:
+    return "—" if x is None else f"{100 * (x - measured) / measured:+.1f}%"
+
+
+def fmt(x: float | None, unit: str) -> str:
+    if x is None:
+        return "—"
+    return f"{x:,.0f}" if unit == "tokens" or x >= 1000 else f"{x:.2f}"
+
+
+ROWS: list[dict[str, str]] = []
+
+
+def main() -> int:
+    ROWS.extend(csv.DictReader(CSV.open()))
+    lines = [
+        "# Serving engines: cabe against the engines' startup logs",
+        "",
+        "Generated by `PYTHONPATH=src .venv/bin/python benchmarks/published/serving_compare.py` from `serving.csv`"
+        " (sources per row there). *given pool*: cabe's allocator fed the measured pool. *peer*: cabe before"
+        " issue 31 (one vLLM-style pool, transformers' forward as the profile).",
+        "",
+        "| row | engine | metric | measured | cabe | error | cabe given pool | error | peer | error | status |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    scored: list[float] = []
+    for row in ROWS:
+        measured = float(row["measured"])
+        figure, given, peer, _how = cabe_figure(row)
+        if row["status"] == "compared" and figure is not None:
+            scored.append(abs(figure - measured) / measured)
+        lines.append(
+            f"| {row['id']} | {row['engine']} {row['engine_version']} | {row['metric']} ({row['unit']}) | "
+            f"{fmt(measured, row['unit'])} | {fmt(figure, row['unit'])} | {err(figure, measured)} | "
+            f"{fmt(given, row['unit'])} | {err(given, measured)} | {fmt(peer, row['unit'])} | {err(peer, measured)} | "
+            f"{row['status']} |"
+        )
+    lines += [
+        "",
+        f"Scored rows (status `compared`): {len(scored)}; median |error| {100 * statistics.median(scored):.1f}%, "
+        f"largest {100 * max(scored):.1f}%.",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    OUT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
