@@ -129,6 +129,31 @@ def fmt(x: float | None, unit: str) -> str:
 
 ROWS: list[dict[str, str]] = []
 
+NOTES = """## Why the misses
+
+* **vLLM 0.6 non-torch (−69%)**: 0.6 took its baseline before the CUDA context existed, so its 1.79 GiB holds the
+  context, cuBLAS's workspace and the rest of the process; cabe counts the catalog's CUDA context (0.56 GiB). Since
+  the snapshot moved after ``Worker.init_device`` (v1) the context is outside the budget, which this figure is for.
+* **vLLM 0.6 activation (−38%, and −39% at TP 2)**: the same 1.26 GiB at TP 1 and TP 2 says the peak is the sampler,
+  whose logits are gathered whole on every rank (cabe reproduces the shape: 0.78 GiB at TP 1 is the MLP, 0.77 GiB at
+  TP 2 the sampler). 0.6's v0 sampler held about 39 B per (row, vocabulary entry) at 256 × 128,256 (its
+  ``_apply_top_k_top_p`` keeps the float32 logits, the sort's values and int64 indices, the softmax and its cumsum,
+  the mask, the inverse index and the gathered logits); the v1 sampler cabe models holds 23 B.
+* **vLLM 0.6 KV pool (+3.1%)**: the two above, 1.23 + 0.48 GiB. The before-issue-31 peer reads +2.8% on this row by
+  its 6 B logits on top of transformers' forward, not by a better mechanism.
+* **Qwen3-235B-FP8, TP 4 (vLLM +51%, SGLang +9.8%)**: per-rank weights are right (FP8 235 B / 4); what is not counted
+  is tensor-parallel serving's communication buffers (NCCL, custom all-reduce; another helper adds ``--tp``) and, for
+  the vLLM run, the LMCache connector's buffers. The allocators alone agree: vLLM's 8.11 GiB in pages of 16 tokens ×
+  94 layers × 8,192 B give 180,928 tokens against the 178,880 logged (+1.1%; 8.11 is rounded to 10 MiB), SGLang's
+  2 × 8.23 GiB in cells of 48,128 B give 367,224 tokens against 367,404 (−0.05%).
+* **llama.cpp gemma3:4b compute buffer (+155%)**: open. cabe's figure is the worst-case graph at n_ubatch 512 with
+  every token an output (llama-context.cpp ``graph_reserve(n_tokens, n_seqs, n_tokens)``): the float32 logits alone
+  are 262,208 × 512 × 4 B = 512 MiB, more than the 203 MiB logged, so that run reserved a smaller ubatch or fewer
+  outputs than llama-server's defaults (ollama launches it; its flags are not in the thread). The same formula gives
+  the 300.75 MiB llama.cpp prints for Qwen models of hidden size 2048 (151,936 + 2,048 floats × 512 tokens × 4 B).
+  The KV buffers (both caches exact) and the model buffer (+0.1%) of the same run are right.
+"""
+
 
 def main() -> int:
     ROWS.extend(csv.DictReader(CSV.open()))
@@ -159,6 +184,7 @@ def main() -> int:
         f"Scored rows (status `compared`): {len(scored)}; median |error| {100 * statistics.median(scored):.1f}%, "
         f"largest {100 * max(scored):.1f}%.",
     ]
+    lines += ["", NOTES]
     text = "\n".join(lines) + "\n"
     print(text)
     OUT.write_text(text)
