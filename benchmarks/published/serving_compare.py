@@ -144,7 +144,8 @@ NOTES = """## Why the misses
 * **Qwen3-235B-FP8, TP 4 (vLLM +51%, SGLang +9.8%)**: per-rank weights are right (FP8 235 B / 4); what is not counted
   is tensor-parallel serving's communication buffers (NCCL, custom all-reduce; another helper adds ``--tp``) and, for
   the vLLM run, the LMCache connector's buffers. The allocators alone agree: vLLM's 8.11 GiB in pages of 16 tokens ×
-  94 layers × 8,192 B give 180,928 tokens against the 178,880 logged (+1.1%; 8.11 is rounded to 10 MiB), SGLang's
+  94 layers × 8,192 B give 180,928 tokens against the 178,880 logged (+1.1%, more than the ±5 MiB rounding of 8.11 explains: 128 blocks
+  fewer than that pool holds), SGLang's
   2 × 8.23 GiB in cells of 48,128 B give 367,224 tokens against 367,404 (−0.05%).
 * **llama.cpp gemma3:4b compute buffer (+155%)**: open. cabe's figure is the worst-case graph at n_ubatch 512 with
   every token an output (llama-context.cpp ``graph_reserve(n_tokens, n_seqs, n_tokens)``): the float32 logits alone
