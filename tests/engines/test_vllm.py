@@ -121,3 +121,16 @@ def test_sampler_logits_are_whole_on_every_rank():
     # LogitsProcessor gathers the vocabulary before sampling: the sampler term does not shrink with tp
     one, two = vllm.profile_bytes(L3, 8192, 1024), vllm.profile_bytes(L3, 8192, 1024, tp=2)
     assert one["sampler"] == two["sampler"] and two["forward"] < one["forward"]
+
+
+def test_multimodal_profile_runs_the_encoder_on_its_budget():
+    # Qwen2.5-VL: max_pixels 28 × 28 × 1280 -> 5,120 patches of 14 px, 1,280 tokens per image (merge 2 × 2);
+    # encoder_compute_budget = max(8192, 1280) = 8192 -> 8192 // 1280 = 6 dummy images
+    vl = preset("qwen2.5-vl-7b-instruct").spec
+    e = vllm.encoder_profile(vl, 8192)
+    assert e["encoder_items"] == 6 and e["encoder_outputs"] == 6 * 1280 * vl.hidden_size * 2
+    # Gemma 3's SigLIP: every image 896 px square, 256 soft tokens: 8192 // 256 = 32 images
+    assert vllm.encoder_profile(preset("gemma-3-27b-it").spec, 8192)["encoder_items"] == 32
+    p = vllm.profile_bytes(vl, 8192, 256)
+    assert p["peak"] >= p["encoder"] and p["forward"] > vllm.profile_bytes(vl, 8192, 256)["encoder_outputs"]
+    assert vllm.encoder_profile(L3, 8192) == {}

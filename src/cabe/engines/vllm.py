@@ -43,6 +43,7 @@ from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
 from cabe.kv_cache import kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes
 from cabe.training import number
+from cabe.vision.serving import vision_forward_bytes
 from cabe.weights import weights_bytes
 
 BLOCK_SIZE = 16
@@ -175,7 +176,37 @@ def profile_bytes(spec: ModelSpec, tokens: int, requests: int, tp: int = 1) -> d
         layer = max(layer, tokens * a * 2 * h + max(mixer, mlp))
     # the logits are gathered whole on every rank before sampling (``LogitsProcessor._gather_logits``): not ÷ tp
     sampler = tokens * a * h + requests * a * h + requests * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
-    return {"forward": layer, "sampler": sampler, "peak": max(layer, sampler)}
+    out = {"forward": layer, "sampler": sampler}
+    mm = encoder_profile(spec, tokens)
+    if mm:  # the encoder's outputs stay in the encoder cache through the decoder's dummy run
+        out.update(mm)
+        out["forward"] += mm["encoder_outputs"]
+        out["sampler"] += mm["encoder_outputs"]
+    out["peak"] = max(out["forward"], out["sampler"], out.get("encoder", 0))
+    return out
+
+
+def encoder_profile(spec: ModelSpec, tokens: int) -> dict[str, int]:
+    """A multimodal model's encoder in ``profile_run`` (vllm/v1/worker/gpu_model_runner.py): a dummy batch of the
+    modality with the most tokens per item, ``max(1, encoder_compute_budget // max_tokens_per_item)`` images of the
+    largest size the processor keeps (``encoder_compute_budget = max(max_num_batched_tokens, max_tokens_per_item)``,
+    vllm/v1/core/encoder_cache_manager.py ``compute_encoder_budget``), run through the tower; its outputs are cached
+    (``self.encoder_cache``) while the decoder's dummy run follows. Empty without a vision tower."""
+    tower = spec.vision
+    if tower is None:
+        return {}
+    if tower.kind == "siglip":  # every image resized to the square: tokens_per_image soft tokens
+        patches = (tower.image_size // tower.patch_size) ** 2
+        per_item = tower.tokens_per_image
+    else:  # Qwen's smart_resize keeps at most max_pixels: that many pixels in patches, merge_size² per token
+        patches = tower.max_pixels // tower.patch_size**2
+        per_item = patches // tower.merge_size**2
+    items = max(1, max(tokens, per_item) // per_item)
+    return {
+        "encoder_items": items,
+        "encoder": vision_forward_bytes(tower, items * patches),
+        "encoder_outputs": items * per_item * spec.hidden_size * 2,
+    }
 
 
 def batch_defaults(card: Gpu) -> tuple[int, int]:
