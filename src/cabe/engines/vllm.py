@@ -177,11 +177,11 @@ def profile_bytes(spec: ModelSpec, tokens: int, requests: int, tp: int = 1) -> d
     # the logits are gathered whole on every rank before sampling (``LogitsProcessor._gather_logits``): not ÷ tp
     sampler = tokens * a * h + requests * a * h + requests * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
     out = {"forward": layer, "sampler": sampler}
-    mm = encoder_profile(spec, tokens)
-    if mm:  # the encoder's outputs stay in the encoder cache through the decoder's dummy run
-        out.update(mm)
-        out["forward"] += mm["encoder_outputs"]
-        out["sampler"] += mm["encoder_outputs"]
+    enc = encoder_profile(spec, tokens)
+    if enc:  # the encoder's outputs stay in the encoder cache through the decoder's dummy run
+        out.update(enc)
+        out["forward"] += enc["encoder_outputs"]
+        out["sampler"] += enc["encoder_outputs"]
     out["peak"] = max(out["forward"], out["sampler"], out.get("encoder", 0))
     return out
 
