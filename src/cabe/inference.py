@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from cabe import api, linear_attention, ssm
+from cabe import api, infer_parallel, linear_attention, ssm
 from cabe import gpus as gpu_catalog
 from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers)
 from cabe.architecture import ModelSpec
@@ -429,6 +429,7 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
         "gpu_memory_utilization",
         "images",
         "image_size",
+        *infer_parallel.FIELDS,
         "lang",
         "units",
     )
@@ -461,4 +462,6 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
             else body["gpu_memory_utilization"],
             **skw,
         )
-    return out
+    # several GPUs per replica, speed bounds on the card, the context limit with rope scaling (cabe.infer_parallel)
+    card_or_none = gpu_catalog.gpu(str(body["gpu"])) if body.get("gpu") else None
+    return infer_parallel.extend(out, body, spec, src.config, card_or_none)

@@ -212,6 +212,21 @@ def weights_per_rank(spec: ModelSpec, lay: Layout, stage: int, fmt: str = "auto"
     }
 
 
+def expert_bytes_per_rank(spec: ModelSpec, lay: Layout, stage: int, fmt: str = "auto", group_size: int = 128) -> int:
+    """The routed experts' bytes on one GPU of ``stage`` (part of :func:`weights_per_rank`'s layer bytes)."""
+    f = _format(spec, fmt)
+    per_layer = sum(
+        run.count
+        * sum(
+            _linear_bytes(lin, f, group_size) * _linear_share(lin, spec, lay)
+            for lin in run.linears
+            if lin.role == "expert"
+        )
+        for run in spec.runs
+    )
+    return round(per_layer * lay.partition[stage] / spec.num_layers)
+
+
 def kv_share(spec: ModelSpec, tp: int) -> float:
     """The share of an attention layer's cache one tp rank keeps: its KV heads, or all of a latent (MLA, DeepSeek-V4's
     compressed single-head cache)."""

@@ -13,7 +13,8 @@ COMMAND = "infer"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    schema.add_arguments(p, COMMAND, groups=("model", "serving"))
+    schema.add_arguments(p, COMMAND, groups=("model", "gpus", "serving"))
+    options.flag(p, "--explain", key="explain", action="store_true")
     options.output(p, COMMAND)
 
 
@@ -36,6 +37,10 @@ def gather(args: argparse.Namespace) -> dict[str, Any]:
 def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str) -> str:
     if args.json:
         return jsonio.dumps(out, indent=2, default=str)
+    if getattr(args, "explain", False):
+        from cabe.infer_parallel import format_explain
+
+        return format_infer(out, lang, units) + "\n" + format_explain(out, lang)
     return format_infer(out, lang, units)
 
 
@@ -95,7 +100,7 @@ def format_infer(out: dict, lang: str, units: str) -> str:
         lines.append(
             t("infer.indexer", lang, s=p["s"], t=p["t"], heads=p["heads"], topk=p["topk"], bytes=b(indexer["bytes"]))
         )
-    if "fit" in out:
+    if "fit" in out and "parallel" not in out:  # several GPUs: the per-GPU fit (cabe.infer_parallel) instead
         f = out["fit"]
         lines.append("")
         lines.append(
@@ -127,6 +132,9 @@ def format_infer(out: dict, lang: str, units: str) -> str:
             )
         else:
             lines.append(t("infer.serving_none", lang, util=s["gpu_memory_utilization"]))
+    from cabe.infer_parallel import format_lines
+
+    lines += format_lines(out, lang, units)  # per GPU of a tp × pp replica, speed bounds, the context limit
     for note in out.get("notes", []):
         lines.append("· " + t("note." + note, lang))
     return "\n".join(lines)
