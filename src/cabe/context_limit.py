@@ -49,7 +49,7 @@ def context_limit(config: Mapping[str, Any], context: int, max_positions: int = 
     if kind in SCALING and isinstance(factor, (int, float)) and factor > 0:
         original = rope.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
         original = int(original) if isinstance(original, (int, float)) and original > 0 else native
-        limit = max(native, int(round(factor * original)))
+        limit = max(native, round(factor * original))
     return {
         "limit": limit,
         "native": native,

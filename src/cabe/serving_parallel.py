@@ -112,13 +112,17 @@ def layout(spec: ModelSpec, *, tp: int = 1, pp: int = 1, gpus: int | None = None
         raise InvalidValueError("tp_kv_heads", "tp", value=tp, kv_heads=kv)
     if pp > spec.num_layers:
         raise InvalidValueError("out_of_range", "pp", value=pp, minimum=1, maximum=spec.num_layers)
-    if ep > 1 and (not spec.num_experts or ep != tp * dp or spec.num_experts % ep):
+    if ep > 1 and not spec.num_experts:
+        raise InvalidValueError("ep_without_experts", "ep", value=ep)
+    if ep > 1 and (ep != tp * dp or spec.num_experts % ep):
         raise InvalidValueError("ep_serving", "ep", value=ep, tp=tp, dp=dp, experts=spec.num_experts)
     if isinstance(partition, str):
         try:
             partition = [int(x) for x in partition.split(",") if x.strip()]
         except ValueError:
-            raise InvalidValueError("pp_partition", "pp_partition", value=partition, pp=pp, layers=spec.num_layers)
+            raise InvalidValueError(
+                "pp_partition", "pp_partition", value=partition, pp=pp, layers=spec.num_layers
+            ) from None
     return Layout(tp, pp, dp, ep, pp_partition(spec.num_layers, pp, partition))
 
 

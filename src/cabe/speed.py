@@ -5,8 +5,9 @@ catalog, ``memory_bandwidth_gbs`` and ``bf16_tflops_dense``).
   and every sequence's cached keys and values once; it cannot take less than those bytes over the card's peak DRAM
   bandwidth. Under tensor parallelism each GPU reads its share at the same time (:mod:`cabe.serving_parallel`), so
   the step is bounded by the GPU that reads the most; pipeline stages run one after another for a token and on other
-  micro-batches at the same time, so a sequence's step is the sum of the stages' and the replica's throughput is
-  bounded by its slowest stage. tokens/s ≤ batch / step. An MoE layer reads only the experts its tokens picked: the
+  micro-batches at the same time (at most pp of them, and no more than the batch's sequences), so a sequence's step
+  is the sum of the stages' and a round of the pipeline lasts at least its busiest stage's reads. tokens/s ≤ batch /
+  round. An MoE layer reads only the experts its tokens picked: the
   expected number of distinct experts among ``batch × k`` uniform picks, E·(1 − (1 − k/E)^batch) (k at batch 1).
   Reads this leaves out (activations, logits, the engine's own tensors) only lower the real figure.
 * **Prefill, a lower bound on seconds.** A prompt's forward takes at least its FLOPs over the peak dense tensor
@@ -69,7 +70,13 @@ def decode_bound(
                 "seconds": read / bw,
             }
         )
-    slowest = max(st["seconds"] for st in stages)
+    # the pipeline: m = min(batch, pp) micro-batches in flight (vLLM's pp virtual engines); a round gives every
+    # sequence one token and lasts at least the busiest stage's reads (its weights once per micro-batch, the whole
+    # batch's KV) and at least one micro-batch's pass through every stage
+    m = min(batch, lay.pp)
+    busiest = max((m * st["weights_read_bytes"] + st["kv_read_bytes"]) / bw for st in stages)
+    one_pass = sum((st["weights_read_bytes"] + st["kv_read_bytes"] / m) / bw for st in stages)
+    round_s = max(busiest, one_pass)
     latency = sum(st["seconds"] for st in stages)
     worst = max(stages, key=lambda st: st["seconds"])
     return {
@@ -79,18 +86,22 @@ def decode_bound(
         "stages": stages,
         "step_seconds": latency,
         "tokens_per_second_per_sequence": 1 / latency,
-        "tokens_per_second": batch / slowest,
-        "tokens_per_second_total": batch / slowest * lay.dp,
+        "micro_batches": m,
+        "round_seconds": round_s,
+        "tokens_per_second": batch / round_s,
+        "tokens_per_second_total": batch / round_s * lay.dp,
         "step": {
             "key": "infer.speed.decode",
-            "formula": "{batch} / (({weights} + {kv} B) / {bw} GB/s) = {tps} tokens/s",
+            "formula": "{batch} / ({read} B / {bw} GB/s) = {tps} tokens/s; {read} B = max({m} × {weights} + {kv}, one pass)",
             "bytes": None,
             "params": {
                 "batch": batch,
+                "read": round(round_s * bw),
+                "m": m,
                 "weights": worst["weights_read_bytes"],
                 "kv": worst["kv_read_bytes"],
                 "bw": card.memory_bandwidth_gbs,
-                "tps": round(batch / slowest, 1),
+                "tps": round(batch / round_s, 1),
             },
         },
     }
