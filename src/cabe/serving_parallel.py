@@ -256,12 +256,20 @@ def kv_per_rank(spec: ModelSpec, lay: Layout, stage: int, context: int, batch: i
     }
 
 
-def activations_per_rank(spec: ModelSpec, tokens: int, tp: int, act_bytes: int = 2) -> int:
+def activations_per_rank(
+    spec: ModelSpec, tokens: int, tp: int, act_bytes: int = 2, engine: str = "vllm", seq: int = 0
+) -> int:
     """Working memory of the widest layer on one tp rank over ``tokens`` tokens, the structure of
-    :func:`cabe.inference.forward_bytes` with every sharded width divided: the residual and normed input whole
-    (2h), the attention's q, k, v, output at the rank's heads, the MLP's gate, up and activation at f / tp, and the
-    all-reduce's output (h: ``CustomAllreduce.all_reduce`` and ``PyNcclCommunicator.all_reduce`` return
-    ``torch.empty_like(input)``)."""
+    :func:`cabe.inference.forward_bytes` with every sharded width divided: the attention's q, k, v, output at the
+    rank's heads, the MLP's gate, up and activation at f / tp, beside what stays whole on every rank.
+
+    ``engine="vllm"``: the residual and the normed input (2h) and the all-reduce's output (h:
+    ``CustomAllreduce.all_reduce`` and ``PyNcclCommunicator.all_reduce`` return ``torch.empty_like(input)``); vLLM's
+    ``RMSNorm`` is one fused kernel (``fused_add_rms_norm``, in place). ``engine="hf"``: transformers' TP forward as
+    :mod:`cabe.trace.serve_parallel` runs it (models/llama/modeling_llama.py 5.25): the residual, the normed input,
+    the row-parallel output all-reduced and the residual's sum (4h) live through the MLP; ``LlamaRMSNorm.forward``
+    upcasts to fp32 and multiplies (two fp32 copies, 4h in 16-bit units) beside three 16-bit h; the rotary cos and sin
+    of the ``seq`` positions (one row each, broadcast over the batch)."""
     h = spec.hidden_size
     kvh = kv_heads_per_rank(spec, tp)
     attn = 2 * spec.q_dim // tp + 2 * kvh * spec.head_dim
@@ -273,6 +281,9 @@ def activations_per_rank(spec: ModelSpec, tokens: int, tp: int, act_bytes: int =
         f = spec.ffn_size(run)
         k = (spec.experts_per_token or 1) if run.mlp == "moe" else 1
         mlp = max(mlp, 3 * f * k // tp + (h * k if run.mlp == "moe" and spec.num_experts else 0))
+    if engine == "hf":
+        norm = 3 * h  # + the fp32 upcast and its product (2 × 2h in 16-bit units) over the 4h below: 7h in all
+        return tokens * act_bytes * (4 * h + max(attn, mlp, norm)) + 2 * seq * spec.head_dim * act_bytes
     reduce_out = h if tp > 1 else 0
     return tokens * act_bytes * (2 * h + reduce_out + max(attn, mlp))
 
