@@ -10,6 +10,8 @@ from typing import Any
 from cabe import serving_parallel, speed
 from cabe.architecture import ModelSpec
 from cabe.context_limit import context_limit
+from cabe.i18n import fill, fmt_number, t
+from cabe.units import fmt_bytes
 
 #: the request fields read here (schema: ``gpus`` group, ``pp_partition``)
 FIELDS = ("tp", "pp", "ep", "gpus", "pp_partition")
@@ -69,9 +71,6 @@ def _int(body: Mapping[str, Any], name: str) -> int:
 
 def format_lines(out: Mapping[str, Any], lang: str, units: str) -> list[str]:
     """The text of the per-GPU, speed and context-limit figures."""
-    from cabe.i18n import fmt_number, t
-    from cabe.units import fmt_bytes
-
     def b(n: float) -> str:
         return fmt_bytes(round(n), lang, units)
 
@@ -156,8 +155,6 @@ def format_lines(out: Mapping[str, Any], lang: str, units: str) -> list[str]:
 
 def format_explain(out: Mapping[str, Any], lang: str) -> str:
     """``cabe infer --explain``: every figure, its formula with the numbers, and the result."""
-    from cabe.i18n import fill, fmt_number, t
-
     lines = ["", t("ui.explain", lang) + ":"]
     for i, st in enumerate(out.get("explain", out.get("steps", [])), 1):
         params = {k: v for k, v in st.get("params", {}).items() if not isinstance(v, (dict, list))}
