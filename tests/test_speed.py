@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cabe import gpus, models
+from cabe import gpus, models, speed
 from cabe import serving_parallel as sp
-from cabe import speed
 
 LLAMA70 = models.preset("llama-3.1-70b").spec
 H100 = gpus.gpu("h100-sxm")  # 3,350 GB/s, 989.4 dense bf16 TFLOPS

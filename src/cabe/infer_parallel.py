@@ -71,6 +71,7 @@ def _int(body: Mapping[str, Any], name: str) -> int:
 
 def format_lines(out: Mapping[str, Any], lang: str, units: str) -> list[str]:
     """The text of the per-GPU, speed and context-limit figures."""
+
     def b(n: float) -> str:
         return fmt_bytes(round(n), lang, units)
 

@@ -8,11 +8,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from cabe import families  # noqa: E402
-from cabe import serving_parallel as sp  # noqa: E402
-from cabe.trace.serve_parallel import trace_prefill  # noqa: E402
-from cabe.units import CUBLAS_WORKSPACE  # noqa: E402
-from configs import TINY  # noqa: E402
+from cabe import families
+from cabe import serving_parallel as sp
+from cabe.trace.serve_parallel import trace_prefill
+from cabe.units import CUBLAS_WORKSPACE
+from configs import TINY
 
 pytestmark = pytest.mark.trace
 

@@ -42,12 +42,12 @@ def trace_prefill(
     from cabe.trace.state import AttentionState
     from cabe.trace.streams import streams
 
-    setup = TrainingSetup(
+    setup = TrainingSetup(  # (the setup's checks take the literal values: a bad dtype or kernel is a typed error)
         batch=batch,
         seq=context,
-        dtype=dtype,
+        dtype=dtype,  # type: ignore[arg-type]
         autocast="none",
-        attention=attention,
+        attention=attention,  # type: ignore[arg-type]
         gpus=tp,
         tp=tp,
         loss_parallel=False,  # the lm_head's logits gathered whole on every rank
@@ -90,7 +90,7 @@ def trace_prefill(
                 kv = sum(
                     distributed._local(t).untyped_storage().nbytes()
                     for layer in cache.layers
-                    for t in (layer.keys, layer.values)
+                    for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
                     if t is not None
                 )
                 logits = out.logits.untyped_storage().nbytes()
