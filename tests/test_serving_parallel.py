@@ -118,6 +118,9 @@ def _spec(**kw):
         ({"ep": 2}, "ep_without_experts"),
         ({"pp": 2, "partition": "1,2"}, "pp_partition"),
         ({"pp": 2, "partition": "a,b"}, "pp_partition"),
+        ({"pp": 2, "partition": [2.5, 1.5]}, "pp_partition"),
+        ({"tp": "2"}, "not_integer"),
+        ({"gpus": 0}, "out_of_range"),
     ],
 )
 def test_impossible_splits_are_typed_errors(kw, code):

@@ -82,7 +82,7 @@ class Layout:
 def pp_partition(layers: int, pp: int, given: Sequence[int] | None = None) -> tuple[int, ...]:
     """Decoder layers per pipeline stage, as vLLM's ``get_pp_indices`` splits them (see the module's docstring)."""
     if given:
-        parts = tuple(int(x) for x in given)
+        parts = tuple(given)
         if len(parts) != pp or sum(parts) != layers or min(parts) < 1:
             raise InvalidValueError(
                 "pp_partition", "pp_partition", value=",".join(map(str, parts)), pp=pp, layers=layers
@@ -98,8 +98,10 @@ def pp_partition(layers: int, pp: int, given: Sequence[int] | None = None) -> tu
 def layout(spec: ModelSpec, *, tp: int = 1, pp: int = 1, gpus: int | None = None, ep: int = 1, partition: Any = None):
     """The validated layout; an impossible split is a typed error (what vLLM's ``verify_with_parallel_config`` and
     ``divide`` refuse)."""
-    for name, v in (("tp", tp), ("pp", pp), ("ep", ep)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    for name, v in (("tp", tp), ("pp", pp), ("ep", ep), ("gpus", 1 if gpus is None else gpus)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InvalidValueError("not_integer", name, value=v)
+        if not 1 <= v <= 1 << 20:
             raise InvalidValueError("out_of_range", name, value=v, minimum=1, maximum=1 << 20)
     n = tp * pp if gpus is None else gpus
     if n % (tp * pp):
@@ -116,12 +118,15 @@ def layout(spec: ModelSpec, *, tp: int = 1, pp: int = 1, gpus: int | None = None
         raise InvalidValueError("ep_without_experts", "ep", value=ep)
     if ep > 1 and (ep != tp * dp or spec.num_experts % ep):
         raise InvalidValueError("ep_serving", "ep", value=ep, tp=tp, dp=dp, experts=spec.num_experts)
-    if isinstance(partition, str):
+    if partition is not None and partition != "":
+        items = partition.split(",") if isinstance(partition, str) else partition
         try:
-            partition = [int(x) for x in partition.split(",") if x.strip()]
-        except ValueError:
+            if not isinstance(items, (list, tuple)) or any(isinstance(x, (bool, float)) for x in items):
+                raise ValueError
+            partition = [int(x) for x in items]
+        except (TypeError, ValueError):
             raise InvalidValueError(
-                "pp_partition", "pp_partition", value=partition, pp=pp, layers=spec.num_layers
+                "pp_partition", "pp_partition", value=str(partition)[:80], pp=pp, layers=spec.num_layers
             ) from None
     return Layout(tp, pp, dp, ep, pp_partition(spec.num_layers, pp, partition))
 
