@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cabe import api, engines, ssm
+from cabe import api, engines, infer_parallel, ssm
 from cabe import gpus as gpu_catalog
 from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers)
 from cabe.architecture import ModelSpec
+from cabe.engines.share import Share, of_stage
 from cabe.engines.vllm import BLOCK_SIZE, serving  # noqa: F401  (re-exported: callers import them from here)
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
@@ -350,6 +351,7 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
         "gpu_memory_utilization",
         "images",
         "image_size",
+        *infer_parallel.FIELDS,
         "lang",
         "units",
     ) + engines.FIELDS
@@ -368,27 +370,38 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
     batch: int = 1 if body.get("batch") is None else body["batch"]
     est = estimate_inference(spec, context=context, batch=batch, **kw)
     out: dict[str, Any] = {"model": spec.name, **est, "notes": list(api.beyond_limits(spec, context))}
-    if body.get("gpu"):
-        card = gpu_catalog.gpu(str(body["gpu"]))
-        out["fit"] = fit_inference(est, card)
-        out["max_context"] = max_context(spec, card, batch=batch, **kw)
-        out["max_batch"] = max_batch(spec, card, context=context, **kw)
-        skw = {k: kw[k] for k in ("weights", "kv_dtype", "group_size") if k in kw}
-        out["serving"] = serving(
-            spec,
-            card,
-            context=context,
-            gpu_memory_utilization=0.9
-            if body.get("gpu_memory_utilization") is None
-            else body["gpu_memory_utilization"],
-            **skw,
-        )
-        out["engine"] = _engine(engine, spec, card, body, context, out)
+    card = gpu_catalog.gpu(str(body["gpu"])) if body.get("gpu") else None
+    # several GPUs per replica, speed bounds on the card, the context limit with rope scaling (cabe.infer_parallel)
+    out = infer_parallel.extend(out, body, spec, src.config, card)
+    if card is None:
+        return out
+    out["fit"] = fit_inference(est, card)
+    out["max_context"] = max_context(spec, card, batch=batch, **kw)
+    out["max_batch"] = max_batch(spec, card, context=context, **kw)
+    skw = {k: kw[k] for k in ("weights", "kv_dtype", "group_size") if k in kw}
+    par = out.get("parallel")
+    tp = par["tp"] if par else 1
+    share = of_stage(par) if par else None  # the fullest GPU of a tensor- / pipeline-parallel replica
+    util = 0.9 if body.get("gpu_memory_utilization") is None else body["gpu_memory_utilization"]
+    out["serving"] = serving(spec, card, context=context, gpu_memory_utilization=util, tp=tp, share=share, **skw)
+    if par:  # the replica's KV pool is vLLM's on its fullest GPU (cabe.engines.vllm), times the replicas
+        seqs = out["serving"].get("max_concurrent_sequences", 0)
+        par["fit"].update({"sequences_per_replica": seqs, "sequences_total": seqs * par["dp"]})
+    out["engine"] = _engine(engine, spec, card, body, context, out, tp, share)
     return out
 
 
-def _engine(engine: str, spec: ModelSpec, card: Gpu, body: Mapping[str, Any], context: int, out: dict) -> dict:
+def _engine(
+    engine: str,
+    spec: ModelSpec,
+    card: Gpu,
+    body: Mapping[str, Any],
+    context: int,
+    out: dict,
+    tp: int,
+    share: Share | None,
+) -> dict:
     """``--engine``: transformers' ``generate`` (the solver's answers above) or a serving engine's accounting."""
     if engine == "hf":
         return {"engine": "hf", "max_context": out["max_context"], "max_concurrent_sequences": out["max_batch"]}
-    return engines.run(engine, spec, card, body, context=context, tp=body.get("tp") or 1)
+    return engines.run(engine, spec, card, body, context=context, tp=tp, share=share)

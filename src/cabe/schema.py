@@ -605,7 +605,17 @@ _SETUP: tuple[Field, ...] = (
 )
 
 _GPUS: tuple[Field, ...] = (
-    _int("gpus", "gpus", _TRAINING + ("from-config",), 1, 1, MAX_GPUS, unit="GPUs", flags=_flag("gpus")),
+    # infer: every GPU of the deployment, tp × pp per replica × data-parallel replicas (cabe.serving_parallel)
+    _int(
+        "gpus",
+        "gpus",
+        _TRAINING + ("from-config", "infer", "api.infer"),
+        1,
+        1,
+        MAX_GPUS,
+        unit="GPUs",
+        flags=_flag("gpus"),
+    ),
     _choice(
         "shard",
         "gpus",
@@ -625,9 +635,10 @@ _GPUS: tuple[Field, ...] = (
         states=True,
         flags=_flag("param_dtype"),
     ),
-    _int("tp", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("tp")),
-    _int("pp", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("pp")),
-    _int("ep", "gpus", _TRAINING, 1, 1, MAX_GPUS, flags=_flag("ep")),
+    # infer: vLLM's / SGLang's tensor- and pipeline-parallel sizes and --enable-expert-parallel's ep = tp × dp
+    _int("tp", "gpus", _TRAINING + ("infer", "api.infer"), 1, 1, MAX_GPUS, flags=_flag("tp")),
+    _int("pp", "gpus", _TRAINING + ("infer", "api.infer"), 1, 1, MAX_GPUS, flags=_flag("pp")),
+    _int("ep", "gpus", _TRAINING + ("infer", "api.infer"), 1, 1, MAX_GPUS, flags=_flag("ep")),
     _int("gpus_per_node", "gpus", _TRAINING, 8, 1, MAX_GPUS, unit="GPUs", flags=_flag("gpus_per_node")),
     # tensor parallelism's loss: the logits kept sharded over the vocabulary (Megatron's vocab-parallel cross-entropy,
     # torchtitan's and torch.distributed.tensor.parallel's ``loss_parallel``) or gathered whole on every GPU
@@ -849,6 +860,9 @@ _SERVING: tuple[Field, ...] = (
         unit="layers",
         flags=(*_flag("n_gpu_layers"), "-ngl"),
     ),
+    # decoder layers per pipeline stage (vLLM's VLLM_PP_LAYER_PARTITION, SGLang's SGLANG_PP_LAYER_PARTITION);
+    # not given, get_pp_indices' split (cabe.serving_parallel.pp_partition)
+    Field("pp_partition", str, "serving", _INFER, None, max_length=400, flags=_flag("pp_partition"), metavar="N,N,..."),
 )
 
 _TRACE: tuple[Field, ...] = (

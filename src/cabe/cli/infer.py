@@ -13,7 +13,8 @@ COMMAND = "infer"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    schema.add_arguments(p, COMMAND, groups=("model", "serving"))
+    schema.add_arguments(p, COMMAND, groups=("model", "gpus", "serving"))
+    options.flag(p, "--explain", key="explain", action="store_true")
     options.output(p, COMMAND)
 
 
@@ -36,6 +37,10 @@ def gather(args: argparse.Namespace) -> dict[str, Any]:
 def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str) -> str:
     if args.json:
         return jsonio.dumps(out, indent=2, default=str)
+    if getattr(args, "explain", False):
+        from cabe.infer_parallel import format_explain
+
+        return format_infer(out, lang, units) + "\n" + format_explain(out, lang)
     return format_infer(out, lang, units)
 
 
@@ -95,7 +100,7 @@ def format_infer(out: dict, lang: str, units: str) -> str:
         lines.append(
             t("infer.indexer", lang, s=p["s"], t=p["t"], heads=p["heads"], topk=p["topk"], bytes=b(indexer["bytes"]))
         )
-    if "fit" in out:
+    if "fit" in out and "parallel" not in out:  # several GPUs: the per-GPU fit (cabe.infer_parallel) instead
         f = out["fit"]
         lines.append("")
         lines.append(
@@ -111,7 +116,9 @@ def format_infer(out: dict, lang: str, units: str) -> str:
         lines.append(t("infer.max_context", lang, batch=out["batch"], value=out["max_context"]))
         lines.append(t("infer.max_batch", lang, context=out["context"], value=out["max_batch"]))
         s = out["serving"]
-        if s["kv_pool_bytes"] > 0:
+        if out.get("engine", {}).get("engine", "hf") == "vllm":
+            pass  # vLLM's own block below says it in full
+        elif s["kv_pool_bytes"] > 0:
             lines.append(
                 t(
                     "infer.serving",
@@ -127,9 +134,13 @@ def format_infer(out: dict, lang: str, units: str) -> str:
             )
         else:
             lines.append(t("infer.serving_none", lang, util=s["gpu_memory_utilization"]))
+    from cabe.infer_parallel import parallel_lines, speed_lines
+
+    lines += parallel_lines(out, lang, units)  # the fullest GPU of a tp × pp replica
     if out.get("engine", {}).get("engine", "hf") != "hf":
         lines.append("")
         lines.extend(engine_lines(out["engine"], lang, b))
+    lines += speed_lines(out, lang)  # speed bounds, the context limit
     for note in out.get("notes", []):
         lines.append("· " + t("note." + note, lang))
     return "\n".join(lines)

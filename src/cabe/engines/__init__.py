@@ -13,6 +13,7 @@ from typing import Any
 
 from cabe.architecture import ModelSpec
 from cabe.engines import llamacpp, sglang, vllm
+from cabe.engines.share import Share
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
 
@@ -53,19 +54,32 @@ def engine_of(body: Mapping[str, Any]) -> str:
 
 
 def run(
-    engine: str, spec: ModelSpec, card: Gpu, body: Mapping[str, Any], *, context: int, tp: int = 1
+    engine: str,
+    spec: ModelSpec,
+    card: Gpu,
+    body: Mapping[str, Any],
+    *,
+    context: int,
+    tp: int = 1,
+    share: Share | None = None,
 ) -> dict[str, Any]:
-    """The engine's accounting on ``card`` for sequences of ``context`` tokens (``engine`` not ``hf``)."""
+    """The engine's accounting on ``card`` for sequences of ``context`` tokens (``engine`` not ``hf``); ``share``:
+    one GPU of a tensor- / pipeline-parallel replica (:mod:`cabe.engines.share`)."""
 
     def given(*names: str) -> dict[str, Any]:
         return {n: body[n] for n in names if body.get(n) is not None}
 
     if engine == "vllm":
         kw = given("weights", "kv_dtype", "group_size", "gpu_memory_utilization", *KNOBS["vllm"])
-        return vllm.serving(spec, card, context=context, tp=tp, **kw)
+        return vllm.serving(spec, card, context=context, tp=tp, share=share, **kw)
     if engine == "sglang":
         return sglang.serving(
-            spec, card, context=context, tp=tp, **given("weights", "kv_dtype", "group_size", *KNOBS["sglang"])
+            spec,
+            card,
+            context=context,
+            tp=tp,
+            share=share,
+            **given("weights", "kv_dtype", "group_size", *KNOBS["sglang"]),
         )
     kw = given("weights", *KNOBS["llamacpp"])
     kw.setdefault("weights", "gguf-q4_k_m")

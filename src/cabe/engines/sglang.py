@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from cabe.architecture import ModelSpec
+from cabe.engines.share import Share
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
 from cabe.kv_cache import kv_dtype_bytes, latent_token_elements
@@ -78,18 +79,26 @@ def serving(
     mem_fraction_static: float | None = None,
     group_size: int = 128,
     tp: int = 1,
+    share: Share | None = None,
 ) -> dict[str, Any]:
     """SGLang's token pool on ``card`` (one tensor-parallel rank when ``tp`` > 1) and the sequences of ``context``
-    tokens it holds at once."""
+    tokens it holds at once. ``share`` (:func:`cabe.serving_parallel.per_gpu`): the GPU's weights and stage layers,
+    and its communication buffers, allocated when the process groups start (``ModelRunner.init_torch_distributed``),
+    before ``total_gpu_memory`` is read: they are not in the free memory the fraction applies to."""
     if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= 1 << 24:
         raise InvalidValueError("out_of_range", "context", value=context, minimum=1, maximum=1 << 24)
     auto = defaults(card, tp)
     mfs = auto["mem_fraction_static"] if mem_fraction_static is None else mem_fraction_static
     mfs = number("mem_fraction_static", mfs, minimum=0.0, maximum=1.0, strict=True)
-    free_before = card.memory_bytes - card.cuda_context_bytes  # total_gpu_memory: free before the weights load
-    w = weights_bytes(spec, weights, group_size)["total_bytes"] // tp
+    # total_gpu_memory: free before the weights load, after the process groups' buffers
+    free_before = (
+        card.memory_bytes - card.cuda_context_bytes - (share.non_torch_bytes + share.torch_bytes if share else 0)
+    )
+    w = weights_bytes(spec, weights, group_size)["total_bytes"] // tp if share is None else share.weights_bytes
     rest = free_before - w - free_before * (1 - mfs)
     cell = cell_bytes(spec, kv_dtype, tp)
+    if share is not None:  # a pipeline stage's pool holds its own layers' K and V
+        cell = cell * share.layers / share.total_layers
     tokens = max(int(rest // cell), 0) if cell else 0
     out: dict[str, Any] = {
         "engine": "sglang",

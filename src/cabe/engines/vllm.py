@@ -34,11 +34,12 @@ Pure Python, no torch; nothing from :mod:`cabe.inference` (which re-exports :fun
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cabe import linear_attention
 from cabe.architecture import ModelSpec
+from cabe.engines.share import Share
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
 from cabe.kv_cache import kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes
@@ -231,6 +232,7 @@ def serving(
     block_size: int = BLOCK_SIZE,
     group_size: int = 128,
     tp: int = 1,
+    share: Share | None = None,
 ) -> dict[str, Any]:
     """vLLM's KV pool on ``card``: budget, profile, KV cache groups, blocks, tokens and concurrency at ``context``
     (``max_num_batched_tokens`` / ``max_num_seqs`` not given: ``vllm serve``'s defaults for the card).
@@ -240,8 +242,11 @@ def serving(
     since the snapshot moved after ``init_device`` the context is outside the budget and the increase is the cuBLAS
     workspace, attention backends' buffers and, with TP, NCCL's.
 
-    ``tp`` > 1: one rank's share of a tensor-parallel replica (weights ÷ tp, KV heads ÷ tp or replicated), without
-    the communication buffers (NCCL, custom all-reduce) that tensor-parallel serving adds to the non-torch memory.
+    ``tp`` > 1: one rank of a tensor-parallel replica (KV heads ÷ tp, or replicated when fewer). ``share`` (from
+    :func:`cabe.serving_parallel.per_gpu`): that GPU's weights and stage layers, and its communication buffers: NCCL's
+    and the custom all-reduce's IPC buffers are non-torch memory (``non_torch_increase``), the custom all-reduce's
+    registered buffer is allocated through PyTorch before the profile (torch peak). Without ``share`` a rank's weights
+    are the whole model's ÷ tp and no buffer is counted.
     """
     util = number("gpu_memory_utilization", gpu_memory_utilization, minimum=0.0, maximum=1.0, strict=True)
     tokens_default, seqs_default = batch_defaults(card)
@@ -258,13 +263,15 @@ def serving(
             raise InvalidValueError("not_integer", name, value=v)
         if v < 1 or v > (1 << 24):
             raise InvalidValueError("out_of_range", name, value=v, minimum=1, maximum=1 << 24)
-    w = weights_bytes(spec, weights, group_size)["total_bytes"] // tp
+    w = weights_bytes(spec, weights, group_size)["total_bytes"] // tp if share is None else share.weights_bytes
     requests = min(max_num_seqs, max_num_batched_tokens)
     prof = profile_bytes(spec, max_num_batched_tokens, requests, tp)
     budget = util * card.memory_bytes
-    non_torch = card.cuda_context_bytes
-    pool = int(budget - w - prof["peak"] - non_torch)
+    non_torch = card.cuda_context_bytes + (share.non_torch_bytes if share else 0)
+    pool = int(budget - w - prof["peak"] - non_torch - (share.torch_bytes if share else 0))
     kinds = kv_kinds(spec, kv_dtype, block_size, tp)
+    if share is not None:  # the stage's layers only (each pipeline stage's worker has its own pool)
+        kinds = [replace(k, layers=share.layer_count(k.layers)) for k in kinds]
     out: dict[str, Any] = {
         "engine": "vllm",
         "gpu": card.name,
@@ -277,6 +284,7 @@ def serving(
         "max_num_batched_tokens": max_num_batched_tokens,
         "max_num_seqs": max_num_seqs,
         "non_torch_bytes": non_torch,
+        "comm_torch_bytes": share.torch_bytes if share else 0,
         "kv_pool_bytes": max(pool, 0),
         "block_size": kinds[0].block if kinds else block_size,
         "context": context,
