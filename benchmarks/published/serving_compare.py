@@ -20,22 +20,35 @@ weights and of the KV heads, but the communication buffers of tensor-parallel se
 from __future__ import annotations
 
 import csv
+import json
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 from cabe import gpus
-from cabe.engines import llamacpp, sglang, vllm
-from cabe.inference import forward_bytes, logits_bytes
-from cabe.models import preset
+from cabe.engines import llamacpp, vllm
+from cabe.inference import forward_bytes, infer_json, logits_bytes
+from cabe.models import from_mapping, preset
 from cabe.weights import weights_bytes
 
 HERE = Path(__file__).parent
 CSV = HERE / "serving.csv"
 OUT = HERE / "serving.md"
+PEER_JSON = HERE / "llm_analysis_serving.json"
 GIB, MIB = 1 << 30, 1 << 20
 UNIT = {"GiB": GIB, "MiB": MIB, "GB": 1e9, "tokens": 1}
+#: the row's settings that are request fields of ``cabe infer`` (cabe.schema); the rest are the engine module's
+REQUEST_KEYS = (
+    "context",
+    "batch",
+    "weights",
+    "kv_dtype",
+    "gpu_memory_utilization",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "mem_fraction_static",
+)
 
 
 def settings(text: str) -> dict[str, Any]:
@@ -46,8 +59,39 @@ def settings(text: str) -> dict[str, Any]:
     return out
 
 
+def model_field(row: dict[str, str]) -> dict[str, Any]:
+    """The request's model: a preset, or ``config:<file>`` (a config.json under configs/, its ``_source`` noted)."""
+    name = row["cabe_model"]
+    if name.startswith("config:"):
+        cfg = json.loads((HERE / "configs" / name.removeprefix("config:")).read_text())
+        cfg.pop("_source", None)
+        return {"config": cfg}
+    return {"model": name}
+
+
+def spec_of(row: dict[str, str]) -> Any:
+    m = model_field(row)
+    return from_mapping(m["config"]).spec if "config" in m else preset(m["model"]).spec
+
+
+def request(row: dict[str, str], kw: dict[str, Any]) -> dict[str, Any]:
+    """The ``cabe infer --json`` request (``cabe.inference.infer_json``) of the row: model, card, engine, tp."""
+    body: dict[str, Any] = {**model_field(row), **{k: kw[k] for k in REQUEST_KEYS if k in kw}}
+    if row["engine"] != "hf":
+        body["engine"] = row["engine"]
+        body["gpu"] = row["cabe_gpu"] or HOST_GPU
+    if int(row["tp"]) > 1:
+        body["tp"] = int(row["tp"])
+    return body
+
+
+#: the card a request runs on where the row's figure does not depend on one (the row names none): weights, the KV
+#: bytes of one sequence, the allocator given the measured pool
+HOST_GPU = "h100-sxm"
+
+
 def before(spec: Any, card: Any, kw: dict[str, Any], tp: int) -> dict[str, float]:
-    """cabe's ``serving()`` before this branch (one pool; the HF forward at 8192 tokens + 6 B logits of 256 rows)."""
+    """cabe's ``serving()`` before issue 31 (one pool; the HF forward at 8192 tokens + 6 B logits of 256 rows)."""
     w = weights_bytes(spec, kw.get("weights", "auto"), 128)["total_bytes"] / tp
     act = forward_bytes(spec, 8192) + logits_bytes(spec, 256)
     pool = kw.get("gpu_memory_utilization", 0.9) * card.memory_bytes - w - act - card.cuda_context_bytes
@@ -58,40 +102,64 @@ def before(spec: Any, card: Any, kw: dict[str, Any], tp: int) -> dict[str, float
         "non_torch": card.cuda_context_bytes,
         "kv_cache": pool,
         "kv_cache_tokens": pool // (16 * per_token) * 16,
+        "kv_per_sequence": per_token * kw.get("context", 4096),
     }
+
+
+def llm_analysis_peer(row: dict[str, str]) -> float | None:
+    """llm-analysis's inference figure for the row (``llm_analysis_serving.json``, from llm_analysis_serving.py)."""
+    if not PEER_JSON.exists():
+        return None
+    return json.loads(PEER_JSON.read_text())["figures"].get(row["id"])
 
 
 def cabe_figure(row: dict[str, str]) -> tuple[float | None, float | None, float | None, str]:
     """(cabe, cabe given the measured pool, peer, how) in the row's unit."""
-    spec = preset(row["cabe_model"]).spec
-    card = gpus.gpu(row["cabe_gpu"])
+    spec = spec_of(row)
     tp = int(row["tp"])
     kw = settings(row["settings"])
     metric, unit = row["metric"], UNIT[row["unit"]]
+    figure: float | None
     given = peer = None
-    if row["engine"] == "vllm":
-        s = vllm.serving(spec, card, tp=tp, **kw)
+    if row["engine"] in ("vllm", "sglang", "hf"):
+        body = request(row, kw)
+        how = "infer_json(" + json.dumps({k: v for k, v in body.items() if k != "config"} | (
+            {"config": row["cabe_model"]} if "config" in body else {})) + ")"
+        out = infer_json(body)
+    if row["engine"] == "hf":
+        figure = out["total_bytes"]
+        peer = llm_analysis_peer(row)
+        peer = None if peer is None else peer
+    elif row["engine"] == "vllm":
+        s = out["engine"]
         figure = {
             "weights": s["weights_bytes"],
             "non_torch": s["non_torch_bytes"],
             "activation_peak": s["activation_profile_bytes"],
             "kv_cache": s["kv_pool_bytes"],
             "kv_cache_tokens": s.get("kv_cache_tokens", 0),
+            "kv_per_sequence": s.get("bytes_per_sequence"),
         }[metric]
-        peer = before(spec, card, kw, tp)[metric]
+        if not row["cabe_gpu"] and metric not in ("weights", "kv_per_sequence"):
+            figure = None  # the card is not named: only the allocator given the measured pool
+        if row["cabe_gpu"]:
+            peer = before(spec, gpus.gpu(row["cabe_gpu"]), kw, tp)[metric]
+        elif metric in ("weights", "kv_per_sequence"):
+            peer = before(spec, gpus.gpu(HOST_GPU), kw, tp)[metric]
         if metric == "kv_cache_tokens":  # the allocator alone: the measured pool (the row's sibling) in blocks
-            pool = _sibling(row, "kv_cache") * GIB
-            kinds = vllm.kv_kinds(spec, kw.get("kv_dtype", "fp16"), 16, tp)
-            size, page = vllm.group_size(kinds), max(k.page for k in kinds)
-            given = int(pool // page // size) // len(vllm.groups(kinds)) * 16
-        how = f"vllm.serving(tp={tp}, {row['settings']})"
+            pool = _sibling(row, "kv_cache")
+            if pool is not None:
+                kinds = vllm.kv_kinds(spec, kw.get("kv_dtype", "fp16"), 16, tp)
+                size, page = vllm.group_size(kinds), max(k.page for k in kinds)
+                given = int(pool * GIB // page // size) // len(vllm.groups(kinds)) * 16
     elif row["engine"] == "sglang":
-        s = sglang.serving(spec, card, tp=tp, **kw)
+        s = out["engine"]
         figure = {"kv_cache_tokens": s["max_total_num_tokens"], "k_size": s["k_size_gib"] * GIB}[metric]
         if metric == "kv_cache_tokens":  # the measured K + V bytes in cells
-            given = int(2 * _sibling(row, "k_size") * GIB // s["cell_bytes"])
-        how = f"sglang.serving(tp={tp}, {row['settings']})"
+            k_size = _sibling(row, "k_size")
+            given = None if k_size is None else int(2 * k_size * GIB // s["cell_bytes"])
     else:
+        card = gpus.gpu(row["cabe_gpu"])
         n_ctx = kw.pop("n_ctx", 4096)
         s = llamacpp.serving(spec, card, context=n_ctx, **kw)
         figure = {
@@ -109,12 +177,13 @@ def cabe_figure(row: dict[str, str]) -> tuple[float | None, float | None, float 
     return conv(figure), conv(given) if metric != "kv_cache_tokens" else given, conv(peer), how
 
 
-def _sibling(row: dict[str, str], metric: str) -> float:
+def _sibling(row: dict[str, str], metric: str) -> float | None:
+    """The measured ``metric`` of the same run (the row id's prefix), None when the run did not log it."""
     prefix = row["id"].rsplit("-", 1)[0]
     for r in ROWS:
         if r["id"].startswith(prefix) and r["metric"] == metric:
             return float(r["measured"])
-    raise KeyError(metric)
+    return None
 
 
 def err(x: float | None, measured: float) -> str:
@@ -169,11 +238,14 @@ def main() -> int:
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     scored: list[float] = []
+    hows: list[str] = []
     for row in ROWS:
         measured = float(row["measured"])
         figure, given, peer, _how = cabe_figure(row)
-        if row["status"] == "compared" and figure is not None:
-            scored.append(abs(figure - measured) / measured)
+        score = figure if figure is not None else given  # a row naming no card: the allocator given its pool
+        if row["status"] == "compared" and score is not None:
+            scored.append(abs(score - measured) / measured)
+        hows.append(f"* `{row['id']}`: `{_how}`")
         lines.append(
             f"| {row['id']} | {row['engine']} {row['engine_version']} | {row['metric']} ({row['unit']}) | "
             f"{fmt(measured, row['unit'])} | {fmt(figure, row['unit'])} | {err(figure, measured)} | "
@@ -185,7 +257,7 @@ def main() -> int:
         f"Scored rows (status `compared`): {len(scored)}; median |error| {100 * statistics.median(scored):.1f}%, "
         f"largest {100 * max(scored):.1f}%.",
     ]
-    lines += ["", NOTES]
+    lines += ["", NOTES, "## The requests", "", *hows]
     text = "\n".join(lines) + "\n"
     print(text)
     OUT.write_text(text)
