@@ -12,9 +12,12 @@ The peer: cabe before issue 31 (``serving()`` in cabe.inference up to this branc
 run as transformers' forward and 6 bytes per logit), reconstructed below for the vLLM rows; no estimator we know of
 models SGLang's or llama.cpp's startup accounting, so those rows have none.
 
-Rows whose status is "waiting on TP serving" run at ``tp`` > 1: cabe's engine modules take a rank's share of the
-weights and of the KV heads, but the communication buffers of tensor-parallel serving are another helper's work
-(``cabe infer --tp``); they are shown, not scored.
+Every vLLM / SGLang / transformers row goes through ``cabe.inference.infer_json`` (what ``cabe infer --json`` answers),
+with ``tp`` where the run used tensor parallelism: the engine then budgets the fullest GPU of the replica with its
+share (``cabe.engines.share``: weights per rank, NCCL and custom all-reduce buffers). A row whose card is not named
+is computed on ``HOST_GPU`` only where its figure does not depend on the card (weights, the KV bytes of one sequence,
+the allocator given the measured pool). The peers: cabe before issue 31 (above) and llm-analysis's ``infer``
+(``llm_analysis_serving.py``), each where it can express the row.
 """
 
 from __future__ import annotations
@@ -196,31 +199,7 @@ def fmt(x: float | None, unit: str) -> str:
 
 ROWS: list[dict[str, str]] = []
 
-NOTES = """## Why the misses
-
-* **vLLM 0.6 non-torch (−69%)**: 0.6 took its baseline before the CUDA context existed, so its 1.79 GiB holds the
-  context, cuBLAS's workspace and the rest of the process; cabe counts the catalog's CUDA context (0.56 GiB). Since
-  the snapshot moved after ``Worker.init_device`` (v1) the context is outside the budget, which this figure is for.
-* **vLLM 0.6 activation (−38%, and −39% at TP 2)**: the same 1.26 GiB at TP 1 and TP 2 says the peak is the sampler,
-  whose logits are gathered whole on every rank (cabe reproduces the shape: 0.78 GiB at TP 1 is the MLP, 0.77 GiB at
-  TP 2 the sampler). 0.6's v0 sampler held about 39 B per (row, vocabulary entry) at 256 × 128,256 (its
-  ``_apply_top_k_top_p`` keeps the float32 logits, the sort's values and int64 indices, the softmax and its cumsum,
-  the mask, the inverse index and the gathered logits); the v1 sampler cabe models holds 23 B.
-* **vLLM 0.6 KV pool (+3.1%)**: the two above, 1.23 + 0.48 GiB. The before-issue-31 peer reads +2.8% on this row by
-  its 6 B logits on top of transformers' forward, not by a better mechanism.
-* **Qwen3-235B-FP8, TP 4 (vLLM +51%, SGLang +9.8%)**: per-rank weights are right (FP8 235 B / 4); what is not counted
-  is tensor-parallel serving's communication buffers (NCCL, custom all-reduce; another helper adds ``--tp``) and, for
-  the vLLM run, the LMCache connector's buffers. The allocators alone agree: vLLM's 8.11 GiB in pages of 16 tokens ×
-  94 layers × 8,192 B give 180,928 tokens against the 178,880 logged (+1.1%, more than the ±5 MiB rounding of 8.11 explains: 128 blocks
-  fewer than that pool holds), SGLang's
-  2 × 8.23 GiB in cells of 48,128 B give 367,224 tokens against 367,404 (−0.05%).
-* **llama.cpp gemma3:4b compute buffer (+155%)**: open. cabe's figure is the worst-case graph at n_ubatch 512 with
-  every token an output (llama-context.cpp ``graph_reserve(n_tokens, n_seqs, n_tokens)``): the float32 logits alone
-  are 262,208 × 512 × 4 B = 512 MiB, more than the 203 MiB logged, so that run reserved a smaller ubatch or fewer
-  outputs than llama-server's defaults (ollama launches it; its flags are not in the thread). The same formula gives
-  the 300.75 MiB llama.cpp prints for Qwen models of hidden size 2048 (151,936 + 2,048 floats × 512 tokens × 4 B).
-  The KV buffers (both caches exact) and the model buffer (+0.1%) of the same run are right.
-"""
+NOTES = (HERE / "serving_notes.md").read_text()
 
 
 def main() -> int:
