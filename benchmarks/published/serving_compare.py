@@ -124,10 +124,11 @@ def cabe_figure(row: dict[str, str]) -> tuple[float | None, float | None, float 
     metric, unit = row["metric"], UNIT[row["unit"]]
     figure: float | None
     given = peer = None
+    out: dict[str, Any] = {}
     if row["engine"] in ("vllm", "sglang", "hf"):
         body = request(row, kw)
-        how = "infer_json(" + json.dumps({k: v for k, v in body.items() if k != "config"} | (
-            {"config": row["cabe_model"]} if "config" in body else {})) + ")"
+        shown = {k: (row["cabe_model"] if k == "config" else v) for k, v in body.items()}  # a config by its file
+        how = f"infer_json({json.dumps(shown)})"
         out = infer_json(body)
     if row["engine"] == "hf":
         figure = out["total_bytes"]
