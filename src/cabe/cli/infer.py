@@ -69,7 +69,8 @@ def format_infer(out: dict, lang: str, units: str) -> str:
         share = f"{fmt_number(round(100 * nbytes / out['total_bytes'], 1), lang, 1)}%" if out["total_bytes"] else ""
         lines.append(f"  {t('infer.component.' + name, lang):<40} {b(nbytes):>26}  {share:>6}")
     lines.append(f"  {'─' * 76}")
-    lines.append(f"  {t('infer.total', lang):<40} {b(out['total_bytes']):>26}")
+    total_key = "infer.total_one_gpu" if out.get("parallel") else "infer.total"  # a tp × pp replica: per GPU below
+    lines.append(f"  {t(total_key, lang):<40} {b(out['total_bytes']):>26}")
     kv = out["kv"]
     lines.append("")
     lines.append(t("infer.kv_per_token", lang, formula=kv["formula"], bytes=round(kv["bytes_per_token"])))
