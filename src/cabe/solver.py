@@ -14,6 +14,8 @@ start from, and two changes never count one saving twice).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,7 +27,7 @@ from cabe.architecture import ModelSpec
 from cabe.errors import CabeError, InvalidValueError
 from cabe.gpus import Gpu
 from cabe.report import Report
-from cabe.training import MAX_BATCH, MAX_SEQ, TrainingSetup
+from cabe.training import MAX_BATCH, MAX_SEQ, TrainingSetup, number
 
 MAX_GPUS = 4096
 
@@ -234,7 +236,7 @@ GROUPS: dict[str, str] = {
     "lora": "method",
     "qlora": "method",
     "lower_rank": "rank",
-    **{c: "placement" for c in ("zero1", "zero2", "zero3", "fsdp", "offload_optimizer", "offload_parameters")},
+    **dict.fromkeys(("zero1", "zero2", "zero3", "fsdp", "offload_optimizer", "offload_parameters"), "placement"),
     "more_gpus": "placement",
     "smaller_batch_accum": "batch",
     "shorter_seq_accum": "seq",
@@ -284,8 +286,6 @@ def _cheapest(
     fewest GPU-hours, then the fewest steps, then the least wall-clock time; and of which no step can be left out
     (each one is needed to fit). Combinations are ranked by their cost, which needs no memory estimate, and
     estimated in that order until one fits. None: none fits (or none within :data:`MAX_TRIED` estimates)."""
-    import itertools
-
     fixed = {r["change"]: r["set"] for r in rows if r["change"] == "more_gpus"}
     order = list(GROUPS)
     groups: dict[str, list[str]] = {}
@@ -308,8 +308,15 @@ def _cheapest(
     for _g, _n, _t, codes, reached in ranked[:MAX_TRIED]:
         if _fits(spec, reached[0], card)[0] and _needed(spec, setup, card, codes, fixed) == codes:
             return reached
-    # past MAX_TRIED: add the changes cheapest first (one per group) until it fits, then leave out every step it
-    # fits without
+    return _greedy(spec, setup, card, rows, fixed)
+
+
+def _greedy(
+    spec: ModelSpec, setup: TrainingSetup, card: Gpu, rows: list[dict[str, Any]], fixed: Mapping[str, dict]
+) -> tuple[TrainingSetup, list[tuple[str, dict, TrainingSetup, TrainingSetup]]] | None:
+    """Past :data:`MAX_TRIED`: the changes added cheapest first while each lowers the need (one per group) until it
+    fits, then every step it fits without left out (:func:`_needed`)."""
+    order = list(GROUPS)
     codes: tuple[str, ...] = ()
     need = None
     for r in sorted(rows, key=lambda r: (r["gpu_hours_factor"], -r["saved_bytes"])):
@@ -369,10 +376,8 @@ def make_it_fit(spec: ModelSpec, setup: TrainingSetup, card: Gpu) -> dict[str, A
             "shard": more["shard"],
             **({"param_dtype": more["param_dtype"]} if more.get("param_dtype") else {}),
         }
-        try:
+        with contextlib.suppress(CabeError):  # a count the setup cannot take (a layout it refuses): no row
             rows.append(_row(spec, setup, card, base, "more_gpus", change, estimate_model(spec, setup.with_(**change))))
-        except CabeError:
-            pass
     rows = [r for r in rows if r["saved_bytes"] > 0]  # a change that saves nothing is no answer
     by_memory = sorted(rows, key=lambda r: -r["saved_bytes"])
     by_speed = sorted(rows, key=lambda r: (not r["fits"], r["gpu_hours_factor"], r["slowdown"], -r["saved_bytes"]))
@@ -435,8 +440,8 @@ def solve(spec: ModelSpec, setup: TrainingSetup, card: Gpu, what: tuple[str, ...
     return out
 
 
-#: the fields of ``api.fit`` that are not the training request of :mod:`cabe.api`
-FIT_FIELDS = ("solve", "gpu", "mfu", "tokens", "price_per_gpu_hour")
+#: the fields of ``api.fit`` beside the training request of :mod:`cabe.api` (solve, mfu, tokens, price_per_gpu_hour)
+FIT_FIELDS = tuple(n for n in schema.names("api.fit") if n not in api.REQUEST_FIELDS)
 
 
 def plan_json(body: Mapping[str, Any], *, allow_files: bool = False) -> dict[str, Any]:
@@ -459,8 +464,7 @@ def plan_json(body: Mapping[str, Any], *, allow_files: bool = False) -> dict[str
     timing = {k: body.pop(k) for k in ("tokens", "mfu", "price_per_gpu_hour") if body.get(k) is not None}
     unknown = [k for k in body if k not in api.REQUEST_FIELDS and k not in ("lang", "units")]
     if unknown:
-        allowed = ", ".join(api.REQUEST_FIELDS + tuple(f for f in FIT_FIELDS if f != "gpu"))
-        raise InvalidValueError("unknown_field", unknown[0], allowed=allowed)
+        raise InvalidValueError("unknown_field", unknown[0], allowed=", ".join(api.REQUEST_FIELDS + FIT_FIELDS))
     src = api.model_source(body, allow_files=allow_files)
     if src is None:
         raise InvalidValueError("missing_model", "model")
@@ -485,8 +489,6 @@ def timed(
     """The time of a step and, with ``tokens``, the run's hours, GPU-hours and cost, of the setup that fits: the
     current one when it fits, else the cheapest combination (:func:`make_it_fit`); ``for`` says which (None: nothing
     fits, so no time)."""
-    from cabe.training import number
-
     t = None if tokens is None else number("tokens", tokens, minimum=0.0, maximum=1e16, strict=True)
     u = schema.field("mfu").default if mfu is None else number("mfu", mfu, minimum=0.0, maximum=1.0, strict=True)
     price = None if price_per_gpu_hour is None else number("price_per_gpu_hour", price_per_gpu_hour, maximum=1e9)
@@ -497,9 +499,7 @@ def timed(
         plan = changes["plan"]
         if not plan["fits"] or not plan["steps"]:
             return {"for": None, "tokens": t, "mfu": u, "price_per_gpu_hour": price}
-        which, target = (
-            "plan",
-            TrainingSetup(**{k: tuple(v) if isinstance(v, list) else v for k, v in plan["setup"].items()}),
-        )
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in plan["setup"].items()}
+        which, target = "plan", TrainingSetup(**values)
     res = plan_cost.run_cost(spec, setup, target, card, tokens=t, mfu=u, price=price)
     return {"for": which, **res}
