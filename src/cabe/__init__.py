@@ -55,7 +55,7 @@ def _request(model: Any, options: dict[str, Any]) -> tuple[dict[str, Any], str, 
     """The request dict of a call (``model`` a name or path, or a config dict), and the ``lang`` and ``units`` its
     text is written in: checked here (``bad_choice``), never ignored."""
     body = dict(options)
-    lang, units = body.pop("lang", None), body.pop("units", None)
+    lang, units = (None if v is None or v == "" else v for v in (body.pop("lang", None), body.pop("units", None)))
     check_output("GB" if units is None else units, lang)
     if isinstance(model, dict):
         body["config"] = model
@@ -117,9 +117,11 @@ def infer(model: Any = None, **options: Any) -> Answer:
     from cabe import api
     from cabe.cli.infer import format_infer
     from cabe.inference import infer_json
+    from cabe.request_check import check_values
     from cabe.units import fmt_bytes
 
     body, lang, units = _request(model, options)
+    check_values(body, "api.infer")  # the serving core reads its numbers as given
     src = api.model_source(body, allow_files=True) if isinstance(body.get("model"), str) else None
     if src is not None and src.kind not in ("preset", "hub"):  # a local config.json, read as the CLI reads it
         body = {**{k: v for k, v in body.items() if k != "model"}, "config": dict(src.config)}

@@ -101,7 +101,9 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False, trace: str | No
         raise InvalidValueError("missing_model", "model")
     card_name = body.get("gpu")
     if card_name:
-        card = gpu_catalog.gpu(str(card_name))
+        if not isinstance(card_name, str):  # a card is named (10**5000 would fail str() itself)
+            raise InvalidValueError("not_string", "gpu", value=card_name)
+        card = gpu_catalog.gpu(card_name)
         if report.mode == "architecture":
             report = _with(report, cuda_context_bytes=card.cuda_context_bytes)
         bf16 = src is not None and gpu_catalog.needs_bf16(report)

@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from cabe.i18n import error_message, fmt_number
+from cabe.i18n import error_message, fmt_number, safe_str
 
 
 class CabeError(ValueError):
@@ -74,7 +74,7 @@ def _jsonable(v: Any) -> Any:
         return v
     if isinstance(v, (list, tuple)):
         return [_jsonable(x) for x in v]
-    return str(v)
+    return safe_str(v)
 
 
 class InvalidValueError(CabeError):
