@@ -461,7 +461,8 @@ def plan_json(body: Mapping[str, Any], *, allow_files: bool = False) -> dict[str
         raise InvalidValueError("missing_gpu", "gpu")
     if not isinstance(card_name, str):
         raise InvalidValueError("not_string", "gpu", value=card_name)
-    timing = {k: body.pop(k) for k in ("tokens", "mfu", "price_per_gpu_hour") if body.get(k) is not None}
+    timing = {k: body.pop(k) for k in ("tokens", "mfu", "price_per_gpu_hour") if k in body}
+    timing = {k: _timing_value(k, v) for k, v in timing.items() if v is not None and v != ""}  # checked before solving
     unknown = [k for k in body if k not in api.REQUEST_FIELDS and k not in ("lang", "units")]
     if unknown:
         raise InvalidValueError("unknown_field", unknown[0], allowed=", ".join(api.REQUEST_FIELDS + FIT_FIELDS))
@@ -476,22 +477,27 @@ def plan_json(body: Mapping[str, Any], *, allow_files: bool = False) -> dict[str
     return out
 
 
+def _timing_value(name: str, value: Any) -> float:
+    f = schema.field(name, "api.fit")
+    hi = f.maximum if f.maximum is not None else 1e300
+    return number(name, value, minimum=f.minimum or 0.0, maximum=hi, strict=f.exclusive_minimum)
+
+
 def timed(
     spec: ModelSpec,
     setup: TrainingSetup,
     card: Gpu,
     out: Mapping[str, Any],
     *,
-    tokens: Any = None,
-    mfu: Any = None,
-    price_per_gpu_hour: Any = None,
+    tokens: float | None = None,
+    mfu: float | None = None,
+    price_per_gpu_hour: float | None = None,
 ) -> dict[str, Any]:
     """The time of a step and, with ``tokens``, the run's hours, GPU-hours and cost, of the setup that fits: the
     current one when it fits, else the cheapest combination (:func:`make_it_fit`); ``for`` says which (None: nothing
-    fits, so no time)."""
-    t = None if tokens is None else number("tokens", tokens, minimum=0.0, maximum=1e16, strict=True)
-    u = schema.field("mfu").default if mfu is None else number("mfu", mfu, minimum=0.0, maximum=1.0, strict=True)
-    price = None if price_per_gpu_hour is None else number("price_per_gpu_hour", price_per_gpu_hour, maximum=1e9)
+    fits, so no time). The numbers as :func:`plan_json` checked them."""
+    t, price = tokens, price_per_gpu_hour
+    u = schema.field("mfu").default if mfu is None else mfu
     if out["now"]["fits"]:
         which, target = "now", setup
     else:
