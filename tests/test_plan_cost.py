@@ -185,3 +185,11 @@ def test_api_fit_schema_takes_the_price():
     assert schema.json_schema("api.fit")["properties"]["price_per_gpu_hour"]["minimum"] == 0
     with pytest.raises(CabeError):
         solver.plan_json({"model": "llama-3.2-1b", "gpu": "l4", "price_per_gpu_hour": "x"})
+
+
+def test_parameter_offload_is_counted_once():
+    # ZeRO-Infinity's ×2.5 is the whole PCIe-bound step: not also ×1.15 for ZeRO-3's gathers
+    ddp = TrainingSetup(precision="bf16", batch=1, seq=1024, gpus=8, shard="ddp")
+    off = ddp.with_(shard="zero3", offload="both")
+    assert plan_cost.overhead(off) == plan_cost.OFFLOAD_PARAMETERS
+    assert plan_cost.overhead(ddp.with_(shard="zero3", offload="optimizer")) == pytest.approx(1.15 * 1.5)

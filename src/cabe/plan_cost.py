@@ -11,7 +11,7 @@ change's cost is always the ratio of the two setups and two changes never count 
 * parameters sharded over several GPUs (ZeRO-3 / FSDP) ×1.15 — 1.5× DDP's communication volume (ZeRO paper §7);
   ZeRO-1 / ZeRO-2 move what DDP moves (×1).
 * CPU offload of the optimizer ×1.5 (ZeRO-Offload: CPU Adam and PCIe transfers), of parameters too ×2.5
-  (ZeRO-Infinity, PCIe-bound).
+  (ZeRO-Infinity, PCIe-bound: the whole step's figure, so not also ×1.15 for the sharded parameters).
 
 and, between two setups, ×1.1 per halving of the tokens of a micro-batch (smaller kernels; twice the accumulation
 keeps the tokens of a step). These are documented rules of thumb, not measurements of your run.
@@ -45,11 +45,11 @@ def overhead(s: TrainingSetup) -> float:
         f *= DEQUANT_4BIT
     if "paged" in s.optimizer:
         f *= PAGED_OPTIMIZER
+    if s.offload in ("parameters", "both"):
+        return f * OFFLOAD_PARAMETERS  # PCIe-bound: ZeRO-Infinity's figure is the whole step, its gathers included
     if s.gpus > 1 and (s.shard == "zero3" or s.shard.startswith("fsdp")):
         f *= SHARDED_PARAMETERS
-    if s.offload in ("parameters", "both"):
-        f *= OFFLOAD_PARAMETERS
-    elif s.offload == "optimizer":
+    if s.offload == "optimizer":
         f *= OFFLOAD_OPTIMIZER
     return f
 
