@@ -123,3 +123,20 @@ def test_lora_raises_only_cabe_errors(model, kwargs, output):
 def test_bad_models_are_typed_errors(fn, model):
     with pytest.raises(cabe.CabeError):
         fn(model, gpu="l4") if fn in (cabe.fit,) else fn(model)
+
+
+@SETTINGS
+@given(
+    command=st.sampled_from(["trace", "api.infer", "api.estimate", "api.fit"]),
+    data=st.data(),
+)
+def test_trace_arguments_are_checked_with_typed_errors(command, data):
+    # cabe.trace checks its Python values with cabe.request_check before torch loads; a trace is too slow to fuzz,
+    # the check is not
+    from cabe.request_check import check_values
+
+    kwargs = data.draw(_kwargs(command))
+    try:
+        check_values(kwargs, command)
+    except cabe.CabeError as e:
+        assert str(e) and e.to_dict("es")["message"]

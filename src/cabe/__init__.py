@@ -163,6 +163,7 @@ def _trace(model: Any = None, **options: Any) -> Answer:
     from cabe import schema
     from cabe.cli import trace as trace_command
     from cabe.errors import InvalidValueError as Invalid
+    from cabe.request_check import check_values
 
     body, lang, units = _request(model, options)
     if "config" in body:
@@ -171,12 +172,10 @@ def _trace(model: Any = None, **options: Any) -> Answer:
     unknown = [k for k in body if k not in known]
     if unknown:
         raise Invalid("unknown_field", unknown[0], allowed=", ".join(known))
+    check_values(body, "trace")  # Python values, where the command line has strings argparse and the core convert
     args = argparse.Namespace(json=False, lang=lang, units=units)
     for f in schema.fields_for("trace", output=False):
         setattr(args, f.dest, body.get(f.name, f.default if f.cli_default else None))
-    for f in schema.fields_for("trace", output=False):
-        if f.cli_typed and f.name in body:
-            _typed(f, body[f.name])
     out = trace_command.gather(args)
 
     def render(data: dict[str, Any], lang: str, units: str) -> str:
@@ -185,20 +184,6 @@ def _trace(model: Any = None, **options: Any) -> Answer:
     total = out.get("peak_bytes")
     summary = f"model={body.get('model')!r}, peak_bytes={total}"
     return Answer(out, command="trace", render=render, lang=lang, units=units, summary=summary)
-
-
-def _typed(f: Any, value: Any) -> None:
-    """A field argparse types on the command line (``steps``, ``mode``), checked as the schema declares it."""
-    from cabe.errors import InvalidValueError as Invalid
-
-    if f.type is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise Invalid("not_integer", f.name, value=value)
-        lo, hi = f.minimum, f.maximum
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise Invalid("out_of_range", f.name, value=value, minimum=lo, maximum=hi if hi is not None else "∞")
-    elif f.choices is not None and value not in f.choices:
-        raise Invalid("bad_choice", f.name, value=value, allowed=", ".join(f.choices))
 
 
 class _TraceModule(types.ModuleType):
