@@ -60,7 +60,7 @@ def test_api_fields() -> None:
     from cabe import api
 
     assert schema.names("api.estimate") == api.REQUEST_FIELDS
-    assert schema.names("api.fit") == api.REQUEST_FIELDS + ("solve",)
+    assert schema.names("api.fit") == api.REQUEST_FIELDS + ("solve", "mfu", "tokens", "price_per_gpu_hour")
 
 
 def test_infer_fields_are_what_the_core_accepts() -> None:

@@ -26,8 +26,9 @@ from cabe import gpus as gpu_catalog
 from cabe import models, schema, via_trace
 from cabe.analytic import estimate_lesson, estimate_model, estimate_simple
 from cabe.errors import CabeError, InvalidValueError
+from cabe.method import LoraTarget, lora_parameters
 from cabe.report import Report
-from cabe.training import TrainingSetup
+from cabe.training import TrainingSetup, parse_targets
 
 SETUP_FIELDS = tuple(f.name for f in schema.SETUP_FIELDS)
 #: what ``build`` accepts (besides ``lang`` and ``units``), in the order error messages list them
@@ -100,7 +101,9 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False, trace: str | No
         raise InvalidValueError("missing_model", "model")
     card_name = body.get("gpu")
     if card_name:
-        card = gpu_catalog.gpu(str(card_name))
+        if not isinstance(card_name, str):  # a card is named (10**5000 would fail str() itself)
+            raise InvalidValueError("not_string", "gpu", value=card_name)
+        card = gpu_catalog.gpu(card_name)
         if report.mode == "architecture":
             report = _with(report, cuda_context_bytes=card.cuda_context_bytes)
         bf16 = src is not None and gpu_catalog.needs_bf16(report)
@@ -149,3 +152,95 @@ def estimate_json(
 
 def error_json(err: CabeError, lang: str = "en") -> dict[str, Any]:
     return {"error": err.to_dict(lang)}
+
+
+# ---- /api/lora, cabe.lora -------------------------------------------------------------------------
+def check_fields(body: Any, command: str) -> None:
+    """Refuse a key the endpoint's schema does not declare (``unknown_field``, with the field names
+    listed as the core lists them: without ``lang`` / ``units``). Anything but an object is left to
+    the endpoint's own ``body_not_object``."""
+    if not isinstance(body, Mapping):
+        return
+    accepted = schema.accepted(command)
+    for key in body:
+        if key not in accepted:
+            raise InvalidValueError("unknown_field", key, allowed=", ".join(schema.names(command)))
+
+
+def _unaliased(body: Mapping[str, Any], command: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The body with older names (``rank``) under the field's name (``lora_rank``), and the name each
+    field was sent as (errors name what the asker wrote). Both names at once: ``alias_conflict``."""
+    out = dict(body)
+    sent: dict[str, str] = {}
+    for alias, name in schema.aliases(command).items():
+        if alias not in out:
+            continue
+        if name in out:
+            raise InvalidValueError("alias_conflict", alias, name=name)
+        out[name] = out.pop(alias)
+        sent[name] = alias
+    return out, sent
+
+
+def _int(f: schema.Field, value: Any, name: str) -> int:
+    """An integer field in the schema's range, or ``not_integer`` / ``out_of_range`` about ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidValueError("not_integer", name, value=value)
+    lo, hi = int(f.minimum if f.minimum is not None else value), int(f.maximum if f.maximum is not None else value)
+    if not lo <= value <= hi:
+        raise InvalidValueError("out_of_range", name, value=value, minimum=lo, maximum=hi)
+    return value
+
+
+def _lora_targets(value: Any, name: str) -> tuple[str, ...]:
+    """A list of module names, one comma string, or nothing given (PEFT's default for the model)."""
+    if value is None or value == "":
+        return tuple(schema.field("lora_targets").default)
+    if isinstance(value, str):
+        return parse_targets(value)
+    if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
+        return tuple(value)
+    raise InvalidValueError("empty_list" if value == [] else "not_string", name, value=value)
+
+
+def lora_json(body: Any, *, allow_files: bool = False) -> dict[str, Any]:
+    """``POST /api/lora`` and ``cabe.lora``: adapter parameters per target module (``lora_rank`` / ``lora_targets``,
+    or the older ``rank`` / ``targets``). The answer keeps its ``rank`` / ``targets`` keys."""
+    return lora_answer(*lora_rows(body, allow_files=allow_files))
+
+
+def lora_rows(body: Any, *, allow_files: bool = False) -> tuple[models.ModelSource, int, list[LoraTarget]]:
+    """The model, the rank and :func:`cabe.method.lora_parameters`' rows a LoRA request asks for."""
+    if not isinstance(body, Mapping):
+        raise InvalidValueError("body_not_object", None)
+    check_fields(body, "api.lora")
+    req, sent = _unaliased(body, "api.lora")
+    src = model_source(req, allow_files=allow_files)
+    if src is None:
+        raise InvalidValueError("missing_model", "model")
+    rank_field = schema.field("lora_rank", "api.lora")
+    rank = _int(rank_field, req.get("lora_rank", rank_field.default), sent.get("lora_rank", "lora_rank"))
+    targets = _lora_targets(req.get("lora_targets"), sent.get("lora_targets", "lora_targets"))
+    return src, rank, lora_parameters(src.spec, rank, targets)
+
+
+def lora_answer(src: models.ModelSource, rank: int, rows: list[LoraTarget]) -> dict[str, Any]:
+    spec = src.spec
+    return {
+        "model": src.name,
+        "rank": rank,
+        "targets": [r.name for r in rows],
+        "num_layers": spec.num_layers,
+        "per_target": [
+            {
+                "name": r.name,
+                "in_features": r.in_features,
+                "out_features": r.out_features,
+                "per_layer": r.per_layer,
+                "parameters": r.parameters,
+            }
+            for r in rows
+        ],
+        "total_parameters": sum(r.parameters for r in rows),
+        "model_parameters": src.meta.get("parameters"),
+    }

@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from cabe.i18n import error_message, fmt_number
+from cabe.i18n import error_message, fmt_number, safe_str
 
 
 class CabeError(ValueError):
@@ -33,7 +33,22 @@ class CabeError(ValueError):
         self.code = code
         self.field = field
         self.params: Mapping[str, Any] = dict(params)
-        super().__init__(f"{code}: field={field} {self.params}")
+        # the sentence is written when asked for (``str``), in the catalog's words: never here, where a value too
+        # large to print (10**5000) would raise while the error is being made
+        super().__init__(code)
+
+    def __str__(self) -> str:
+        """The one-sentence message, in English (``to_dict(lang)`` or :func:`cabe.i18n.error_message` for another)."""
+        try:
+            return error_message(self, "en")
+        except Exception:  # a value no catalog sentence can hold: the code and the field still say what is wrong
+            return f"{self.code} ({self.field})" if self.field else self.code
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, field={self.field!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled whole (a worker process hands errors back)
+        return (_rebuild, (type(self), self.code, self.field, dict(self.params)))
 
     def to_dict(self, lang: str = "en") -> dict[str, Any]:
         return {
@@ -42,6 +57,10 @@ class CabeError(ValueError):
             "params": {k: _jsonable(v) for k, v in self.params.items()},
             "message": error_message(self, lang),
         }
+
+
+def _rebuild(cls: type[CabeError], code: str, field: str | None, params: dict[str, Any]) -> CabeError:
+    return cls(code, field, **params)
 
 
 def _jsonable(v: Any) -> Any:
@@ -55,7 +74,7 @@ def _jsonable(v: Any) -> Any:
         return v
     if isinstance(v, (list, tuple)):
         return [_jsonable(x) for x in v]
-    return str(v)
+    return safe_str(v)
 
 
 class InvalidValueError(CabeError):

@@ -717,9 +717,32 @@ _FIT: tuple[Field, ...] = (
         choices=("batch", "seq", "gpus", "changes"),
         flags=_flag("solve"),
     ),
-    Field("mfu", float, "fit", ("fit",), 0.4, minimum=0, maximum=1, exclusive_minimum=True, flags=_flag("mfu")),
     Field(
-        "tokens", float, "fit", ("fit",), None, minimum=0, exclusive_minimum=True, unit="tokens", flags=_flag("tokens")
+        "mfu", float, "fit", ("fit", "api.fit"), 0.4, minimum=0, maximum=1, exclusive_minimum=True, flags=_flag("mfu")
+    ),
+    Field(
+        "tokens",
+        float,
+        "fit",
+        ("fit", "api.fit"),
+        None,
+        minimum=0,
+        maximum=1e16,
+        exclusive_minimum=True,
+        unit="tokens",
+        flags=_flag("tokens"),
+    ),
+    # the run's GPU-hours (for the setup that fits) times this: its cost (cabe.plan_cost.run_cost)
+    Field(
+        "price_per_gpu_hour",
+        float,
+        "fit",
+        ("fit", "api.fit"),
+        None,
+        minimum=0,
+        maximum=1e9,
+        unit="per GPU-hour",
+        flags=_flag("price_per_gpu_hour"),
     ),
 )
 

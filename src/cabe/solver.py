@@ -7,55 +7,27 @@ binary search finds it, so a solve is a few dozen estimates (milliseconds), neve
 decrements. "Fits" always means ``cabe.gpus.fit(report, card)["fits"]``: reserved memory (peak +
 allocator slack) plus the CUDA context within the card's memory.
 
-Relative slowdowns of the candidate changes (time per optimizer step, ×, 1.0 = unchanged); they are
-documented rules of thumb, not measurements of your run:
-
-* gradient checkpointing ×1.33 — one more forward: (2 + 4 + 2)·N vs (2 + 4)·N FLOPs per token.
-* 8-bit AdamW ×1.0 (bitsandbytes' blockwise kernels are as fast as fused AdamW); paged ×1.05.
-* LoRA from full ×0.67 — no weight gradients of the base: 4·N vs 6·N FLOPs per token (changes what
-  is trained); QLoRA ×0.87 (the LoRA figure × 1.3 for 4-bit dequantization, QLoRA paper / bnb).
-* lower LoRA rank ×1.0.
-* ZeRO-1 / ZeRO-2 ×1.0 (same communication volume as DDP, ZeRO paper §7), ZeRO-3 / FSDP ×1.15
-  (1.5× DDP's communication volume).
-* CPU offload of the optimizer ×1.5 (ZeRO-Offload: CPU Adam + PCIe transfers), of parameters ×2.5
-  (ZeRO-Infinity, PCIe-bound).
-* more GPUs ×1.0 per step per GPU (fewer tokens per GPU when the global batch is fixed; more
-  GPU-hours through communication).
-* halving the micro-batch or the sequence with twice the accumulation ×1.1 (smaller kernels).
+What each change costs is :mod:`cabe.plan_cost`'s time model: GPU-hours and wall-clock time for the same tokens,
+relative to the current setup (a ratio of two setups, so a change is never charged against a baseline it does not
+start from, and two changes never count one saving twice).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cabe import api, memo
+from cabe import api, memo, plan_cost, schema
 from cabe import gpus as gpu_catalog
 from cabe.analytic import estimate_model
 from cabe.architecture import ModelSpec
 from cabe.errors import CabeError, InvalidValueError
 from cabe.gpus import Gpu
 from cabe.report import Report
-from cabe.training import MAX_BATCH, MAX_SEQ, TrainingSetup
-
-SLOWDOWN: dict[str, float] = {
-    "checkpointing": 1.33,
-    "optimizer_8bit": 1.0,
-    "optimizer_paged_8bit": 1.05,
-    "lora": 0.67,
-    "qlora": 0.87,
-    "lower_rank": 1.0,
-    "zero1": 1.0,
-    "zero2": 1.0,
-    "zero3": 1.15,
-    "fsdp": 1.15,
-    "offload_optimizer": 1.5,
-    "offload_parameters": 2.5,
-    "more_gpus": 1.0,
-    "smaller_batch_accum": 1.1,
-    "shorter_seq_accum": 1.1,
-}
+from cabe.training import MAX_BATCH, MAX_SEQ, TrainingSetup, number
 
 MAX_GPUS = 4096
 
@@ -256,9 +228,136 @@ def _shape_changes(s: TrainingSetup) -> list[Change]:
     return c
 
 
+#: changes that exclude each other in one combination (one optimizer, one method, one placement of the states)
+GROUPS: dict[str, str] = {
+    "checkpointing": "checkpointing",
+    "optimizer_8bit": "optimizer",
+    "optimizer_paged_8bit": "optimizer",
+    "lora": "method",
+    "qlora": "method",
+    "lower_rank": "rank",
+    **dict.fromkeys(("zero1", "zero2", "zero3", "fsdp", "offload_optimizer", "offload_parameters"), "placement"),
+    "more_gpus": "placement",
+    "smaller_batch_accum": "batch",
+    "shorter_seq_accum": "seq",
+}
+#: the most combinations whose memory is estimated before the search gives up (each is one estimate)
+MAX_TRIED = 48
+
+
+def _row(spec: ModelSpec, setup: TrainingSetup, card: Gpu, base: int, code: str, change: dict, r: Report) -> dict:
+    f = gpu_catalog.fit(r, card)
+    new = setup.with_(**change)
+    x = plan_cost.factors(spec, setup, new)
+    return {
+        "change": code,
+        "set": change,
+        "total_bytes": r.total_bytes,
+        "needed_bytes": f["needed_bytes"],
+        "saved_bytes": base - f["needed_bytes"],
+        "fits": f["fits"],
+        "slowdown": x["time"],
+        "gpu_hours_factor": x["gpu_hours"],
+        "host_ram_bytes_per_node": (r.extra.get("distributed") or {}).get("host_ram_bytes_per_node", 0),
+    }
+
+
+def _apply(spec: ModelSpec, setup: TrainingSetup, card: Gpu, codes: tuple[str, ...], fixed: Mapping[str, dict]):
+    """The setup the changes ``codes`` reach, each derived from the setup reached so far (LoRA's rank after LoRA),
+    and the steps; None when one of them does not apply there."""
+    cur, steps = setup, []
+    for code in codes:
+        step = fixed.get(code) or dict(_candidates(spec, cur, card)).get(code)
+        if step is None:
+            return None
+        try:
+            nxt = cur.with_(**step)
+        except CabeError:
+            return None
+        steps.append((code, step, cur, nxt))
+        cur = nxt
+    return cur, steps
+
+
+def _cheapest(
+    spec: ModelSpec, setup: TrainingSetup, card: Gpu, rows: list[dict[str, Any]]
+) -> tuple[TrainingSetup, list[tuple[str, dict, TrainingSetup, TrainingSetup]]] | None:
+    """The combination of the single changes that save memory (at most one per :data:`GROUPS` group) that fits at the
+    fewest GPU-hours, then the fewest steps, then the least wall-clock time; and of which no step can be left out
+    (each one is needed to fit). Combinations are ranked by their cost, which needs no memory estimate, and
+    estimated in that order until one fits. None: none fits (or none within :data:`MAX_TRIED` estimates)."""
+    fixed = {r["change"]: r["set"] for r in rows if r["change"] == "more_gpus"}
+    order = list(GROUPS)
+    groups: dict[str, list[str]] = {}
+    for r in rows:
+        groups.setdefault(GROUPS[r["change"]], []).append(r["change"])
+    ranked = []
+    for pick in itertools.product(*[[None, *cs] for cs in groups.values()]):
+        codes = tuple(sorted((c for c in pick if c), key=order.index))
+        if not codes:
+            continue
+        reached = _apply(spec, setup, card, codes, fixed)
+        if reached is None:
+            continue
+        try:
+            x = plan_cost.factors(spec, setup, reached[0])
+        except CabeError:
+            continue
+        ranked.append((x["gpu_hours"], len(codes), x["time"], codes, reached))
+    ranked.sort(key=lambda c: c[:3])
+    for _g, _n, _t, codes, reached in ranked[:MAX_TRIED]:
+        if _fits(spec, reached[0], card)[0] and _needed(spec, setup, card, codes, fixed) == codes:
+            return reached
+    return _greedy(spec, setup, card, rows, fixed)
+
+
+def _greedy(
+    spec: ModelSpec, setup: TrainingSetup, card: Gpu, rows: list[dict[str, Any]], fixed: Mapping[str, dict]
+) -> tuple[TrainingSetup, list[tuple[str, dict, TrainingSetup, TrainingSetup]]] | None:
+    """Past :data:`MAX_TRIED`: the changes added cheapest first while each lowers the need (one per group) until it
+    fits, then every step it fits without left out (:func:`_needed`)."""
+    order = list(GROUPS)
+    codes: tuple[str, ...] = ()
+    need = None
+    for r in sorted(rows, key=lambda r: (r["gpu_hours_factor"], -r["saved_bytes"])):
+        # in place of the change of its group taken so far (the parameters' offload after the optimizer's)
+        others = (c for c in codes if GROUPS[c] != GROUPS[r["change"]])
+        trial = tuple(sorted((*others, r["change"]), key=order.index))
+        got = _apply(spec, setup, card, trial, fixed)
+        ok, rep = _fits(spec, got[0], card) if got else (False, None)
+        if rep is None:
+            continue
+        trial_need = gpu_catalog.fit(rep, card)["needed_bytes"]
+        if need is not None and trial_need >= need:
+            continue
+        codes, need = trial, trial_need
+        if ok:
+            return _apply(spec, setup, card, _needed(spec, setup, card, codes, fixed), fixed)
+    return None
+
+
+def _needed(
+    spec: ModelSpec, setup: TrainingSetup, card: Gpu, codes: tuple[str, ...], fixed: Mapping[str, dict]
+) -> tuple[str, ...]:
+    """``codes`` without the steps the combination fits without (the costliest tried first)."""
+    kept = list(codes)
+    for left in sorted(codes, key=lambda c: -_step_cost(spec, setup, card, c, fixed)):
+        fewer = tuple(c for c in kept if c != left)
+        got = _apply(spec, setup, card, fewer, fixed) if fewer else None
+        if got is not None and _fits(spec, got[0], card)[0]:
+            kept = list(fewer)
+    return tuple(kept)
+
+
+def _step_cost(spec: ModelSpec, setup: TrainingSetup, card: Gpu, code: str, fixed: Mapping[str, dict]) -> float:
+    got = _apply(spec, setup, card, (code,), fixed)
+    return plan_cost.factors(spec, setup, got[0])["gpu_hours"] if got else 0.0
+
+
 def make_it_fit(spec: ModelSpec, setup: TrainingSetup, card: Gpu) -> dict[str, Any]:
-    """Single changes ranked by memory saved and by slowdown, each with its resulting figure, and a
-    cumulative plan (cheapest changes first) that fits when one exists."""
+    """Single changes ranked by memory saved and by their cost in GPU-hours, each with its resulting figure and its
+    time and GPU-hours for the same tokens relative to the current setup (:mod:`cabe.plan_cost`); and the cheapest
+    combination that fits, every step of it needed (:func:`_cheapest`)."""
     now_ok, now = _fits(spec, setup, card)
     if now is None:
         now = estimate_model(spec, setup)  # raises the user's error
@@ -266,61 +365,41 @@ def make_it_fit(spec: ModelSpec, setup: TrainingSetup, card: Gpu) -> dict[str, A
     rows: list[dict[str, Any]] = []
     for code, change in _candidates(spec, setup, card):
         try:
-            new = setup.with_(**change)
-            r = estimate_model(spec, new)
+            r = estimate_model(spec, setup.with_(**change))
         except CabeError:
             continue
-        f = gpu_catalog.fit(r, card)
-        rows.append(
-            {
-                "change": code,
-                "set": change,
-                "total_bytes": r.total_bytes,
-                "needed_bytes": f["needed_bytes"],
-                "saved_bytes": base - f["needed_bytes"],
-                "fits": f["fits"],
-                "slowdown": SLOWDOWN[code],
-                "host_ram_bytes_per_node": (r.extra.get("distributed") or {}).get("host_ram_bytes_per_node", 0),
-            }
-        )
+        rows.append(_row(spec, setup, card, base, code, change, r))
     more = min_gpus(spec, setup, card) if setup.gpus >= 1 else None
     if more and more["value"] and more["value"] != setup.gpus:
-        rows.append(
-            {
-                "change": "more_gpus",
-                "set": {"gpus": more["value"], "shard": more["shard"]},
-                "total_bytes": more["at_value"]["total_bytes"],
-                "needed_bytes": more["at_value"]["needed_bytes"],
-                "saved_bytes": base - more["at_value"]["needed_bytes"],
-                "fits": True,
-                "slowdown": SLOWDOWN["more_gpus"],
-                "host_ram_bytes_per_node": 0,
-            }
-        )
-    rows = [r for r in rows if r["saved_bytes"] > 0]
+        change = {
+            "gpus": more["value"],
+            "shard": more["shard"],
+            **({"param_dtype": more["param_dtype"]} if more.get("param_dtype") else {}),
+        }
+        with contextlib.suppress(CabeError):  # a count the setup cannot take (a layout it refuses): no row
+            rows.append(_row(spec, setup, card, base, "more_gpus", change, estimate_model(spec, setup.with_(**change))))
+    rows = [r for r in rows if r["saved_bytes"] > 0]  # a change that saves nothing is no answer
     by_memory = sorted(rows, key=lambda r: -r["saved_bytes"])
-    by_speed = sorted(rows, key=lambda r: (not r["fits"], r["slowdown"], -r["saved_bytes"]))
-    # cumulative plan: cheapest changes first; each is re-derived from the setup reached so far and
-    # kept only if it lowers the need
+    by_speed = sorted(rows, key=lambda r: (not r["fits"], r["gpu_hours_factor"], r["slowdown"], -r["saved_bytes"]))
+    found = None if now_ok else _cheapest(spec, setup, card, rows)
     plan: list[dict[str, Any]] = []
-    cur, cur_need, fits = setup, base, now_ok
-    for code in sorted({r["change"] for r in rows if r["change"] != "more_gpus"}, key=lambda c: SLOWDOWN[c]):
-        if fits:
-            break
-        step = dict(_candidates(spec, cur, card)).get(code)
-        if step is None:
-            continue
-        try:
-            nxt = cur.with_(**step)
-            f = gpu_catalog.fit(estimate_model(spec, nxt), card)
-        except CabeError:
-            continue
-        if f["needed_bytes"] < cur_need:
-            cur, cur_need, fits = nxt, f["needed_bytes"], f["fits"]
-            plan.append({"change": code, "set": step, "needed_bytes": cur_need, "fits": fits})
-    slowdown = 1.0
-    for p in plan:
-        slowdown *= SLOWDOWN[p["change"]]
+    reached = setup
+    if found is not None:
+        reached, steps = found
+        for code, step, before, after in steps:
+            f = gpu_catalog.fit(estimate_model(spec, after), card)
+            x = plan_cost.factors(spec, before, after)  # relative to the setup before the step: they multiply
+            plan.append(
+                {
+                    "change": code,
+                    "set": step,
+                    "needed_bytes": f["needed_bytes"],
+                    "fits": f["fits"],
+                    "slowdown": x["time"],
+                    "gpu_hours_factor": x["gpu_hours"],
+                }
+            )
+    total = plan_cost.factors(spec, setup, reached)
     return {
         "solve": "changes",
         "fits_now": now_ok,
@@ -328,7 +407,13 @@ def make_it_fit(spec: ModelSpec, setup: TrainingSetup, card: Gpu) -> dict[str, A
         "card_bytes": card.memory_bytes,
         "by_memory": by_memory,
         "by_speed": by_speed,
-        "plan": {"steps": plan, "fits": fits, "slowdown": round(slowdown, 3), "setup": cur.to_dict() if plan else None},
+        "plan": {
+            "steps": plan,
+            "fits": now_ok or found is not None,
+            "slowdown": total["time"],
+            "gpu_hours_factor": total["gpu_hours"],
+            "setup": reached.to_dict() if plan else None,
+        },
     }
 
 
@@ -355,24 +440,72 @@ def solve(spec: ModelSpec, setup: TrainingSetup, card: Gpu, what: tuple[str, ...
     return out
 
 
+#: the fields of ``api.fit`` beside the training request of :mod:`cabe.api` (solve, mfu, tokens, price_per_gpu_hour)
+FIT_FIELDS = tuple(n for n in schema.names("api.fit") if n not in api.REQUEST_FIELDS)
+
+
 def plan_json(body: Mapping[str, Any], *, allow_files: bool = False) -> dict[str, Any]:
-    """``POST /api/fit``: the request dict of :mod:`cabe.api` with ``gpu`` required and an optional
-    ``solve`` (a list or comma string of batch, seq, gpus, changes). Raises CabeError."""
+    """``cabe fit --json``, ``POST /api/fit`` and ``cabe.fit``: the request dict of :mod:`cabe.api` with ``gpu``
+    required, an optional ``solve`` (a list or comma string of batch, seq, gpus, changes) and, for the time of the
+    setup that fits, ``tokens``, ``mfu`` and ``price_per_gpu_hour`` (:func:`timed`). Raises CabeError."""
     if not isinstance(body, Mapping):
         raise InvalidValueError("body_not_object", None)
     body = dict(body)
     what = body.pop("solve", None) or SOLVES
     if isinstance(what, str):
         what = tuple(w.strip() for w in what.split(",") if w.strip())
+    if not isinstance(what, (list, tuple)) or not all(isinstance(w, str) for w in what):
+        raise InvalidValueError("bad_choice", "solve", value=what, allowed=", ".join(SOLVES))
     card_name = body.pop("gpu", None)
     if not card_name:
         raise InvalidValueError("missing_gpu", "gpu")
+    if not isinstance(card_name, str):
+        raise InvalidValueError("not_string", "gpu", value=card_name)
+    timing = {k: body.pop(k) for k in ("tokens", "mfu", "price_per_gpu_hour") if k in body}
+    timing = {k: _timing_value(k, v) for k, v in timing.items() if v is not None and v != ""}  # checked before solving
     unknown = [k for k in body if k not in api.REQUEST_FIELDS and k not in ("lang", "units")]
     if unknown:
-        raise InvalidValueError("unknown_field", unknown[0], allowed=", ".join(api.REQUEST_FIELDS + ("solve",)))
+        raise InvalidValueError("unknown_field", unknown[0], allowed=", ".join(api.REQUEST_FIELDS + FIT_FIELDS))
     src = api.model_source(body, allow_files=allow_files)
     if src is None:
         raise InvalidValueError("missing_model", "model")
     setup = api.setup_from(body)
-    card = gpu_catalog.gpu(str(card_name))
-    return solve(src.spec, setup, card, tuple(what))
+    card = gpu_catalog.gpu(card_name)
+    out = solve(src.spec, setup, card, tuple(what))
+    if timing:
+        out["time"] = timed(src.spec, setup, card, out, **timing)
+    return out
+
+
+def _timing_value(name: str, value: Any) -> float:
+    f = schema.field(name, "api.fit")
+    hi = f.maximum if f.maximum is not None else 1e300
+    return number(name, value, minimum=f.minimum or 0.0, maximum=hi, strict=f.exclusive_minimum)
+
+
+def timed(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    card: Gpu,
+    out: Mapping[str, Any],
+    *,
+    tokens: float | None = None,
+    mfu: float | None = None,
+    price_per_gpu_hour: float | None = None,
+) -> dict[str, Any]:
+    """The time of a step and, with ``tokens``, the run's hours, GPU-hours and cost, of the setup that fits: the
+    current one when it fits, else the cheapest combination (:func:`make_it_fit`); ``for`` says which (None: nothing
+    fits, so no time). The numbers as :func:`plan_json` checked them."""
+    t, price = tokens, price_per_gpu_hour
+    u = schema.field("mfu").default if mfu is None else mfu
+    if out["now"]["fits"]:
+        which, target = "now", setup
+    else:
+        changes = out.get("changes") or make_it_fit(spec, setup, card)
+        plan = changes["plan"]
+        if not plan["fits"] or not plan["steps"]:
+            return {"for": None, "tokens": t, "mfu": u, "price_per_gpu_hour": price}
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in plan["setup"].items()}
+        which, target = "plan", TrainingSetup(**values)
+    res = plan_cost.run_cost(spec, setup, target, card, tokens=t, mfu=u, price=price)
+    return {"for": which, **res}

@@ -456,6 +456,8 @@ def number(
         x = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise InvalidValueError("not_number", name, value=value) from None
+    except OverflowError:  # an integer past float's range (10**400)
+        raise InvalidValueError("out_of_range", name, value=value, minimum=minimum, maximum=maximum) from None
     if math.isnan(x) or math.isinf(x):
         raise InvalidValueError("not_finite", name, value=value)
     if (strict and x <= minimum) or x < minimum:

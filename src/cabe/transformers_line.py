@@ -86,8 +86,10 @@ def parse(value: object) -> str:
     """A request's ``transformers``: ``"4"``, ``"5"`` or a version string (``"4.51.3"``, ``"5.25.0"``), returned
     as given but stripped; a typed error for anything else, a 4.x older than :data:`OLDEST` or a major line cabe
     does not know."""
-    text = str(value).strip().lower().removeprefix("v")
-    m = _VERSION.match(text) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    # (an integer of 10**5000 is no version, and str() of it raises: refused before it is written)
+    readable = isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 100)
+    text = str(value).strip().lower().removeprefix("v") if readable else ""
+    m = _VERSION.match(text) if readable else None
     if m is None:
         raise InvalidValueError("transformers_version", "transformers", value=value)
     major, minor = int(m.group(1)), int(m.group(2) or 0)

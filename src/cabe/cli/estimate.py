@@ -52,8 +52,6 @@ def render(report: Any, args: argparse.Namespace, lang: str, units: str) -> str:
 def fits_on_line(report: Any, lang: str) -> str:
     """ "Fits on: ..." — the first eight cards of the catalog that hold the run."""
     from cabe import gpus
+    from cabe.report.text import fits_on_line as line
 
-    fits_on = gpus.fits_on(report)
-    if not fits_on:
-        return t("ui.fits_on_none", lang)
-    return t("ui.fits_on", lang, list=", ".join(fits_on[:8]) + (" …" if len(fits_on) > 8 else ""))
+    return line(gpus.fits_on(report), lang)

@@ -8,7 +8,6 @@ from typing import Any
 
 from cabe import jsonio, schema
 from cabe.cli import options
-from cabe.errors import InvalidValueError
 from cabe.i18n import fmt_number, t
 
 COMMAND = "fit"
@@ -21,24 +20,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def gather(args: argparse.Namespace) -> dict[str, Any]:
-    from cabe import api, gpus, solver
+    from cabe import solver
 
+    # the training request and the fit fields (gpu, solve, tokens, mfu, price), solved as /api/fit solves them
     body = options.request(args, COMMAND)
-    card_name = body.pop("gpu", None)
-    src = api.model_source(body, allow_files=True)
-    if src is None:
-        raise InvalidValueError("missing_model", "model")
-    setup = api.setup_from(body)
-    card = gpus.gpu(str(card_name))
-    what = tuple(w.strip() for w in args.solve.split(",")) if args.solve else solver.SOLVES
-    out = solver.solve(src.spec, setup, card, what)
-    if args.tokens is not None or args.mfu is not None:
-        from cabe.flops import run_time
-
-        tokens = schema.to_float("tokens", args.tokens) if args.tokens is not None else None
-        mfu = schema.to_float("mfu", args.mfu) if args.mfu is not None else schema.field("mfu").default
-        out["time"] = run_time(src.spec, setup, card, tokens=tokens, mfu=mfu)
-    return out
+    body.update(schema.values_from_args(args, COMMAND, groups=("fit",)))
+    return solver.plan_json(body, allow_files=True)
 
 
 def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str) -> str:
@@ -105,36 +92,50 @@ def _change_label(r: dict, lang: str) -> str:
 
 
 def _changes(c: dict, lang: str, units: str) -> list[str]:
-    """The single changes by memory saved, then the cheapest combination that fits (if any)."""
+    """The single changes by memory saved, then the cheapest combination that fits (if any); time and GPU-hours
+    for the same tokens, relative to the current setup."""
     lines = ["", t("plan.changes_header", lang)]
     for r in c["by_memory"]:
         label = _change_label(r, lang)
         verdict = t("ui.fits" if r["fits"] else "ui.does_not_fit", lang)
         lines.append(
-            f"  {label:<52} {_b(r['needed_bytes'], lang, units):>11}  "
-            f"−{_b(r['saved_bytes'], lang, units):>10}  ×{fmt_number(r['slowdown'], lang, 2):<5} {verdict}"
+            f"  {label:<46} {_b(r['needed_bytes'], lang, units):>11}  "
+            f"−{_b(r['saved_bytes'], lang, units):>10}  {_x(r['slowdown'], lang)} {_x(r['gpu_hours_factor'], lang)} "
+            f"{verdict}"
         )
     p = c["plan"]
-    lines.append("")
     if p["steps"] and p["fits"]:
-        lines.append(t("plan.plan_header", lang, slowdown=p["slowdown"]))
+        lines.append("")
+        slowdown, gpu_hours = (fmt_number(p[k], lang, 2) for k in ("slowdown", "gpu_hours_factor"))
+        lines.append(t("plan.plan_header", lang, slowdown=slowdown, gpu_hours=gpu_hours))
         for s in p["steps"]:
-            lines.append(f"  + {_change_label(s, lang):<50} → {_b(s['needed_bytes'], lang, units)}")
+            lines.append(
+                f"  + {_change_label(s, lang):<44} → {_b(s['needed_bytes'], lang, units):>11}  "
+                f"{_x(s['slowdown'], lang)} {_x(s['gpu_hours_factor'], lang)}".rstrip()
+            )
     elif not c["fits_now"]:
-        lines.append(t("plan.plan_none", lang))
+        lines += ["", t("plan.plan_none", lang)]
     return lines
 
 
+def _x(f: float, lang: str) -> str:
+    return f"×{fmt_number(f, lang, 2):<6}"
+
+
 def _time(tm: dict, lang: str) -> list[str]:
-    """The time per step and, given the tokens to train on, the run's hours and GPU-hours."""
+    """The time per step of the setup that fits (the current one, else the cheapest combination) and, given the
+    tokens to train on, the run's hours, GPU-hours and, given a price, its cost; nothing when nothing fits."""
+    if tm.get("for") is None:
+        return ["", t("plan.time_none", lang)]
     lines = [
         "",
         t(
-            "plan.time_step",
+            "plan.time_step" if tm["for"] == "now" else "plan.time_step_plan",
             lang,
-            seconds=round(tm["step_seconds"], 3),
-            tflops=round(tm["flops_per_step"] / 1e12, 1),
-            mfu=tm["mfu"],
+            seconds=fmt_number(round(tm["step_seconds"], 3), lang),
+            tflops=fmt_number(round(tm["flops_per_step"] / 1e12, 1), lang),
+            mfu=fmt_number(tm["mfu"], lang),
+            overhead=fmt_number(tm["overhead"], lang, 2),
         ),
     ]
     if tm.get("run_hours") is not None:
@@ -142,9 +143,20 @@ def _time(tm: dict, lang: str) -> list[str]:
             t(
                 "plan.time_run",
                 lang,
-                hours=round(tm["run_hours"], 2),
-                gpu_hours=round(tm["gpu_hours"], 1),
+                hours=fmt_number(round(tm["run_hours"], 2), lang),
+                gpu_hours=fmt_number(round(tm["gpu_hours"], 1), lang),
                 tokens=tm["tokens"],
             )
         )
+    if tm.get("cost") is not None:
+        lines.append(
+            t(
+                "plan.time_cost",
+                lang,
+                cost=fmt_number(round(tm["cost"], 2), lang),
+                price=fmt_number(tm["price_per_gpu_hour"], lang),
+            )
+        )
+    elif tm.get("price_per_gpu_hour") is not None:
+        lines.append(t("plan.time_cost_needs_tokens", lang))
     return lines

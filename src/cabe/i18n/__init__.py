@@ -52,10 +52,19 @@ def detect_lang(explicit: str | None = None) -> str:
     return "es" if loc.lower().startswith("es") else DEFAULT_LANG
 
 
+def safe_str(x: Any) -> str:
+    """``str(x)``, or its type's name where ``str`` itself fails (a list holding 10**5000 passes str()'s digit
+    limit): an error's sentence about a value must never raise while it is written."""
+    try:
+        return str(x)
+    except Exception:
+        return f"<{type(x).__name__}>"
+
+
 def fmt_number(x: Any, lang: str, digits: int | None = None) -> str:
     """7.5 -> '7.5' (en) / '7,5' (es); 6738415616 -> '6,738,415,616' / '6.738.415.616'."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return str(x)
+        return safe_str(x)
     if isinstance(x, int) and x.bit_length() > 200:  # ~60 digits: say how large, not every digit
         return f"{'-' if x < 0 else ''}10^{int((x.bit_length() - 1) * 0.30103)}"
     if isinstance(x, float) and (not math.isfinite(x) or abs(x) >= 1e15):

@@ -286,3 +286,19 @@ def _round_params(params: dict[str, Any]) -> dict[str, Any]:
         else:
             out[k] = v
     return out
+
+
+def fits_on_line(names: list[str], lang: str) -> str:
+    """ "Fits on: ..." — the first eight cards of the catalog that hold the run (:func:`cabe.gpus.fits_on`)."""
+    if not names:
+        return t("ui.fits_on_none", lang)
+    return t("ui.fits_on", lang, list=", ".join(names[:8]) + (" …" if len(names) > 8 else ""))
+
+
+def render_text(report: ReportData, *, lang: str = "en", units: str = "GB", fits_on: list[str] | None = None) -> str:
+    """What ``cabe estimate`` prints: the report, then (given the cards it fits on) the "Fits on" line."""
+    check_output(units, lang)
+    text = format_report(report, lang=lang, units=units)
+    if fits_on is not None and report.mode != "simple":
+        text += "\n" + fits_on_line(fits_on, lang)
+    return text

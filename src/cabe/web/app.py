@@ -14,12 +14,11 @@ from typing import Any
 
 from cabe import api, families, i18n, jsonio, models, schema
 from cabe import gpus as gpu_catalog
+from cabe.api import check_fields, lora_json
 from cabe.errors import CabeError, HubError, InvalidValueError, MissingDependencyError
 from cabe.hub import ServerHub
 from cabe.inference import infer_json
-from cabe.method import lora_parameters
 from cabe.solver import plan_json
-from cabe.training import parse_targets
 from cabe.web import page
 from cabe.web.body import MAX_BODY_BYTES, BadJson, BodyTimeout, BodyTooLarge, read_json
 from cabe.web.openapi import openapi_document
@@ -147,18 +146,6 @@ async def _guarded(request: Any, fn: Any) -> Any:
 ENDPOINTS = {"estimate": "api.estimate", "fit": "api.fit", "infer": "api.infer", "lora": "api.lora"}
 
 
-def check_fields(body: Any, command: str) -> None:
-    """Refuse a key the endpoint's schema does not declare (``unknown_field``, with the field names
-    listed as the core lists them: without ``lang`` / ``units``). Anything but an object is left to
-    the endpoint's own ``body_not_object``."""
-    if not isinstance(body, Mapping):
-        return
-    accepted = schema.accepted(command)
-    for key in body:
-        if key not in accepted:
-            raise InvalidValueError("unknown_field", key, allowed=", ".join(schema.names(command)))
-
-
 def _checked(command: str, fn: Any) -> Any:
     def run(body: Any) -> Any:
         check_fields(body, command)
@@ -182,77 +169,6 @@ async def fit(request: Any) -> Any:
 async def infer(request: Any) -> Any:
     """Inference / serving memory: weights by format, KV cache, concurrent sequences (cabe.inference)."""
     return await _guarded(request, _checked("api.infer", infer_json))
-
-
-def _unaliased(body: Mapping[str, Any], command: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """The body with older names (``rank``) under the field's name (``lora_rank``), and the name each
-    field was sent as (errors name what the asker wrote). Both names at once: ``alias_conflict``."""
-    out = dict(body)
-    sent: dict[str, str] = {}
-    for alias, name in schema.aliases(command).items():
-        if alias not in out:
-            continue
-        if name in out:
-            raise InvalidValueError("alias_conflict", alias, name=name)
-        out[name] = out.pop(alias)
-        sent[name] = alias
-    return out, sent
-
-
-def _int(f: schema.Field, value: Any, name: str) -> int:
-    """An integer field in the schema's range, or ``not_integer`` / ``out_of_range`` about ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidValueError("not_integer", name, value=value)
-    lo, hi = int(f.minimum if f.minimum is not None else value), int(f.maximum if f.maximum is not None else value)
-    if not lo <= value <= hi:
-        raise InvalidValueError("out_of_range", name, value=value, minimum=lo, maximum=hi)
-    return value
-
-
-def _lora_targets(value: Any, name: str) -> tuple[str, ...]:
-    """A list of module names, one comma string, or nothing given (PEFT's default for the model)."""
-    if value is None or value == "":
-        return tuple(schema.field("lora_targets").default)
-    if isinstance(value, str):
-        return parse_targets(value)
-    if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
-        return tuple(value)
-    raise InvalidValueError("empty_list" if value == [] else "not_string", name, value=value)
-
-
-def lora_json(body: Any) -> dict[str, Any]:
-    """``POST /api/lora``: adapter parameters per target module (``lora_rank`` / ``lora_targets``, or
-    the older ``rank`` / ``targets``). The answer keeps its ``rank`` / ``targets`` keys."""
-    if not isinstance(body, Mapping):
-        raise InvalidValueError("body_not_object", None)
-    check_fields(body, "api.lora")
-    req, sent = _unaliased(body, "api.lora")
-    src = api.model_source(req, allow_files=False)
-    if src is None:
-        raise InvalidValueError("missing_model", "model")
-    rank_field = schema.field("lora_rank", "api.lora")
-    rank = _int(rank_field, req.get("lora_rank", rank_field.default), sent.get("lora_rank", "lora_rank"))
-    targets = _lora_targets(req.get("lora_targets"), sent.get("lora_targets", "lora_targets"))
-    spec = src.spec
-    rows = lora_parameters(spec, rank, targets)
-    return {
-        "model": src.name,
-        "rank": rank,
-        "targets": [r.name for r in rows],
-        "num_layers": spec.num_layers,
-        "per_target": [
-            {
-                "name": r.name,
-                "in_features": r.in_features,
-                "out_features": r.out_features,
-                "per_layer": r.per_layer,
-                "parameters": r.parameters,
-            }
-            for r in rows
-        ],
-        "total_parameters": sum(r.parameters for r in rows),
-        "model_parameters": src.meta.get("parameters"),
-    }
 
 
 async def lora(request: Any) -> Any:
