@@ -1,0 +1,91 @@
+"""DeepSpeed ZeRO-2's bucket reduces in backward (cabe.parallel.zero ``_stage2_flushes``), golden figures against rank 0
+of DeepSpeed 0.19.8 traced on a fake group (``cabe trace ... --shard zero2``), with their arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from cabe import api
+from cabe.models import preset
+
+#: llama-3.1-8b cut to 4 layers (the ZeRO sampler's llama-3.1-8b-4l): embedding and lm_head 128,256 × 4,096 =
+#: 525,336,576 elements each, over ``reduce_bucket_size`` (5e8)
+LLAMA8_4L = {**preset("llama-3.1-8b").config, "num_hidden_layers": 4}
+HEAD = 128_256 * 4_096
+
+
+def _moments(report) -> dict[str, int]:
+    return {m["where"]: m["total_bytes"] for m in report.extra["moments"]}
+
+
+def test_oversized_head_gradient_reduced_whole_beside_its_cat():
+    """Full fp32 on 16 GPUs: the lm_head's gradient is over ``reduce_bucket_size``, so it is not copied into the bucket
+    (stage_1_and_2.py:1449-1453) but reduced alone at the final norm's hook, still in the loss head's backward: its
+    rank slices (five partitions of 1.92e9 / 16) flattened into one fp32 ``cat`` (allreduce_and_scatter, 1546-1588:
+    groups of just over 5e8 elements) beside the whole gradient and the fp32 bucket (5e8 × 4 B). Rank 0's partition
+    lies in the embedding, reduced last: no ``grads_in_partition`` before the end of backward. Traced: 15,607,090,176 B
+    at that moment (the lm_head's mm and its cat, 2,101,346,304 B each, and the 2e9 B bucket live)."""
+    r = api.build(
+        {"config": LLAMA8_4L, "method": "full", "dtype": "fp32", "autocast": "none", "param_dtype": "none"}
+        | {"optimizer_impl": "fused", "shard": "zero2", "gpus": 16, "checkpointing": True, "batch": 2, "seq": 1024}
+    )
+    assert r.extra["peak_at"] == "head.flush"
+    comps = r.components
+    assert comps["reduce_flat"] == comps["whole_grad_reduced"] == 4 * HEAD  # (a multiple of 512 already)
+    assert comps["ipg_buckets"] == 4 * 500_000_000
+    assert "grads_in_partition" not in comps
+    assert r.total_bytes == pytest.approx(15_607_090_176, rel=0.005)
+
+
+def test_lora_bucket_in_the_adapters_dtype():
+    """LoRA on a plain bf16 module keeps its adapters fp32 (peft), the optimizer's first parameter's dtype: stage 2's
+    bucket is that dtype (``self.dtype``, stage_1_and_2.py:394; ``setup_buckets``, 3256-3279): 5e8 × 4 B. Traced on
+    qwen2.5-0.5b, 64 GPUs: 3,655,014,912 B with the 2e9 B bucket (-27% with a bf16 one)."""
+    r = api.build(
+        {"model": "qwen2.5-0.5b", "method": "lora", "lora_rank": 64, "dtype": "bf16", "autocast": "none"}
+        | {"optimizer_impl": "foreach", "shard": "zero2", "gpus": 64, "batch": 1, "seq": 512}
+    )
+    assert r.components["ipg_buckets"] == 4 * 500_000_000
+    assert r.total_bytes == pytest.approx(3_655_014_912, rel=0.01)
+
+
+@pytest.mark.parametrize(("model", "gpus", "in_layers"), [("llama-2-7b", 2, True), ("llama-3.2-1b", 16, False)])
+def test_partition_made_at_the_reduce_that_holds_rank0s_gradients(model, gpus, in_layers):
+    """``grads_in_partition`` is made at the first reduce holding one of rank 0's parameters (copy_grads_in_partition,
+    stage_1_and_2.py:2184-2196): the flat order's first (the embedding, the bottom layers), the last reduced. llama-2-7b
+    on 2 GPUs: rank 0's 3.37e9 elements reach its 16th layer from the bottom (131e6 + 16 × 202.4e6), whose gradients
+    the bucket reduced at the 18th layer from the top (the 14th from the bottom) holds: from that moment on (and at the bottom layer's) the partition,
+    half the model whole in bf16, is live. llama-3.2-1b on 16 GPUs: rank 0's 1.24e9 / 16 elements lie in the tied
+    embedding's 262,668,288, reduced at the end: no layer's moment holds it."""
+    r = api.build(
+        {"model": model, "dtype": "fp32", "autocast": "none", "param_dtype": "bf16"}
+        | {"shard": "zero2", "gpus": gpus, "batch": 1, "seq": 256}
+    )
+    m = _moments(r)
+    gip = r.extra["distributed"]["per_gpu"]["gradients_bytes"]
+    assert gip > 0
+    assert ("bottom_layer.flush" in m) is in_layers
+    if in_layers:
+        assert m["layer_18_from_top.flush"] - m["layer_16_from_top.flush"] > 0.95 * gip
+
+
+@pytest.mark.parametrize(
+    ("dtype", "gpus", "batch", "traced"), [("fp32", 16, 4, 20_995_812_352), ("bf16", 64, 1, 16_129_968_128)]
+)
+def test_zero1_oversized_embedding_cat_beside_every_whole_gradient(dtype, gpus, batch, traced):
+    """Stage 1 reduces after the backward, in the module's order (stage_1_and_2.py:958-978): the embedding first, over
+    ``reduce_bucket_size``, so not copied into the bucket but flattened whole (its 525,336,576 elements in fp32:
+    2,101,346,304 B) while every gradient is still whole beside the fp32 bucket (5e8 × 4 B): fp32, 7,692,500,992 B of
+    ``.grad``; a plain bf16 module, the same in fp32 ``grad_accum`` (stage_1_and_2.py:1234-1240). A bucket copied
+    into would have freed what it holds (one bucket: its cat in their place). On 64 GPUs the embedding's rank slices
+    (partitions of 1.923e9 / 64 elements) are flattened 17 at a time, just over 5e8 (allreduce_and_scatter,
+    stage_1_and_2.py:1546-1588): 510.8e6 elements, 2,043,320,832 B. Traced on rank 0, to the KiB."""
+    r = api.build(
+        {"config": LLAMA8_4L, "method": "full", "dtype": dtype, "autocast": "none", "param_dtype": "none"}
+        | {"shard": "zero1", "gpus": gpus, "batch": batch, "seq": 128, "attention": "eager"}
+        | ({"checkpointing": True, "optimizer_impl": "fused"} if dtype == "fp32" else {"optimizer_impl": "foreach"})
+    )
+    assert r.extra["peak_at"] == "end_of_backward"
+    assert r.components["reduce_flat"] == (4 * HEAD if gpus == 16 else 2_043_320_832)
+    assert r.components["gradients"] == 7_692_500_992
+    assert r.total_bytes == pytest.approx(traced, rel=1e-4)
