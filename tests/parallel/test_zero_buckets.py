@@ -89,3 +89,23 @@ def test_zero1_oversized_embedding_cat_beside_every_whole_gradient(dtype, gpus, 
     assert r.components["reduce_flat"] == (4 * HEAD if gpus == 16 else 2_043_320_832)
     assert r.components["gradients"] == 7_692_500_992
     assert r.total_bytes == pytest.approx(traced, rel=1e-4)
+
+
+def test_zero3_fp32_master_cloned_and_step_gradient_flattened():
+    """A plain fp32 module under stage 3: the optimizer's fp32 partition is a clone (stage3.py:1162-1171: the branch
+    that would share the module's own fp32 partition compares a torch.device with the string ``"cuda:0"``, never
+    equal), and step() flattens each sub-group's gradients into a new fp32 tensor (``_prepare_fp32_grad_for_sub_group``,
+    stage3.py:2686-2687: a ``cat`` even in fp32). llama-3.2-1b on 4 GPUs: 1,235,814,400 B each (its 1.236e9 parameters
+    / 4 in fp32, the partitions padded); traced on rank 0: the clone in setup, the optimizer phase 10,717,813,248 B."""
+    r = api.build(
+        {
+            "model": "llama-3.2-1b",
+            "dtype": "fp32",
+            "autocast": "none",
+            "param_dtype": "none",
+            "optimizer_impl": "foreach",
+        }
+        | {"shard": "zero3", "gpus": 4, "batch": 4, "seq": 1024, "checkpointing": True}
+    )
+    assert r.components["master_weights"] == 1_235_814_400
+    assert r.phase_peaks["optimizer"] == pytest.approx(10_717_813_248, rel=1e-4)
