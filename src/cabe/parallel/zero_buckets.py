@@ -234,16 +234,19 @@ def zero3_flushes(c: Context) -> list[tuple[int, dict[str, float]]]:
         else:
             nbytes = float(round_alloc(round(comm * sum(-(-round(n) // g) * g for n in bucket))))
         now = {"reduce_scatter_input": nbytes, **extra}
+        if len(bucket) == 1 and bucket[0] > cfg.reduce_bucket_size:
+            # an oversized gradient is not copied into the bucket (stage3.py:1626): whole beside its reduce
+            now["whole_grad_reduced"] = round_alloc(round(bucket[0] * c.compute_bytes))
         if sum(now.values()) > sum(flushes.get(at, {}).values()):
             flushes[at] = now
         bucket.clear()
 
     for _, numel, where in hooks(c):
-        # where the flush happens: the top layer's moment for the head's (a bound), the end of backward for the
-        # embedding's (its whole gradient beside it)
-        at = -1 if where < 0 else layers - 1 - min(where, layers - 1)
+        # where the flush happens: in the loss head's backward for the head's (HEAD_FLUSH), at the end of backward for
+        # the embedding's (its whole gradient beside it)
+        at = -1 if where < 0 else HEAD_FLUSH if where >= layers else layers - 1 - where
         if bucket and sum(bucket) + numel > cfg.reduce_bucket_size:
-            flush(at, {"whole_grad": round_alloc(round(numel * c.compute_bytes))} if where < 0 else {})
+            flush(at, {"whole_grad": round_alloc(round(numel * c.compute_bytes))} if at < 0 else {})
         bucket.append(numel)
     if bucket:
         flush(-1, {})
