@@ -143,3 +143,19 @@ def test_zero1_single_bucket_cat_takes_the_gradients_place():
     end = _moments(r)["end_of_backward"]
     assert end == pytest.approx(2_587_100_160, rel=1e-6)
     assert end < 2_593_736_704 + 0.5 * 255_163_392  # (both counted: 2,842,263,552)
+
+
+def test_zero2_step_moments_one_after_the_other():
+    """Stages 1/2's step: the fp64 norm of each partition piece beside ``grads_in_partition`` (get_grad_norm_direct,
+    stage_1_and_2.py:2684), then the flat partition and its fp32 cast, then -- ``grads_in_partition`` freed
+    (3118-3122) -- the optimizer's temporaries beside the fp32 partition: the largest of the three, not their sum.
+    llama-3.1-8b at 4 layers, DeepSpeed's bf16 mode, 4 GPUs: rank 0's 480.8e6-element partition lies in the embedding
+    (whole in grads_in_partition: 525,336,576 × 2 B), its fp64 norm 8 B × 480.8e6; traced 14,579,660,800 B at the norm
+    (+13.2% with the optimizer's temporaries added)."""
+    r = api.build(
+        {"config": LLAMA8_4L, "method": "full", "dtype": "fp32", "autocast": "none", "param_dtype": "bf16"}
+        | {"optimizer_impl": "foreach", "shard": "zero2", "gpus": 4, "batch": 2, "seq": 256}
+    )
+    assert r.peak_phase == "optimizer"
+    assert r.components["gradients"] == 2 * HEAD
+    assert r.total_bytes == pytest.approx(14_579_660_800, rel=1e-5)
