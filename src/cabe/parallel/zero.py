@@ -20,6 +20,7 @@ overlap the rank's partition), stage 3 ``grad_partitions_flat_buffer`` (stage3.p
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from cabe.errors import InvalidValueError
@@ -36,6 +37,7 @@ from cabe.parallel.shares import (
 )
 from cabe.parallel.strategy import Context, States
 from cabe.parallel.zero_buckets import (
+    HEAD_FLUSH,
     flat_order,
     stage1_flushes,
     stage2_flushes,
@@ -156,8 +158,9 @@ def states(c: Context) -> States:
     # made by autograd before the hook moves them (module docstring); under stage 1 the sum is the .grad it keeps
     out.whole_head_grads = c.compute_bytes / c.dt.grad if c.mine.trainable else 0.0
     out.head_grad_counted = stage == 1
+    window: dict[int, float] = {}
     if stage == 3:
-        _partition_parameters(c, out, p.w16_sharded)
+        window = _partition_parameters(c, out, p.w16_sharded)
     if c.offload_optimizer:
         # ZeRO-Offload: optimizer state, fp32 master and fp32 gradient partitions on the host (CPU Adam);
         # gradient partitions go to pinned host buffers as they are reduced
@@ -185,7 +188,8 @@ def states(c: Context) -> States:
     if p.ipg:
         _ipg_buckets(out, p.ipg, stage)
     if stage == 3 and mine.trainable:
-        out.flushes = zero3_flushes(c)
+        # each flush in the layers and the head's beside the parameters gathered there (_gathered's window)
+        out.flushes = [(k, {**d, "gathered_params": window[k]} if k in window else d) for k, d in zero3_flushes(c)]
     if c.dt.gathered:
         out.notes.append("zero_param_dtype_" + c.setup.param_dtype)
     else:
@@ -294,7 +298,7 @@ def _ipg_buckets(out: States, nbytes: int, stage: int) -> None:
     out.embedding_backward = {**out.buffers["backward"], **(out.embedding_backward or {}), "ipg_buckets": nbytes}
 
 
-def _partition_parameters(c: Context, out: States, w16_sharded: float) -> None:
+def _partition_parameters(c: Context, out: States, w16_sharded: float) -> dict[int, float]:
     """ZeRO-3: the 16-bit parameters partitioned (or on the host), gathered submodule by submodule.
 
     A submodule's parameters are released after it runs unless the recorded order of the step (forward, then backward)
@@ -304,14 +308,16 @@ def _partition_parameters(c: Context, out: States, w16_sharded: float) -> None:
     layer whose parameters come back within that many elements -- twice what lies above it, the lm_head's included --
     stays gathered from its forward to its backward: at the loss head's backward every such layer is gathered, and a
     tied embedding all along (rank 0 traced: qwen2.5-0.5b on 8 GPUs holds all 24 layers and the embedding, 988 MB, at
-    the head's backward, -10% without them). Each fetch also prefetches the next ``prefetch_bucket_size`` elements not
-    gathered (partitioned_param_coordinator.py:453-475), while fewer than ``max_live_parameters`` are."""
+    the head's backward, -10% without them). Each module's fetch also prefetches the next ``prefetch_bucket_size``
+    elements not gathered while fewer than ``max_live_parameters`` are (partitioned_param_coordinator.py:450-488): the
+    window refills to ``max_live_parameters`` (see :func:`_gathered`). Returns the bytes gathered where the flushes
+    land: at each layer's backward (by its index from the top) and at the head's (``HEAD_FLUSH``)."""
     mine, amp, dt, g = c.mine, c.amp, c.dt, c.group
     # parameters under stage3_param_persistence_threshold (norms, biases) stay whole
     persistent = mine.persistent_elements * (2 if amp else dt.weight) * (1 - 1 / max(g, 1))
     out.weights = (0.0 if c.offload_parameters else w16_sharded) + persistent
     per = 2 if (amp or dt.weight == 2) else dt.weight
-    head, bottom, embedding = _gathered(c)
+    head, bottom, embedding, window, at_head_flush = _gathered(c)
     out.buffers["forward"]["gathered_params"] = head * per
     out.buffers["backward"]["gathered_params"] = head * per
     out.above_bottom["gathered_params"] = head * per  # (the layers between: at most the head's)
@@ -323,9 +329,10 @@ def _partition_parameters(c: Context, out: States, w16_sharded: float) -> None:
         out.layer_grads["whole_grad"] = round_alloc(round(mod_grad))
     if c.offload_parameters:
         out.host += w16_sharded
+    return {**{k: w * per for k, w in enumerate(window)}, HEAD_FLUSH: at_head_flush * per}
 
 
-def _gathered(c: Context) -> tuple[float, float, float]:
+def _gathered(c: Context) -> tuple[float, float, float, list[float], float]:
     """Elements gathered at the loss head's backward (and the forward's end), at the bottom layer's backward and at
     the embedding's: the step's recorded submodule order walked with ``max_reuse_distance`` (see
     :func:`_partition_parameters`). A submodule is a linear (its weight and bias, its adapters) or a norm; parameters
@@ -367,21 +374,59 @@ def _gathered(c: Context) -> tuple[float, float, float]:
     if forward and forward[-1][2]:
         gathered[forward[-1][0]] = forward[-1][1]  # the module running: the lm_head
     head = sum(gathered.values())
-    # what the lm_head's fetch prefetches: the next modules of the backward not gathered
+    # what the prefetcher holds by then: the next modules of the backward not gathered, up to ``max_live_parameters``
+    # in all. Each module's fetch -- containers and parameterless modules too, a dozen per decoder layer -- prefetches
+    # the trace queue's next ``min(max_live_parameters - n_available, prefetch_bucket_size)`` elements
+    # (partitioned_param_coordinator.py:450-488), so the window refills to max_live_parameters (the parameter that
+    # crosses it included) after every release; what it pops is marked fetched for its later use and not released
+    # (466-468, 634-664). Rank 0 traced, step 2: llama-3.1-8b at 4 layers, LoRA fp32, 4 GPUs holds 963e6 elements at
+    # the lm_head and the next 58.7e6 in flight (one bucket's prefetch: 585e6, -16%); llama-3.2-1b in DeepSpeed's bf16
+    # mode with checkpointing about 1.0e9 (-6%)
     prefetch = 0.0
+    stop = 0  # (where in the backward the prefetch has reached)
     if head < cfg.max_live_parameters:
-        limit = min(cfg.prefetch_bucket_size, cfg.max_live_parameters - head)
+        limit = cfg.max_live_parameters - head
         for mid, numel, released in in_backward:
             if prefetch >= limit:
                 break
+            stop += 1
             if released and mid not in gathered:
                 prefetch += numel
+    # the head's gradient reduces land at the final norm's hook, after the lm_head's backward has released it (unless
+    # its weight, a tied embedding's, is used again within the window) and two more fetches (the decoder's container,
+    # the final norm) have prefetched a bucket each (rank 0 traced: qwen2.5-7b on 29 GPUs, 1011e6 elements gathered at
+    # the lm_head, 602e6 at the final norm's backward)
+    at_flush = head + prefetch
+    lm = forward[-1] if forward and forward[-1][2] else None
+    if lm is not None and not (tied and stop >= len(in_backward) and emb in in_backward[1:]):
+        at_flush -= lm[1]
+    for _ in range(2):
+        got = 0.0
+        while stop < len(in_backward) and got < cfg.prefetch_bucket_size:
+            mid, numel, released = in_backward[stop]
+            stop += 1
+            if released and mid not in gathered:
+                got += numel
+        at_flush += got
     # the bottom layer's backward: its own submodules, and the embedding next (a tied one kept, else prefetched)
     body = [m for m in in_backward if m[0].split("#")[0] not in NON_LAYER]
     per = len([m for m in forward if m[0].split("#")[0] not in NON_LAYER]) // max(c.layout.stage_layers, 1)
     embedding = emb[1] if emb is not None and emb in in_backward else 0.0
     bottom = sum(n for _, n, released in body[-per:] if released) if body and per else 0.0
-    return head + prefetch, bottom + embedding, embedding
+    # at each layer's backward (from the top): the prefetch window over what is left of the backward, the layers above
+    # done and released (no later use), at most the head's
+    window: list[float] = []
+    if per:
+        lead = len(in_backward) - len(body) - (1 if embedding else 0)  # (the head's modules before the layers')
+        sums = [0.0]  # (the released elements of the backward's modules, summed in order)
+        for _, numel, released in in_backward:
+            sums.append(sums[-1] + (numel if released else 0.0))
+        for k in range(len(body) // per):
+            start = sums[lead + k * per]
+            # up to the module whose elements reach max_live_parameters, that one included
+            end = bisect_left(sums, start + cfg.max_live_parameters, lo=lead + k * per)
+            window.append(min(sums[min(end, len(sums) - 1)] - start, head + prefetch))
+    return head + prefetch, bottom + embedding, embedding, window, min(at_flush, head + prefetch)
 
 
 def _backward_modules(
