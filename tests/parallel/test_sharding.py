@@ -472,12 +472,13 @@ def test_zero1_plain_bf16_fp32_gradients():
     (stage_1_and_2.py:1234-1240), all of them whole to the backward's end; ``reduce_gradients`` (958-978) copies them
     into the fp32 bucket and reduces it: the cat (4 x 494,032,768 = 1,976,131,072 B) takes their place, beside the
     fp32 flat partition (494,032,896 B, as under stage 2) and the 2 GB bucket. qwen2.5-0.5b on 4 GPUs, batch 1, seq
-    128: traced peak 7,007,441,920 B at that reduce (was -13.4%); the estimate's end of backward 7,007,529,984 B
-    (its gradients rounded per tensor), its peak the embedding's backward (+0.7%: the tied embedding's 16-bit sum is
-    counted beside its fp32 copy twice)."""
+    128: traced peak 7,007,441,920 B at that reduce (was -13.4%), the estimate's peak too (cabe.parallel.zero_buckets
+    ``stage1_flushes``: the whole gradients all copied, the cat in their place; at the embedding's backward its fp32
+    ``grad_accum`` is not made yet, so that moment is lower)."""
     s = TrainingSetup(dtype="bf16", autocast="none", batch=1, seq=128, gpus=4, shard="zero1")
     out = estimate_model(preset("qwen2.5-0.5b").spec, s).to_json()
     moments = {m["where"]: m["total_bytes"] for m in out["moments"]}
-    assert out["components"]["gradients"] == pytest.approx(4 * 494_032_768, rel=0.001)
+    assert out["components"]["reduce_flat"] == pytest.approx(4 * 494_032_768, rel=0.001)
+    assert out["components"]["gradients"] < 1e6  # (what the per-tensor rounding leaves)
     assert moments["end_of_backward"] == pytest.approx(7_007_441_920, rel=0.001)
     assert out["total_bytes"] == pytest.approx(7_007_441_920, rel=0.01)
