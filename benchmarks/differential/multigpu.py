@@ -168,13 +168,13 @@ def report(configs: list[tuple[str, dict[str, Any]]], seed: int, jobs: int, suff
     )
 
 
-def rescore(seed: int, cut: str | None) -> int:
-    """Each configuration of ``results-<seed>-multigpu.jsonl`` estimated again with today's analytic code against the
+def rescore(seed: int, cut: str | None, suffix: str = "-multigpu") -> int:
+    """Each configuration of ``results-<seed><suffix>.jsonl`` (zero.py's: ``-zero``) estimated again with today's analytic code against the
     trace recorded then (valid while the trace's code is unchanged: say so when quoting it). Runs traced before
     ``fsdp_wrap`` existed traced the per-layer + root cut: ``--cut layers``."""
     import json
 
-    rows = [json.loads(line) for line in (single.RESULTS / f"results-{seed}-multigpu.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (single.RESULTS / f"results-{seed}{suffix}.jsonl").read_text().splitlines()]
     errors = []
     for r in rows:
         kw = {k: tuple(v) if isinstance(v, list) else v for k, v in r["setup"].items()}

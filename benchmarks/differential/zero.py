@@ -3,6 +3,7 @@ engine, traced on PyTorch's fake process group (``cabe.trace.zero``), on configu
 
     PYTHONPATH=src /work/ds-venv/bin/python benchmarks/differential/zero.py -n 30          # a new seed
     PYTHONPATH=src /work/ds-venv/bin/python benchmarks/differential/zero.py -n 30 --seed 7 # reproduce a run
+    PYTHONPATH=src /work/ds-venv/bin/python benchmarks/differential/zero.py --rescore 7    # its traces, today's estimate
 
 Needs DeepSpeed (0.19.8 traced) in the interpreter that runs it. The sampler draws the stage (ZeRO-1, 2, 3), the
 world size (2 to 64 GPUs), the model (tied and untied embeddings: gpt2, qwen2.5-0.5b, llama-3.2-1b, a 4-layer
@@ -94,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, default=30)
     ap.add_argument("--seed", type=int)
     ap.add_argument("-j", "--jobs", type=int, default=1)
+    ap.add_argument("--rescore", type=int, metavar="SEED", help="re-estimate a run's recorded traces with today's code")
     args = ap.parse_args(argv)
+    if args.rescore is not None:
+        return multigpu.rescore(args.rescore, None, "-zero")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     print(f"seed {seed}", flush=True)
     configs = draw(seed, args.n)

@@ -150,7 +150,10 @@ def timeline(p: StepParts) -> list[Moment]:
             )
         )
     for k, flush in p.extra_flush:
-        if k < 0:  # (the end of backward: every gradient made, no layer's activations)
+        if k == -2:  # (the loss head's backward done, its gradients made: every layer's activations, no layer's run)
+            comps = {**base, "gradients": g_acc + p.grads_head, "activations": acts_all, **p.extra_backward, **flush}
+            moments.append(Moment("backward", "head.flush", _pending(whole, runs, comps)))
+        elif k < 0:  # (the end of backward: every gradient made, no layer's activations)
             extras = p.extra_backward if p.extra_embedding is None else p.extra_embedding
             comps = {**base, "gradients": p.grads + strays_all, **extras, **p.extra_below_top, **flush}
             moments.append(Moment("backward", "end_of_backward", comps))

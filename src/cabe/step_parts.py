@@ -165,7 +165,8 @@ class StepParts:
     # ``extra_backward`` (FSDP: only the root unit is still gathered); None: ``extra_backward``
     extra_embedding: dict[str, int] | None = None
     # transients of one moment of backward (DeepSpeed ZeRO-3's bucket flush, cabe.parallel.zero): (layers from the top
-    # of the gradient's path, buffers) beside that layer's backward; -1: after every layer's, beside ``extra_embedding``
+    # of the gradient's path, buffers) beside that layer's backward; -1: after every layer's, beside ``extra_embedding``;
+    # -2: after the loss head's backward, before any layer's (DeepSpeed ZeRO-2's reduces of the head's gradients)
     extra_flush: tuple[tuple[int, dict[str, int]], ...] = ()
     # the forward's start, where the first layer's unit is gathered beside the unit before it and its all-gather
     # output (FSDP2: cabe.parallel.fsdp ``_forward_start``), before any layer has saved anything; empty: no moment

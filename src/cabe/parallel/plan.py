@@ -304,7 +304,8 @@ def _activations(parts: StepParts, spec: ModelSpec, c: Context, st: States) -> S
         grads_in_forward=parts.grads_in_forward or (lay.pp > 1 and setup.grad_accum > 1),
         runs=runs,
         **_extras(parts, st, comm, frozen_layers),
-        extra_flush=tuple((k, {n: round(v) for n, v in d.items() if v}) for k, d in st.flushes),
+        # (a flush's "gradients" overrides the moment's, zero included: ZeRO-1's whole gradients all copied into the bucket)
+        extra_flush=tuple((k, {n: round(v) for n, v in d.items() if v or n == "gradients"}) for k, d in st.flushes),
     )
 
 
