@@ -119,10 +119,11 @@ class ModelSpec:
     #: Llama 4: the queries of the layers without rotary are scaled per position (``attn_temperature_tuning``)
     nope_temperature_tuning: bool = False
     expert_groups: tuple[int, int] = (1, 1)
-    #: LoRA target names PEFT (0.21) moves onto the fused experts' 3-D parameters and the router for this model
-    #: type (its transformers v4 -> v5 MoE conversion: peft/utils/transformers_weight_conversion.py,
-    #: ``_convert_peft_config_moe``, through transformers' ``_MODEL_TO_CONVERSION_PATTERN``), each with the bare
-    #: parameter's Linear name in the layer it goes to; empty when none (cabe.method.lora_parameter_targets)
+    #: LoRA target names PEFT (0.22.0) turns into LoRA on the fused experts' 3-D parameters and the router for this
+    #: model type (its transformers v4 -> v5 MoE conversion: peft/utils/transformers_weight_conversion.py,
+    #: ``_convert_peft_config_moe``, through its copy of transformers' ``_MODEL_TO_CONVERSION_PATTERN``), each with
+    #: the bare parameter's Linear name in the layer it goes to; empty when none (cabe.method.lora_parameter_targets;
+    #: the names' nn.Linear modules keep their adapters too: cabe.method.kept_targets)
     peft_parameter_targets: tuple[tuple[str, str], ...] = ()
     # gpt-oss: the eager attention appends one learned logit per head to every row of scores before the
     # softmax (in the scores' dtype) and drops its column after (an "attention sink")

@@ -74,7 +74,9 @@ def _lora_targets(spec: ModelSpec, targets: tuple[str, ...], group: LayerGroup |
                 allowed=", ".join(known) + ", all-linear",
             )
         wanted = set(targets)
-    wanted -= moved_targets(spec, targets)  # PEFT targets parameters under these names instead
+    # PEFT targets parameters under these names instead, and leaves their nn.Linear modules alone unless it keeps
+    # the name on them too (kept_targets: a shared expert's / dense MLP's gate_proj, up_proj, down_proj)
+    wanted -= moved_targets(spec, targets) - kept_targets(spec, targets)
     layer = spec.runs[0] if group is None else group
     return tuple(lin for lin in layer.linears if lin.is_module and lin.name in wanted)
 
@@ -90,20 +92,52 @@ def unmatched_lora_targets(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[s
     return unknown if len(unknown) < len(targets) else ()
 
 
-def moved_targets(spec: ModelSpec, targets: tuple[str, ...]) -> frozenset[str]:
-    """The target names PEFT moves off ``nn.Linear`` modules onto bare parameters for this model type.
-
-    PEFT 0.21.2 (tuners/tuners_utils.py ``inject_adapter`` -> utils/transformers_weight_conversion.py
-    ``_convert_peft_config_moe``), for a model type transformers 5 converts from its v4 MoE layout: every target
-    named like a v4 expert projection or router (``_MOE_TARGET_MODULE_MAPPING``: gate, gate_proj, up_proj,
-    down_proj) leaves ``target_modules`` — so no ``nn.Linear`` of that name is adapted any more, the dense and
-    shared-expert MLPs included — and its fused parameter joins ``target_parameters``. ``all-linear`` resolves
-    to the attention's linears plus every one of those names (``_resolve_string_target_modules``)."""
+def _converted_names(spec: ModelSpec, targets: tuple[str, ...]) -> frozenset[str]:
+    """The names of ``targets`` PEFT's MoE conversion reads for this model type (``_MOE_TARGET_MODULE_MAPPING``'s
+    keys); ``all-linear`` resolves to every one of them (peft 0.22.0 utils/transformers_weight_conversion.py:370-374,
+    ``_resolve_string_target_modules``: the linears' names plus the mapping's keys)."""
     names = {old for old, _ in spec.peft_parameter_targets}
     if not names:
         return frozenset()
     chosen = set(targets or spec.peft_default_targets)
     return frozenset(names if "all-linear" in chosen else chosen & names)
+
+
+def kept_targets(spec: ModelSpec, targets: tuple[str, ...]) -> frozenset[str]:
+    """The converted names (:func:`_converted_names`) PEFT keeps as module targets: every module the name matches
+    is an ``nn.Linear`` (peft 0.22.0 utils/transformers_weight_conversion.py:492-503, PEFT #3711 / #3945): the
+    shared expert's and the dense MLPs' gate_proj / up_proj / down_proj. A name that matches no module (Mixtral's
+    w1 / w2 / w3, Qwen3-MoE's expert names) or a non-Linear one (the router ``gate``, a ``TopKRouter``) is not
+    kept. PEFT 0.21.2 kept none (its ``_convert_peft_config_moe`` moved every such name off ``target_modules``)."""
+    converted = _converted_names(spec, targets)
+    if not converted:
+        return frozenset()
+    by_name = {lin.name: lin for lin in spec.layer_linears}
+    # the router module is named like the target (``gate``) but is no nn.Linear; cabe names its weight's Linear
+    # after the parameter PEFT wraps (``gate`` for Qwen / DeepSeek, ``router`` for Mixtral), role "router"
+    routers = {old for old, p in spec.peft_parameter_targets if p in by_name and by_name[p].role == "router"}
+    linears = set(spec.linear_names)
+    return frozenset(n for n in converted if n in linears and n not in routers)
+
+
+def moved_targets(spec: ModelSpec, targets: tuple[str, ...]) -> frozenset[str]:
+    """The target names PEFT turns into parameter targets (bare parameters it wraps) for this model type.
+
+    PEFT 0.22.0 (tuners/tuners_utils.py ``inject_adapter`` -> utils/transformers_weight_conversion.py:461-509,
+    ``_convert_peft_config_moe``), for a model type transformers 5 converts from its v4 MoE layout (PEFT's copy of
+    transformers' ``_MODEL_TO_CONVERSION_PATTERN``, qwen2_moe added at :46): every target named like a v4 expert
+    projection or router (``_MOE_TARGET_MODULE_MAPPING``: gate, gate_proj, up_proj, down_proj; Mixtral's gate,
+    w1, w3, w2) joins ``target_parameters`` as its fused parameter, unless every module it matches is an
+    ``nn.Linear`` (:func:`kept_targets`: then it stays a module target, and joins the parameters too only where a
+    non-Linear module holds a parameter of the new name, :500-503: the fused experts beside DeepSeek-V3's, Qwen2-MoE's
+    or Qwen3-Next's shared expert)."""
+    converted = _converted_names(spec, targets)
+    kept = kept_targets(spec, targets)
+    if not kept:
+        return converted
+    bare = {lin.name for lin in spec.layer_linears if not lin.is_module}
+    params = dict(spec.peft_parameter_targets)
+    return frozenset(n for n in converted if n not in kept or params[n] in bare)
 
 
 def lora_parameter_targets(

@@ -1,9 +1,10 @@
-"""LoRA on transformers 5's fused MoE experts, as PEFT 0.21.2 really places it (cabe.method.lora_parameter_targets,
-cabe.activations.moe ``_wrapped_parameters``): for the model types it converts (Mixtral, Qwen3-MoE, DeepSeek-V3;
-not Qwen2-MoE itself), the expert and router names of ``all-linear`` become ``ParamWrapper`` adapters on the 3-D
+"""LoRA on transformers 5's fused MoE experts, as PEFT 0.22.0 really places it (cabe.method.lora_parameter_targets,
+kept_targets, cabe.activations.moe ``_wrapped_parameters``): for the model types it converts (Mixtral, Qwen2-MoE,
+Qwen3-MoE, DeepSeek-V3), the expert and router names of ``all-linear`` become ``ParamWrapper`` adapters on the 3-D
 expert stacks (gate_up_proj at twice the rank) and the router, each MoE layer keeps W + ΔW of its whole stack for
-backward, and the dense / shared MLPs lose their adapters. Before: DeepSeek-V3 QLoRA was −50% against the trace
-(differential seed 844940971). Trainable parameters equal PEFT's, totals within 1.5% of the fake-CUDA trace."""
+backward, and the dense / shared MLPs' nn.Linear modules of those names keep their adapters (PEFT 0.21.2 dropped
+them, and did not convert Qwen2-MoE at all). Before: DeepSeek-V3 QLoRA was −50% against the trace (differential
+seed 844940971). Trainable parameters equal PEFT's, totals within 1.5% of the fake-CUDA trace."""
 
 import pytest
 
@@ -52,7 +53,11 @@ def test_wrapped_expert_adapters_have_peft_shapes():
     assert lora_parameter_targets(spec, ("q_b_proj", "o_proj"), moe) == ()
     # per MoE layer: 2·8·16·(256 + 256) + 8·16·(128 + 256) + 8·(256 + 16) = (16384 + 6144 + 272)·8 = 182400
     est = estimate_model(spec, TrainingSetup(method="lora", lora_targets=("gate_proj", "up_proj", "down_proj", "gate")))
-    assert est.trainable_parameters == 3 * 182400  # the dense layer's and the shared experts' MLPs are left alone
+    # PEFT 0.22.0 keeps gate_proj / up_proj / down_proj on the nn.Linear modules too (every module of those names is
+    # one: peft/utils/transformers_weight_conversion.py:492-503): the shared expert (width 128) in each MoE layer,
+    # 3·8·(256 + 128) = 9216, and the dense layer's MLP (intermediate 704), 3·8·(256 + 704) = 23040.
+    # 3·(182400 + 9216) + 23040 = 597888 (PEFT 0.21.2 left those linears alone: 3·182400 = 547200)
+    assert est.trainable_parameters == 3 * (182400 + 9216) + 23040
 
 
 def test_half_of_a_fused_pair_is_refused():

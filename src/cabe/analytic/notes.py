@@ -70,9 +70,10 @@ def _compute_model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States)
     if setup.adapters and moved_targets(spec, setup.lora_targets):
         notes.append("lora_targets_moved_to_experts")
     if setup.adapters and not moved_targets(spec, setup.lora_targets) and _bare_experts(spec):
-        # PEFT matches target_modules against modules (tuners_utils.py check_target_module_exists, 0.21.2) and wraps
+        # PEFT matches target_modules against modules (tuners_utils.py check_target_module_exists, 0.22.0) and wraps
         # nn.Linear / Conv1D ones; the fused 3-D experts and a bare router weight are neither, and for this model
-        # type or these targets nothing moves onto them (transformers_weight_conversion.py _convert_peft_config_moe)
+        # type or these targets nothing moves onto them (transformers_weight_conversion.py _convert_peft_config_moe,
+        # 0.22.0 :411-532; cabe.method.moved_targets)
         notes.append("lora_experts_not_adapted")
     if setup.transformers_line < 5:
         notes += _transformers4_notes(spec, setup)

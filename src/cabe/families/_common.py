@@ -158,7 +158,7 @@ def decoder(
     )
 
 
-#: PEFT 0.21.2's target renames for transformers 5's fused MoE layouts (peft/utils/transformers_weight_conversion.py,
+#: PEFT 0.22.0's target renames for transformers 5's fused MoE layouts (peft/utils/transformers_weight_conversion.py,
 #: ``_MOE_TARGET_MODULE_MAPPING``): the v4 name a user targets -> the bare parameter's Linear name in cabe's layer.
 #: Which model types get which pattern: transformers' conversion_mapping.py ``_MODEL_TO_CONVERSION_PATTERN``.
 QWEN2_MOE_PEFT_PARAMETERS = (

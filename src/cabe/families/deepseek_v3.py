@@ -136,9 +136,10 @@ def deepseek_decoder(
         # NOTE: PEFT has no default target_modules for deepseek_v3 / deepseek_v32 (peft/utils/constants.py)
         peft_default_targets=("all-linear",),
         # NOTE: transformers 5.24 maps deepseek_v3 and deepseek_v32 to qwen2_moe's conversion pattern
-        # (conversion_mapping.py), and PEFT 0.21.2 then turns these targets (and all-linear's) into LoRA on
-        # experts.gate_up_proj / down_proj and gate.weight (``_MOE_TARGET_MODULE_MAPPING["qwen2_moe"]``), dropping
-        # the dense and shared MLPs' gate/up/down (cabe.method.lora_parameter_targets)
+        # (conversion_mapping.py), and PEFT 0.22.0 then turns these targets (and all-linear's) into LoRA on
+        # experts.gate_up_proj / down_proj and gate.weight (``_MOE_TARGET_MODULE_MAPPING["qwen2_moe"]``), keeping
+        # the dense and shared MLPs' gate/up/down nn.Linear adapters too (transformers_weight_conversion.py:492-503;
+        # 0.21.2 dropped them): cabe.method.kept_targets, lora_parameter_targets
         peft_parameter_targets=QWEN2_MOE_PEFT_PARAMETERS,
         **extra,
     )

@@ -183,8 +183,9 @@ def read(r: Reader, name: str) -> ModelSpec:
         attention_dropout=r.dropout("attention_dropout"),
         # NOTE: PEFT 0.21 has no default target_modules for these model types (peft/utils/constants.py): all-linear
         peft_default_targets=("all-linear",),
-        # transformers 5.24 conversion_mapping.py maps qwen3_next to qwen2_moe's pattern (PEFT renames gate_proj /
-        # up_proj / down_proj onto the fused experts); qwen3_5_moe_text's pattern is qwen3_5_text's plus
-        # qwen2_moe's, not looked up by PEFT under that key: left as nn.Linear targets
+        # transformers 5.24 conversion_mapping.py maps qwen3_next to qwen2_moe's pattern: PEFT 0.22.0 adds the fused
+        # experts to gate_proj / up_proj / down_proj and keeps the shared expert's linears of those names
+        # (cabe.method.kept_targets; 0.21.2 moved the names off them); qwen3_5_moe_text's pattern is qwen3_5_text's
+        # plus qwen2_moe's, not looked up by PEFT under that key: left as nn.Linear targets
         peft_parameter_targets=QWEN2_MOE_PEFT_PARAMETERS if r.model_type == "qwen3_next" and experts else (),
     )

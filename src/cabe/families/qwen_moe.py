@@ -114,8 +114,9 @@ def read(r: Reader, name: str) -> ModelSpec:
         attention_dropout=r.dropout("attention_dropout"),
         # NOTE: PEFT has no default target_modules for these model types (peft/utils/constants.py): all-linear
         peft_default_targets=("all-linear",),
-        # transformers 5.24 maps qwen3_moe to qwen2_moe's conversion pattern (conversion_mapping.py); PEFT 0.21.2
-        # looks the model type up in that table (``_MODEL_TO_CONVERSION_PATTERN.get(model_type)``), where
-        # qwen2_moe itself is no key: its all-linear stays on the nn.Linear modules (shared expert included)
-        peft_parameter_targets=() if qwen2 else QWEN2_MOE_PEFT_PARAMETERS,
+        # transformers 5.24 maps qwen3_moe to qwen2_moe's conversion pattern (conversion_mapping.py), and PEFT 0.22.0
+        # adds qwen2_moe itself to its copy of that table (utils/transformers_weight_conversion.py:46; 0.21.2 had no
+        # such key and left Qwen2-MoE's names on its nn.Linear modules): both move the expert and router names onto
+        # the fused experts and the router; Qwen2-MoE's shared expert keeps its LoRA (cabe.method.kept_targets)
+        peft_parameter_targets=QWEN2_MOE_PEFT_PARAMETERS,
     )

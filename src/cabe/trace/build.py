@@ -151,8 +151,8 @@ def build_model(
 
 
 def _unmatched_targets(model: Any) -> tuple[str, ...]:
-    """The names of the adapter's ``target_modules`` (as PEFT kept them: the MoE names it moved onto parameters are
-    gone) that no module matched: PEFT matches a name as the module path or its last part
+    """The names of the adapter's ``target_modules`` (as PEFT kept them: the MoE names it moved onto parameters
+    only are gone) that no module matched: PEFT matches a name as the module path or its last part
     (tuners_utils.py ``check_target_module_exists``) and raises only when nothing matches."""
     config = getattr(model, "peft_config", {}).get("default")
     targets = getattr(config, "target_modules", None)
@@ -420,9 +420,10 @@ def _all_linear_and(model: Any, cfg: Any, targets: list[str]) -> list[str]:
 
 def _moe_all_linear_names(model: Any) -> set[str]:
     """For a model type whose experts transformers 5 fused (PEFT's ``_MOE_TARGET_MODULE_MAPPING``), the v4 names
-    ``all-linear`` alone resolves to besides the linears: the experts' projections and the router (peft 0.21.2
-    utils/transformers_weight_conversion.py:364-373, ``_resolve_string_target_modules``), which PEFT then moves onto
-    the fused parameters. Expanded by hand beside other names, the shorthand must reach them too (Qwen3-MoE QLoRA
+    ``all-linear`` alone resolves to besides the linears: the experts' projections and the router (peft 0.22.0
+    utils/transformers_weight_conversion.py:370-374, ``_resolve_string_target_modules``), which PEFT then turns into
+    targets on the fused parameters (keeping the names on the linears where every module they match is one,
+    :492-503). The table is PEFT's own copy of transformers' (0.22.0 adds qwen2_moe, :46). Expanded by hand beside other names, the shorthand must reach them too (Qwen3-MoE QLoRA
     ``all-linear,embed_tokens`` traced without the experts' LoRA: the estimate read +30%)."""
     from peft.utils import transformers_weight_conversion as twc
 
