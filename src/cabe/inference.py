@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from cabe import api, linear_attention, ssm
+from cabe import api, generation, linear_attention, ssm
 from cabe import gpus as gpu_catalog
 from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers)
 from cabe.architecture import ModelSpec
@@ -170,8 +170,14 @@ def estimate_inference(
     group_size: int = 128,
     images: int = 0,
     image_size: str = "448x448",
+    new_tokens: int | None = None,
+    cache: str = "dynamic",
 ) -> dict[str, Any]:
     """Peak memory of running the model on ``batch`` sequences of ``context`` tokens.
+
+    ``mode="generate"``: transformers' ``generate`` of ``new_tokens`` tokens after a prompt of the rest of the context
+    (:func:`cabe.generation.resolve_new_tokens` when not given), with a ``dynamic`` or ``static`` cache: the largest
+    of its moments (:mod:`cabe.generation`: the prefill's top layer, its logits, the last decode step).
 
     ``images`` per sequence (a model with a vision tower cabe models): their tokens are part of ``context``, so
     of the KV cache, as the processor writes them into the prompt; the tower runs on all of the batch's images at
@@ -193,7 +199,9 @@ def estimate_inference(
             raise InvalidValueError("not_integer", name, value=v)
         if v < 1 or v > (1 << 24):
             raise InvalidValueError("out_of_range", name, value=v, minimum=1, maximum=1 << 24)
-    chunk = min(context if prefill_chunk is None else prefill_chunk, context)
+    new = generation.resolve_new_tokens(context, new_tokens) if mode == "generate" else 0
+    prompt = max(1, context - new)  # the tokens the prefill runs (generate: the prompt)
+    chunk = min(prompt if prefill_chunk is None else prefill_chunk, prompt)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise InvalidValueError("out_of_range", "prefill_chunk", value=prefill_chunk, minimum=1, maximum=1 << 24)
     w = weights_bytes(spec, weights, group_size)
@@ -201,10 +209,27 @@ def estimate_inference(
     act = forward_bytes(spec, batch * chunk)
     vision = _vision_step(spec, images, image_size, context, batch)
     act = max(act, vision["bytes"]) if vision else act
-    indexer = _indexer_step(spec, context, chunk, batch)
+    indexer = _indexer_step(spec, prompt, chunk, batch)
     act = max(act, indexer["bytes"]) if indexer else act
     logits = logits_bytes(spec, batch * (context if mode == "prefill" else 1))
     comps = {"weights": w["total_bytes"], "kv_cache": kv, "activations": act, "logits": logits}
+    moment = None
+    if mode == "generate" and not spec.compressed_attention:  # transformers' generate, moment by moment
+        working = max(vision["bytes"] if vision else 0, indexer["bytes"] if indexer else 0)
+        moment, gen = generation.peak(
+            spec,
+            prompt=prompt,
+            new_tokens=max(new, 1),
+            batch=batch,
+            chunk=chunk,
+            act_bytes=4 if w["format"] == "fp32" else 2,  # the compute dtype: quantized formats dequantise to 16-bit
+            kv_per_token=per_layer_token_bytes(spec, kv_dtype),
+            cache=cache,
+            working=working,
+        )
+        # gated DeltaNet layers: a fixed state per sequence beside the tokens (cabe.linear_attention)
+        gen["kv_cache"] += batch * linear_attention.state_bytes(spec)
+        comps = {"weights": w["total_bytes"], **gen}
     state = batch * ssm.state_bytes_per_sequence(spec, SSM_CONV_BYTES)
     if state:  # Mamba-2 layers: the conv and SSM states of every sequence, whatever its length
         comps["ssm_state"] = state
@@ -216,6 +241,7 @@ def estimate_inference(
         "context": context,
         "batch": batch,
         "prefill_chunk": chunk,
+        **({"new_tokens": new, "prompt_tokens": prompt, "cache": cache, "peak_moment": moment} if moment else {}),
         "components": comps,
         "total_bytes": total,
         "reserved_bytes": round(total * (1 + ALLOCATOR_SLACK_FRACTION)),
@@ -424,6 +450,8 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
         "batch",
         "mode",
         "prefill_chunk",
+        "new_tokens",
+        "cache",
         "group_size",
         "gpu",
         "gpu_memory_utilization",
@@ -439,7 +467,7 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
     if src is None:
         raise InvalidValueError("missing_model", "model")
     spec = src.spec
-    keys = ("weights", "kv_dtype", "mode", "prefill_chunk", "group_size", "images", "image_size")
+    keys = ("weights", "kv_dtype", "mode", "prefill_chunk", "group_size", "images", "image_size", "new_tokens", "cache")
     kw = {k: body[k] for k in keys if body.get(k) is not None}
     context = body.get("context")
     context = min(4096, spec.max_positions or 4096) if context is None else context

@@ -42,6 +42,8 @@ TRACE_FORMATS = ("fp32", "fp16", "bf16")
 CACHES = ("dynamic", "static")
 #: the component of every allocation at the peak
 COMPONENTS = ("weights", "kv_cache", "activations", "logits", "cuda_workspaces")
+#: the largest allocations live at the peak the result lists (the weights and workspaces apart)
+TOP = 24
 
 
 def check(weights: str, kv_dtype: str, images: int = 0) -> str:
@@ -324,6 +326,10 @@ def _result(
         "trace_peak_stage": "prefill" if peak_i < split else "decode",
         "trace_stage_peaks": stage_peaks,
         "trace_components": comps,
+        "trace_top_allocations": [
+            {"bytes": tracker.size[a], "op": tracker.op_of[a], "region": tracker.region_of[a]}
+            for a in sorted(live - set(tracker.tag), key=lambda a: -tracker.size[a])[:TOP]
+        ],
         "trace_forwards": len(counter.forwards),
         "trace_attention_kernels": dict(astate.choices),
         "trace_prompt": req["prompt"],
