@@ -270,13 +270,15 @@ def _generate_patches(counter: _Counter, length: int, tracker: Any) -> Iterator[
 
     def tagged(update: Any) -> Any:
         def wrapper(self: Any, *a: Any, **k: Any) -> Any:
-            count = getattr(self, "cumulative_length", None)
-            if isinstance(count, torch.Tensor) and count.device.type == "cpu" and a:
-                # StaticLayer's step counter, made on the host by torch.tensor(0) (cache_utils.py:421) and moved to
-                # the device when it is first filled (lazy_initialization, l.449; generate calls it early for a
-                # chunked prefill, generation/utils.py:2198-2208): a fake-mode constant whose move would run for real, on a
-                # CUDA this build lacks; the same 8 bytes made on the device
-                self.cumulative_length = torch.zeros((), dtype=count.dtype, device=a[0].device)
+            device = next((t.device for t in a if isinstance(t, torch.Tensor) and t.device.type == "cuda"), None)
+            for name, value in list(vars(self).items()):
+                if device is not None and isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                    # the layers' host tensors (StaticLayer's step counter, ``torch.tensor(0)``, cache_utils.py:421;
+                    # DynamicSlidingWindowLayer's window, l.210) moved to the device when the layer is first filled
+                    # (l.449, l.221; generate fills a static cache early for a chunked prefill, generation/utils.py:
+                    # 2198-2208): fake-mode constants whose move would run for real, on a CUDA this build lacks; the
+                    # same bytes made on the device
+                    setattr(self, name, torch.zeros(value.shape, dtype=value.dtype, device=device))
             before, tracker.region = tracker.region, "kv_cache"
             try:
                 return update(self, *a, **k)
