@@ -37,7 +37,8 @@ RESULTS = HERE / "results"
 
 #: presets the trace runs whole in seconds
 SMALL_MODELS = ["gpt2", "qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b", "gemma-3-1b", "pythia-1.4b", "starcoderbase-1b"]
-#: presets at their widths with 4 decoder layers (``layer_types`` cut to match): (preset, layers)
+#: presets at their widths with fewer decoder layers (``layer_types`` cut to match, :data:`LAYER_TYPES` where the
+#: preset's first layers would leave out a kind): (preset, layers)
 DERIVED: dict[str, tuple[str, int]] = {
     "gemma-2-2b-4l": ("gemma-2-2b", 4),
     "phi-3-mini-4l": ("phi-3-mini", 4),
@@ -50,10 +51,13 @@ DERIVED: dict[str, tuple[str, int]] = {
     "mixtral-8x7b-2l": ("mixtral-8x7b", 2),
     "gpt-oss-20b-4l": ("gpt-oss-20b", 4),
     "deepseek-v3-2l": ("deepseek-v3", 2),
-    "granite-4.0-h-350m-8l": ("granite-4.0-h-350m", 8),
+    "granite-4.0-h-350m-4l": ("granite-4.0-h-350m", 4),
     "qwen3-next-80b-a3b-4l": ("qwen3-next-80b-a3b", 4),
     "qwen2.5-vl-3b-instruct-4l": ("qwen2.5-vl-3b-instruct", 4),
 }
+#: the layer kinds of a derived model whose preset's first layers are all of one kind (Granite-4.0-H-350M's first
+#: ten are Mamba-2 layers: three of them, then one attention layer)
+LAYER_TYPES = {"granite-4.0-h-350m-4l": ["mamba", "mamba", "mamba", "attention"]}
 MODELS = SMALL_MODELS + list(DERIVED)
 WEIGHTS = [("bf16", 5), ("fp16", 3), ("fp32", 2)]
 BATCHES = [1, 1, 2, 4, 8, 16]
@@ -73,13 +77,15 @@ def config(model: str) -> dict[str, Any]:
         return dict(preset(model).config)
     base, layers = DERIVED[model]
     cfg = dict(preset(base).config)
+    if model in LAYER_TYPES:
+        cfg["layer_types"] = LAYER_TYPES[model]
     return {**_cut(cfg, layers), **({"text_config": _cut(cfg["text_config"], layers)} if "text_config" in cfg else {})}
 
 
 def _cut(cfg: dict[str, Any], layers: int) -> dict[str, Any]:
     out = {**cfg, "num_hidden_layers": layers}
     for key in ("layer_types", "mlp_layer_types"):
-        if isinstance(cfg.get(key), list):
+        if isinstance(cfg.get(key), list) and len(cfg[key]) > layers:
             out[key] = cfg[key][:layers]
     return out
 

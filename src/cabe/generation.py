@@ -53,25 +53,93 @@ def resolve_new_tokens(context: int, new_tokens: int | None) -> int:
     return new_tokens
 
 
-def layer_working(spec: ModelSpec, tokens: int, act_bytes: int) -> int:
-    """Bytes a decoder layer's forward holds at its MLP over ``tokens`` tokens under ``torch.no_grad``
-    (models/llama/modeling_llama.py 5.25): the embedding output, which the model's ``forward`` keeps in
-    ``inputs_embeds`` through every layer (l.372, l.390); the layer's input (the caller's ``hidden_states``,
-    l.393-403), the residual after attention (l.308) and the normed input of the MLP (l.311-312); inside the MLP
-    ``act_fn(gate_proj(x)) * up_proj(x)`` (l.164): the activation, up_proj's output and their product (gate_proj's
-    output dies when the activation is made), so 4·h + 3·f per token; ``k`` routed copies of the expert width for
-    a MoE layer. The attention holds less wherever the MLP is at least as wide as the queries (it is, in every
-    family cabe serves); the rotary ``cos`` and ``sin`` (b, s, head_dim) in the model's dtype live through the layers
-    (l.391)."""
+#: hidden-size tensors a decoder layer's MLP runs beside (:func:`layer_working`), by the model code's bookkeeping:
+#: transformers 5.25's Llama-style models keep the embedding output (``inputs_embeds``, modeling_llama.py:372, l.390),
+#: the layer's input (the caller's ``hidden_states``, l.393-403), the residual after attention (l.308) and the MLP's
+#: normed input (l.311-312); GPT-2 and GPT-BigCode also keep the position embeddings' output beside the token
+#: embeddings' (modeling_gpt2.py:569-577, ``inputs_embeds`` and ``position_embeds`` locals of ``GPT2Model.forward``)
+#: and the attention's output (l.285, ``attn_output`` a local of ``GPT2Block.forward`` until it returns)
+HIDDEN_COPIES = {"gpt2": 6, "gpt_bigcode": 6}
+#: the activations whose module computes in Python, its temporaries beside its input (transformers 5.25
+#: activations.py:65-66, ``NewGELUActivation``: ``0.5 * input`` and ``torch.pow(input, 3.0)`` then ``0.044715 *``
+#: that, live together with the input: 4 f-wide tensors); the others are one kernel (``F.gelu``, ``F.silu``)
+PYTHON_ACTIVATIONS = {"gelu_new": 3}
+
+
+def _mlp_width(spec: ModelSpec, run: Any) -> int:
+    """Elements per token a dense MLP holds at its peak: ``act_fn(gate_proj(x)) * up_proj(x)``: the activation, up's
+    output and their product (modeling_llama.py:164, gate_proj's output dies when the activation is made): 3·f; a fused
+    ``gate_up_proj`` (Phi-3: models/phi3/modeling_phi3.py, ``up_states.chunk(2)``) keeps its 2·f output beside the
+    activation and the product: 4·f; a plain MLP (``act(c_fc(x))``, modeling_gpt2.py:241-242): c_fc's output and the
+    activation's, with a Python activation's temporaries (:data:`PYTHON_ACTIVATIONS`)."""
+    f = spec.ffn_size(run)
+    if run.mlp == "plain":
+        return f * (1 + max(1, PYTHON_ACTIVATIONS.get(spec.activation, 1)))
+    fused = any(lin.name == "gate_up_proj" for lin in run.linears)
+    return 4 * f if fused else 3 * f
+
+
+def _moe_width(spec: ModelSpec, run: Any, decode: bool) -> int:
+    """Elements per token a routed-experts layer holds beyond the hidden copies, as transformers 5.25 runs its experts
+    (integrations/moe.py): at the prefill ``grouped_mm_experts_forward`` (l.424-537) on ``S = tokens × k`` rows: the
+    gathered hidden states (S, h) beside gate_up's (S, 2f) output, the activation and the product (S·(h + 4f)), then at
+    its end the gathered input, down's output, the weighted output and its unpermuted copy (4·S·h); at a decode step
+    ``generate`` switches the experts to ``batched_mm`` on every device but the CPU (generation/utils.py:2500-2519),
+    which gathers each routed pair's weights (moe.py:143-165, ``gate_up_proj[expert_ids]`` then
+    ``down_proj[expert_ids]``, both live at the second): S·3·f·h (S·2·f·h for ungated experts)."""
+    f, h, k = spec.ffn_size(run), spec.hidden_size, spec.experts_per_token or 1
+    gated = 2 if spec.activation != "plain" else 1
+    if decode:
+        return k * (gated + 1) * f * h
+    return k * max(h + 4 * f, 4 * h)
+
+
+def _attention_width(spec: ModelSpec, queries: int, keys: int, act_bytes: int) -> float:
+    """Bytes per query token the attention holds beyond the hidden copies at its peak (0 where the MLP's is always
+    larger).
+
+    * multi-head latent attention (models/deepseek_v3/modeling_deepseek_v3.py 5.25, ``DeepseekV3Attention.forward``):
+      kv_b_proj's output (H·(nope + v)), the queries, the keys (the latent's per-head keys cat'd with the rotary key
+      expanded to every head) and the queries' cat (3·H·qk_head), the expanded rotary key (H·rope) and SDPA's output
+      (H·v) per token;
+    * eager attention (Gemma 2's logit soft-capping, gpt-oss's sinks: ``sdpa_fallback``): the (queries × keys) scores
+      per head: Gemma 2's masked scores in the model's dtype beside softmax's fp32 copy of them and its fp32 output
+      (models/gemma2/modeling_gemma2.py ``eager_attention_forward``: ``softmax(..., dtype=torch.float32)``), gpt-oss's
+      masked scores, their ``torch.cat`` with the sinks and that minus its max (models/gpt_oss/modeling_gpt_oss.py
+      ``eager_attention_forward``), three in the model's dtype; beside them ``repeat_kv``'s expanded keys and values
+      and the queries.
+    """
+    la = spec.latent_attention
+    heads = spec.num_heads
+    if la is not None:
+        return act_bytes * heads * (la.nope_dim + 2 * la.v_head_dim + 3 * la.qk_head_dim + la.rope_dim)
+    if spec.sdpa_fallback != "eager":
+        return 0
+    pair = 3 * act_bytes if spec.attention_sinks else act_bytes + 4 + (4 if act_bytes != 4 else 0)
+    expanded = 2 * heads * spec.head_dim * act_bytes * keys / queries
+    return heads * keys * pair + expanded + act_bytes * spec.q_dim
+
+
+def layer_working(spec: ModelSpec, tokens: int, act_bytes: int, keys: int | None = None, decode: bool = False) -> int:
+    """Bytes the largest decoder layer's forward holds over ``tokens`` query tokens (``keys`` cached ones after them,
+    ``tokens`` when not given) under ``torch.no_grad``: the hidden-size copies the model code keeps
+    (:data:`HIDDEN_COPIES`, 4 for Llama-style code) beside the largest of the MLP (:func:`_mlp_width`), the routed
+    experts (:func:`_moe_width`) and the attention (:func:`_attention_width`); the rotary ``cos`` and ``sin``
+    (b, s, head_dim) in the model's dtype live through the layers (modeling_llama.py:391)."""
     h = spec.hidden_size
-    mlp = 0
-    for run in spec.runs:  # one layer runs at a time: the widest MLP
-        f = spec.ffn_size(run)
-        k = (spec.experts_per_token or 1) if run.mlp == "moe" else 1
-        width = 3 * f * k if run.mlp != "plain" else 2 * f
-        mlp = max(mlp, width + (h * k if run.mlp == "moe" and spec.num_experts else 0))
+    wide = 0
+    for run in spec.runs:  # one layer runs at a time: the widest
+        if run.mlp == "moe" and spec.num_experts:
+            wide = max(wide, _moe_width(spec, run, decode))
+        else:
+            wide = max(wide, _mlp_width(spec, run))
     rotary = 2 * spec.head_dim if spec.position == "rotary" else 0
-    return tokens * act_bytes * (4 * h + mlp + rotary)
+    copies = HIDDEN_COPIES.get(spec.model_type, 4)
+    per_token = act_bytes * (copies * h + wide + rotary)
+    attention = _attention_width(spec, tokens, keys or tokens, act_bytes)
+    if attention:
+        per_token = max(per_token, act_bytes * (copies * h + rotary) + attention)
+    return round(tokens * per_token)
 
 
 def _group_tokens(group: Any, kept: int, storage: int, static_len: int | None) -> int:
@@ -122,7 +190,7 @@ def moments(
     out = {
         "prefill": {
             "kv_cache": prefill_kv,
-            "activations": max(layer_working(spec, b * last, a), working),
+            "activations": max(layer_working(spec, b * last, a, keys=prompt if window_before <= 0 else storage), working),
             "logits": 0,
         },
         "prefill_logits": {
@@ -138,7 +206,7 @@ def moments(
         cat = 0 if static else round(b * kv_per_token / 2 * (end - 1))
         out["decode"] = {
             "kv_cache": kept + cat,
-            "activations": layer_working(spec, b, a),
+            "activations": layer_working(spec, b, a, keys=end, decode=True),
             "logits": b * v * (4 + a),
         }
     return out

@@ -230,6 +230,8 @@ def estimate_inference(
         # gated DeltaNet layers: a fixed state per sequence beside the tokens (cabe.linear_attention)
         gen["kv_cache"] += batch * linear_attention.state_bytes(spec)
         comps = {"weights": w["total_bytes"], **gen}
+        if spec.buffer_bytes:  # the model's buffers on the device beside its weights (GPT-BigCode's causal mask)
+            comps["buffers"] = spec.buffer_bytes
     state = batch * ssm.state_bytes_per_sequence(spec, SSM_CONV_BYTES)
     if state:  # Mamba-2 layers: the conv and SSM states of every sequence, whatever its length
         comps["ssm_state"] = state

@@ -158,6 +158,7 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
     with state.active(AttentionState(device)) as astate, trace_environment("fake", setup, types):
         model, cfg = build_model(config, setup, notes)
         model.eval()
+        _refuse_kernels(model, cfg)
         tracker = make_tracker(setup, "fake", device, astate, None)
         with fake_mode("fake"), tracker, _generate_patches(counter, prompt + new, tracker):
             tracker.set_phase("setup")
@@ -192,6 +193,16 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
                     h.remove()
             tracker.set_phase("setup")
     return _result(tracker, counter, _allocator(tracker), astate, req, notes, time.perf_counter() - t0)
+
+
+def _refuse_kernels(model: Any, cfg: Any) -> None:
+    """Mamba-2 layers at inference call mamba-ssm's and causal-conv1d's kernels (``mamba_chunk_scan_combined`` at
+    the prefill, ``selective_state_update`` and ``causal_conv1d_update`` per decode step: models/granitemoehybrid/
+    modeling_granitemoehybrid.py, ``cuda_kernels_forward``); on fake tensors transformers would run its PyTorch
+    reference scan instead, whose chunk-by-chunk fp32 tensors the kernels never make: refused, in one sentence, rather
+    than traced as that (the training trace's stand-in, :mod:`cabe.trace.ssm`, is the training kernel's)."""
+    if any("Mamba" in type(m).__name__ for m in model.modules()):
+        raise ConfigError("trace_generate_kernels", "model", model_type=cfg.model_type, kernels="mamba-ssm")
 
 
 def _hooks(model: Any, counter: _Counter, tracker: Any) -> list[Any]:
@@ -236,11 +247,16 @@ def _generate_patches(counter: _Counter, length: int, tracker: Any) -> Iterator[
     real_ignore = compat.require(mu, "_ignore_causal_mask_sdpa", compat.EVERY_FAMILY)
     stop_cls = compat.require(gu, "StopCheck", compat.EVERY_FAMILY)
     real_stop = stop_cls.__call__
-    layer_classes = [
-        c for c in vars(cu).values() if isinstance(c, type) and issubclass(c, cu.CacheLayerMixin) and "update" in vars(c)
-    ]
-    real_updates = {(c, name): vars(c)[name] for c in layer_classes for name in ("update", "lazy_initialization")
-                    if name in vars(c)}
+    # the cache's layer classes: attention layers, and the linear-attention / Mamba ones of hybrid models (their
+    # conv and recurrent states: update_conv_state, update_recurrent_state)
+    bases = tuple(getattr(cu, n) for n in ("CacheLayerMixin", "LinearAttentionCacheLayerMixin") if hasattr(cu, n))
+    layer_classes = [c for c in vars(cu).values() if isinstance(c, type) and issubclass(c, bases)]
+    real_updates = {
+        (c, name): vars(c)[name]
+        for c in layer_classes
+        for name in vars(c)
+        if name.startswith("update") or name == "lazy_initialization"
+    }
 
     def stop(self: Any, unfinished: Any, tokens: Any, n: int) -> bool:
         _ = unfinished.max() == 0  # the op StopCheck runs (utils.py:397); its value is what MaxLengthCriteria gives
