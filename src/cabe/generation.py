@@ -37,6 +37,8 @@ from cabe.units import CUBLAS_WORKSPACE
 
 #: the caches ``generate`` builds (``cache_implementation``; sliding-window layers follow from the config)
 CACHES = ("dynamic", "static")
+#: bytes of an element in the dtype the model computes in
+ACT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: generated tokens when the request names none: at most this many, and at most half the context
 DEFAULT_NEW_TOKENS = 256
 
@@ -94,7 +96,9 @@ def _moe_width(spec: ModelSpec, run: Any, decode: bool) -> int:
     return k * max(h + 4 * f, 4 * h)
 
 
-def _attention_width(spec: ModelSpec, queries: int, keys: int, act_bytes: int) -> float:
+def _attention_width(
+    spec: ModelSpec, queries: int, keys: int, act_bytes: int, masked: bool, half: bool = False
+) -> float:
     """Bytes per query token the attention holds beyond the hidden copies at its peak (0 where the MLP's is always
     larger).
 
@@ -111,21 +115,56 @@ def _attention_width(spec: ModelSpec, queries: int, keys: int, act_bytes: int) -
     """
     la = spec.latent_attention
     heads = spec.num_heads
+    if la is None and spec.sdpa_fallback != "eager":
+        return _sdpa_width(spec, queries, keys, act_bytes, masked)
     if la is not None:
         return act_bytes * heads * (la.nope_dim + 2 * la.v_head_dim + 3 * la.qk_head_dim + la.rope_dim)
-    if spec.sdpa_fallback != "eager":
-        return 0
-    pair = 3 * act_bytes if spec.attention_sinks else act_bytes + 4 + (4 if act_bytes != 4 else 0)
+    # Gemma 2: bf16 scores are cast to fp32 by a copy before softmax's kernel; fp16's kernel reads them as they are
+    # (``half_to_float``, aten/src/ATen/native/SoftMax.cpp), then casts its fp32 output back beside it
+    pair = 3 * act_bytes if spec.attention_sinks else (8 if half or act_bytes == 4 else act_bytes + 8)
     expanded = 2 * heads * spec.head_dim * act_bytes * keys / queries
-    return heads * keys * pair + expanded + act_bytes * spec.q_dim
+    # the model's float masks, one per kind of layer (sliding and full), (b, 1, q, t) in its dtype, all live
+    masks = len({g.attention for g in spec.layer_groups if g.mixer == "attention"}) * keys * act_bytes
+    return heads * keys * pair + expanded + act_bytes * spec.q_dim + masks
 
 
-def layer_working(spec: ModelSpec, tokens: int, act_bytes: int, keys: int | None = None, decode: bool = False) -> int:
-    """Bytes the largest decoder layer's forward holds over ``tokens`` query tokens (``keys`` cached ones after them,
-    ``tokens`` when not given) under ``torch.no_grad``: the hidden-size copies the model code keeps
-    (:data:`HIDDEN_COPIES`, 4 for Llama-style code) beside the largest of the MLP (:func:`_mlp_width`), the routed
-    experts (:func:`_moe_width`) and the attention (:func:`_attention_width`); the rotary ``cos`` and ``sin``
-    (b, s, head_dim) in the model's dtype live through the layers (modeling_llama.py:391)."""
+def _sdpa_width(spec: ModelSpec, queries: int, keys: int, a: int, masked: bool) -> float:
+    """Bytes per query token SDPA holds beyond the hidden copies, as transformers 5.25 calls it
+    (integrations/sdpa_attention.py:42-51 and l.127-128: keys and values expanded by ``repeat_kv`` to every head
+    unless there is no mask, where ``enable_gqa`` passes the grouped heads instead) and as PyTorch picks its kernel on
+    an sm90 GPU (:mod:`cabe.trace.attention`, sdp_utils.cpp): FlashAttention takes no mask and 16-bit inputs only;
+    the memory-efficient kernel takes a mask but no grouped heads; else the math kernel
+    (aten/src/ATen/native/transformers/attention.cpp ``_scaled_dot_product_attention_math``), which expands the grouped
+    keys and values itself (``repeat_interleave``), scales a copy of the queries and of the keys, and keeps the
+    (queries × keys) scores beside their softmax, with the causal mask in the model's dtype when no mask is given.
+
+    ``masked``: transformers builds a mask (a static cache's decode, a prefill chunk after the first, a sliding layer
+    past its window): the (b, 1, q, t) bool mask and its conversion to the model's dtype for the kernel
+    (``convert_boolean_attn_mask``)."""
+    heads, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    per_key = 0.0
+    if masked:  # repeat_kv's expanded keys and values, and the mask
+        per_key = (2 * heads * d * a if heads > kv else 0) + 1 + a
+    elif heads > kv and (a == 4 or d > 256):  # no flash, grouped heads: the math kernel
+        per_key = 3 * heads * d * a + 2 * heads * a * queries + a
+        return per_key * keys / queries + heads * d * a
+    return per_key * keys / queries + (heads * d * a if masked else 0)
+
+
+def layer_working(
+    spec: ModelSpec,
+    batch: int,
+    queries: int,
+    act_bytes: int,
+    attention: tuple[tuple[int, bool], ...] = (),
+    decode: bool = False,
+    half: bool = False,
+) -> int:
+    """Bytes the largest decoder layer's forward holds over ``batch`` × ``queries`` tokens under ``torch.no_grad``:
+    the hidden-size copies the model code keeps (:data:`HIDDEN_COPIES`, 4 for Llama-style code) beside the largest
+    of the MLP (:func:`_mlp_width`), the routed experts (:func:`_moe_width`) and the attention of each kind of layer
+    (:func:`_attention_width`; ``attention``: (keys, masked) of each, the queries' when empty); the rotary ``cos`` and
+    ``sin`` (b, s, head_dim) in the model's dtype live through the layers (modeling_llama.py:391)."""
     h = spec.hidden_size
     wide = 0
     for run in spec.runs:  # one layer runs at a time: the widest
@@ -136,10 +175,26 @@ def layer_working(spec: ModelSpec, tokens: int, act_bytes: int, keys: int | None
     rotary = 2 * spec.head_dim if spec.position == "rotary" else 0
     copies = HIDDEN_COPIES.get(spec.model_type, 4)
     per_token = act_bytes * (copies * h + wide + rotary)
-    attention = _attention_width(spec, tokens, keys or tokens, act_bytes)
-    if attention:
-        per_token = max(per_token, act_bytes * (copies * h + rotary) + attention)
-    return round(tokens * per_token)
+    for keys, masked in attention or ((queries, False),):
+        width = _attention_width(spec, queries, keys, act_bytes, masked, half)
+        if width:
+            per_token = max(per_token, act_bytes * (copies * h + rotary) + width)
+    return round(batch * queries * per_token)
+
+
+def _attention_kinds(spec: ModelSpec, queries: int, keys: int, window_keys: int, masked: bool) -> tuple:
+    """(keys, masked) of each kind of attention layer at a forward of ``queries`` tokens: a full layer attends
+    ``keys``; a sliding one ``window_keys``, with a mask once its keys reach the window (masking_utils.py:286-287,
+    ``local_attention_size``)."""
+    out = []
+    for g in spec.layer_groups:
+        if g.mixer != "attention":
+            continue
+        if g.attention in ("sliding", "chunked") and g.window:
+            out.append((window_keys, masked or window_keys >= g.window))
+        else:
+            out.append((keys, masked))
+    return tuple(dict.fromkeys(out))
 
 
 def _group_tokens(group: Any, kept: int, storage: int, static_len: int | None) -> int:
@@ -167,19 +222,20 @@ def moments(
     new_tokens: int,
     batch: int,
     chunk: int,
-    act_bytes: int,
+    act_dtype: str,
     kv_per_token: float,
     cache: str = "dynamic",
     working: int = 0,
 ) -> dict[str, dict[str, int]]:
     """Each moment's bytes beside the weights, by component (``kv_cache``, ``activations``, ``logits``).
 
-    ``kv_per_token``: one layer's cached bytes per token (:func:`cabe.kv_cache.per_layer_token_bytes`);
+    ``act_dtype``: the dtype the model computes in (:data:`ACT_BYTES`); ``kv_per_token``: one layer's cached bytes per token (:func:`cabe.kv_cache.per_layer_token_bytes`);
     ``working``: a prefill working set computed elsewhere (a vision tower, DeepSeek-V3.2's indexer) when larger
     than :func:`layer_working`'s."""
     if cache not in CACHES:
         raise InvalidValueError("bad_choice", "cache", value=cache, allowed=", ".join(CACHES))
-    a, b, v, h = act_bytes, batch, spec.vocab_size, spec.hidden_size
+    a, b, v, h = ACT_BYTES[act_dtype], batch, spec.vocab_size, spec.hidden_size
+    half = act_dtype == "fp16"
     end = prompt + new_tokens - 1  # tokens cached when the last decode step has run
     static = end if cache == "static" else None  # max_cache_len (generation/utils.py _prepare_static_cache)
     last = prompt - chunk * ((prompt - 1) // chunk)  # the last chunk's tokens (torch.split, utils.py:4357)
@@ -190,9 +246,25 @@ def moments(
     out = {
         "prefill": {
             "kv_cache": prefill_kv,
-            "activations": max(layer_working(spec, b * last, a, keys=prompt if window_before <= 0 else storage), working),
+            "activations": max(
+                layer_working(spec, b, last, a, _attention_kinds(spec, last, prompt, storage, prompt > last), half=half),
+                working,
+            ),
             "logits": 0,
         },
+        **(
+            {  # the first of several chunks: no mask yet (masking_utils.py:297-300), the cache at one chunk
+                "prefill_first": {
+                    "kv_cache": cache_bytes(spec, kv_per_token, b, chunk, chunk, static),
+                    "activations": layer_working(
+                        spec, b, chunk, a, _attention_kinds(spec, chunk, chunk, chunk, False), half=half
+                    ),
+                    "logits": 0,
+                }
+            }
+            if prompt > chunk
+            else {}
+        ),
         "prefill_logits": {
             "kv_cache": prefill_kv,
             # the final hidden states beside the 16-bit logits, then the logits beside their fp32 copy
@@ -206,7 +278,9 @@ def moments(
         cat = 0 if static else round(b * kv_per_token / 2 * (end - 1))
         out["decode"] = {
             "kv_cache": kept + cat,
-            "activations": layer_working(spec, b, a, keys=end, decode=True),
+            "activations": layer_working(
+                spec, b, 1, a, _attention_kinds(spec, 1, static or end, window_before + 1, static is not None), True, half
+            ),
             "logits": b * v * (4 + a),
         }
     return out
@@ -219,7 +293,7 @@ def peak(
     new_tokens: int,
     batch: int,
     chunk: int,
-    act_bytes: int,
+    act_dtype: str,
     kv_per_token: float,
     cache: str = "dynamic",
     working: int = 0,
@@ -231,7 +305,7 @@ def peak(
         new_tokens=new_tokens,
         batch=batch,
         chunk=chunk,
-        act_bytes=act_bytes,
+        act_dtype=act_dtype,
         kv_per_token=kv_per_token,
         cache=cache,
         working=working,

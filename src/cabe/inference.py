@@ -222,7 +222,8 @@ def estimate_inference(
             new_tokens=max(new, 1),
             batch=batch,
             chunk=chunk,
-            act_bytes=4 if w["format"] == "fp32" else 2,  # the compute dtype: quantized formats dequantise to 16-bit
+            # the compute dtype: quantized formats dequantise to 16-bit
+            act_dtype=w["format"] if w["format"] in generation.ACT_BYTES else "bf16",
             kv_per_token=per_layer_token_bytes(spec, kv_dtype),
             cache=cache,
             working=working,
