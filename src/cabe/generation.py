@@ -103,9 +103,9 @@ def _attention_width(
     larger).
 
     * multi-head latent attention (models/deepseek_v3/modeling_deepseek_v3.py 5.25, ``DeepseekV3Attention.forward``):
-      kv_b_proj's output (H·(nope + v)), the queries, the keys (the latent's per-head keys cat'd with the rotary key
-      expanded to every head) and the queries' cat (3·H·qk_head), the expanded rotary key (H·rope) and SDPA's output
-      (H·v) per token;
+      per query the queries and their cat with the rotary part (2·H·qk_head) and SDPA's output (H·v); per cached key
+      kv_b_proj's output over every cached latent (H·(nope + v)), the keys (the per-head keys cat'd with the rotary
+      key, H·qk_head) and the rotary key expanded to every head (H·rope); the mask when there is one;
     * eager attention (Gemma 2's logit soft-capping, gpt-oss's sinks: ``sdpa_fallback``): the (queries × keys) scores
       per head: Gemma 2's masked scores in the model's dtype beside softmax's fp32 copy of them and its fp32 output
       (models/gemma2/modeling_gemma2.py ``eager_attention_forward``: ``softmax(..., dtype=torch.float32)``), gpt-oss's
@@ -117,15 +117,15 @@ def _attention_width(
     heads = spec.num_heads
     if la is None and spec.sdpa_fallback != "eager":
         return _sdpa_width(spec, queries, keys, act_bytes, masked)
-    if la is not None:
-        return act_bytes * heads * (la.nope_dim + 2 * la.v_head_dim + 3 * la.qk_head_dim + la.rope_dim)
+    if la is not None:  # per query: q, its cat and the output; per key: kv_b_proj's output, the keys, the rotary key
+        per_key = act_bytes * heads * (la.nope_dim + la.v_head_dim + la.qk_head_dim + la.rope_dim)
+        per_key += act_bytes if masked else 0
+        return act_bytes * heads * (2 * la.qk_head_dim + la.v_head_dim) + per_key * keys / queries
     # Gemma 2: bf16 scores are cast to fp32 by a copy before softmax's kernel; fp16's kernel reads them as they are
     # (``half_to_float``, aten/src/ATen/native/SoftMax.cpp), then casts its fp32 output back beside it
     pair = 3 * act_bytes if spec.attention_sinks else (8 if half or act_bytes == 4 else act_bytes + 8)
     expanded = 2 * heads * spec.head_dim * act_bytes * keys / queries
-    # the model's float masks, one per kind of layer (sliding and full), (b, 1, q, t) in its dtype, all live
-    masks = len({g.attention for g in spec.layer_groups if g.mixer == "attention"}) * keys * act_bytes
-    return heads * keys * pair + expanded + act_bytes * spec.q_dim + masks
+    return heads * keys * pair + expanded + act_bytes * spec.q_dim
 
 
 def _sdpa_width(spec: ModelSpec, queries: int, keys: int, a: int, masked: bool) -> float:
@@ -139,12 +139,12 @@ def _sdpa_width(spec: ModelSpec, queries: int, keys: int, a: int, masked: bool) 
     (queries × keys) scores beside their softmax, with the causal mask in the model's dtype when no mask is given.
 
     ``masked``: transformers builds a mask (a static cache's decode, a prefill chunk after the first, a sliding layer
-    past its window): the (b, 1, q, t) bool mask and its conversion to the model's dtype for the kernel
-    (``convert_boolean_attn_mask``)."""
+    past its window): its conversion to the model's dtype for the kernel
+    (``convert_boolean_attn_mask``; the bool mask itself: :func:`_mask_bytes`)."""
     heads, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
     per_key = 0.0
     if masked:  # repeat_kv's expanded keys and values, and the mask
-        per_key = (2 * heads * d * a if heads > kv else 0) + 1 + a
+        per_key = (2 * heads * d * a if heads > kv else 0) + a
     elif heads > kv and (a == 4 or d > 256):  # no flash, grouped heads: the math kernel
         per_key = 3 * heads * d * a + 2 * heads * a * queries + a
         return per_key * keys / queries + heads * d * a
@@ -174,12 +174,23 @@ def layer_working(
             wide = max(wide, _mlp_width(spec, run))
     rotary = 2 * spec.head_dim if spec.position == "rotary" else 0
     copies = HIDDEN_COPIES.get(spec.model_type, 4)
-    per_token = act_bytes * (copies * h + wide + rotary)
-    for keys, masked in attention or ((queries, False),):
+    kinds = attention or ((queries, False),)
+    base = act_bytes * (copies * h + rotary) + _mask_bytes(spec, queries, kinds, act_bytes)
+    per_token = base + act_bytes * wide
+    for keys, masked in kinds:
         width = _attention_width(spec, queries, keys, act_bytes, masked, half)
         if width:
-            per_token = max(per_token, act_bytes * (copies * h + rotary) + width)
+            per_token = max(per_token, base + width)
     return round(batch * queries * per_token)
+
+
+def _mask_bytes(spec: ModelSpec, queries: int, kinds: tuple[tuple[int, bool], ...], act_bytes: int) -> float:
+    """Bytes per query token of the masks the model's ``forward`` makes once and keeps through every layer
+    (``create_causal_mask`` / ``create_sliding_window_causal_mask``, masking_utils.py; one per kind of layer): SDPA's
+    (b, 1, q, t) bool mask where one is built (:func:`_attention_kinds`), eager attention's in the model's float dtype
+    always (``eager_mask``)."""
+    eager = spec.sdpa_fallback == "eager" and spec.latent_attention is None
+    return sum(keys * (act_bytes if eager else 1) for keys, masked in kinds if masked or eager)
 
 
 def _attention_kinds(spec: ModelSpec, queries: int, keys: int, window_keys: int, masked: bool) -> tuple:
@@ -190,28 +201,37 @@ def _attention_kinds(spec: ModelSpec, queries: int, keys: int, window_keys: int,
     for g in spec.layer_groups:
         if g.mixer != "attention":
             continue
-        if g.attention in ("sliding", "chunked") and g.window:
-            out.append((window_keys, masked or window_keys >= g.window))
+        win = window(spec, g)
+        if win:
+            out.append((window_keys, masked or window_keys >= win))
         else:
             out.append((keys, masked))
     return tuple(dict.fromkeys(out))
 
 
-def _group_tokens(group: Any, kept: int, storage: int, static_len: int | None) -> int:
+def window(spec: ModelSpec, group: Any) -> int | None:
+    """The window of a layer's cache as transformers builds it: a sliding or chunked layer's, and every layer's when
+    the config sets one ``sliding_window`` for all (Phi-3: cache_utils.py:2017-2035, ``get_layer_types_and_kwargs``
+    makes a ``sliding_attention`` layer of each layer whose config has ``sliding_window``)."""
+    if group.attention in ("sliding", "chunked") and group.window:
+        return int(group.window)
+    return spec.sdpa_mask_window or None
+
+
+def _group_tokens(group: Any, kept: int, storage: int, static_len: int | None, win: int | None = None) -> int:
     """Tokens a layer of ``group`` holds: ``static_len`` (its preallocation) for a static cache, else ``storage``
     for a sliding layer right after a cat (the view keeps the whole cat) and ``kept`` for a full one."""
     if group.mixer != "attention":
         return 0
-    sliding = group.attention in ("sliding", "chunked") and group.window
     if static_len is not None:
-        return min(static_len, group.window) if sliding else static_len
-    return storage if sliding else kept
+        return min(static_len, win) if win else static_len
+    return storage if win else kept
 
 
 def cache_bytes(spec: ModelSpec, per_token: float, batch: int, kept: int, storage: int, static: int | None) -> int:
     """The KV cache of every attention layer at a moment (:func:`_group_tokens`), ``per_token`` bytes per token
     and layer."""
-    tokens = sum(g.count * _group_tokens(g, kept, storage, static) for g in spec.layer_groups)
+    tokens = sum(g.count * _group_tokens(g, kept, storage, static, window(spec, g)) for g in spec.layer_groups)
     return round(batch * per_token * tokens)
 
 
@@ -239,7 +259,7 @@ def moments(
     end = prompt + new_tokens - 1  # tokens cached when the last decode step has run
     static = end if cache == "static" else None  # max_cache_len (generation/utils.py _prepare_static_cache)
     last = prompt - chunk * ((prompt - 1) // chunk)  # the last chunk's tokens (torch.split, utils.py:4357)
-    window_before = max((g.window or 0) - 1 for g in spec.layer_groups) if spec.layer_groups else 0
+    window_before = max(((window(spec, g) or 0) - 1 for g in spec.layer_groups), default=0)
     # sliding layers: the window kept before the chunk, then the chunk cat'd to it (cache_utils.py:236-242)
     storage = min(prompt - last, window_before) + last if window_before > 0 else prompt
     prefill_kv = cache_bytes(spec, kv_per_token, b, prompt, storage, static)
@@ -279,7 +299,9 @@ def moments(
         out["decode"] = {
             "kv_cache": kept + cat,
             "activations": layer_working(
-                spec, b, 1, a, _attention_kinds(spec, 1, static or end, window_before + 1, static is not None), True, half
+                spec, b, 1, a, _attention_kinds(spec, 1, static or end, min(static or end, window_before + 1), static is not None),
+                True,
+                half,
             ),
             "logits": b * v * (4 + a),
         }
