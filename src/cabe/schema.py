@@ -794,6 +794,13 @@ _SERVING: tuple[Field, ...] = (
         flags=_flag("image_size"),
         metavar="HxW",
     ),
+    # tokens generate makes within the context (prompt = context - new_tokens); not given: cabe.generation's
+    # resolve_new_tokens (min(256, context // 2)), said in the answer
+    _int("new_tokens", "serving", _INFER, None, 0, MAX_SEQ, unit="tokens", flags=_flag("new_tokens")),
+    # transformers' cache_implementation: DynamicCache (torch.cat per step) or StaticCache (preallocated)
+    _choice("cache", "serving", _INFER, "dynamic", ("dynamic", "static"), flags=_flag("cache"), cli_default=True),
+    # run transformers' generate on fake CUDA tensors beside the estimate (cabe.trace.generate)
+    Field("trace", bool, "serving", ("infer",), False, flags=_flag("trace"), cli_default=True),
 )
 
 _TRACE: tuple[Field, ...] = (

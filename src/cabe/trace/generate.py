@@ -366,3 +366,29 @@ def _prefill_forwards(counter: _Counter) -> int:
         if q == 1 and i > 0:
             return i
     return len(counter.forwards)
+
+
+def beside_estimate(out: dict[str, Any], config: dict[str, Any], images: int = 0) -> dict[str, Any]:
+    """``cabe infer --trace``: the estimate ``out`` (:func:`cabe.inference.infer_json`) with the traced ``generate`` of
+    the same request beside it: ``trace_peak_bytes``, ``trace_reserved_bytes``, ``estimate_relative_error`` (of
+    ``total_bytes``) and the trace's details under ``trace``."""
+    if out.get("mode") != "generate":
+        raise ConfigError("trace_mode", "mode", mode=out.get("mode"))
+    chunk = out.get("prefill_chunk")
+    res = trace_generate(
+        config,
+        weights=out["weights_format"],
+        kv_dtype=out["kv_dtype"],
+        prompt=out["prompt_tokens"],
+        new_tokens=out["new_tokens"],
+        batch=out["batch"],
+        prefill_chunk=chunk if chunk and chunk < out["prompt_tokens"] else None,
+        cache=out.get("cache", "dynamic"),
+        images=images,
+    )
+    peak = res["trace_peak_bytes"]
+    out["trace_peak_bytes"] = peak
+    out["trace_reserved_bytes"] = res["trace_reserved_bytes"]
+    out["estimate_relative_error"] = round((out["total_bytes"] - peak) / peak, 5) if peak else None
+    out["trace"] = {k[len("trace_") :]: v for k, v in res.items() if k not in ("trace_peak_bytes", "trace_reserved_bytes")}
+    return out
