@@ -57,6 +57,9 @@ DERIVED: dict[str, tuple[str, int]] = {
 #: the layer kinds of a derived model whose preset's first layers are all of one kind (none today: Granite-4.0-H's
 #: Mamba-2 hybrids are refused by ``cabe infer --trace``, their inference kernels being mamba-ssm's)
 LAYER_TYPES: dict[str, list[str]] = {}
+#: config keys a derived model changes beside its layers (DeepSeek-V3's first layer dense, its second MoE: 256 experts
+#: of 2048 top-8 and a shared one, under multi-head latent attention)
+OVERRIDES: dict[str, dict[str, Any]] = {"deepseek-v3-2l": {"first_k_dense_replace": 1}}
 MODELS = SMALL_MODELS + list(DERIVED)
 WEIGHTS = [("bf16", 5), ("fp16", 3), ("fp32", 2)]
 BATCHES = [1, 1, 2, 4, 8, 16]
@@ -78,6 +81,7 @@ def config(model: str) -> dict[str, Any]:
     cfg = dict(preset(base).config)
     if model in LAYER_TYPES:
         cfg["layer_types"] = LAYER_TYPES[model]
+    cfg.update(OVERRIDES.get(model, {}))
     return {**_cut(cfg, layers), **({"text_config": _cut(cfg["text_config"], layers)} if "text_config" in cfg else {})}
 
 

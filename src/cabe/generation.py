@@ -81,7 +81,7 @@ def _mlp_width(spec: ModelSpec, run: Any) -> int:
     return 4 * f if fused else 3 * f
 
 
-def _moe_width(spec: ModelSpec, run: Any, decode: bool) -> int:
+def _moe_width(spec: ModelSpec, run: Any, decode: bool, act_bytes: int) -> float:
     """Elements per token a routed-experts layer holds beyond the hidden copies, as transformers 5.25 runs its experts
     (integrations/moe.py): at the prefill ``grouped_mm_experts_forward`` (l.424-537) on ``S = tokens × k`` rows: the
     gathered hidden states (S, h) beside gate_up's (S, 2f) output, the activation and the product (S·(h + 4f)), then at
@@ -93,7 +93,11 @@ def _moe_width(spec: ModelSpec, run: Any, decode: bool) -> int:
     gated = 2 if spec.activation != "plain" else 1
     if decode:
         return k * (gated + 1) * f * h
-    return k * max(h + 4 * f, 4 * h)
+    # the weighted output and its unpermuted copy take the routing weights' dtype: fp32 where the router keeps its
+    # sigmoid scores in fp32 (DeepSeek-V3: modeling_deepseek_v3.py ``DeepseekV3TopkRouter``, ``router_logits.float()``
+    # and the weights gathered from them), the model's elsewhere
+    end = 2 + (2 * 4 / act_bytes if spec.router.startswith("sigmoid") else 2)
+    return k * max(h + 4 * f, end * h)
 
 
 def _attention_width(
@@ -103,9 +107,9 @@ def _attention_width(
     larger).
 
     * multi-head latent attention (models/deepseek_v3/modeling_deepseek_v3.py 5.25, ``DeepseekV3Attention.forward``):
-      per query the queries and their cat with the rotary part (2·H·qk_head) and SDPA's output (H·v); per cached key
-      kv_b_proj's output over every cached latent (H·(nope + v)), the keys (the per-head keys cat'd with the rotary
-      key, H·qk_head) and the rotary key expanded to every head (H·rope); the mask when there is one;
+      per query the queries, their rotated part and their cat with it (H·(2·qk_head + rope)) and SDPA's output (H·v);
+      per cached key kv_b_proj's output over every cached latent (H·(nope + v)) and the keys (the per-head keys cat'd
+      with the rotary key expanded to every head, H·qk_head); the mask's copy when there is one;
     * eager attention (Gemma 2's logit soft-capping, gpt-oss's sinks: ``sdpa_fallback``): the (queries × keys) scores
       per head: Gemma 2's masked scores in the model's dtype beside softmax's fp32 copy of them and its fp32 output
       (models/gemma2/modeling_gemma2.py ``eager_attention_forward``: ``softmax(..., dtype=torch.float32)``), gpt-oss's
@@ -117,10 +121,10 @@ def _attention_width(
     heads = spec.num_heads
     if la is None and spec.sdpa_fallback != "eager":
         return _sdpa_width(spec, queries, keys, act_bytes, masked)
-    if la is not None:  # per query: q, its cat and the output; per key: kv_b_proj's output, the keys, the rotary key
-        per_key = act_bytes * heads * (la.nope_dim + la.v_head_dim + la.qk_head_dim + la.rope_dim)
+    if la is not None:  # per query: q, its rotated part, its cat and the output; per key: kv_b_proj's output, the keys
+        per_key = act_bytes * heads * (la.nope_dim + la.v_head_dim + la.qk_head_dim)
         per_key += act_bytes if masked else 0
-        return act_bytes * heads * (2 * la.qk_head_dim + la.v_head_dim) + per_key * keys / queries
+        return act_bytes * heads * (2 * la.qk_head_dim + la.v_head_dim + la.rope_dim) + per_key * keys / queries
     # Gemma 2: bf16 scores are cast to fp32 by a copy before softmax's kernel; fp16's kernel reads them as they are
     # (``half_to_float``, aten/src/ATen/native/SoftMax.cpp), then casts its fp32 output back beside it
     pair = 3 * act_bytes if spec.attention_sinks else (8 if half or act_bytes == 4 else act_bytes + 8)
@@ -166,10 +170,10 @@ def layer_working(
     (:func:`_attention_width`; ``attention``: (keys, masked) of each, the queries' when empty); the rotary ``cos`` and
     ``sin`` (b, s, head_dim) in the model's dtype live through the layers (modeling_llama.py:391)."""
     h = spec.hidden_size
-    wide = 0
+    wide = 0.0
     for run in spec.runs:  # one layer runs at a time: the widest
         if run.mlp == "moe" and spec.num_experts:
-            wide = max(wide, _moe_width(spec, run, decode))
+            wide = max(wide, _moe_width(spec, run, decode, act_bytes))
         else:
             wide = max(wide, _mlp_width(spec, run))
     rotary = 2 * spec.head_dim if spec.position == "rotary" else 0
