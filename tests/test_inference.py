@@ -75,11 +75,11 @@ def test_generation_keeps_last_token_logits_only():
     assert (gen["new_tokens"], gen["prompt_tokens"], gen["peak_moment"]) == (256, 3840, "prefill")
     # a chunked prefill (3840 = 7 × 512 + 256) peaks at its last chunk: 256 queries over 3840 cached keys under a mask,
     # so transformers expands the 8 KV heads to 32 with repeat_kv (integrations/sdpa_attention.py:127-128). Per query
-    # token: 4 hidden copies and cos/sin, 2 × (4 × 4096 + 2 × 128) B, the bool mask's 3840 B, the expanded keys and
-    # values and the mask's bf16 copy (2 × 32 × 128 × 2 + 2) × 3840 / 256 B, the output 32 × 128 × 2 B
+    # token: 4 hidden copies and cos/sin, 2 × (4 × 4096 + 2 × 128) B, the bool mask's 3840 B and its bf16 copy
+    # 2 × 3840 B, the expanded keys and values 2 × 32 × 128 × 2 × 3840 / 256 B, the output 32 × 128 × 2 B
     chunked = estimate_inference(L3, context=4096, batch=2, prefill_chunk=512)
-    per_token = 2 * (4 * 4096 + 2 * 128) + 3840 + (2 * 32 * 128 * 2 + 2) * 3840 // 256 + 32 * 128 * 2
-    assert chunked["components"]["activations"] == 2 * 256 * per_token == 149_044_224
+    per_token = 2 * (4 * 4096 + 2 * 128) + 3840 + 2 * 3840 + 2 * 32 * 128 * 2 * 3840 // 256 + 32 * 128 * 2
+    assert chunked["components"]["activations"] == 2 * 256 * per_token == 152_961_024
     assert per_token * 256 > 512 * 2 * (4 * 4096 + 2 * 128 + 3 * 14336)  # more than a 512-token chunk's MLP
 
 

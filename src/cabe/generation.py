@@ -123,8 +123,8 @@ def _attention_width(
         return _sdpa_width(spec, queries, keys, act_bytes, masked)
     if la is not None:  # per query: q, its rotated part, its cat and the output; per key: kv_b_proj's output, the keys
         per_key = act_bytes * heads * (la.nope_dim + la.v_head_dim + la.qk_head_dim)
-        per_key += act_bytes if masked else 0
-        return act_bytes * heads * (2 * la.qk_head_dim + la.v_head_dim + la.rope_dim) + per_key * keys / queries
+        mask = keys * act_bytes * (2 if keys % 8 else 1) if masked else 0  # its copy per (query, key), as below
+        return act_bytes * heads * (2 * la.qk_head_dim + la.v_head_dim + la.rope_dim) + per_key * keys / queries + mask
     # Gemma 2: bf16 scores are cast to fp32 by a copy before softmax's kernel; fp16's kernel reads them as they are
     # (``half_to_float``, aten/src/ATen/native/SoftMax.cpp), then casts its fp32 output back beside it
     pair = 3 * act_bytes if spec.attention_sinks else (8 if half or act_bytes == 4 else act_bytes + 8)
@@ -146,13 +146,16 @@ def _sdpa_width(spec: ModelSpec, queries: int, keys: int, a: int, masked: bool) 
     past its window): its conversion to the model's dtype for the kernel
     (``convert_boolean_attn_mask``; the bool mask itself: :func:`_mask_bytes`)."""
     heads, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
-    per_key = 0.0
-    if masked:  # repeat_kv's expanded keys and values, and the mask
-        per_key = (2 * heads * d * a if heads > kv else 0) + a
-    elif heads > kv and (a == 4 or d > 256):  # no flash, grouped heads: the math kernel
+    if masked:
+        # per sequence's key: repeat_kv's expanded keys and values; per (query, key): the mask's copy in the model's
+        # dtype, and another where the memory-efficient kernel pads its last dimension to a multiple of 8
+        # (preprocess_mask, mem_eff_alignment)
+        expanded = (2 * heads * d * a if heads > kv else 0) * keys / queries
+        return expanded + keys * a * (2 if keys % 8 else 1) + heads * d * a
+    if heads > kv and (a == 4 or d > 256):  # no flash, grouped heads: the math kernel
         per_key = 3 * heads * d * a + 2 * heads * a * queries + a
         return per_key * keys / queries + heads * d * a
-    return per_key * keys / queries + (heads * d * a if masked else 0)
+    return 0
 
 
 def layer_working(
@@ -271,7 +274,9 @@ def moments(
         "prefill": {
             "kv_cache": prefill_kv,
             "activations": max(
-                layer_working(spec, b, last, a, _attention_kinds(spec, last, prompt, storage, prompt > last), half=half),
+                layer_working(
+                    spec, b, last, a, _attention_kinds(spec, last, static or prompt, storage, prompt > last), half=half
+                ),
                 working,
             ),
             "logits": 0,

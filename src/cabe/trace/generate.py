@@ -206,8 +206,8 @@ def _refuse_kernels(model: Any, cfg: Any) -> None:
 
 
 def _hooks(model: Any, counter: _Counter, tracker: Any) -> list[Any]:
-    """Count each forward's tokens (the offset the mask decision reads) and tag the LM head's output and what
-    ``generate`` makes of it (the fp32 copy, the argmax) as ``logits`` until the next forward."""
+    """Count each forward's tokens (the offset the mask decision reads) and tag what the LM head makes as ``logits``
+    (generate's fp32 copy of them, made after the forward, counts as ``activations``)."""
 
     def pre(mod: Any, args: Any, kwargs: dict[str, Any]) -> None:
         ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
@@ -223,6 +223,9 @@ def _hooks(model: Any, counter: _Counter, tracker: Any) -> list[Any]:
     def head(mod: Any, args: Any) -> None:
         tracker.region = "logits"
 
+    def head_done(mod: Any, args: Any, out: Any) -> None:
+        tracker.region = None
+
     handles = [
         model.register_forward_pre_hook(pre, with_kwargs=True),
         model.register_forward_hook(post, with_kwargs=True),
@@ -230,6 +233,7 @@ def _hooks(model: Any, counter: _Counter, tracker: Any) -> list[Any]:
     out_head = model.get_output_embeddings()
     if out_head is not None:
         handles.append(out_head.register_forward_pre_hook(head))
+        handles.append(out_head.register_forward_hook(head_done))
     return handles
 
 
