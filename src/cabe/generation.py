@@ -308,7 +308,11 @@ def moments(
         out["decode"] = {
             "kv_cache": kept + cat,
             "activations": layer_working(
-                spec, b, 1, a, _attention_kinds(spec, 1, static or end, min(static or end, window_before + 1), static is not None),
+                spec,
+                b,
+                1,
+                a,
+                _attention_kinds(spec, 1, static or end, min(static or end, window_before + 1), static is not None),
                 True,
                 half,
             ),

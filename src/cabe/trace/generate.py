@@ -139,7 +139,8 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
     from cabe.trace.analysis import _allocator
     from cabe.trace.build import build_model
     from cabe.trace.family_patches import model_types
-    from cabe.trace.modes import fake_mode, tracker as make_tracker
+    from cabe.trace.modes import fake_mode
+    from cabe.trace.modes import tracker as make_tracker
     from cabe.trace.patches import trace_environment
     from cabe.trace.state import AttentionState
     from cabe.trace.step import materialize, tag_params
@@ -394,5 +395,7 @@ def beside_estimate(out: dict[str, Any], config: dict[str, Any], images: int = 0
     out["trace_peak_bytes"] = peak
     out["trace_reserved_bytes"] = res["trace_reserved_bytes"]
     out["estimate_relative_error"] = round((out["total_bytes"] - peak) / peak, 5) if peak else None
-    out["trace"] = {k[len("trace_") :]: v for k, v in res.items() if k not in ("trace_peak_bytes", "trace_reserved_bytes")}
+    out["trace"] = {
+        k[len("trace_") :]: v for k, v in res.items() if k not in ("trace_peak_bytes", "trace_reserved_bytes")
+    }
     return out
