@@ -211,10 +211,10 @@ def _hooks(model: Any, counter: _Counter, tracker: Any) -> list[Any]:
     (generate's fp32 copy of them, made after the forward, counts as ``activations``)."""
 
     def pre(mod: Any, args: Any, kwargs: dict[str, Any]) -> None:
-        ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
+        ids: Any = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
         if ids is None and args:
             ids = args[0]
-        counter.q = int(ids.shape[1])
+        counter.q = int(ids.shape[1]) if ids is not None else 0
         counter.forwards.append((len(tracker.events), counter.q))
         tracker.region = None
 
@@ -277,7 +277,7 @@ def _generate_patches(counter: _Counter, length: int, tracker: Any) -> Iterator[
             qo = counter.offset if isinstance(q_offset, torch.Tensor) else q_offset
             return bool(real_ignore(pm, q_length, kv_length, qo, kv_offset, *a))
 
-    seq_lengths = {c: vars(c)["get_seq_length"] for c in layer_classes if "get_seq_length" in vars(c)}
+    seq_lengths: dict[Any, Any] = {c: vars(c)["get_seq_length"] for c in layer_classes if "get_seq_length" in vars(c)}
 
     def seq_length(real: Any) -> Any:
         def wrapper(self: Any) -> Any:
