@@ -128,7 +128,7 @@ def _attention_width(
     # Gemma 2: bf16 scores are cast to fp32 by a copy before softmax's kernel; fp16's kernel reads them as they are
     # (``half_to_float``, aten/src/ATen/native/SoftMax.cpp), then casts its fp32 output back beside it
     pair = 3 * act_bytes if spec.attention_sinks else (8 if half or act_bytes == 4 else act_bytes + 8)
-    expanded = 2 * heads * spec.head_dim * act_bytes * keys / queries
+    expanded = (2 * heads * spec.head_dim * act_bytes if heads > spec.num_kv_heads > 1 else 0) * keys / queries
     return heads * keys * pair + expanded + act_bytes * spec.q_dim
 
 
@@ -150,7 +150,8 @@ def _sdpa_width(spec: ModelSpec, queries: int, keys: int, a: int, masked: bool) 
         # per sequence's key: repeat_kv's expanded keys and values; per (query, key): the mask's copy in the model's
         # dtype, and another where the memory-efficient kernel pads its last dimension to a multiple of 8
         # (preprocess_mask, mem_eff_alignment)
-        expanded = (2 * heads * d * a if heads > kv else 0) * keys / queries
+        # (one KV head: ``expand`` then ``reshape`` merges the size-1 head dimension, a view, no copy)
+        expanded = (2 * heads * d * a if heads > kv > 1 else 0) * keys / queries
         return expanded + keys * a * (2 if keys % 8 else 1) + heads * d * a
     if heads > kv and (a == 4 or d > 256):  # no flash, grouped heads: the math kernel
         per_key = 3 * heads * d * a + 2 * heads * a * queries + a
@@ -180,10 +181,17 @@ def layer_working(
         else:
             wide = max(wide, _mlp_width(spec, run))
     rotary = 2 * spec.head_dim if spec.position == "rotary" else 0
-    copies = HIDDEN_COPIES.get(spec.model_type, 4)
+    # OLMo 2 normalises after the MLP, which reads the residual itself (models/olmo2/modeling_olmo2.py:309-310): no
+    # normed copy beside it
+    copies = HIDDEN_COPIES.get(spec.model_type, 3 if spec.norm_placement == "post" else 4)
     kinds = attention or ((queries, False),)
     base = act_bytes * (copies * h + rotary) + _mask_bytes(spec, queries, kinds, act_bytes)
     per_token = base + act_bytes * wide
+    if spec.sdpa_fallback == "eager" and spec.latent_attention is None:
+        # eager attention returns its probabilities (b, H, q, t) beside its output, and the decoder layer keeps them in
+        # ``_`` until it returns (models/gemma2/modeling_gemma2.py ``hidden_states, _ = self.self_attn(...)``): they
+        # live through the MLP; gpt-oss's are a view of its (t + 1)-wide probabilities with the sink
+        per_token += spec.num_heads * act_bytes * max(k + (1 if spec.attention_sinks else 0) for k, _ in kinds)
     for keys, masked in kinds:
         width = _attention_width(spec, queries, keys, act_bytes, masked, half)
         if width:
@@ -204,16 +212,13 @@ def _attention_kinds(spec: ModelSpec, queries: int, keys: int, window_keys: int,
     """(keys, masked) of each kind of attention layer at a forward of ``queries`` tokens: a full layer attends
     ``keys``; a sliding one ``window_keys``, with a mask once its keys reach the window (masking_utils.py:286-287,
     ``local_attention_size``)."""
-    out = []
+    out: dict[int | None, tuple[int, bool]] = {}  # one per kind of layer: the model makes one mask for each
     for g in spec.layer_groups:
         if g.mixer != "attention":
             continue
         win = window(spec, g)
-        if win:
-            out.append((window_keys, masked or window_keys >= win))
-        else:
-            out.append((keys, masked))
-    return tuple(dict.fromkeys(out))
+        out[win] = (window_keys, masked or window_keys >= win) if win else (keys, masked)
+    return tuple(out.values())
 
 
 def window(spec: ModelSpec, group: Any) -> int | None:
@@ -267,33 +272,25 @@ def moments(
     static = end if cache == "static" else None  # max_cache_len (generation/utils.py _prepare_static_cache)
     last = prompt - chunk * ((prompt - 1) // chunk)  # the last chunk's tokens (torch.split, utils.py:4357)
     window_before = max(((window(spec, g) or 0) - 1 for g in spec.layer_groups), default=0)
-    # sliding layers: the window kept before the chunk, then the chunk cat'd to it (cache_utils.py:236-242)
-    storage = min(prompt - last, window_before) + last if window_before > 0 else prompt
-    prefill_kv = cache_bytes(spec, kv_per_token, b, prompt, storage, static)
-    out = {
-        "prefill": {
-            "kv_cache": prefill_kv,
-            "activations": max(
-                layer_working(
-                    spec, b, last, a, _attention_kinds(spec, last, static or prompt, storage, prompt > last), half=half
-                ),
-                working,
-            ),
+
+    def chunk_moment(queries: int, cached: int, masked: bool) -> dict[str, int]:
+        """A prefill forward of ``queries`` tokens after which ``cached`` are cached: its top layer."""
+        # sliding layers: the window kept before the chunk, then the chunk cat'd to it (cache_utils.py:236-242)
+        storage = min(cached - queries, window_before) + queries if window_before > 0 else cached
+        kinds = _attention_kinds(spec, queries, static or cached, storage, masked)
+        return {
+            "kv_cache": cache_bytes(spec, kv_per_token, b, cached, storage, static),
+            "activations": max(layer_working(spec, b, queries, a, kinds, half=half), working),
             "logits": 0,
-        },
-        **(
-            {  # the first of several chunks: no mask yet (masking_utils.py:297-300), the cache at one chunk
-                "prefill_first": {
-                    "kv_cache": cache_bytes(spec, kv_per_token, b, chunk, chunk, static),
-                    "activations": layer_working(
-                        spec, b, chunk, a, _attention_kinds(spec, chunk, chunk, chunk, False), half=half
-                    ),
-                    "logits": 0,
-                }
-            }
-            if prompt > chunk
-            else {}
-        ),
+        }
+
+    out = {"prefill": chunk_moment(last, prompt, prompt > last)}
+    if prompt > chunk:  # the first of several chunks: no mask yet (masking_utils.py:297-300)
+        out["prefill_first"] = chunk_moment(chunk, chunk, False)
+    if prompt - last > chunk:  # the last full chunk before a short last one (more queries, fewer keys)
+        out["prefill_full_chunk"] = chunk_moment(chunk, prompt - last, True)
+    prefill_kv = out["prefill"]["kv_cache"]
+    out |= {
         "prefill_logits": {
             "kv_cache": prefill_kv,
             # the final hidden states beside the 16-bit logits, then the logits beside their fp32 copy
