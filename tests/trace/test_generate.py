@@ -9,10 +9,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from cabe.errors import ConfigError  # noqa: E402
-from cabe.inference import estimate_inference  # noqa: E402
-from cabe.models import from_mapping  # noqa: E402
-from cabe.trace.generate import trace_generate  # noqa: E402
+from cabe.errors import ConfigError
+from cabe.inference import estimate_inference
+from cabe.models import from_mapping
+from cabe.trace.generate import trace_generate
 
 #: a Llama of 2 layers at widths where the working memory is not lost beside cuBLAS's 32 MiB workspace
 LLAMA = dict(
