@@ -114,3 +114,25 @@ def test_mamba2_hybrids_are_refused():
     with pytest.raises(ConfigError) as e:
         trace_generate(granite, weights="bf16", kv_dtype="bf16", prompt=32, new_tokens=2, batch=1)
     assert e.value.code == "trace_generate_kernels"
+
+
+def test_cli_infer_trace_json(tmp_path, capsys):
+    """``cabe infer --trace --json``: the estimate's total beside the traced peak, allocated and reserved."""
+    import json
+
+    from cabe.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA))
+    args = ["infer", "--model", str(path), "--weights", "bf16", "--kv-dtype", "bf16", "--context", "520"]
+    assert main([*args, "--new-tokens", "8", "--batch", "2", "--trace", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["prompt_tokens"], out["new_tokens"], out["trace"]["forwards"]) == (512, 8, 8)
+    assert out["trace_reserved_bytes"] >= out["trace_peak_bytes"] > 0
+    assert out["estimate_relative_error"] == round(
+        (out["total_bytes"] - out["trace_peak_bytes"]) / out["trace_peak_bytes"], 5
+    )
+    assert abs(out["estimate_relative_error"]) < 0.03
+    # a quantized format is refused in one sentence, exit code 2
+    assert main([*args, "--weights", "nf4", "--trace"]) == 2
+    assert "the nf4 format's CUDA-only kernels cannot run" in capsys.readouterr().err
