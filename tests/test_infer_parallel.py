@@ -16,7 +16,9 @@ def test_json_per_gpu_speed_and_limit():
     assert (par["tp"], par["pp"], par["dp"], par["gpus"], par["kv_heads_per_rank"]) == (8, 1, 1, 8, 1)
     st = par["stages"][0]
     assert st["components"]["weights"] == 17_640_734_720  # tests/test_serving_parallel.py
-    assert st["components"]["kv_cache"] == 335_544_320
+    # the cache at the single-GPU estimate's peak, the prefill of the 7,936-token prompt (8,192 less the default
+    # 256 new tokens, cabe.generation), per GPU: 7,936 × 80 layers × 1 KV head × 128 × 2 (K, V) × 2 B = 325,058,560
+    assert out["prompt_tokens"] == 7936 and st["components"]["kv_cache"] == 7936 * 80 * 128 * 2 * 2 == 325_058_560
     # the replica's pool is vLLM's on this GPU (cabe.engines.vllm with the GPU's share): 0.9 × 85,020,639,232 B
     # less its weights 17,640,734,720, the profile run 3,171,680,256, the custom all-reduce's registered buffer
     # 8,388,608 (torch) and non-torch 851,970,560 (CUDA context 603,979,776 + NCCL 231,211,008 + custom all-reduce

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cabe import gpus
+from cabe import generation, gpus
 from cabe.cli import main
 from cabe.errors import InvalidValueError
 from cabe.inference import estimate_inference, fit_inference, infer_json, max_batch, max_context, serving
@@ -59,12 +59,28 @@ def test_sliding_window_caps_the_cache():
 
 
 def test_generation_keeps_last_token_logits_only():
-    gen = estimate_inference(L3, context=4096, batch=2)
+    """generate keeps the last position's logits (logits_to_keep=1, transformers 5.25 generation/utils.py:2958-2959)
+    and their fp32 copy (l.3251): at the last decode step the previous step's fp32 copy beside the new 16-bit logits,
+    2 × 128256 × (4 + 2) B; at the prefill the 16-bit logits beside the larger of the final hidden states and their
+    fp32 copy. Scoring (mode prefill) keeps every position's."""
+    m = generation.moments(
+        L3, prompt=3840, new_tokens=256, batch=2, chunk=3840, act_dtype="bf16", kv_per_token=131_072 / 32
+    )
+    assert m["decode"]["logits"] == 2 * 128256 * 6
+    assert m["prefill_logits"]["logits"] == 2 * 128256 * 2 + max(2 * 3840 * 4096 * 2, 2 * 128256 * 4)
     pre = estimate_inference(L3, context=4096, batch=2, mode="prefill")
-    assert gen["components"]["logits"] == 2 * 128256 * 6
     assert pre["components"]["logits"] == 2 * 4096 * 128256 * 6
+    # the default: 256 tokens generated after a prompt of 3840, whose prefill peaks at the top layer's MLP
+    gen = estimate_inference(L3, context=4096, batch=2)
+    assert (gen["new_tokens"], gen["prompt_tokens"], gen["peak_moment"]) == (256, 3840, "prefill")
+    # a chunked prefill (3840 = 7 × 512 + 256) peaks at its last chunk: 256 queries over 3840 cached keys under a mask,
+    # so transformers expands the 8 KV heads to 32 with repeat_kv (integrations/sdpa_attention.py:127-128). Per query
+    # token: 4 hidden copies and cos/sin, 2 × (4 × 4096 + 2 × 128) B, the bool mask's 3840 B and its bf16 copy
+    # 2 × 3840 B, the expanded keys and values 2 × 32 × 128 × 2 × 3840 / 256 B, the output 32 × 128 × 2 B
     chunked = estimate_inference(L3, context=4096, batch=2, prefill_chunk=512)
-    assert chunked["components"]["activations"] == gen["components"]["activations"] // 8
+    per_token = 2 * (4 * 4096 + 2 * 128) + 3840 + 2 * 3840 + 2 * 32 * 128 * 2 * 3840 // 256 + 32 * 128 * 2
+    assert chunked["components"]["activations"] == 2 * 256 * per_token == 152_961_024
+    assert per_token * 256 > 512 * 2 * (4 * 4096 + 2 * 128 + 3 * 14336)  # more than a 512-token chunk's MLP
 
 
 def test_serving_pool_and_solver():

@@ -39,7 +39,8 @@ def test_tiny_indexer_moments_by_hand():
 
 
 def test_tiny_estimate_takes_the_indexer_when_it_is_the_larger():
-    est = estimate_inference(SPEC, context=256, batch=2)
+    # a prompt of 256 tokens, one token generated (generate: the prompt is the context less the new tokens)
+    est = estimate_inference(SPEC, context=257, new_tokens=1, batch=2)
     step = next(s for s in est["steps"] if s["key"] == "infer.indexer")
     assert step["bytes"] == 41_451_520 > forward_bytes(SPEC, 2 * 256)
     assert est["components"]["activations"] == 41_451_520
@@ -54,7 +55,7 @@ def test_tiny_estimate_takes_the_indexer_when_it_is_the_larger():
         "topk": 128,
     }
     # one sequence: no broadcast copy (a view), the scaled scores beside the scores make the moment
-    one = next(s for s in estimate_inference(SPEC, context=256)["steps"] if s["key"] == "infer.indexer")
+    one = next(s for s in estimate_inference(SPEC, context=257, new_tokens=1)["steps"] if s["key"] == "infer.indexer")
     assert one["params"]["per_pair"] == 2 * 4 * 4
 
 
@@ -62,7 +63,7 @@ def test_chunked_prefill_peaks_at_the_last_chunk_or_the_full_one_before():
     # torch.split(prompt, 96) of 256 tokens: 96, 96, 64 new tokens over 96, 192, 256 cached
     assert prefill_chunks(256, 96) == ((64, 256), (96, 192))
     assert prefill_chunks(256, 256) == ((256, 256),)
-    est = estimate_inference(SPEC, context=256, batch=2, prefill_chunk=96)
+    est = estimate_inference(SPEC, context=257, new_tokens=1, batch=2, prefill_chunk=96)
     step = next(s for s in est["steps"] if s["key"] == "infer.indexer")
     assert (step["params"]["s"], step["params"]["t"]) == (96, 192)
     assert step["bytes"] == max(indexer_prefill_bytes(SPEC, 2, 64, 256), indexer_prefill_bytes(SPEC, 2, 96, 192))
@@ -70,13 +71,13 @@ def test_chunked_prefill_peaks_at_the_last_chunk_or_the_full_one_before():
 
 def test_v32_exp_indexer_dominates_a_long_prefill():
     spec = preset("deepseek-v3.2-exp").spec
-    est = estimate_inference(spec, context=32768)
+    est = estimate_inference(spec, context=32769, new_tokens=1)  # a prompt of 32768
     # one sequence: 2 × 4 B × 64 index heads per (query, key) pair, 32768² pairs: 550 GB
     assert est["components"]["activations"] > 2 * 4 * 64 * 32768**2 == 549_755_813_888
     # 70 times the working memory without it, 190 times the KV cache; at 128k tokens (8.8 TB) 13 times the fp8 weights
     assert est["components"]["activations"] > 70 * forward_bytes(spec, 32768)
     assert est["components"]["activations"] > 190 * est["components"]["kv_cache"]
-    long = estimate_inference(spec, context=131072)["components"]
+    long = estimate_inference(spec, context=131073, new_tokens=1)["components"]
     assert long["activations"] > 13 * long["weights"]
     # a model without an indexer has no such step
     assert not any(s["key"] == "infer.indexer" for s in estimate_inference(preset("deepseek-v3").spec)["steps"])

@@ -267,6 +267,8 @@ def test_trace_is_the_package_and_callable():
 
 def test_trace_without_the_extra_is_a_missing_dependency(monkeypatch):
     monkeypatch.setitem(sys.modules, "cabe.trace.cli", None)  # what `import` meets without torch
+    # and not bound on the package by an earlier test (`from cabe.trace import cli` reads the attribute first)
+    monkeypatch.delattr(sys.modules["cabe.trace"], "cli", raising=False)
     with pytest.raises(cabe.MissingDependencyError) as e:
         cabe.trace("llama-3.2-1b", method="lora")
     assert e.value.code == "missing_extra" and "trace" in str(e.value)

@@ -73,11 +73,11 @@ def test_infer_fields_are_what_the_core_accepts() -> None:
 
 
 def test_lazy_choices_are_the_core_catalogs() -> None:
-    from cabe.kv_cache import KV_DTYPES
+    from cabe.kv_cache import KV_CHOICES
     from cabe.weights import FORMATS
 
     assert schema.field("weights", "infer").allowed() == FORMATS
-    assert schema.field("kv_dtype", "infer").allowed() == tuple(KV_DTYPES)
+    assert schema.field("kv_dtype", "infer").allowed() == KV_CHOICES
 
 
 def test_field_lookup_by_command() -> None:

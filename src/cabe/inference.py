@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cabe import api, engines, infer_parallel, ssm
+from cabe import api, engines, generation, infer_parallel, linear_attention, ssm
 from cabe import gpus as gpu_catalog
 from cabe.analytic import ALLOCATOR_SLACK_FRACTION  # reserved ≈ allocated × 1.05 (no fp32 loss buffers)
 from cabe.architecture import ModelSpec
@@ -17,7 +17,7 @@ from cabe.engines.share import Share, of_stage
 from cabe.engines.vllm import BLOCK_SIZE, serving  # noqa: F401  (re-exported: callers import them from here)
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
-from cabe.kv_cache import breakdown, kv_cache_bytes, kv_dtype_bytes
+from cabe.kv_cache import breakdown, kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes, resolve_kv_dtype
 from cabe.vision.images import check_images
 from cabe.vision.serving import vision_forward_bytes
 from cabe.weights import weights_bytes
@@ -161,7 +161,7 @@ def estimate_inference(
     spec: ModelSpec,
     *,
     weights: str = "auto",
-    kv_dtype: str = "fp16",
+    kv_dtype: str = "auto",
     context: int = 4096,
     batch: int = 1,
     mode: str = "generate",
@@ -169,8 +169,14 @@ def estimate_inference(
     group_size: int = 128,
     images: int = 0,
     image_size: str = "448x448",
+    new_tokens: int | None = None,
+    cache: str = "dynamic",
 ) -> dict[str, Any]:
     """Peak memory of running the model on ``batch`` sequences of ``context`` tokens.
+
+    ``mode="generate"``: transformers' ``generate`` of ``new_tokens`` tokens after a prompt of the rest of the context
+    (:func:`cabe.generation.resolve_new_tokens` when not given), with a ``dynamic`` or ``static`` cache: the largest
+    of its moments (:mod:`cabe.generation`: the prefill's top layer, its logits, the last decode step).
 
     ``images`` per sequence (a model with a vision tower cabe models): their tokens are part of ``context``, so
     of the KV cache, as the processor writes them into the prompt; the tower runs on all of the batch's images at
@@ -192,18 +198,41 @@ def estimate_inference(
             raise InvalidValueError("not_integer", name, value=v)
         if v < 1 or v > (1 << 24):
             raise InvalidValueError("out_of_range", name, value=v, minimum=1, maximum=1 << 24)
-    chunk = min(context if prefill_chunk is None else prefill_chunk, context)
+    new = generation.resolve_new_tokens(context, new_tokens) if mode == "generate" else 0
+    prompt = max(1, context - new)  # the tokens the prefill runs (generate: the prompt)
+    chunk = min(prompt if prefill_chunk is None else prefill_chunk, prompt)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise InvalidValueError("out_of_range", "prefill_chunk", value=prefill_chunk, minimum=1, maximum=1 << 24)
     w = weights_bytes(spec, weights, group_size)
+    kv_dtype = resolve_kv_dtype(kv_dtype, w["format"])
     kv = kv_cache_bytes(spec, context, batch, kv_dtype)
     act = forward_bytes(spec, batch * chunk)
     vision = _vision_step(spec, images, image_size, context, batch)
     act = max(act, vision["bytes"]) if vision else act
-    indexer = _indexer_step(spec, context, chunk, batch)
+    indexer = _indexer_step(spec, prompt, chunk, batch)
     act = max(act, indexer["bytes"]) if indexer else act
     logits = logits_bytes(spec, batch * (context if mode == "prefill" else 1))
     comps = {"weights": w["total_bytes"], "kv_cache": kv, "activations": act, "logits": logits}
+    moment = None
+    if mode == "generate" and not spec.compressed_attention:  # transformers' generate, moment by moment
+        working = max(vision["bytes"] if vision else 0, indexer["bytes"] if indexer else 0)
+        moment, gen = generation.peak(
+            spec,
+            prompt=prompt,
+            new_tokens=max(new, 1),
+            batch=batch,
+            chunk=chunk,
+            # the compute dtype: quantized formats dequantise to 16-bit
+            act_dtype=w["format"] if w["format"] in generation.ACT_BYTES else "bf16",
+            kv_per_token=per_layer_token_bytes(spec, kv_dtype),
+            cache=cache,
+            working=working,
+        )
+        # gated DeltaNet layers: a fixed state per sequence beside the tokens (cabe.linear_attention)
+        gen["kv_cache"] += batch * linear_attention.state_bytes(spec)
+        comps = {"weights": w["total_bytes"], **gen}
+        if spec.buffer_bytes:  # the model's buffers on the device beside its weights (GPT-BigCode's causal mask)
+            comps["buffers"] = spec.buffer_bytes
     state = batch * ssm.state_bytes_per_sequence(spec, SSM_CONV_BYTES)
     if state:  # Mamba-2 layers: the conv and SSM states of every sequence, whatever its length
         comps["ssm_state"] = state
@@ -215,6 +244,7 @@ def estimate_inference(
         "context": context,
         "batch": batch,
         "prefill_chunk": chunk,
+        **({"new_tokens": new, "prompt_tokens": prompt, "cache": cache, "peak_moment": moment} if moment else {}),
         "components": comps,
         "total_bytes": total,
         "reserved_bytes": round(total * (1 + ALLOCATOR_SLACK_FRACTION)),
@@ -322,8 +352,18 @@ def _largest(ok, hi: int) -> int:
 
 
 def max_context(spec: ModelSpec, card: Gpu, *, batch: int = 1, **kw: Any) -> int:
+    """The longest context (prompt + generated) that fits; with ``new_tokens`` given, a prompt of at least one token
+    beside them (0 when none fits)."""
     cap = spec.max_positions or (1 << 24)
-    return _largest(lambda c: fit_inference(estimate_inference(spec, context=c, batch=batch, **kw), card)["fits"], cap)
+    new = kw.get("new_tokens") or 0
+    if new >= cap:
+        return 0
+
+    def fits(prompt: int) -> bool:
+        return fit_inference(estimate_inference(spec, context=new + prompt, batch=batch, **kw), card)["fits"]
+
+    prompt = _largest(fits, cap - new)
+    return new + prompt if prompt else 0
 
 
 def max_batch(spec: ModelSpec, card: Gpu, *, context: int = 4096, **kw: Any) -> int:
@@ -346,6 +386,8 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
         "batch",
         "mode",
         "prefill_chunk",
+        "new_tokens",
+        "cache",
         "group_size",
         "gpu",
         "gpu_memory_utilization",
@@ -363,12 +405,14 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidValueError("missing_model", "model")
     spec = src.spec
     engine = engines.engine_of(body)
-    keys = ("weights", "kv_dtype", "mode", "prefill_chunk", "group_size", "images", "image_size")
+    keys = ("weights", "kv_dtype", "mode", "prefill_chunk", "group_size", "images", "image_size", "new_tokens", "cache")
     kw = {k: body[k] for k in keys if body.get(k) is not None}
     context = body.get("context")
     context = min(4096, spec.max_positions or 4096) if context is None else context
     batch: int = 1 if body.get("batch") is None else body["batch"]
     est = estimate_inference(spec, context=context, batch=batch, **kw)
+    kw["kv_dtype"] = est["kv_dtype"]  # "auto" resolved from the weights' format, for the engines below
+    body = {**body, "kv_dtype": est["kv_dtype"]}
     out: dict[str, Any] = {"model": spec.name, **est, "notes": list(api.beyond_limits(spec, context))}
     card = gpu_catalog.gpu(str(body["gpu"])) if body.get("gpu") else None
     # several GPUs per replica, speed bounds on the card, the context limit with rope scaling (cabe.infer_parallel)

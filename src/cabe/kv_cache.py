@@ -15,6 +15,7 @@ from cabe.errors import InvalidValueError
 from cabe.layers import LayerGroup
 
 #: bytes per cached element
+KV_CHOICES = ("auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4")  # the field's choices
 KV_DTYPES: dict[str, float] = {
     "fp32": 4,
     "fp16": 2,
@@ -27,9 +28,25 @@ KV_DTYPES: dict[str, float] = {
 }
 
 
+#: ``kv_dtype="auto"``: the cache in the dtype the model computes in, as transformers' caches keep it (the keys and
+#: values the attention made) and vLLM's ``kv_cache_dtype="auto"`` (the model dtype); quantized weight formats
+#: compute in 16-bit
+AUTO = "auto"
+_COMPUTE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+
+
+def resolve_kv_dtype(kv_dtype: str, weights_format: str) -> str:
+    """``auto`` as the weights' compute dtype (bf16 for a quantized format); any other choice as given (checked)."""
+    if kv_dtype == AUTO:
+        return _COMPUTE.get(weights_format, "bf16")
+    kv_dtype_bytes(kv_dtype)
+    return kv_dtype
+
+
 def kv_dtype_bytes(kv_dtype: str) -> float:
     if kv_dtype not in KV_DTYPES:
-        raise InvalidValueError("bad_choice", "kv_dtype", value=kv_dtype, allowed=", ".join(KV_DTYPES))
+        allowed = ", ".join((AUTO, *KV_DTYPES))
+        raise InvalidValueError("bad_choice", "kv_dtype", value=kv_dtype, allowed=allowed)
     return KV_DTYPES[kv_dtype]
 
 

@@ -763,8 +763,8 @@ _SERVING: tuple[Field, ...] = (
         str,
         "serving",
         _INFER,
-        "fp16",
-        choices_from="cabe.kv_cache:KV_DTYPES",
+        "auto",
+        choices_from="cabe.kv_cache:KV_CHOICES",
         flags=_flag("kv_dtype"),
         cli_default=True,
     ),
@@ -886,6 +886,13 @@ _SERVING: tuple[Field, ...] = (
     # decoder layers per pipeline stage (vLLM's VLLM_PP_LAYER_PARTITION, SGLang's SGLANG_PP_LAYER_PARTITION);
     # not given, get_pp_indices' split (cabe.serving_parallel.pp_partition)
     Field("pp_partition", str, "serving", _INFER, None, max_length=400, flags=_flag("pp_partition"), metavar="N,N,..."),
+    # tokens generate makes within the context (prompt = context - new_tokens); not given: cabe.generation's
+    # resolve_new_tokens (min(256, context // 2)), said in the answer
+    _int("new_tokens", "serving", _INFER, None, 0, MAX_SEQ, unit="tokens", flags=_flag("new_tokens")),
+    # transformers' cache_implementation: DynamicCache (torch.cat per step) or StaticCache (preallocated)
+    _choice("cache", "serving", _INFER, "dynamic", ("dynamic", "static"), flags=_flag("cache"), cli_default=True),
+    # run transformers' generate on fake CUDA tensors beside the estimate (cabe.trace.generate)
+    Field("trace", bool, "serving", ("infer",), False, flags=_flag("trace"), cli_default=True),
 )
 
 _TRACE: tuple[Field, ...] = (

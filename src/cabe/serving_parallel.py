@@ -244,11 +244,18 @@ def kv_share(spec: ModelSpec, tp: int) -> float:
     return kv_heads_per_rank(spec, tp) / spec.num_kv_heads
 
 
-def kv_per_rank(spec: ModelSpec, lay: Layout, stage: int, context: int, batch: int, kv_dtype: str) -> dict:
+#: components of the single-GPU estimate each GPU of a replica holds whole
+WHOLE_ON_EVERY_GPU = ("cuda_workspaces", "buffers")
+
+
+def kv_per_rank(
+    spec: ModelSpec, lay: Layout, stage: int, context: int, batch: int, kv_dtype: str, total: int | None = None
+) -> dict:
     """KV cache bytes on one GPU of ``stage``: its layers' share of the cache at its KV heads; a linear-attention or
-    Mamba-2 layer's fixed state split with its heads (vLLM's ``MambaMixer2`` and gated-DeltaNet layers shard heads)."""
+    Mamba-2 layer's fixed state split with its heads (vLLM's ``MambaMixer2`` and gated-DeltaNet layers shard heads).
+    ``total``: the whole model's cache as the single-GPU estimate holds it at its peak (default: ``context`` tokens)."""
     share = lay.partition[stage] / spec.num_layers  # NOTE: unlike layer groups taken in proportion
-    total = kv_cache_bytes(spec, context, batch, kv_dtype)
+    total = kv_cache_bytes(spec, context, batch, kv_dtype) if total is None else total
     linear = batch * linear_attention.state_bytes(spec)
     attn = total - linear
     state = batch * ssm.state_bytes_per_sequence(spec, 2)
@@ -328,7 +335,7 @@ def per_gpu(
     start = 0
     for s in range(lay.pp):
         w = weights_per_rank(spec, lay, s, weights, group_size)
-        kv = kv_per_rank(spec, lay, s, context, batch, kv_dtype)
+        kv = kv_per_rank(spec, lay, s, context, batch, kv_dtype, est["components"]["kv_cache"])
         act = (
             est["components"]["activations"]
             if lay.tp == 1
@@ -340,6 +347,8 @@ def per_gpu(
         comps = {"weights": w["total_bytes"], "kv_cache": kv["kv_bytes"], "activations": act, "logits": logits}
         if kv["ssm_state_bytes"]:
             comps["ssm_state"] = kv["ssm_state_bytes"]
+        # what every GPU holds whole: the cuBLAS workspace, the causal mask (cabe.generation)
+        comps.update({k: v for k, v in est["components"].items() if k in WHOLE_ON_EVERY_GPU})
         comm = comm_buffers(lay, s)
         torch_bytes = sum(comps.values()) + comm["custom_all_reduce_torch"]
         non_torch = comm["nccl_tp"] + comm["custom_all_reduce"] + comm["nccl_pp"]

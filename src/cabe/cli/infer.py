@@ -26,12 +26,22 @@ def gather(args: argparse.Namespace) -> dict[str, Any]:
     if not args.model:
         raise InvalidValueError("missing_model", "model")
     body = schema.values_from_args(args, COMMAND)
+    trace = bool(body.pop("trace", False))  # the traced generate beside the estimate (cabe.trace.generate)
     # local config.json paths are allowed on the command line
     src = api.model_source(body, allow_files=True)
     if src is not None and src.kind not in ("preset", "hub"):
         body = {**body, "config": dict(src.config)}
         body.pop("model")
-    return infer_json(body)
+    out = infer_json(body)
+    if trace and src is not None:
+        try:
+            from cabe.trace.generate import beside_estimate
+        except ImportError as exc:
+            from cabe.errors import MissingDependencyError
+
+            raise MissingDependencyError("missing_extra", None, extra="trace", package=exc.name or "torch") from None
+        beside_estimate(out, dict(src.config), images=int(body.get("images") or 0))
+    return out
 
 
 def render(out: dict[str, Any], args: argparse.Namespace, lang: str, units: str) -> str:
@@ -71,6 +81,18 @@ def format_infer(out: dict, lang: str, units: str) -> str:
     lines.append(f"  {'─' * 76}")
     total_key = "infer.total_one_gpu" if out.get("parallel") else "infer.total"  # a tp × pp replica: per GPU below
     lines.append(f"  {t(total_key, lang):<40} {b(out['total_bytes']):>26}")
+    if "trace_peak_bytes" in out:  # cabe infer --trace: transformers' generate on fake CUDA tensors
+        err = out["estimate_relative_error"]
+        lines.append(
+            t(
+                "infer.traced",
+                lang,
+                peak=b(out["trace_peak_bytes"]),
+                reserved=b(out["trace_reserved_bytes"]),
+                stage=out["trace"]["peak_stage"],
+                error=f"{fmt_number(round(100 * err, 2) + 0.0, lang, 2)}%" if err is not None else "—",
+            )
+        )
     kv = out["kv"]
     lines.append("")
     lines.append(t("infer.kv_per_token", lang, formula=kv["formula"], bytes=round(kv["bytes_per_token"])))

@@ -20,7 +20,8 @@ its JSON), :mod:`~cabe.trace.build` (model, training method), :mod:`~cabe.trace.
 (the layer inventory; its command line :mod:`~cabe.trace.inventory`), :mod:`~cabe.trace.worker` (the subprocess) and
 :mod:`~cabe.trace.serve` (its server), :mod:`~cabe.trace.state` (the
 attention state of the running trace), :mod:`~cabe.trace.tracker` (allocations and components), :mod:`~cabe.trace.attention` (CUDA SDPA backend choice, FlashAttention scratch),
-:mod:`~cabe.trace.quant` (bitsandbytes 4-bit), :mod:`~cabe.trace.allocator` (caching-allocator
+:mod:`~cabe.trace.quant` (bitsandbytes 4-bit), :mod:`~cabe.trace.generate` (transformers' ``generate`` on fake
+tensors: ``cabe infer --trace``), :mod:`~cabe.trace.allocator` (caching-allocator
 replay, CUDA context table), :mod:`~cabe.trace.plot` (SVG), :mod:`~cabe.trace.measure` (real
 GPU), :mod:`~cabe.trace.cli`; ``python -m cabe.trace CONFIG.json ...`` and
 ``python -m cabe.trace.inventory CONFIG.json ...``.

@@ -4,7 +4,7 @@ line on stdin, one JSON response per line on stdout (anything else the libraries
 one request read from stdin.
 
 Requests: ``{"fn": "trace"|"inventory", "config": {...}, "setup": {...}, "steps": n,
-"include_events": bool}``; responses: the result (``TraceResult.to_json`` with the note codes), or
+"include_events": bool}``, or ``{"fn": "generate", ...}`` (:func:`cabe.trace.generate.request`); responses: the result (``TraceResult.to_json`` with the note codes), or
 ``{"error": {...}}`` for a cabe error. Proved by tests/trace/test_errors.py and tests/web/test_unknown_architecture_api.py.
 """
 
@@ -48,6 +48,10 @@ def handle(payload: dict[str, Any]) -> dict[str, Any]:
     else:
         os.environ.pop(NO_WORKSPACES_ENV, None)
     try:
+        if payload["fn"] == "generate":  # transformers' generate (cabe.trace.generate)
+            from cabe.trace.generate import handle_request
+
+            return handle_request({k: v for k, v in payload.items() if k != "fn"})
         sd = dict(payload["setup"])
         if isinstance(sd.get("lora_targets"), list):
             sd["lora_targets"] = tuple(sd["lora_targets"])

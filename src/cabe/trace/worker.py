@@ -6,7 +6,7 @@ is imported once; the other side is :mod:`cabe.trace.serve`): one JSON request p
 response per line on stdout (anything else the libraries print goes to stderr).
 
 Requests: ``{"fn": "trace"|"inventory", "config": {...}, "setup": {...}, "steps": n,
-"include_events": bool}``; responses: the result (``TraceResult.to_json`` with the note codes), or
+"include_events": bool}``, or ``{"fn": "generate", ...}`` (:func:`cabe.trace.generate.request`); responses: the result (``TraceResult.to_json`` with the note codes), or
 ``{"error": {...}}`` for a cabe error.
 """
 
@@ -104,6 +104,16 @@ def request(
             "no_workspaces": os.environ.get(NO_WORKSPACES_ENV) == "1",
         }
     )
+    return _raised(out)
+
+
+def request_generate(req: dict[str, Any]) -> dict[str, Any]:
+    """Trace transformers' ``generate`` in the worker (:mod:`cabe.trace.generate`; ``req``: its ``request``)."""
+    return _raised(_WORKER.request({"fn": "generate", **req}))
+
+
+def _raised(out: dict[str, Any]) -> dict[str, Any]:
+    """The worker's answer, or its cabe error raised here as the same type."""
     if "error" in out:
         err = out["error"]
         import cabe.errors as errors
