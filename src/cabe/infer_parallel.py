@@ -56,7 +56,12 @@ def extend(
             group_size=group_size,
         )
         p = speed.prefill_bound(
-            spec, card, lay, context=out["context"], batch=out["batch"], weights_format=out["weights_format"]
+            spec,
+            card,
+            lay,
+            context=out.get("prompt_tokens", out["context"]),  # the prefill runs the prompt (generate: less new tokens)
+            batch=out["batch"],
+            weights_format=out["weights_format"],
         )
         out["speed"] = {"gpu": card.name, "decode": d, "prefill": p}
         steps += [d["step"], p["step"]]
@@ -139,7 +144,7 @@ def speed_lines(out: Mapping[str, Any], lang: str) -> list[str]:
                 "infer.speed.prefill",
                 lang,
                 seconds=fmt_number(round(p["seconds"], 3), lang, 3),
-                tokens=out["batch"] * out["context"],
+                tokens=out["batch"] * out.get("prompt_tokens", out["context"]),
                 tflops=p["tflops_peak"],
             ),
         ]
