@@ -305,3 +305,50 @@ def test_recipe_loss_and_savers_on_the_form(page):
     page.uncheck("#checkpointing")
     settle(page)
     assert "checkpointing" in page.locator("#plan-results").inner_text().lower()
+
+
+def _box(pg, selector: str) -> dict:
+    box = pg.locator(selector).bounding_box()
+    assert box is not None, selector
+    return box
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_answer_first_on_a_phone_beside_the_form_on_a_desktop(browser, server, lang):
+    """Issue 32 item 2: on a phone the verdict and total are on the first screen and stay there as the form
+    changes; on a desktop the result column is beside the form."""
+    url = server + f"/?lang={lang}&model=llama-3.1-8b&method=qlora&seq=2048&gpu=rtx-4090"
+    base = {"model": "llama-3.1-8b", "method": "qlora", "seq": 2048, "gpu": "rtx-4090", "checkpointing": False}
+    core = estimate_json(base)
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, locale=lang)
+    pg = phone.new_page()
+    pg.goto(url)
+    for sel in ("#plan-total", "#verdict"):
+        box = _box(pg, sel)
+        assert box["y"] >= 0 and box["y"] + box["height"] <= 844, (sel, box)  # on the first screen, unscrolled
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 390, (sel, box)
+    assert pg.locator("#plan-total").get_attribute("data-bytes") == str(core["total_bytes"])
+    shot(pg, f"answer-first-phone-{lang}", full=False)
+    # fill a field far down the form: the answer is still on screen, with the new number
+    pg.locator("#seq").scroll_into_view_if_needed()
+    pg.fill("#seq", "8192")
+    settle(pg)
+    core = estimate_json({**base, "seq": 8192})
+    assert pg.locator("#plan-total").get_attribute("data-bytes") == str(core["total_bytes"])
+    box = _box(pg, "#verdict")
+    assert box["y"] >= 0 and box["y"] + box["height"] <= 844, box
+    # the field being edited is not hidden under the answer
+    field = _box(pg, "#seq")
+    assert field["y"] + field["height"] <= _box(pg, "#answer")["y"], (field, _box(pg, "#answer"))
+    shot(pg, f"answer-first-phone-{lang}-scrolled", full=False)
+    phone.close()
+
+    desk = browser.new_context(viewport={"width": 1280, "height": 900}, locale=lang)
+    pg = desk.new_page()
+    pg.goto(url)
+    inputs, results = _box(pg, ".plan-inputs"), _box(pg, ".plan-results")
+    assert results["x"] >= inputs["x"] + inputs["width"]  # beside, not below
+    assert results["y"] < inputs["y"] + inputs["height"]
+    assert pg.locator(".answer-link").is_hidden()
+    shot(pg, f"answer-beside-desktop-{lang}", full=False)
+    desk.close()

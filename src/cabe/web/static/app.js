@@ -58,7 +58,10 @@
         if (out.error) {
           var p = el("p", "error", out.error.message);
           p.setAttribute("role", "alert");
-          box.replaceChildren(p);
+          var answer = el("div", "answer");  // as plan_results.html: the answer block stays in view on a phone
+          answer.id = "answer";
+          answer.appendChild(p);
+          box.replaceChildren(answer);
         } else {
           // HTML produced by this server from autoescaped templates (see cabe/web/templates/).
           seedBox.innerHTML = out.seed;
