@@ -352,3 +352,48 @@ def test_answer_first_on_a_phone_beside_the_form_on_a_desktop(browser, server, l
     assert pg.locator(".answer-link").is_hidden()
     shot(pg, f"answer-beside-desktop-{lang}", full=False)
     desk.close()
+
+
+def test_modes_several_gpus_and_serve_match_the_cli(page):
+    """Issue 32 item 1: the question switch; each question's fields appear, the others hide, the number is
+    the CLI's for the same settings, and the address reopens the same answer."""
+    from tests.web.test_modes import cli_json
+
+    page.goto(page.base + "/?lang=en")
+    assert page.locator("#shard").is_hidden() and page.locator("#engine").is_hidden()
+    page.check("input[name=view][value=gpus]")
+    page.fill("#model", "llama-3.1-8b")
+    page.select_option("#method", "full")
+    page.select_option("#gpu", "h100-sxm")
+    page.fill("#gpus", "8")
+    page.select_option("#shard", "zero3")
+    settle(page)
+    assert page.locator("#shard").is_visible() and page.locator("#engine").is_hidden()
+    cli = cli_json("estimate", "--model", "llama-3.1-8b", "--method", "full", "--seq", "2048", "--gpu", "h100-sxm",
+                   "--gpus", "8", "--shard", "zero3")  # fmt: skip
+    assert page.locator("#plan-total").get_attribute("data-bytes") == str(cli["total_bytes"])
+    assert "view=gpus" in page.url and "shard=zero3" in page.url
+    shot(page, "mode-gpus-en", full=False)
+
+    page.check("input[name=view][value=serve]")
+    settle(page)
+    assert page.locator("#method").is_hidden() and page.locator("#shard").is_hidden()
+    assert page.locator("#kv_dtype").is_visible() and page.locator("#max_num_seqs").is_hidden()
+    page.select_option("#gpu", "rtx-4090")
+    page.fill("#gpus", "1")
+    page.select_option("#engine", "vllm")
+    page.fill("#context", "8192")
+    settle(page)
+    assert page.locator("#max_num_seqs").is_visible() and page.locator("#n_batch").is_hidden()
+    cli = cli_json("infer", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--engine", "vllm", "--context", "8192")
+    assert page.locator("#plan-total").get_attribute("data-bytes") == str(cli["total_bytes"])
+    assert page.locator("#verdict").get_attribute("data-fits") == str(cli["fit"]["fits"]).lower()
+    assert page.locator("#serve-engine").is_visible() and page.locator("#serve-speed").is_visible()
+    shot(page, "mode-serve-en")
+    # the address holds the whole state: a fresh page shows the same question and answer
+    other = page.context.new_page()
+    other.goto(page.url)
+    assert other.locator("input[name=view][value=serve]").is_checked()
+    assert other.input_value("#engine") == "vllm" and other.input_value("#context") == "8192"
+    assert other.locator("#plan-total").get_attribute("data-bytes") == str(cli["total_bytes"])
+    other.close()
