@@ -101,3 +101,17 @@ def test_fields_that_do_not_apply_are_hidden_and_the_address_reopens_it():
 
 def test_an_unknown_view_is_the_first():
     assert page.state({"view": "nope"})["view"] == modes.DEFAULT_VIEW
+
+
+def test_serve_on_a_tensor_parallel_replica_shows_one_gpu():
+    """tp 2: the headline and the verdict are the fullest GPU's (``parallel.per_gpu_bytes`` and its fit), as the
+    CLI prints them, not the whole model on one card."""
+    cli = cli_json("infer", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--engine", "vllm", "--gpus", "2",
+                   "--tp", "2")  # fmt: skip
+    q = {"view": "serve", "model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "vllm", "gpus": "2", "tp": "2"}
+    html = page.render_fragments(q, "en")["plan"]
+    per_gpu = cli["parallel"]["per_gpu_bytes"]
+    assert total_of(html) == per_gpu < cli["total_bytes"]
+    need = cli["parallel"]["fit"]["needed_bytes"]
+    assert f"{i18n.fmt_number(round(need / 1e9, 2), 'en', 2)} GB of" in html  # web.res.needed with the GPU's need
+    assert 'id="serve-per-gpu"' in html and "─" not in html

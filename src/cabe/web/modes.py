@@ -100,13 +100,25 @@ def _given(s: Mapping[str, str], keys: tuple[str, ...], value: Any) -> dict[str,
 
 
 def serve_view(out: Mapping[str, Any], u: Any, lang: str) -> dict[str, Any]:
-    """What serve_results.html shows of an /api/infer answer: the total (on one GPU of a tp × pp
-    replica), the components, the per-GPU lines, the engine's KV pool and concurrency, the speed
-    bounds; the words are the CLI's (cabe.infer_parallel)."""
-    total = out["total_bytes"]
+    """What serve_results.html shows of an /api/infer answer. On a tensor- / pipeline-parallel replica:
+    the fullest GPU (its components, the communication buffers, ``per_gpu_bytes`` and its fit), as the
+    CLI prints it (cabe.infer_parallel.parallel_lines); else the whole model on one GPU. Then the
+    engine's concurrency and the speed bounds, in the CLI's words."""
+    par = out.get("parallel")
+    if par:
+        st = par["stages"][par["worst_stage"]]
+        comps = {**st["components"], "comm": st["non_torch_bytes"]}
+        headline, key = par["per_gpu_bytes"], "infer.parallel.total"
+        pf = par.get("fit")
+        fit = pf and {**pf, "margin_bytes": pf["memory_bytes"] - pf["needed_bytes"]}
+        # the header and the fit sentence (the lines between are the table above)
+        lines = [x.strip() for x in parallel_lines(out, lang, u.name) if x.strip() and not x.startswith("  ")]
+    else:
+        comps, headline, key, fit, lines = out["components"], out["total_bytes"], "infer.total", out.get("fit"), []
+    whole = sum(comps.values())
     rows = [
-        (name, t("infer.component." + name, lang), u.of(v), fmt_number(100 * v / total if total else 0, lang, 1))
-        for name, v in out["components"].items()
+        (name, _cap(t("infer.component." + name, lang)), u.of(v), fmt_number(100 * v / whole if whole else 0, lang, 1))
+        for name, v in comps.items()
         if v > 0
     ]
     e = out.get("engine") or {}
@@ -122,9 +134,15 @@ def serve_view(out: Mapping[str, Any], u: Any, lang: str) -> dict[str, Any]:
             ).strip()
         )
     return {
-        "total_key": "infer.total_one_gpu" if out.get("parallel") else "infer.total",
+        "headline": headline,
+        "total_key": key,
+        "fit": fit,
         "rows": rows,
-        "parallel": [x.strip() for x in parallel_lines(out, lang, u.name) if x.strip()],
+        "parallel": lines,
         "engine": engine,
         "speed": [x.strip() for x in speed_lines(out, lang) if x.strip()],
     }
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]

@@ -496,14 +496,14 @@ def _serve(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
         out = infer_json(body)
     except CabeError as err:
         return {"error": _error(err, lang)}
-    fit = out.get("fit")
+    view = modes.serve_view(out, u, lang)
     return {
         "error": None,
         "out": out,
         "units": u.name,
-        "total": u.label(out["total_bytes"]),
-        "verdict": _verdict(fit, u),
-        **modes.serve_view(out, u, lang),
+        "total": u.label(view["headline"]),
+        "verdict": _verdict(view["fit"], u),
+        **view,
     }
 
 
