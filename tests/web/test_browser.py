@@ -397,3 +397,27 @@ def test_modes_several_gpus_and_serve_match_the_cli(page):
     assert other.input_value("#engine") == "vllm" and other.input_value("#context") == "8192"
     assert other.locator("#plan-total").get_attribute("data-bytes") == str(cli["total_bytes"])
     other.close()
+
+
+def test_make_it_fit_on_a_phone_and_a_change_fills_the_form(browser, server):
+    from tests.web.test_modes import cli_json
+
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, locale="en")
+    pg = phone.new_page()
+    pg.goto(server + "/?lang=en&model=llama-3.1-8b&method=full&seq=2048&gpu=rtx-4090")
+    pg.check("input[name=view][value=fit]")
+    settle(pg)
+    cli = cli_json("fit", "--model", "llama-3.1-8b", "--method", "full", "--seq", "2048", "--gpu", "rtx-4090")
+    assert pg.locator("#plan-total").get_attribute("data-bytes") == str(cli["now"]["needed_bytes"])
+    box = _box(pg, "#verdict")
+    assert box["y"] >= 0 and box["y"] + box["height"] <= 844
+    assert pg.evaluate("document.documentElement.scrollWidth") <= 390  # nothing wider than the phone
+    pg.locator("#fit-changes").scroll_into_view_if_needed()
+    shot(pg, "mode-fit-phone-en", full=False)
+    gpus = next(r for r in cli["changes"]["by_memory"] if "gpus" in r["set"])
+    pg.locator("#fit-changes a", has_text=f"{gpus['set']['gpus']} GPUs").click()
+    pg.wait_for_load_state("networkidle")
+    assert pg.locator("input[name=view][value=gpus]").is_checked()
+    assert pg.input_value("#gpus") == str(gpus["set"]["gpus"])
+    assert pg.locator("#verdict").get_attribute("data-fits") == "true"
+    phone.close()

@@ -115,3 +115,34 @@ def test_serve_on_a_tensor_parallel_replica_shows_one_gpu():
     need = cli["parallel"]["fit"]["needed_bytes"]
     assert f"{i18n.fmt_number(round(need / 1e9, 2), 'en', 2)} GB of" in html  # web.res.needed with the GPU's need
     assert 'id="serve-per-gpu"' in html and "─" not in html
+
+
+def test_make_it_fit_equals_the_cli_and_each_change_fills_the_form():
+    cli = cli_json("fit", "--model", "llama-3.1-8b", "--method", "full", "--seq", "2048", "--gpu", "rtx-4090")
+    q = {"view": "fit", "model": "llama-3.1-8b", "method": "full", "seq": "2048", "gpu": "rtx-4090"}
+    html = page.render_fragments(q, "en")["plan"]
+    assert total_of(html) == cli["now"]["needed_bytes"]
+    assert f'data-fits="{str(cli["now"]["fits"]).lower()}"' in html
+    rows = re.findall(r'<tr class="(ok|no)" data-fits="(true|false)"><th scope="row"><a href="\?([^"]+)">', html)
+    assert len(rows) == len(cli["changes"]["by_memory"]) > 0
+    for (_cls, fits, _href), r in zip(rows, cli["changes"]["by_memory"], strict=True):
+        assert fits == str(r["fits"]).lower()
+    # the link of the first change that sets the GPU count opens the several-GPU view with it set,
+    # and that page's estimate fits, as the solver said
+    change = next(r for r in cli["changes"]["by_memory"] if "gpus" in r["set"])
+    href = rows[cli["changes"]["by_memory"].index(change)][2].replace("&amp;", "&")
+    opened = dict(x.split("=", 1) for x in href.split("&"))
+    from urllib.parse import unquote_plus
+
+    opened = {k: unquote_plus(v) for k, v in opened.items()}
+    assert opened["view"] == "gpus" and opened["gpus"] == str(change["set"]["gpus"]) and opened["lang"] == "en"
+    after = page.render_fragments(opened, "en")["plan"]
+    assert 'data-fits="true"' in after
+    assert total_of(after) == change["total_bytes"]
+
+
+def test_a_list_of_choices_is_a_comma_list_not_a_select():
+    """``solve`` takes several of its choices: a select sent only its first (``solve=batch``)."""
+    w = page.widget("solve", "en")
+    assert w["kind"] == "input"
+    assert page.state({"view": "fit"})["solve"] == ",".join(schema.field("solve", "api.fit").default)

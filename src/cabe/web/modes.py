@@ -18,11 +18,10 @@ from cabe.engines import KNOBS
 from cabe.i18n import fmt_number, t
 from cabe.infer_parallel import parallel_lines, speed_lines
 
-#: (make it fit, the solver's plans, is not on the page yet: issue 32)
-VIEWS = ("train", "gpus", "serve")
+VIEWS = ("train", "gpus", "serve", "fit")
 DEFAULT_VIEW = VIEWS[0]
 #: the views that run the training estimate (the fit view runs the solver on the same request)
-TRAINING_VIEWS = ("train", "gpus")
+TRAINING_VIEWS = ("train", "gpus", "fit")
 #: several GPUs: how many and how split (serving reads these too)
 PARALLEL = ("gpus", "tp", "pp", "ep")
 #: several GPUs: the schema's other fields of its ``gpus`` group, for training
@@ -52,11 +51,12 @@ def field_of(form_key: str) -> tuple[schema.Field, str]:
 
 SERVE_KEYS = tuple(key(n, "api.infer") for n in SERVE)
 #: the form keys this module adds to the planner's (the page's own fields are page.PLAN_FIELDS)
-EXTRA_KEYS = PARALLEL + SHARDING + SERVE_KEYS
+EXTRA_KEYS = PARALLEL + SHARDING + SERVE_KEYS + FIT
 #: the fieldsets of each view: (legend key, form keys, the views that show it)
 FIELDSETS = (
-    ("web.plan.group_parallel", PARALLEL, ("gpus", "serve")),
-    ("web.plan.group_sharding", SHARDING, ("gpus",)),
+    ("web.plan.group_fit", FIT, ("fit",)),
+    ("web.plan.group_parallel", PARALLEL, ("gpus", "serve", "fit")),
+    ("web.plan.group_sharding", SHARDING, ("gpus", "fit")),
     ("web.plan.group_serve", SERVE_KEYS, ("serve",)),
 )
 #: the views that show the planner's own fieldsets (page.FIELDSETS: training fields)
@@ -73,7 +73,7 @@ def view_of(q: Mapping[str, str]) -> str:
 def extra_request(s: Mapping[str, str], view: str, value: Any) -> dict[str, Any]:
     """What the view adds to the training request (several GPUs, the solver's fields), from the form's
     text (``value(field, text)`` converts it as the planner's fields are)."""
-    keys = {"gpus": PARALLEL + SHARDING}.get(view, ())
+    keys = {"gpus": PARALLEL + SHARDING, "fit": PARALLEL + SHARDING + FIT}.get(view, ())
     return _given(s, keys, value)
 
 

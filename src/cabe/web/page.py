@@ -21,8 +21,9 @@ from cabe import api, i18n, models, schema
 from cabe import gpus as gpu_catalog
 from cabe.errors import CabeError
 from cabe.inference import infer_json
+from cabe.solver import plan_json
 from cabe.units import GB, GiB
-from cabe.web import charts, modes
+from cabe.web import charts, fit_view, modes
 
 # ------------------------------------------------------------------------------ form fields
 
@@ -286,7 +287,7 @@ def widget(name: str, lang: str) -> dict[str, Any]:
         return {**out, "kind": "checkbox"}
     if f.type is bool:
         return {**out, "kind": "select", "choices": [("1", i18n.t("web.yes", lang)), ("0", i18n.t("web.no", lang))]}
-    if f.allowed() is not None:
+    if f.allowed() is not None and f.type is not tuple:  # a list of choices (solve) is typed as a comma list
         return {**out, "kind": "select", "choices": _choice_labels(f, lang)}
     mode = {int: "numeric", float: "decimal"}.get(f.type, "text")
     return {**out, "kind": "input", "mode": mode}
@@ -507,7 +508,29 @@ def _serve(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
     }
 
 
+def _fit(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
+    """Make it fit: the solver (cabe.solver.plan_json, as /api/fit) on the form's training request."""
+    u = Units(s.get("units", "GB"), lang)
+    body = plan_request(s, config)
+    try:
+        api.check_fields(body, "api.fit")
+        out = plan_json(body, allow_files=False)
+    except CabeError as err:
+        return {"error": _error(err, lang)}
+    view = fit_view.fit_view(out, u.label, u.of, lang, lambda **ch: _link(s, lang=lang, **ch))
+    return {
+        "error": None,
+        "out": out,
+        "units": u.name,
+        "total": u.label(out["now"]["needed_bytes"]),
+        "verdict": _verdict(view["fit"], u),
+        **view,
+    }
+
+
 def render_plan_results(s: Mapping[str, str], lang: str, config: Any = None) -> str:
+    if s.get("view") == "fit":
+        return _render("fit_results.html", lang, **_fit(s, lang, config))
     if s.get("view") == "serve":
         return _render("serve_results.html", lang, **_serve(s, lang, config))
     return _render("plan_results.html", lang, **_plan_view(s, lang, config))
