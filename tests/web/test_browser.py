@@ -421,3 +421,40 @@ def test_make_it_fit_on_a_phone_and_a_change_fills_the_form(browser, server):
     assert pg.input_value("#gpus") == str(gpus["set"]["gpus"])
     assert pg.locator("#verdict").get_attribute("data-fits") == "true"
     phone.close()
+
+
+CHART_TEXT = """() => Array.from(document.querySelectorAll('svg.chart text')).map(t => {
+  const svg = t.ownerSVGElement, scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+  const r = t.getBoundingClientRect(), box = svg.getBoundingClientRect();
+  return [t.textContent, parseFloat(getComputedStyle(t).fontSize) * scale,
+          r.left >= box.left - 1 && r.right <= box.right + 1];
+})"""
+SWATCHES = """() => Array.from(document.querySelectorAll('table.components tbody th')).map(th =>
+  [th.textContent.trim(), getComputedStyle(th.querySelector('.swatch')).backgroundColor])"""
+
+
+@pytest.mark.parametrize("width,height", [(390, 844), (1280, 900)])
+def test_chart_text_is_12px_or_more_and_colours_follow_the_component(browser, server, width, height):
+    """Issue 32 item 3: no chart text under 12 px at real size, on a phone and a desktop; one colour per
+    component: the same component has the same colour in a LoRA and a full fine-tuning result."""
+    ctx = browser.new_context(viewport={"width": width, "height": height}, is_mobile=width < 600, locale="en")
+    pg = ctx.new_page()
+    colours: dict[str, set[str]] = {}
+    for method in ("lora", "full"):
+        pg.goto(server + f"/?lang=en&model=llama-3.1-8b&method={method}&seq=2048&gpu=rtx-4090")
+        sizes = pg.evaluate(CHART_TEXT)
+        assert len(sizes) > 10
+        small = [(text, round(px, 1)) for text, px, _inside in sizes if px < 12]
+        assert not small, small
+        outside = [text for text, _px, inside in sizes if not inside]
+        assert not outside, outside  # no label cut at the chart's edge
+        for label, colour in pg.evaluate(SWATCHES):
+            colours.setdefault(label, set()).add(colour)
+    assert all(len(c) == 1 for c in colours.values()), colours
+    by_colour = {}
+    for label, c in colours.items():
+        by_colour.setdefault(next(iter(c)), []).append(label)
+    assert all(len(labels) == 1 for labels in by_colour.values()), by_colour  # and no two share one
+    pg.locator("svg.chart").first.scroll_into_view_if_needed()
+    shot(pg, f"charts-{width}", full=False)
+    ctx.close()

@@ -370,14 +370,15 @@ def _verdict(fit: Mapping[str, Any] | None, u: Units) -> dict[str, Any] | None:
     }
 
 
-def _components(out: Mapping[str, Any], fit: Mapping[str, Any] | None, lang: str) -> list[tuple[str, float]]:
-    """The stacked bar: the components, the allocator slack, the CUDA context of the chosen card."""
-    comps = [(component_label(k, lang), v) for k, v in out["components"].items() if v > 0]
+def _components(out: Mapping[str, Any], fit: Mapping[str, Any] | None, lang: str) -> list[tuple[str, str, float]]:
+    """The stacked bar: the components, the allocator slack, the CUDA context of the chosen card
+    (each as key, label, bytes: the key picks its colour, charts.COMPONENT_COLOURS)."""
+    comps = [(k, component_label(k, lang), v) for k, v in out["components"].items() if v > 0]
     if out["allocator_slack_bytes"]:
-        comps.append((i18n.t("web.component.allocator_slack", lang), out["allocator_slack_bytes"]))
+        comps.append(("allocator_slack", i18n.t("web.component.allocator_slack", lang), out["allocator_slack_bytes"]))
     ctx = fit["needed_bytes"] - out["reserved_bytes"] if fit else out["cuda_context_bytes"]
     if ctx:
-        comps.append((i18n.t("web.component.cuda_context", lang), ctx))
+        comps.append(("cuda_context", i18n.t("web.component.cuda_context", lang), ctx))
     return comps
 
 
@@ -397,13 +398,16 @@ def _markers(card: Any, u: Units) -> list[tuple[str, float, bool]]:
 def _bar(out: Mapping[str, Any], fit: Any, card: Any, u: Units, lang: str) -> dict[str, Any]:
     comps = _components(out, fit, lang)
     title = i18n.t("web.chart.bar_title", lang, gpu=card.display if card else "")
-    whole = max(sum(x for _, x in comps), 1)
+    whole = max(sum(x for _, _, x in comps), 1)
     svg = charts.stacked_bar(
-        [(lbl, v / u.div) for lbl, v in comps], _markers(card, u), title=title, unit=u.name, fmt=u.num
+        [(lbl, v / u.div, charts.colour_index(k)) for k, lbl, v in comps],
+        _markers(card, u),
+        title=title,
+        unit=u.name,
+        fmt=u.num,
     )
     rows = [
-        (f"c{i % len(charts.PALETTE)}", lbl, u.of(v), i18n.fmt_number(100 * v / whole, lang, 1))
-        for i, (lbl, v) in enumerate(comps)
+        (f"c{charts.colour_index(k)}", lbl, u.of(v), i18n.fmt_number(100 * v / whole, lang, 1)) for k, lbl, v in comps
     ]
     return {"svg": _markup(svg), "rows": rows}
 
@@ -504,6 +508,7 @@ def _serve(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
         "units": u.name,
         "total": u.label(view["headline"]),
         "verdict": _verdict(view["fit"], u),
+        "colour": charts.colour_index,
         **view,
     }
 
