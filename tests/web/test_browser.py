@@ -305,3 +305,156 @@ def test_recipe_loss_and_savers_on_the_form(page):
     page.uncheck("#checkpointing")
     settle(page)
     assert "checkpointing" in page.locator("#plan-results").inner_text().lower()
+
+
+def _box(pg, selector: str) -> dict:
+    box = pg.locator(selector).bounding_box()
+    assert box is not None, selector
+    return box
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_answer_first_on_a_phone_beside_the_form_on_a_desktop(browser, server, lang):
+    """Issue 32 item 2: on a phone the verdict and total are on the first screen and stay there as the form
+    changes; on a desktop the result column is beside the form."""
+    url = server + f"/?lang={lang}&model=llama-3.1-8b&method=qlora&seq=2048&gpu=rtx-4090"
+    base = {"model": "llama-3.1-8b", "method": "qlora", "seq": 2048, "gpu": "rtx-4090", "checkpointing": False}
+    core = estimate_json(base)
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, locale=lang)
+    pg = phone.new_page()
+    pg.goto(url)
+    for sel in ("#plan-total", "#verdict"):
+        box = _box(pg, sel)
+        assert box["y"] >= 0 and box["y"] + box["height"] <= 844, (sel, box)  # on the first screen, unscrolled
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 390, (sel, box)
+    assert pg.locator("#plan-total").get_attribute("data-bytes") == str(core["total_bytes"])
+    shot(pg, f"answer-first-phone-{lang}", full=False)
+    # fill a field far down the form: the answer is still on screen, with the new number
+    pg.locator("#seq").scroll_into_view_if_needed()
+    pg.fill("#seq", "8192")
+    settle(pg)
+    core = estimate_json({**base, "seq": 8192})
+    assert pg.locator("#plan-total").get_attribute("data-bytes") == str(core["total_bytes"])
+    box = _box(pg, "#verdict")
+    assert box["y"] >= 0 and box["y"] + box["height"] <= 844, box
+    # the field being edited is not hidden under the answer
+    field = _box(pg, "#seq")
+    assert field["y"] + field["height"] <= _box(pg, "#answer")["y"], (field, _box(pg, "#answer"))
+    shot(pg, f"answer-first-phone-{lang}-scrolled", full=False)
+    phone.close()
+
+    desk = browser.new_context(viewport={"width": 1280, "height": 900}, locale=lang)
+    pg = desk.new_page()
+    pg.goto(url)
+    inputs, results = _box(pg, ".plan-inputs"), _box(pg, ".plan-results")
+    assert results["x"] >= inputs["x"] + inputs["width"]  # beside, not below
+    assert results["y"] < inputs["y"] + inputs["height"]
+    assert pg.locator(".answer-link").is_hidden()
+    shot(pg, f"answer-beside-desktop-{lang}", full=False)
+    desk.close()
+
+
+def test_modes_several_gpus_and_serve_match_the_cli(page):
+    """Issue 32 item 1: the question switch; each question's fields appear, the others hide, the number is
+    the CLI's for the same settings, and the address reopens the same answer."""
+    from tests.web.test_modes import cli_json
+
+    page.goto(page.base + "/?lang=en")
+    assert page.locator("#shard").is_hidden() and page.locator("#engine").is_hidden()
+    page.check("input[name=view][value=gpus]")
+    page.fill("#model", "llama-3.1-8b")
+    page.select_option("#method", "full")
+    page.select_option("#gpu", "h100-sxm")
+    page.fill("#gpus", "8")
+    page.select_option("#shard", "zero3")
+    settle(page)
+    assert page.locator("#shard").is_visible() and page.locator("#engine").is_hidden()
+    cli = cli_json("estimate", "--model", "llama-3.1-8b", "--method", "full", "--seq", "2048", "--gpu", "h100-sxm",
+                   "--gpus", "8", "--shard", "zero3")  # fmt: skip
+    assert page.locator("#plan-total").get_attribute("data-bytes") == str(cli["total_bytes"])
+    assert "view=gpus" in page.url and "shard=zero3" in page.url
+    shot(page, "mode-gpus-en", full=False)
+
+    page.check("input[name=view][value=serve]")
+    settle(page)
+    assert page.locator("#method").is_hidden() and page.locator("#shard").is_hidden()
+    assert page.locator("#kv_dtype").is_visible() and page.locator("#max_num_seqs").is_hidden()
+    page.select_option("#gpu", "rtx-4090")
+    page.fill("#gpus", "1")
+    page.select_option("#engine", "vllm")
+    page.fill("#context", "8192")
+    settle(page)
+    assert page.locator("#max_num_seqs").is_visible() and page.locator("#n_batch").is_hidden()
+    cli = cli_json("infer", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--engine", "vllm", "--context", "8192")
+    assert page.locator("#plan-total").get_attribute("data-bytes") == str(cli["total_bytes"])
+    assert page.locator("#verdict").get_attribute("data-fits") == str(cli["fit"]["fits"]).lower()
+    assert page.locator("#serve-engine").is_visible() and page.locator("#serve-speed").is_visible()
+    shot(page, "mode-serve-en")
+    # the address holds the whole state: a fresh page shows the same question and answer
+    other = page.context.new_page()
+    other.goto(page.url)
+    assert other.locator("input[name=view][value=serve]").is_checked()
+    assert other.input_value("#engine") == "vllm" and other.input_value("#context") == "8192"
+    assert other.locator("#plan-total").get_attribute("data-bytes") == str(cli["total_bytes"])
+    other.close()
+
+
+def test_make_it_fit_on_a_phone_and_a_change_fills_the_form(browser, server):
+    from tests.web.test_modes import cli_json
+
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, locale="en")
+    pg = phone.new_page()
+    pg.goto(server + "/?lang=en&model=llama-3.1-8b&method=full&seq=2048&gpu=rtx-4090")
+    pg.check("input[name=view][value=fit]")
+    settle(pg)
+    cli = cli_json("fit", "--model", "llama-3.1-8b", "--method", "full", "--seq", "2048", "--gpu", "rtx-4090")
+    assert pg.locator("#plan-total").get_attribute("data-bytes") == str(cli["now"]["needed_bytes"])
+    box = _box(pg, "#verdict")
+    assert box["y"] >= 0 and box["y"] + box["height"] <= 844
+    assert pg.evaluate("document.documentElement.scrollWidth") <= 390  # nothing wider than the phone
+    pg.locator("#fit-changes").scroll_into_view_if_needed()
+    shot(pg, "mode-fit-phone-en", full=False)
+    gpus = next(r for r in cli["changes"]["by_memory"] if "gpus" in r["set"])
+    pg.locator("#fit-changes a", has_text=f"{gpus['set']['gpus']} GPUs").click()
+    pg.wait_for_load_state("networkidle")
+    assert pg.locator("input[name=view][value=gpus]").is_checked()
+    assert pg.input_value("#gpus") == str(gpus["set"]["gpus"])
+    assert pg.locator("#verdict").get_attribute("data-fits") == "true"
+    phone.close()
+
+
+CHART_TEXT = """() => Array.from(document.querySelectorAll('svg.chart text')).map(t => {
+  const svg = t.ownerSVGElement, scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+  const r = t.getBoundingClientRect(), box = svg.getBoundingClientRect();
+  return [t.textContent, parseFloat(getComputedStyle(t).fontSize) * scale,
+          r.left >= box.left - 1 && r.right <= box.right + 1];
+})"""
+SWATCHES = """() => Array.from(document.querySelectorAll('table.components tbody th')).map(th =>
+  [th.textContent.trim(), getComputedStyle(th.querySelector('.swatch')).backgroundColor])"""
+
+
+@pytest.mark.parametrize("width,height", [(390, 844), (1280, 900)])
+def test_chart_text_is_12px_or_more_and_colours_follow_the_component(browser, server, width, height):
+    """Issue 32 item 3: no chart text under 12 px at real size, on a phone and a desktop; one colour per
+    component: the same component has the same colour in a LoRA and a full fine-tuning result."""
+    ctx = browser.new_context(viewport={"width": width, "height": height}, is_mobile=width < 600, locale="en")
+    pg = ctx.new_page()
+    colours: dict[str, set[str]] = {}
+    for method in ("lora", "full"):
+        pg.goto(server + f"/?lang=en&model=llama-3.1-8b&method={method}&seq=2048&gpu=rtx-4090")
+        sizes = pg.evaluate(CHART_TEXT)
+        assert len(sizes) > 10
+        small = [(text, round(px, 1)) for text, px, _inside in sizes if px < 12]
+        assert not small, small
+        outside = [text for text, _px, inside in sizes if not inside]
+        assert not outside, outside  # no label cut at the chart's edge
+        for label, colour in pg.evaluate(SWATCHES):
+            colours.setdefault(label, set()).add(colour)
+    assert all(len(c) == 1 for c in colours.values()), colours
+    by_colour = {}
+    for label, c in colours.items():
+        by_colour.setdefault(next(iter(c)), []).append(label)
+    assert all(len(labels) == 1 for labels in by_colour.values()), by_colour  # and no two share one
+    pg.locator("svg.chart").first.scroll_into_view_if_needed()
+    shot(pg, f"charts-{width}", full=False)
+    ctx.close()

@@ -9,7 +9,32 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from html import escape
 
-PALETTE = ("#2f6db5", "#d9822b", "#3a9a5b", "#b8475a", "#7c5cbf", "#8c6d3f", "#c05fa8", "#5f7f8f", "#a3a3a3", "#4d4d4d")
+PALETTE = (
+    "#2f6db5", "#d9822b", "#3a9a5b", "#b8475a", "#7c5cbf", "#8c6d3f", "#c05fa8", "#5f7f8f", "#a3a3a3", "#4d4d4d",
+    "#1f9e9e", "#9e8f1f",
+)  # fmt: skip
+#: one colour per component everywhere (training and serving, bar and table): its index in PALETTE
+COMPONENT_COLOURS = {
+    "weights": 0,
+    "optimizer": 1,
+    "gradients": 2,
+    "activations": 3,
+    "weight_copies": 4,
+    "logits": 5,
+    "optimizer_temporaries": 6,
+    "cuda_workspaces": 7,
+    "allocator_slack": 8,
+    "cuda_context": 9,
+    "kv_cache": 10,
+    "comm": 11,
+}
+#: the smallest text of a chart, in CSS px at the chart's narrowest (style.css: svg.chart text)
+MIN_TEXT_PX = 12
+
+
+def colour_index(key: str) -> int:
+    """The palette index of a component (a key not in the map: a stable index from its name)."""
+    return COMPONENT_COLOURS.get(key, sum(map(ord, key)) % len(PALETTE))
 
 
 def _nice_max(x: float) -> float:
@@ -28,37 +53,49 @@ def _ticks(top: float, n: int = 5) -> list[float]:
     return [top * i / n for i in range(n + 1)]
 
 
+def _label_x(cx: float, text: str, width: int, px: float) -> tuple[float, str]:
+    """Where a label of a vertical line at ``cx`` goes so that it stays inside the chart: right of the
+    line, else left of it, else against the right edge (its width estimated at 0.6 em a character)."""
+    w = 0.6 * px * len(text)
+    if cx + 4 + w <= width - 2:
+        return cx + 4, "start"
+    if cx - 4 - w >= 2:
+        return cx - 4, "end"
+    return width - 2, "end"
+
+
 def stacked_bar(
-    segments: Sequence[tuple[str, float]],
+    segments: Sequence[tuple[str, float, int]],
     markers: Sequence[tuple[str, float, bool]],
     *,
     title: str,
     unit: str,
     fmt: Callable[[float], str],
-    width: int = 640,
+    width: int = 360,
 ) -> str:
-    """A horizontal stacked bar (``segments``: label, value in ``unit``) and vertical markers
-    (``markers``: card label, capacity in ``unit``, chosen?)."""
-    total = sum(v for _, v in segments)
+    """A horizontal stacked bar (``segments``: label, value in ``unit``, palette index) and vertical
+    markers (``markers``: card label, capacity in ``unit``, chosen?). 360 units wide, so its 13 px text
+    is at least 12 px on a phone's column (about 340 px) and larger beside the form on a desktop."""
+    total = sum(v for _, v, _ in segments)
     top = _nice_max(max([total] + [m[1] for m in markers]) * 1.02)
     left, right = 12, 16
     plot_w = width - left - right
     bar_y, bar_h = 34, 40
     label_rows = len(markers)
-    height = bar_y + bar_h + 30 + 16 * label_rows + 8
+    height = bar_y + bar_h + 30 + 18 * label_rows + 8
     sx = lambda v: left + plot_w * (v / top)  # noqa: E731
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {width} {height}" '
         f'role="img" aria-labelledby="bar-title"><title id="bar-title">{escape(title)}</title>'
     ]
     x = 0.0
-    for i, (label, v) in enumerate(segments):
+    for label, v, colour in segments:
         if v <= 0:
             continue
         w = plot_w * (v / top)
         parts.append(
             f'<rect x="{sx(x):.1f}" y="{bar_y}" width="{max(w, 0.5):.1f}" height="{bar_h}" '
-            f'fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(label)}: {escape(fmt(v))} {unit}</title></rect>'
+            f'fill="{PALETTE[colour % len(PALETTE)]}"><title>{escape(label)}: {escape(fmt(v))} {unit}</title></rect>'
         )
         x += v
     # axis
@@ -73,17 +110,17 @@ def stacked_bar(
     for j, (label, cap, chosen) in enumerate(markers):
         cx = sx(cap)
         cls = "marker chosen" if chosen else "marker"
-        ly = axis_y + 16 + 16 * j
-        anchor = "end" if cx > width * 0.6 else "start"
-        dx = -4 if anchor == "end" else 4
+        ly = axis_y + 18 + 18 * j
+        text = f"{label} · {fmt(cap)} {unit}"
+        tx, anchor = _label_x(cx, text, width, 13 * (1.08 if chosen else 1.0))
         parts.append(
             f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{bar_y - 10}" y2="{ly - 4}" class="{cls}"/>'
-            f'<text x="{cx + dx:.1f}" y="{ly}" class="{"marker-label chosen" if chosen else "marker-label"}" text-anchor="{anchor}">'
-            f"{escape(label)} · {escape(fmt(cap))} {unit}</text>"
+            f'<text x="{tx:.1f}" y="{ly}" class="{"marker-label chosen" if chosen else "marker-label"}" text-anchor="{anchor}">'
+            f"{escape(text)}</text>"
         )
+    tx, anchor = _label_x(sx(total), f"{fmt(total)} {unit}", width, 14)
     parts.append(
-        f'<text x="{sx(total):.1f}" y="{bar_y - 14}" class="total-label" '
-        f'text-anchor="{"end" if sx(total) > width * 0.6 else "start"}">{escape(fmt(total))} {unit}</text>'
+        f'<text x="{tx:.1f}" y="{bar_y - 14}" class="total-label" text-anchor="{anchor}">{escape(fmt(total))} {unit}</text>'
     )
     parts.append("</svg>")
     return "".join(parts)
@@ -99,14 +136,14 @@ def line_chart(
     limit_label: str,
     fmt: Callable[[float], str],
     fmt_x: Callable[[float], str],
-    width: int = 320,
-    height: int = 220,
+    width: int = 300,
+    height: int = 210,
     chart_id: str = "c",
 ) -> str:
     """Memory (y) against a size (x, drawn on a log2 axis), with the card's limit as a line."""
     import math
 
-    left, right, top_pad, bottom = 48, 12, 22, 40
+    left, right, top_pad, bottom = 44, 18, 22, 40
     pw, ph = width - left - right, height - top_pad - bottom
     if not points:
         return ""

@@ -20,8 +20,10 @@ from urllib.parse import urlencode
 from cabe import api, i18n, models, schema
 from cabe import gpus as gpu_catalog
 from cabe.errors import CabeError
+from cabe.inference import infer_json
+from cabe.solver import plan_json
 from cabe.units import GB, GiB
-from cabe.web import charts
+from cabe.web import charts, fit_view, modes
 
 # ------------------------------------------------------------------------------ form fields
 
@@ -51,12 +53,15 @@ UNITS = schema.field("units", "api.estimate")
 SEQ_SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 BATCH_SWEEP = (1, 2, 4, 8, 16, 32, 64)
 #: Keys the page understands in its query string (anything else is ignored).
-QUERY_KEYS = tuple(SEED_DEFAULTS) + PLAN_FIELDS + ("lang", "units")
+#: every schema field of the form: the planner's and those of the other questions (cabe.web.modes)
+FORM_FIELDS = PLAN_FIELDS + modes.EXTRA_KEYS
+QUERY_KEYS = tuple(SEED_DEFAULTS) + FORM_FIELDS + ("lang", "units", "view")
 _ON = ("1", "on", "true")
 
 
 def _field(name: str) -> schema.Field:
-    return schema.field(name, "api.estimate")
+    """The schema field behind a form key (a serving field's key may carry ``i_``: cabe.web.modes)."""
+    return modes.field_of(name)[0]
 
 
 def _has(key: str, lang: str) -> bool:
@@ -87,15 +92,18 @@ def state(q: Mapping[str, str]) -> dict[str, str]:
     (:func:`cabe.schema.resolve_defaults`: the precision follows the method). A missing check box is
     off once the form was submitted."""
     out = {k: str(q.get(k, SEED_DEFAULTS[k])) for k in SEED_DEFAULTS}
-    given = {k: str(q[k]) for k in PLAN_FIELDS if k in q}
+    given = {k: str(q[k]) for k in FORM_FIELDS if k in q}
     if "model" in q or "method" in q:  # a submitted form: its unchecked boxes are off
-        for k in PLAN_FIELDS:
+        for k in FORM_FIELDS:
             f = _field(k)
             if f.type is bool and not f.default and k not in q:
                 given[k] = ""
-    resolved = {**EXAMPLE, **schema.resolve_defaults({**EXAMPLE, **given})}
-    for k in PLAN_FIELDS:
-        out[k] = given[k] if k in given else form_text(_field(k), resolved[k])
+    training = {k: v for k, v in given.items() if k in PLAN_FIELDS or k in modes.SHARDING + modes.PARALLEL}
+    resolved = {**EXAMPLE, **schema.resolve_defaults({**EXAMPLE, **training})}
+    for k in FORM_FIELDS:
+        default = resolved[k] if k in resolved else _field(k).default
+        out[k] = given[k] if k in given else form_text(_field(k), default)
+    out["view"] = modes.view_of(q)
     units = q.get("units", UNITS.default)
     out["units"] = units if units in (UNITS.choices or ()) else str(UNITS.default)
     return out
@@ -142,6 +150,7 @@ def plan_request(s: Mapping[str, str], config: Any = None) -> dict[str, Any]:
         text = s.get(k, "")
         if f.type is bool or text.strip():
             body[k] = _request_value(f, text)
+    body.update(modes.extra_request(s, s.get("view", modes.DEFAULT_VIEW), _request_value))
     if config is not None:
         body.pop("model", None)
         body["config"] = config
@@ -278,7 +287,7 @@ def widget(name: str, lang: str) -> dict[str, Any]:
         return {**out, "kind": "checkbox"}
     if f.type is bool:
         return {**out, "kind": "select", "choices": [("1", i18n.t("web.yes", lang)), ("0", i18n.t("web.no", lang))]}
-    if f.allowed() is not None:
+    if f.allowed() is not None and f.type is not tuple:  # a list of choices (solve) is typed as a comma list
         return {**out, "kind": "select", "choices": _choice_labels(f, lang)}
     mode = {int: "numeric", float: "decimal"}.get(f.type, "text")
     return {**out, "kind": "input", "mode": mode}
@@ -286,7 +295,13 @@ def widget(name: str, lang: str) -> dict[str, Any]:
 
 def _plan_form(lang: str) -> dict[str, Any]:
     return {
-        "fieldsets": [(legend, [widget(n, lang) for n in names]) for legend, names in FIELDSETS],
+        "views": modes.VIEWS,
+        # the questions' own fieldsets first (several GPUs, serving), then the training setup
+        "fieldsets": [
+            (legend, [{**widget(n, lang), "engine": modes.ENGINE_KNOBS.get(n)} for n in keys], views)
+            for legend, keys, views in modes.FIELDSETS
+        ]
+        + [(legend, [widget(n, lang) for n in names], modes.TRAINING_VIEWS) for legend, names in FIELDSETS],
         "models": [(n, str(models.preset(n).meta.get("display", n))) for n in models.preset_names()],
         "gpu": {
             **widget("gpu", lang),
@@ -355,14 +370,15 @@ def _verdict(fit: Mapping[str, Any] | None, u: Units) -> dict[str, Any] | None:
     }
 
 
-def _components(out: Mapping[str, Any], fit: Mapping[str, Any] | None, lang: str) -> list[tuple[str, float]]:
-    """The stacked bar: the components, the allocator slack, the CUDA context of the chosen card."""
-    comps = [(component_label(k, lang), v) for k, v in out["components"].items() if v > 0]
+def _components(out: Mapping[str, Any], fit: Mapping[str, Any] | None, lang: str) -> list[tuple[str, str, float]]:
+    """The stacked bar: the components, the allocator slack, the CUDA context of the chosen card
+    (each as key, label, bytes: the key picks its colour, charts.COMPONENT_COLOURS)."""
+    comps = [(k, component_label(k, lang), v) for k, v in out["components"].items() if v > 0]
     if out["allocator_slack_bytes"]:
-        comps.append((i18n.t("web.component.allocator_slack", lang), out["allocator_slack_bytes"]))
+        comps.append(("allocator_slack", i18n.t("web.component.allocator_slack", lang), out["allocator_slack_bytes"]))
     ctx = fit["needed_bytes"] - out["reserved_bytes"] if fit else out["cuda_context_bytes"]
     if ctx:
-        comps.append((i18n.t("web.component.cuda_context", lang), ctx))
+        comps.append(("cuda_context", i18n.t("web.component.cuda_context", lang), ctx))
     return comps
 
 
@@ -382,13 +398,16 @@ def _markers(card: Any, u: Units) -> list[tuple[str, float, bool]]:
 def _bar(out: Mapping[str, Any], fit: Any, card: Any, u: Units, lang: str) -> dict[str, Any]:
     comps = _components(out, fit, lang)
     title = i18n.t("web.chart.bar_title", lang, gpu=card.display if card else "")
-    whole = max(sum(x for _, x in comps), 1)
+    whole = max(sum(x for _, _, x in comps), 1)
     svg = charts.stacked_bar(
-        [(lbl, v / u.div) for lbl, v in comps], _markers(card, u), title=title, unit=u.name, fmt=u.num
+        [(lbl, v / u.div, charts.colour_index(k)) for k, lbl, v in comps],
+        _markers(card, u),
+        title=title,
+        unit=u.name,
+        fmt=u.num,
     )
     rows = [
-        (f"c{i % len(charts.PALETTE)}", lbl, u.of(v), i18n.fmt_number(100 * v / whole, lang, 1))
-        for i, (lbl, v) in enumerate(comps)
+        (f"c{charts.colour_index(k)}", lbl, u.of(v), i18n.fmt_number(100 * v / whole, lang, 1)) for k, lbl, v in comps
     ]
     return {"svg": _markup(svg), "rows": rows}
 
@@ -470,7 +489,55 @@ def _plan_view(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
     }
 
 
+def _serve(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
+    """The serve view: /api/infer for the form's model, card, parallel and serving fields."""
+    u = Units(s.get("units", "GB"), lang)
+    body = modes.serve_request(s, _request_value)
+    if config is not None:
+        body.pop("model", None)
+        body["config"] = config
+    try:
+        api.check_fields(body, "api.infer")
+        out = infer_json(body)
+    except CabeError as err:
+        return {"error": _error(err, lang)}
+    view = modes.serve_view(out, u, lang)
+    return {
+        "error": None,
+        "out": out,
+        "units": u.name,
+        "total": u.label(view["headline"]),
+        "verdict": _verdict(view["fit"], u),
+        "colour": charts.colour_index,
+        **view,
+    }
+
+
+def _fit(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
+    """Make it fit: the solver (cabe.solver.plan_json, as /api/fit) on the form's training request."""
+    u = Units(s.get("units", "GB"), lang)
+    body = plan_request(s, config)
+    try:
+        api.check_fields(body, "api.fit")
+        out = plan_json(body, allow_files=False)
+    except CabeError as err:
+        return {"error": _error(err, lang)}
+    view = fit_view.fit_view(out, u.label, u.of, lang, lambda **ch: _link(s, lang=lang, **ch))
+    return {
+        "error": None,
+        "out": out,
+        "units": u.name,
+        "total": u.label(out["now"]["needed_bytes"]),
+        "verdict": _verdict(view["fit"], u),
+        **view,
+    }
+
+
 def render_plan_results(s: Mapping[str, str], lang: str, config: Any = None) -> str:
+    if s.get("view") == "fit":
+        return _render("fit_results.html", lang, **_fit(s, lang, config))
+    if s.get("view") == "serve":
+        return _render("serve_results.html", lang, **_serve(s, lang, config))
     return _render("plan_results.html", lang, **_plan_view(s, lang, config))
 
 

@@ -58,7 +58,10 @@
         if (out.error) {
           var p = el("p", "error", out.error.message);
           p.setAttribute("role", "alert");
-          box.replaceChildren(p);
+          var answer = el("div", "answer");  // as plan_results.html: the answer block stays in view on a phone
+          answer.id = "answer";
+          answer.appendChild(p);
+          box.replaceChildren(answer);
         } else {
           // HTML produced by this server from autoescaped templates (see cabe/web/templates/).
           seedBox.innerHTML = out.seed;
@@ -95,7 +98,24 @@
     if (e.target.id === "model" && e.target.value.indexOf("/") >= 0) return;
     schedule();
   });
-  form.addEventListener("change", function (e) { if (e.target.type !== "file") schedule(); });
+  // The question (view) picks the fieldsets that apply, the engine its own knobs; the others are hidden
+  // (and not sent: the server reads only what the view reads), as the server renders them.
+  function showFor() {
+    var view = (form.elements.view && form.elements.view.value) || "train";
+    form.setAttribute("data-view", view);
+    form.querySelectorAll("[data-views]").forEach(function (fs) {
+      fs.hidden = fs.getAttribute("data-views").split(" ").indexOf(view) < 0;
+    });
+    var engine = form.elements.engine ? form.elements.engine.value : "";
+    form.querySelectorAll("[data-engine]").forEach(function (d) {
+      d.hidden = d.getAttribute("data-engine") !== engine;
+    });
+  }
+  form.addEventListener("change", function (e) {
+    if (e.target.type === "file") return;
+    if (e.target.name === "view" || e.target.name === "engine") showFor();
+    schedule();
+  });
   form.addEventListener("submit", function (e) { e.preventDefault(); clearTimeout(timer); update(); });
 
   var hint = document.getElementById("upload-hint");
