@@ -89,6 +89,11 @@ class ConfigError(CabeError):
     """A config.json that is malformed or describes an unsupported architecture."""
 
 
+def trace_failed(exc: Exception) -> ConfigError:
+    """A trace's own failure (an architecture or op the simulation cannot run) as one typed sentence."""
+    return ConfigError("trace_failed", None, why="exception", detail=f"{type(exc).__name__}: {str(exc)[:400]}")
+
+
 class HubError(CabeError):
     """A Hugging Face model id whose config.json could not be fetched."""
 

@@ -18,6 +18,7 @@ from cabe.engines.vllm import BLOCK_SIZE, serving  # noqa: F401  (re-exported: c
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
 from cabe.kv_cache import breakdown, kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes, resolve_kv_dtype
+from cabe.search import largest
 from cabe.vision.images import check_images
 from cabe.vision.serving import vision_forward_bytes
 from cabe.weights import weights_bytes
@@ -330,27 +331,6 @@ def fit_inference(est: Mapping[str, Any], card: Gpu) -> dict[str, Any]:
 # ---- solver: longest context, most concurrent sequences (no engine) -------------------------------
 
 
-def _largest(ok, hi: int) -> int:
-    if not ok(1):
-        return 0
-    lo, step = 1, 1
-    while lo < hi:
-        x = min(lo + step, hi)
-        if ok(x):
-            lo = x
-            step *= 2
-        else:
-            hi = x - 1
-            break
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 def max_context(spec: ModelSpec, card: Gpu, *, batch: int = 1, **kw: Any) -> int:
     """The longest context (prompt + generated) that fits; with ``new_tokens`` given, a prompt of at least one token
     beside them (0 when none fits)."""
@@ -362,12 +342,12 @@ def max_context(spec: ModelSpec, card: Gpu, *, batch: int = 1, **kw: Any) -> int
     def fits(prompt: int) -> bool:
         return fit_inference(estimate_inference(spec, context=new + prompt, batch=batch, **kw), card)["fits"]
 
-    prompt = _largest(fits, cap - new)
+    prompt = largest(fits, cap - new)
     return new + prompt if prompt else 0
 
 
 def max_batch(spec: ModelSpec, card: Gpu, *, context: int = 4096, **kw: Any) -> int:
-    return _largest(
+    return largest(
         lambda b: fit_inference(estimate_inference(spec, context=context, batch=b, **kw), card)["fits"], 1 << 16
     )
 

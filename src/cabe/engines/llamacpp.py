@@ -28,6 +28,7 @@ from typing import Any
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
+from cabe.search import largest
 
 #: ggml type -> (values per block, bytes per block)
 GGML_TYPES: dict[str, tuple[int, int]] = {
@@ -255,8 +256,8 @@ def serving(
     now = need(ctx)
     cap = spec.max_positions or (1 << 24)
     fits = now["total"] <= card.memory_bytes
-    longest = _largest(lambda c: need(c)["total"] <= card.memory_bytes, cap)
-    slots = _largest(lambda s: need(s * context, s)["total"] <= card.memory_bytes, 1 << 12) if context <= cap else 0
+    longest = largest(lambda c: need(c)["total"] <= card.memory_bytes, cap)
+    slots = largest(lambda s: need(s * context, s)["total"] <= card.memory_bytes, 1 << 12) if context <= cap else 0
     return {
         "engine": "llamacpp",
         "gpu": card.name,
@@ -293,19 +294,3 @@ def _by_type(ts: list[dict[str, Any]]) -> dict[str, int]:
     for t in ts:
         out[t["type"]] = out.get(t["type"], 0) + t["elements"]
     return out
-
-
-def _largest(ok: Any, cap: int) -> int:
-    if not ok(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= cap and ok(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, cap + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo

@@ -43,6 +43,7 @@ from cabe.engines.share import Share
 from cabe.errors import InvalidValueError
 from cabe.gpus import Gpu
 from cabe.kv_cache import kv_cache_bytes, kv_dtype_bytes, per_layer_token_bytes
+from cabe.search import largest
 from cabe.training import number
 from cabe.vision.serving import vision_forward_bytes
 from cabe.weights import weights_bytes
@@ -316,7 +317,7 @@ def serving(
     out["max_concurrency"] = num_blocks / per_request
     out["max_concurrent_sequences"] = int(num_blocks // per_request)
     cap = spec.max_positions or (1 << 24)
-    out["max_context"] = _longest(lambda n: blocks_per_request(kinds, n, max_num_batched_tokens) <= num_blocks, cap)
+    out["max_context"] = largest(lambda n: blocks_per_request(kinds, n, max_num_batched_tokens) <= num_blocks, cap)
     out["max_context_capped"] = out["max_context"] >= cap
     out["fits"] = out["max_concurrent_sequences"] >= 1
     return out
@@ -336,22 +337,7 @@ def _by_bytes(out: dict[str, Any], spec: ModelSpec, kv_dtype: str, pool: int, co
     out["max_concurrent_sequences"] = int(pool // seq(context))
     out["max_concurrency"] = pool / seq(context)
     cap = spec.max_positions or (1 << 24)
-    out["max_context"] = _longest(lambda n: seq(n) <= pool, cap)
+    out["max_context"] = largest(lambda n: seq(n) <= pool, cap)
     out["max_context_capped"] = out["max_context"] >= cap
     out["fits"] = out["max_concurrent_sequences"] >= 1
     return out
-
-
-def _longest(ok: Any, cap: int) -> int:
-    """The largest n ≤ cap with ok(n) (ok monotone decreasing in n), 0 when ok(1) fails."""
-    lo, hi = 0, 1
-    while hi <= cap and ok(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, cap + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo

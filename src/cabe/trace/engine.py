@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from cabe import transformers_line
-from cabe.errors import CabeError, ConfigError
+from cabe.errors import CabeError, ConfigError, trace_failed
 from cabe.trace import _native, compat, state
 from cabe.trace.analysis import TIMELINE_POINTS, analyse
 from cabe.trace.build import LEARNING_RATE, build_model, decoder_layers, hf_config, load_dtype
@@ -226,9 +226,7 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *, steps: int = 2, 
     except MemoryError:
         raise
     except Exception as exc:  # an architecture or op the simulation cannot run
-        raise ConfigError(
-            "trace_failed", None, why="exception", detail=f"{type(exc).__name__}: {str(exc)[:400]}"
-        ) from exc
+        raise trace_failed(exc) from exc
 
 
 def layer_inventory(config: dict[str, Any], setup: TrainingSetup, *, mode: str = "auto") -> list[dict[str, Any]]:
@@ -252,6 +250,4 @@ def layer_inventory(config: dict[str, Any], setup: TrainingSetup, *, mode: str =
     except CabeError:
         raise
     except Exception as exc:
-        raise ConfigError(
-            "trace_failed", None, why="exception", detail=f"{type(exc).__name__}: {str(exc)[:400]}"
-        ) from exc
+        raise trace_failed(exc) from exc

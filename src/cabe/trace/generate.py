@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from cabe.errors import CabeError, ConfigError
+from cabe.errors import CabeError, ConfigError, trace_failed
 
 #: the weight formats a fake-tensor ``generate`` runs: the plain dtypes (cabe.weights.PLAIN)
 TRACE_FORMATS = ("fp32", "fp16", "bf16")
@@ -114,9 +114,7 @@ def handle_request(req: dict[str, Any]) -> dict[str, Any]:
     except MemoryError:
         raise
     except Exception as exc:  # an architecture or op the simulation cannot run
-        raise ConfigError(
-            "trace_failed", None, why="exception", detail=f"{type(exc).__name__}: {str(exc)[:400]}"
-        ) from exc
+        raise trace_failed(exc) from exc
 
 
 class _Counter:
