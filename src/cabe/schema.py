@@ -416,6 +416,17 @@ _SETUP: tuple[Field, ...] = (
         flags=_flag("loss"),
         depends_on=("recipe",),
     ),
+    # what the step optimises: supervised fine-tuning (``sft``, the Trainer / TRL's SFTTrainer), or a preference /
+    # reinforcement objective with TRL's trainer of that name (DPOTrainer, ORPOTrainer, KTOTrainer, GRPOTrainer):
+    # each one's phases (reference forward, generation, policy step) are :mod:`cabe.objectives`
+    _choice(
+        "objective",
+        "setup",
+        _TRAINING + ("from-config",),
+        "sft",
+        ("sft", "dpo", "orpo", "kto", "grpo"),
+        flags=_flag("objective"),
+    ),
     # torchtune's CEWithChunkedOutputLoss(num_output_chunks=8) (modules/loss/ce_chunked_output_loss.py)
     _int("loss_chunks", "setup", _TRAINING + ("from-config",), 8, 1, MAX_SEQ, flags=_flag("loss_chunks")),
     # GaLore's rank (the Trainer's optim_args "rank", default 128: trainer_optimizer.py:370) and targets (the

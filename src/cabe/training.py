@@ -36,6 +36,7 @@ Shard = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid"]
 Offload = Literal["none", "optimizer", "parameters", "both"]
 Recipe = Literal["hf-trainer", "trl-sft", "axolotl", "llama-factory", "torchtune", "unsloth", "litgpt"]
 Loss = Literal["hf", "chunked", "liger", "cce", "litgpt"]
+Objective = Literal["sft", "dpo", "orpo", "kto", "grpo"]
 ParamDtype = Literal["none", "bf16", "fp16"]
 AdapterDtype = Literal["fp32", "model"]
 CpImpl = Literal["allgather", "alltoall", "ulysses"]
@@ -90,6 +91,8 @@ class TrainingSetup:
         trainable_layers: for ``freeze``, how many of the last decoder layers train.
         prompt_tokens: for ``prompt-tuning``, the number of virtual tokens.
         recipe: the trainer whose defaults the request takes (:mod:`cabe.recipes`), or ``None``.
+        objective: ``sft`` (next-token cross-entropy), or TRL's ``dpo`` / ``orpo`` / ``kto`` / ``grpo`` trainer,
+            whose phases :mod:`cabe.objectives` walks.
         loss: the loss kernel: ``hf`` (transformers' ForCausalLMLoss: whole logits upcast to fp32),
             ``chunked`` (torchtune's CEWithChunkedOutputLoss), ``liger`` (Liger's fused linear
             cross-entropy), ``cce`` (Apple's cut cross-entropy), ``litgpt`` (LitGPT's lm_head over chunks of 128
@@ -163,6 +166,7 @@ class TrainingSetup:
     prompt_tokens: int = _D["prompt_tokens"]
     recipe: Recipe | None = _D["recipe"]
     loss: Loss | None = _D["loss"]
+    objective: Objective = _D["objective"]
     loss_chunks: int = _D["loss_chunks"]
     galore_rank: int = _D["galore_rank"]
     galore_targets: tuple[str, ...] = _D["galore_targets"]

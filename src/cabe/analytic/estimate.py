@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cabe import compressed_attention, ssm, transformers_line
+from cabe import compressed_attention, objectives, ssm, transformers_line
 from cabe.activations import (
     head_activations,
 )
@@ -40,6 +40,13 @@ from cabe.vision.training import with_images
 
 def estimate_model(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[str, Any] | None = None) -> Report:
     """Peak allocated bytes of a training step for an architecture and a setup."""
+    if setup.objective != "sft":  # a preference / RL trainer's phases, each built from SFT estimates
+        return objectives.estimate(spec, setup, _estimate_sft, model_meta)
+    return _estimate_sft(spec, setup, model_meta=model_meta)
+
+
+def _estimate_sft(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[str, Any] | None = None) -> Report:
+    """One supervised step: forward, backward and the optimizer."""
     if setup.method == "freeze" and setup.trainable_layers > spec.num_layers:
         raise InvalidValueError(
             "out_of_range", "trainable_layers", value=setup.trainable_layers, minimum=0, maximum=spec.num_layers
