@@ -9,6 +9,6 @@ PY=${PYTHON:-python3}
 V=${VENV:-.venv-newest}
 rm -rf "$V"
 "$PY" -m venv "$V"
-"$V"/bin/python -m pip install -q --upgrade -e '.[trace,test]' 'torch==2.13.0'
+"$V"/bin/python -m pip install -q --upgrade -e '.[trace,rl,fp8,test]' 'torch==2.13.0'
 "$V"/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|transformers|peft|bitsandbytes|accelerate|kernels) '
 exec "$V"/bin/python -m pytest -q -p no:cacheprovider -m smoke tests/trace/test_smoke.py tests/trace/test_compat.py "$@"
