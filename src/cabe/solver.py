@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cabe import api, memo, plan_cost, schema
+from cabe import api, memo, plan_cost, schema, search
 from cabe import gpus as gpu_catalog
 from cabe.analytic import estimate_model
 from cabe.architecture import ModelSpec
@@ -40,29 +40,10 @@ def _fits(spec: ModelSpec, setup: TrainingSetup, card: Gpu) -> tuple[bool, Repor
     return bool(gpu_catalog.fit(r, card)["fits"]), r
 
 
-def _largest(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:
-    """The largest x in [lo, hi] with ok(x), for ok monotone (true then false); None if ok(lo) fails."""
-    if not ok(lo):
-        return None
-    good, step = lo, 1
-    bad = None
-    while True:  # exponential bracket
-        x = min(lo + step, hi)
-        if ok(x):
-            good = x
-            if x == hi:
-                return hi
-            step *= 2
-        else:
-            bad = x
-            break
-    while bad - good > 1:  # binary search
-        mid = (good + bad) // 2
-        if ok(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
+def _largest(ok: Callable[[int], bool], cap: int) -> int | None:
+    """The largest x in 1..cap with ok(x), for ok monotone (true then false); None if ok(1) fails
+    (:func:`cabe.search.largest`, the one search of the package)."""
+    return search.largest(ok, cap) or None
 
 
 def _answer(
@@ -102,14 +83,14 @@ def _fig(r: Report, card: Gpu) -> dict[str, Any]:
 def max_batch(spec: ModelSpec, setup: TrainingSetup, card: Gpu, limit: int = 1 << 16) -> dict[str, Any]:
     """The largest micro-batch that fits (None when even 1 does not)."""
     limit = min(limit, MAX_BATCH)
-    v = _largest(lambda b: _fits(spec, _shaped(setup, "batch", b), card)[0], 1, limit)
+    v = _largest(lambda b: _fits(spec, _shaped(setup, "batch", b), card)[0], limit)
     return _answer("batch", v, spec, setup, card, "batch", limit)
 
 
 def max_seq(spec: ModelSpec, setup: TrainingSetup, card: Gpu, limit: int | None = None) -> dict[str, Any]:
     """The longest sequence that fits, up to the model's context length (``limit``)."""
     limit = min(limit or spec.max_positions or MAX_SEQ, MAX_SEQ)
-    v = _largest(lambda s: _fits(spec, _shaped(setup, "seq", s), card)[0], 1, limit)
+    v = _largest(lambda s: _fits(spec, _shaped(setup, "seq", s), card)[0], limit)
     return _answer("seq", v, spec, setup, card, "seq", limit)
 
 
@@ -147,7 +128,7 @@ def min_gpus(spec: ModelSpec, setup: TrainingSetup, card: Gpu, limit: int = MAX_
     def ok(k: int) -> bool:
         return _fits(spec, base.with_(gpus=k * unit), card)[0]
 
-    k = _largest(lambda k: not ok(k), 1, limit // unit)  # the last k that does NOT fit
+    k = _largest(lambda k: not ok(k), limit // unit)  # the last k that does NOT fit
     if k is None:
         n = unit
     elif k >= limit // unit:
