@@ -56,8 +56,11 @@ def from_json(body: Any) -> tuple[list[ConfigText], str | None, dict[str, Any]]:
 
 
 def _is_file(f: Any) -> bool:
-    return isinstance(f, Mapping) and set(f) <= {"name", "text"} and all(isinstance(f.get(k), str) for k in f) and (
-        "text" in f and bool(str(f.get("name", "")).strip())
+    return (
+        isinstance(f, Mapping)
+        and set(f) <= {"name", "text"}
+        and all(isinstance(f.get(k), str) for k in f)
+        and ("text" in f and bool(str(f.get("name", "")).strip()))
     )
 
 
@@ -102,7 +105,9 @@ def from_multipart(raw: bytes, content_type: str) -> tuple[list[ConfigText], str
             try:
                 text = payload.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise ConfigError("cfg_malformed", "file", path=filename[:120], kind="text", detail=str(exc)[:200]) from None
+                raise ConfigError(
+                    "cfg_malformed", "file", path=filename[:120], kind="text", detail=str(exc)[:200]
+                ) from None
             files.append(ConfigText(filename, text))
             continue
         fields[name] = payload.decode("utf-8", "replace")

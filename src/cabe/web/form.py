@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cabe import gpus as gpu_catalog
+from cabe.configs._base import MAX_BYTES
 from cabe import i18n, models, schema
 from cabe.errors import CabeError
 from cabe.optimizer import ACCEPTED as OPTIMIZERS
@@ -230,8 +231,8 @@ def dependent_defaults() -> dict[str, dict[str, Any]]:
 
 def rules() -> dict[str, Any]:
     """For the script, as data: the dtype and autocast each ``precision`` implies (they follow it while
-    the user has not chosen them: :data:`cabe.schema.PRECISIONS`), and the optimizers that read GaLore's
-    fields (``data-lowrank``)."""
+    the user has not chosen them: :data:`cabe.schema.PRECISIONS`), the optimizers that read GaLore's
+    fields (``data-lowrank``), and the several-GPU fields' one-GPU defaults."""
     follow = {
         name: {
             "depends_on": "precision",
@@ -239,7 +240,9 @@ def rules() -> dict[str, Any]:
         }
         for i, name in enumerate(("dtype", "autocast"))
     }
-    return {"follow": follow, "low_rank": list(LOW_RANK)}
+    # the several-GPU fields at their defaults (one GPU): files that set one open the several-GPU question
+    one_gpu = {n: schema.field(n).default for n in ("gpus", "tp", "pp", "cp", "shard", "offload")}
+    return {"follow": follow, "low_rank": list(LOW_RANK), "one_gpu": one_gpu}
 
 
 def request_value(f: schema.Field, text: str) -> Any:
@@ -349,4 +352,6 @@ def plan_form(lang: str) -> dict[str, Any]:
             ],
         },
         "units": list(UNITS.choices or ()),
+        # the largest config file the readers take (cabe.configs): the script says so before sending one
+        "cfg_limit": MAX_BYTES,
     }
