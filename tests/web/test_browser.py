@@ -278,6 +278,7 @@ def test_recipe_loss_and_savers_on_the_form(page):
     page.select_option("#recipe", "torchtune")
     assert page.locator("#loss").input_value() == "chunked"  # the recipe's default follows
     page.check("#checkpointing")
+    page.locator("#checkpoint_every").locator("xpath=ancestor::details").locator("summary").click()  # More options
     page.fill("#checkpoint_every", "3")
     page.check("#offload_activations")
     page.select_option("#gpu", "rtx-4090")

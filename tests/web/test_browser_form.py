@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.web.test_browser import browser, page, settle, shot  # noqa: F401  (the fixtures)
 
 from cabe.api import estimate_json
-from tests.web.test_browser import browser, page, settle, shot  # noqa: F401  (the fixtures)
 
 pytestmark = pytest.mark.browser
 

@@ -105,7 +105,9 @@ def test_a_shared_address_with_the_new_fields_reopens_the_same_answer():
     what /api/estimate computes for the same request."""
     html = page.render_page(SHARED, "en")
     assert re.search(r'id="dora" name="dora" type="checkbox" value="1" checked', html)
-    assert 'id="lora_dropout" name="lora_dropout" type="text" inputmode="decimal" autocomplete="off" value="0.05"' in html
+    assert (
+        'id="lora_dropout" name="lora_dropout" type="text" inputmode="decimal" autocomplete="off" value="0.05"' in html
+    )
     assert '<option value="model" selected>' in html and '<option value="bf16-mixed" selected>' in html
     # the precision sets dtype and autocast: the form shows the pair it implies
     s = form.state(SHARED)

@@ -22,7 +22,9 @@ FILES = ROOT / "tests" / "configs" / "files"
 def cli_from_config(*names: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     args = [str(FILES / n) for n in names]
-    out = subprocess.run([sys.executable, "-m", "cabe", "from-config", *args, "--json"], capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "cabe", "from-config", *args, "--json"], capture_output=True, text=True, env=env
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -125,7 +127,8 @@ def test_bad_files_are_422_with_the_typed_sentence(client, body, code, field):
 
 def test_yaml_bomb_is_refused(client):
     bomb = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
-        f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+        f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+    )
     r = client.post("/api/from-config", json={"files": [{"name": "bomb.yaml", "text": bomb}]})
     assert r.status_code == 422 and r.json()["error"]["code"] == "cfg_too_many_items"
 
@@ -160,7 +163,9 @@ def test_bodies_that_do_not_parse_are_4xx(client, raw, ctype, status, code):
 def test_a_body_past_the_limit_is_413(client):
     from cabe.web.config_upload import MAX_UPLOAD_BYTES
 
-    r = client.post("/api/from-config", content=b"x" * (MAX_UPLOAD_BYTES + 1), headers={"content-type": "application/json"})
+    r = client.post(
+        "/api/from-config", content=b"x" * (MAX_UPLOAD_BYTES + 1), headers={"content-type": "application/json"}
+    )
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
@@ -173,3 +178,38 @@ def test_the_endpoint_is_in_the_openapi_document(client):
     from cabe import schema
 
     assert set(req["properties"]) == {"files", "format"} | set(schema.names("from-config", output=True))
+
+
+# Negative data: the real configs with any JSON value in any of their keys, or any text, answer 200 or 422, never 5xx.
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_REAL = ["adapter_config.json", "ds_zero2.json", "sft_config.json", "bnb_config.json", "ds_zero3_offload.json"]
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)  # fmt: skip
+
+
+@st.composite
+def _mutated(draw):
+    name = draw(st.sampled_from(_REAL))
+    data = json.loads((FILES / name).read_text())
+    for key in draw(st.lists(st.sampled_from(sorted(data)), max_size=4)):
+        data[key] = draw(_values)
+    return {"name": name, "text": json.dumps(data)}
+
+
+_texts = st.fixed_dictionaries({"name": st.sampled_from(["a.json", "b.yaml", "requirements.txt", "c"]),
+                                "text": st.text(max_size=200)})  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(files=st.lists(_mutated() | _texts, min_size=1, max_size=3))
+def test_any_config_content_never_5xx(client, files):
+    r = client.post("/api/from-config", json={"files": files, "model": "llama-3.2-1b"})
+    assert r.status_code in (200, 422), (files, r.text[:300])
+    if r.status_code == 422:
+        assert r.json()["error"]["message"]

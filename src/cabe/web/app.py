@@ -19,8 +19,9 @@ from cabe.errors import CabeError, HubError, InvalidValueError, MissingDependenc
 from cabe.hub import ServerHub
 from cabe.inference import infer_json
 from cabe.solver import plan_json
+from cabe.web import config_upload as up
 from cabe.web import page
-from cabe.web.body import MAX_BODY_BYTES, BadJson, BodyTimeout, BodyTooLarge, read_json
+from cabe.web.body import MAX_BODY_BYTES, BadJson, BodyTimeout, BodyTooLarge, read_body, read_json
 from cabe.web.openapi import openapi_document
 
 log = logging.getLogger("cabe.web")
@@ -178,9 +179,6 @@ async def lora(request: Any) -> Any:
 async def from_config(request: Any) -> Any:
     """Your own configs (``cabe from-config --json``): the files' texts as JSON or multipart (cabe.web.config_upload)."""
     from starlette.concurrency import run_in_threadpool
-
-    from cabe.web import config_upload as up
-    from cabe.web.body import read_body
 
     lang = lang_from(request)
     try:

@@ -12,12 +12,15 @@ files that reads but whose estimate fails (no model in them, say) answers 422 wi
 from __future__ import annotations
 
 from collections.abc import Mapping
+from email import policy
+from email.parser import BytesParser
 from typing import Any
 
-from cabe import jsonio, schema
-from cabe.configs import ConfigText
+from cabe import from_config, jsonio, schema
+from cabe.configs import FORMATS, ConfigText
 from cabe.configs._base import MAX_BYTES
 from cabe.errors import CabeError, ConfigError, InvalidValueError
+from cabe.web.form import request_value
 
 #: most files one request may carry (a run has a handful: training arguments, adapter, DeepSpeed, accelerate)
 MAX_FILES = 8
@@ -73,8 +76,6 @@ def _format(fmt: Any) -> str | None:
     if fmt is None or fmt == "":
         return None
     if not isinstance(fmt, str):
-        from cabe.configs import FORMATS
-
         raise ConfigError("cfg_bad_format", "format", value=str(fmt)[:50], allowed=", ".join(FORMATS))
     return fmt
 
@@ -82,9 +83,6 @@ def _format(fmt: Any) -> str | None:
 def from_multipart(raw: bytes, content_type: str) -> tuple[list[ConfigText], str | None, dict[str, Any]]:
     """The files (``files`` parts), the format and the other fields (text parts, converted as the page's form
     fields are) of a ``multipart/form-data`` body, parsed by the standard library's MIME parser."""
-    from email import policy
-    from email.parser import BytesParser
-
     head = b"MIME-Version: 1.0\r\nContent-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n"
     try:
         msg = BytesParser(policy=policy.HTTP).parsebytes(head + raw)
@@ -118,8 +116,6 @@ def from_multipart(raw: bytes, content_type: str) -> tuple[list[ConfigText], str
 
 def _typed(fields: Mapping[str, str]) -> dict[str, Any]:
     """Text fields as the request's values (as the page's form sends them: cabe.web.form.request_value)."""
-    from cabe.web.form import request_value
-
     out: dict[str, Any] = {}
     for k, v in fields.items():
         if k in ("lang", "units"):
@@ -132,8 +128,6 @@ def _typed(fields: Mapping[str, str]) -> dict[str, Any]:
 def answer(items: list[ConfigText], fmt: str | None, fields: Mapping[str, Any], lang: str) -> tuple[int, Any]:
     """(status, JSON) of a request: ``cabe from-config --json``'s object; 422 with the error (and what the files
     said, when they were read) when something is wrong."""
-    from cabe import from_config
-
     overrides = {k: v for k, v in fields.items() if k not in ("gpu", "lang", "units")}
     try:
         combined = from_config.read(items, fmt=fmt, overrides=overrides)

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from cabe import gpus as gpu_catalog
-from cabe.configs._base import MAX_BYTES
 from cabe import i18n, models, schema
+from cabe.configs._base import MAX_BYTES
 from cabe.errors import CabeError
 from cabe.optimizer import ACCEPTED as OPTIMIZERS
 from cabe.optimizer import LOW_RANK_NAMES

@@ -11,7 +11,10 @@ from functools import lru_cache
 from typing import Any
 
 from cabe import schema
+from cabe.configs import FORMATS
+from cabe.configs._base import MAX_BYTES
 from cabe.i18n import t
+from cabe.web.config_upload import MAX_FILES, MAX_UPLOAD_BYTES
 
 #: the endpoints, by request schema name: (schema command, description, examples)
 REQUESTS: dict[str, tuple[str, str, list[dict[str, Any]]]] = {
@@ -93,10 +96,6 @@ def _schemas() -> dict[str, Any]:
 def from_config_schema() -> dict[str, Any]:
     """``POST /api/from-config``: the files' texts (``cabe from-config FILE...``), ``format`` (``--format``) and the
     fields ``cabe from-config`` takes as overrides (:func:`cabe.schema.json_schema` of ``from-config``)."""
-    from cabe.configs import FORMATS
-    from cabe.configs._base import MAX_BYTES
-    from cabe.web.config_upload import MAX_FILES
-
     out = schema.json_schema("from-config")
     fields = {f.name: f for f in schema.fields_for("from-config")}
     for key, prop in out["properties"].items():
@@ -135,8 +134,6 @@ def from_config_schema() -> dict[str, Any]:
 
 
 def _from_config_post() -> dict[str, Any]:
-    from cabe.web.config_upload import MAX_UPLOAD_BYTES
-
     ref = {"$ref": "#/components/schemas/FromConfigRequest"}
     form = {
         "type": "object",
