@@ -141,3 +141,15 @@ def test_a_bad_file_says_the_typed_sentence(browser, server, tmp_path):  # noqa:
     assert pg.get_attribute("#upload-hint", "role") == "alert"
     assert not script_errors
     ctx.close()
+
+
+def test_fsdp_knobs_show_with_fsdp_only(page):  # noqa: F811
+    page.goto(page.base + "/?lang=en&view=gpus&model=llama-3.1-8b&gpus=8&shard=zero3&gpu=h100-sxm")
+    page.locator("#shard").locator("xpath=ancestor::fieldset").locator("details.more > summary").click()
+    assert not visible(page, "#fsdp_wrap") and not visible(page, "#cp_impl")
+    page.select_option("#shard", "fsdp")
+    settle(page)
+    assert visible(page, "#fsdp_wrap") and visible(page, "#reshard_after_forward") and not visible(page, "#cp_impl")
+    page.fill("#cp", "2")
+    settle(page)
+    assert visible(page, "#cp_impl")

@@ -161,3 +161,26 @@ def test_several_gpus_show_the_host_ram_per_node_from_the_json():
     assert dist["host_ram_bytes_per_node"] > 0  # the offloaded states of 8 GPUs
     assert html.index('id="host-ram"') < html.index("</div>")  # in the answer block, beside the per-GPU total
     assert '<span class="per-gpu">per GPU</span>' in html
+
+
+def test_a_field_that_acts_only_beside_another_value_is_hidden_and_not_sent():
+    """The schema's companions (cabe.schema.inapplicable), asked, not listed: the FSDP knobs act with FSDP only,
+    ``cp_impl`` with context parallelism, ``loss_parallel`` with tensor parallelism, ``loss_chunks`` with the chunked
+    loss; hidden while they would not act, and not sent (the API would refuse a changed one)."""
+    zero3 = {"view": "gpus", "model": "llama-3.1-8b", "gpus": "8", "shard": "zero3", "gpu": "h100-sxm"}
+    hidden = form.not_applying(form.state(zero3))
+    assert {"cpu_ram_efficient_loading", "reshard_after_forward", "fsdp_wrap", "cp_impl", "loss_parallel"} <= set(
+        hidden
+    )
+    fsdp = form.not_applying(form.state({**zero3, "shard": "fsdp", "tp": "2", "cp": "2"}))
+    assert not {"cpu_ram_efficient_loading", "reshard_after_forward", "fsdp_wrap", "cp_impl", "loss_parallel"} & set(
+        fsdp
+    )
+    assert "loss_chunks" in hidden and "loss_chunks" not in form.not_applying(form.state({"recipe": "torchtune"}))
+    html = page.render_page(zero3, "en")
+    assert _hidden(html, "cp_impl") and _hidden(html, "fsdp_wrap") and not _hidden(html, "offload")
+    # a changed value of a field that does not act is not sent: the page answers, the API would refuse it
+    q = {**zero3, "cp_impl": "ring"}
+    assert "cp_impl" not in form.plan_request(form.state(q))
+    assert 'class="error"' not in page.render_fragments(q, "en")["plan"]
+    assert page.render_fragments(q, "en")["not_applying"] == form.not_applying(form.state(q))

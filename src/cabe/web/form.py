@@ -7,7 +7,9 @@ fields in :mod:`cabe.web.modes`, the seed calculator's three (``params``, ``byte
 fields and keeps the rarely used ones (:data:`MORE`) in a collapsed "More options"; a field the request does
 not read is hidden: the other views' fieldsets (``data-views``), a method's own fields with another method
 (:attr:`cabe.schema.Field.methods`: ``data-methods``), GaLore's with another optimizer
-(:attr:`~cabe.schema.Field.low_rank_only`: ``data-lowrank``), an engine's knobs with another engine.
+(:attr:`~cabe.schema.Field.low_rank_only`: ``data-lowrank``), an engine's knobs with another engine, and a field
+that acts only beside another one's value (the FSDP knobs without FSDP, ``cp_impl`` without context parallelism:
+:func:`not_applying` asks :func:`cabe.schema.inapplicable`; ``data-probe``, refreshed with each answer).
 The choices and defaults are the schema's (:func:`cabe.schema.resolve_defaults` for the ones that follow
 another field).
 """
@@ -258,6 +260,14 @@ def request_value(f: schema.Field, text: str) -> Any:
 
 
 def plan_request(s: Mapping[str, str], config: Any = None) -> dict[str, Any]:
+    """The request of the form's state: the fields its view reads, less those that would not act (hidden on the
+    page: a method's own with another method, :func:`not_applying`'s)."""
+    body = _request(s, config)
+    hidden = _not_applying(body)
+    return {k: v for k, v in body.items() if k not in hidden}
+
+
+def _request(s: Mapping[str, str], config: Any = None) -> dict[str, Any]:
     body: dict[str, Any] = {}
     texts = _precision_given({k: s.get(k, "") for k in PLAN_FIELDS})
     for k in PLAN_FIELDS:
@@ -295,6 +305,8 @@ def widget(name: str, lang: str) -> dict[str, Any]:
         when["methods"] = " ".join(f.methods)
     if f.low_rank_only:
         when["lowrank"] = "1"
+    if name in PROBED:
+        when["probe"] = name  # hidden when cabe.schema.inapplicable says it would not act (not_applying)
     out: dict[str, Any] = {
         "name": name,
         "label": f"web.plan.{name}",
@@ -311,13 +323,55 @@ def widget(name: str, lang: str) -> dict[str, Any]:
     return {**out, "kind": "input", "mode": mode}
 
 
-def shown(w: Mapping[str, Any], s: Mapping[str, str]) -> bool:
-    """Does the widget's field apply to the form's state (its method, its optimizer)? (app.js decides the same
-    in the browser.)"""
+def shown(w: Mapping[str, Any], s: Mapping[str, str], hidden: Any = ()) -> bool:
+    """Does the widget's field apply to the form's state (its method, its optimizer, ``hidden``: the fields
+    :func:`not_applying` found)? (app.js decides the same in the browser.)"""
     when = w.get("when") or {}
+    if w["name"] in hidden:
+        return False
     if "methods" in when and s.get("method", "") not in when["methods"].split():
         return False
     return not ("lowrank" in when and s.get("optimizer", "") not in LOW_RANK)
+
+
+def _probe(f: schema.Field) -> Any:
+    """A value of ``f`` other than its default (None for a list: the schema refuses none of them by companion)."""
+    if f.type is bool:
+        return not f.default
+    allowed = f.allowed()
+    if f.type is str and allowed:
+        return next((v for v in allowed if v != f.default), None)
+    if f.type is int and isinstance(f.default, int):
+        return f.default + 1
+    return None
+
+
+#: the setup fields whose acting depends on another field's value (the schema's companions: ``loss_chunks`` with
+#: the chunked loss, ``cp_impl`` with context parallelism, the FSDP knobs with FSDP ...), found by asking
+#: :func:`cabe.schema.inapplicable`, not listed here; a method's own fields and GaLore's are decided in the browser
+PROBED = tuple(
+    f.name
+    for f in schema.SETUP_FIELDS
+    if f.name in FORM_FIELDS and not f.methods and not f.low_rank_only and _probe(f) is not None
+)
+
+
+def not_applying(s: Mapping[str, str]) -> list[str]:
+    """The form's fields that would not act in the state ``s``'s request: given a value other than their
+    default, :func:`cabe.schema.inapplicable` would refuse them (the page hides them, and sends them not)."""
+    return _not_applying(_request(s))
+
+
+def _not_applying(body: Mapping[str, Any]) -> list[str]:
+    out = []
+    for name in PROBED:
+        try:
+            refused = schema.inapplicable({**body, name: _probe(schema.field(name))})
+        except (CabeError, ValueError, TypeError):  # a value of another field the estimate will refuse itself
+            continue
+        if any(n == name for n, _, _ in refused):
+            out.append(name)
+    return out
 
 
 def _fieldset(legend: str, widgets: list[dict[str, Any]], views: tuple[str, ...]) -> dict[str, Any]:

@@ -428,7 +428,12 @@ def _link(s: Mapping[str, str], **changes: str) -> str:
 def render_fragments(q: Mapping[str, str], lang: str, config: Any = None) -> dict[str, str]:
     """The two result panels, as the page shows them (what the script swaps in)."""
     s = state(q)
-    return {"seed": render_seed_results(s, lang), "plan": render_plan_results(s, lang, config)}
+    return {
+        "seed": render_seed_results(s, lang),
+        "plan": render_plan_results(s, lang, config),
+        # the form's fields that would not act in this request (app.js hides them)
+        "not_applying": form.not_applying(s),
+    }
 
 
 def render_page(q: Mapping[str, str], lang: str) -> str:
@@ -443,7 +448,7 @@ def render_page(q: Mapping[str, str], lang: str) -> str:
         switch_href=_link(s, lang=other),
         seed_presets=SEED_PRESETS,
         plan=form.plan_form(lang),
-        shown=form.shown,
+        shown=lambda w, st, hidden=form.not_applying(s): form.shown(w, st, hidden),
         rules=form.rules(),
         defaults=dependent_defaults(),
         seed_results=_markup(render_seed_results(s, lang)),

@@ -72,6 +72,8 @@
           // HTML produced by this server from autoescaped templates (see cabe/web/templates/).
           seedBox.innerHTML = out.seed;
           box.innerHTML = out.plan;
+          notApplying = out.not_applying || [];
+          showFor();
         }
       })
       .catch(function () { /* keep the last result */ })
@@ -107,17 +109,22 @@
   // The question (view) picks the fieldsets that apply, the engine its own knobs, the method its own
   // fields, a GaLore optimizer GaLore's; the others are hidden (and not sent: the server reads only what
   // applies), as the server renders them (cabe.web.form.shown).
+  // the fields the server found would not act in the last request (cabe.web.form.not_applying), from each answer
+  var notApplying = [];
+  document.querySelectorAll("[data-probe][hidden]").forEach(function (e) { notApplying.push(e.getAttribute("data-probe")); });
   function value(name) { var e = form.elements[name]; return e ? e.value : ""; }
   function showFor() {
     var view = value("view") || "train", engine = value("engine"), method = value("method");
     var lowRank = (rules.low_rank || []).indexOf(value("optimizer")) >= 0;
     form.setAttribute("data-view", view);
-    document.querySelectorAll("[data-views],[data-engine],[data-methods],[data-lowrank]").forEach(function (e) {
+    var sel = "[data-views],[data-engine],[data-methods],[data-lowrank],[data-probe]";
+    document.querySelectorAll(sel).forEach(function (e) {
       var views = e.getAttribute("data-views"), methods = e.getAttribute("data-methods");
       e.hidden = (views !== null && views.split(" ").indexOf(view) < 0) ||
         (e.hasAttribute("data-engine") && e.getAttribute("data-engine") !== engine) ||
         (methods !== null && methods.split(" ").indexOf(method) < 0) ||
-        (e.hasAttribute("data-lowrank") && !lowRank);
+        (e.hasAttribute("data-lowrank") && !lowRank) ||
+        notApplying.indexOf(e.getAttribute("data-probe")) >= 0;
     });
     var heading = document.querySelector("#plan-h > span:not([hidden])"), h1 = document.querySelector("header h1");
     if (heading && h1) document.title = heading.textContent + " — " + h1.textContent;
