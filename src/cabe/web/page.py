@@ -425,7 +425,7 @@ def _link(s: Mapping[str, str], **changes: str) -> str:
     return "?" + urlencode(q)
 
 
-def render_fragments(q: Mapping[str, str], lang: str, config: Any = None) -> dict[str, str]:
+def render_fragments(q: Mapping[str, str], lang: str, config: Any = None) -> dict[str, Any]:
     """The two result panels, as the page shows them (what the script swaps in)."""
     s = state(q)
     return {
@@ -438,6 +438,7 @@ def render_fragments(q: Mapping[str, str], lang: str, config: Any = None) -> dic
 
 def render_page(q: Mapping[str, str], lang: str) -> str:
     s = state(q)
+    hidden = form.not_applying(s)
     other = "en" if lang == "es" else "es"
     return _render(
         "page.html",
@@ -448,7 +449,7 @@ def render_page(q: Mapping[str, str], lang: str) -> str:
         switch_href=_link(s, lang=other),
         seed_presets=SEED_PRESETS,
         plan=form.plan_form(lang),
-        shown=lambda w, st, hidden=form.not_applying(s): form.shown(w, st, hidden),
+        shown=lambda w, st: form.shown(w, st, hidden),
         rules=form.rules(),
         defaults=dependent_defaults(),
         seed_results=_markup(render_seed_results(s, lang)),
