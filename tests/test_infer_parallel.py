@@ -86,3 +86,19 @@ def test_impossible_splits_exit_2(capsys, argv, needle):
     assert main(["infer", "--model", "llama-3.1-70b", *argv, "--lang", "en"]) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+def test_top_level_verdict_is_the_fullest_gpus_on_a_split_replica(capsys):
+    """llama-3.1-70b in bf16 is 141 GB of weights: on one H100 it does not fit, split tp 8 it does; the top-level
+    ``fit`` is the per-GPU one (``parallel.fit``), and the CLI's ``--json`` says the same as the API's."""
+    body = {"model": "llama-3.1-70b", "weights": "bf16", "context": 8192, "tp": 8, "gpu": "h100-sxm"}
+    out = infer_json(body)
+    pf, f = out["parallel"]["fit"], out["fit"]
+    assert f["per_gpu"] and f["fits"] and pf["fits"]
+    assert f["needed_bytes"] == pf["needed_bytes"] < out["total_bytes"]
+    assert f["margin_bytes"] == pf["memory_bytes"] - pf["needed_bytes"] > 0
+    one = infer_json({k: v for k, v in body.items() if k != "tp"})
+    assert not one["fit"]["fits"] and "per_gpu" not in one["fit"]  # the whole model on one card
+    argv = ["infer", "--model", "llama-3.1-70b", "--weights", "bf16", "--context", "8192", "--tp", "8"]
+    assert main(argv + ["--gpu", "h100-sxm", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fit"] == f

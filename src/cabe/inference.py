@@ -354,7 +354,10 @@ def max_batch(spec: ModelSpec, card: Gpu, *, context: int = 4096, **kw: Any) -> 
 
 def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
     """``POST /api/infer``: {model | config, weights, kv_dtype, context, batch, mode, prefill_chunk,
-    group_size, gpu, gpu_memory_utilization}. Raises CabeError."""
+    group_size, gpu, gpu_memory_utilization}. Raises CabeError.
+
+    ``fit`` is the verdict on the card: the whole model on it, or on a replica split over several GPUs (tp, pp, dp)
+    the fullest GPU's (``parallel.fit``, with ``per_gpu``: true), as the CLI prints it."""
     if not isinstance(body, Mapping):
         raise InvalidValueError("body_not_object", None)
     allowed = (
@@ -411,6 +414,13 @@ def infer_json(body: Mapping[str, Any]) -> dict[str, Any]:
     if par:  # the replica's KV pool is vLLM's on its fullest GPU (cabe.engines.vllm), times the replicas
         seqs = out["serving"].get("max_concurrent_sequences", 0)
         par["fit"].update({"sequences_per_replica": seqs, "sequences_total": seqs * par["dp"]})
+        # the verdict is the fullest GPU's (the model split over tp x pp), not the whole model on one card
+        pf = par["fit"]
+        out["fit"] = {
+            **{k: pf[k] for k in ("gpu", "display", "memory_bytes", "needed_bytes", "fits")},
+            "margin_bytes": pf["memory_bytes"] - pf["needed_bytes"],
+            "per_gpu": True,
+        }
     out["engine"] = _engine(engine, spec, card, body, context, out, tp, share)
     return out
 

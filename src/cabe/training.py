@@ -340,7 +340,8 @@ def validate(setup: TrainingSetup) -> None:
     for f in schema.SETUP_FIELDS:
         if f.type is float:
             lo, hi = float(f.minimum or 0.0), float(f.maximum or 1e15)
-            number(f.name, getattr(setup, f.name), minimum=lo, maximum=hi, strict=f.exclusive_minimum)
+            x = number(f.name, getattr(setup, f.name), minimum=lo, maximum=hi, strict=f.exclusive_minimum)
+            object.__setattr__(setup, f.name, x)  # "0.05" (a form's text) is read as the number it names
     for f in schema.SETUP_FIELDS:
         if f.type is tuple:
             _coerce_list(setup, f)

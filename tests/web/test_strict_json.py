@@ -26,7 +26,7 @@ def _post(client, path: str, raw: str):
     ],
 )
 def test_non_strict_numbers_are_422_naming_the_field(client, raw, code, field):
-    for path in ("/api/estimate", "/api/fit", "/api/infer", "/api/lora"):
+    for path in ("/api/estimate", "/api/fit", "/api/infer", "/api/lora", "/api/from-config"):
         r = _post(client, path, raw)
         assert r.status_code == 422, (path, r.text[:300])
         err = json.loads(r.text, parse_constant=lambda c: pytest.fail("non-finite in the error"))["error"]

@@ -33,26 +33,29 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def gather(args: argparse.Namespace) -> tuple[Any, Any]:
-    from cabe import api, configs
+    from cabe import from_config
 
-    combined = configs.from_files(args.files, fmt=args.config_format, overrides=overrides_from_args(args))
-    body = dict(combined.request)
-    if args.gpu:
-        body["gpu"] = args.gpu
-    return combined, api.build(body, allow_files=True, trace="process")  # unknown architectures: traced
+    # the readers and the request are cabe.from_config's (the page's /api/from-config reads the same way);
+    # here local files, and unknown architectures traced in this process
+    return from_config.gather(
+        args.files,
+        fmt=args.config_format,
+        overrides=overrides_from_args(args),
+        gpu=args.gpu,
+        allow_files=True,
+        trace="process",
+    )
 
 
 def render(result: tuple[Any, Any], args: argparse.Namespace, lang: str, units: str) -> str:
-    from cabe import gpus
     from cabe.cli.estimate import fits_on_line
     from cabe.report.text import format_report
 
     combined, report = result
     if args.json:
-        out = report.to_json()
-        out["fits_on"] = gpus.fits_on(report)
-        out["from_config"] = combined.to_json(lang)
-        return jsonio.dumps(out, indent=2)
+        from cabe.from_config import answer_json
+
+        return jsonio.dumps(answer_json(combined, report, lang), indent=2)
     lines = [format_report(report, lang=lang, units=units, explain=args.explain)]
     if report.mode != "simple" and not report.gpu:
         lines.append(fits_on_line(report, lang))

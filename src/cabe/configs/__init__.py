@@ -34,6 +34,7 @@ from typing import Any
 
 from cabe import schema
 from cabe.configs import _base
+from cabe.configs._base import ConfigText
 from cabe.errors import ConfigError
 from cabe.i18n import t
 
@@ -159,8 +160,8 @@ class Combined:
 
 
 def read_source(item: Any, fmt: str | None = None) -> Source:
-    """Read one file (or dict) and map it."""
-    path = "<dict>" if isinstance(item, Mapping) else str(item)
+    """Read one file (a path, a :class:`ConfigText` or a dict) and map it."""
+    path = "<dict>" if isinstance(item, Mapping) else item.name if isinstance(item, ConfigText) else str(item)
     data = _base.read(item)
     name = (fmt and module(fmt).FORMAT) or detect(data, path)
     mod = module(name)

@@ -15,6 +15,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -151,10 +152,25 @@ def _short_path(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+@dataclass(frozen=True)
+class ConfigText:
+    """A config given as its text and its file's name (the page's and ``POST /api/from-config``'s files):
+    read as a file is, with the same limit (:data:`MAX_BYTES`) and parsers, never from the disk."""
+
+    name: str
+    text: str
+
+
 def read(path_or_dict: Any) -> Mapping[str, Any]:
-    """A config as a mapping: a dict is taken as is, a path is read as JSON or YAML."""
+    """A config as a mapping: a dict is taken as is, a path is read as JSON or YAML, a
+    :class:`ConfigText` as its file would be."""
     if isinstance(path_or_dict, Mapping):
         return dict(path_or_dict)
+    if isinstance(path_or_dict, ConfigText):
+        path = _short_path(path_or_dict.name)
+        if len(path_or_dict.text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+            raise ConfigError("cfg_too_large", "file", path=path, limit=MAX_BYTES)
+        return parse_config(path_or_dict.text, path)
     if not isinstance(path_or_dict, (str, os.PathLike)):
         raise ConfigError("cfg_not_mapping", "file", path=str(path_or_dict))
     path = _short_path(str(path_or_dict))
@@ -177,6 +193,12 @@ def read(path_or_dict: Any) -> Mapping[str, Any]:
         text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("cfg_malformed", "file", path=path, kind="text", detail=str(exc)[:200]) from None
+    return parse_config(text, path)
+
+
+def parse_config(text: str, path: str) -> Mapping[str, Any]:
+    """A config file's text as a mapping: pip requirements (a ``.txt`` / ``.in`` or unsuffixed name), else JSON
+    or YAML (:func:`parse_text`); anything but a mapping is ``cfg_not_mapping``."""
     if Path(path).suffix.lower() in ("", ".txt", ".in") and (reqs := requirements_lines(text)) is not None:
         return reqs  # pip requirements / freeze (cabe.configs.requirements)
     data = parse_text(text, path)

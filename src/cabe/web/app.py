@@ -19,8 +19,9 @@ from cabe.errors import CabeError, HubError, InvalidValueError, MissingDependenc
 from cabe.hub import ServerHub
 from cabe.inference import infer_json
 from cabe.solver import plan_json
+from cabe.web import config_upload as up
 from cabe.web import page
-from cabe.web.body import MAX_BODY_BYTES, BadJson, BodyTimeout, BodyTooLarge, read_json
+from cabe.web.body import MAX_BODY_BYTES, BadJson, BodyTimeout, BodyTooLarge, read_body, read_json
 from cabe.web.openapi import openapi_document
 
 log = logging.getLogger("cabe.web")
@@ -173,6 +174,35 @@ async def infer(request: Any) -> Any:
 
 async def lora(request: Any) -> Any:
     return await _guarded(request, lora_json)
+
+
+async def from_config(request: Any) -> Any:
+    """Your own configs (``cabe from-config --json``): the files' texts as JSON or multipart (cabe.web.config_upload)."""
+    from starlette.concurrency import run_in_threadpool
+
+    lang = lang_from(request)
+    try:
+        raw = await read_body(request, up.MAX_UPLOAD_BYTES)
+        items, fmt, fields = up.parse(raw, request.headers.get("content-type", ""))
+    except BodyTooLarge:
+        return _web_error("body_too_large", lang, 413, limit=up.MAX_UPLOAD_BYTES)
+    except BodyTimeout as late:
+        resp = _web_error("body_timeout", lang, 408, seconds=f"{late.seconds:g}")
+        resp.headers["connection"] = "close"
+        return resp
+    except CabeError as err:  # a file too many, no files, strict JSON's errors
+        return _json(api.error_json(err, lang), 422)
+    except up.BadUpload:
+        return _web_error("invalid_request", lang, 422)
+    except (BadJson, ValueError):  # not JSON (json.JSONDecodeError, UnicodeDecodeError)
+        return _web_error("invalid_json", lang, 422)
+    lang = lang_from(request, fields)
+    try:
+        status, out = await run_in_threadpool(up.answer, items, fmt, fields, lang)
+    except _BAD_INPUT as exc:  # a hole in a reader's validation: answer 422, log it for a fix
+        log.warning("unvalidated input reached the config readers: %r", exc)
+        return _web_error("invalid_request", lang, 422)
+    return _json(out, status)
 
 
 def models_json() -> list[dict[str, Any]]:
@@ -390,6 +420,7 @@ def create_app(*, hub: Any = None, allowed_hosts: Any = None) -> Any:
         Route("/api/lora", lora, methods=["POST"]),
         Route("/api/fit", fit, methods=["POST"]),
         Route("/api/infer", infer, methods=["POST"]),
+        Route("/api/from-config", from_config, methods=["POST"]),
         Route("/api/models", list_models, methods=["GET"]),
         Route("/api/gpus", list_gpus, methods=["GET"]),
         Route("/api/health", health, methods=["GET"]),

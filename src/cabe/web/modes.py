@@ -108,9 +108,8 @@ def serve_view(out: Mapping[str, Any], u: Any, lang: str) -> dict[str, Any]:
     if par:
         st = par["stages"][par["worst_stage"]]
         comps = {**st["components"], "comm": st["non_torch_bytes"]}
-        headline, key = par["per_gpu_bytes"], "infer.parallel.total"
-        pf = par.get("fit")
-        fit = pf and {**pf, "margin_bytes": pf["memory_bytes"] - pf["needed_bytes"]}
+        # the verdict: /api/infer's, the fullest GPU's on a split replica (cabe.inference.infer_json)
+        headline, key, fit = par["per_gpu_bytes"], "infer.parallel.total", out.get("fit")
         # the header and the fit sentence (the lines between are the table above)
         lines = [x.strip() for x in parallel_lines(out, lang, u.name) if x.strip() and not x.startswith("  ")]
     else:

@@ -11,7 +11,10 @@ from functools import lru_cache
 from typing import Any
 
 from cabe import schema
+from cabe.configs import FORMATS
+from cabe.configs._base import MAX_BYTES
 from cabe.i18n import t
+from cabe.web.config_upload import MAX_FILES, MAX_UPLOAD_BYTES
 
 #: the endpoints, by request schema name: (schema command, description, examples)
 REQUESTS: dict[str, tuple[str, str, list[dict[str, Any]]]] = {
@@ -85,8 +88,80 @@ def _json_response(description: str, ref: str) -> dict[str, Any]:
 
 def _schemas() -> dict[str, Any]:
     schemas: dict[str, Any] = {name: request_schema(name) for name in REQUESTS}
+    schemas["FromConfigRequest"] = from_config_schema()
     schemas.update(_RESPONSES)
     return schemas
+
+
+def from_config_schema() -> dict[str, Any]:
+    """``POST /api/from-config``: the files' texts (``cabe from-config FILE...``), ``format`` (``--format``) and the
+    fields ``cabe from-config`` takes as overrides (:func:`cabe.schema.json_schema` of ``from-config``)."""
+    out = schema.json_schema("from-config")
+    fields = {f.name: f for f in schema.fields_for("from-config")}
+    for key, prop in out["properties"].items():
+        prop["description"] = _description(fields[key]) + " Overrides what the files say."
+    file_item = {
+        "type": "object",
+        "required": ["name", "text"],
+        "additionalProperties": False,
+        "properties": {
+            "name": {
+                "type": "string",
+                "minLength": 1,
+                "description": "The file's name (its suffix and name help tell the format).",
+            },
+            "text": {"type": "string", "description": f"The file's text (UTF-8, at most {MAX_BYTES} bytes)."},
+        },
+    }
+    out["properties"] = {
+        "files": {"type": "array", "minItems": 1, "maxItems": MAX_FILES, "items": file_item},
+        "format": {"type": "string", "description": "Read every file as this format: " + ", ".join(FORMATS) + "."},
+        **out["properties"],
+    }
+    out["required"] = ["files"]
+    return {
+        **out,
+        "description": "Your own configs (TrainingArguments / SFTConfig, adapter_config.json, BitsAndBytesConfig, "
+        "DeepSpeed, accelerate, axolotl, LLaMA-Factory, torchtune, unsloth, requirements), read with `cabe from-config`'s "
+        "readers and limits; also as multipart/form-data (`files` parts, the other fields as text parts).",
+        "examples": [
+            {
+                "files": [{"name": "adapter_config.json", "text": '{"peft_type": "LORA", "r": 16}'}],
+                "model": "llama-3.1-8b",
+            }
+        ],
+    }
+
+
+def _from_config_post() -> dict[str, Any]:
+    ref = {"$ref": "#/components/schemas/FromConfigRequest"}
+    form = {
+        "type": "object",
+        "properties": {"files": {"type": "array", "items": {"type": "string", "format": "binary"}}},
+    }
+    return {
+        "post": {
+            "operationId": "from_config",
+            "summary": "Estimate from your own training configs, as `cabe from-config --json`.",
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": ref}, "multipart/form-data": {"schema": form}},
+            },
+            "responses": {
+                "200": _json_response(
+                    "The report, with `from_config`: the files, what was used and ignored, the request "
+                    "and what each file set (`sets`).",
+                    "Report",
+                ),
+                **_BODY_ERRORS,
+                "413": _error_response(f"Body larger than {MAX_UPLOAD_BYTES} bytes."),
+                "422": _error_response(
+                    "A file that cannot be read (its typed error), or a request whose estimate fails "
+                    "(then `from_config` says what the files set)."
+                ),
+            },
+        }
+    }
 
 
 _RESPONSES: dict[str, Any] = {
@@ -262,6 +337,7 @@ def _get(operation: str, summary: str, description: str, response: str) -> dict[
 @lru_cache(maxsize=1)
 def openapi_document() -> dict[str, Any]:
     paths = {path: _post(*spec) for path, spec in _POSTS.items()}
+    paths["/api/from-config"] = _from_config_post()
     paths.update({path: _get(*spec) for path, spec in _GETS.items()})
     return {
         "openapi": "3.1.0",

@@ -17,110 +17,36 @@ from functools import cache
 from typing import Any
 from urllib.parse import urlencode
 
-from cabe import api, i18n, models, schema
+from cabe import api, i18n
 from cabe import gpus as gpu_catalog
 from cabe.errors import CabeError
 from cabe.inference import infer_json
 from cabe.solver import plan_json
 from cabe.units import GB, GiB
-from cabe.web import charts, fit_view, modes
+from cabe.web import charts, fit_view, form, modes
 
-# ------------------------------------------------------------------------------ form fields
-
-#: the seed calculator's example (its fields are the page's own: n = params, b = bytes per parameter)
-SEED_DEFAULTS = {"n": "7", "b": "16", "bc": "", "a": "0"}
-SEED_PRESETS = ("16", "12", "8")
-#: what a first visit shows; every other field of the planner starts at the schema's default
-EXAMPLE = {"model": "llama-3.1-8b", "method": "lora", "seq": 2048, "gpu": "rtx-4090"}
-#: the planner's fieldsets of schema fields (legend key, field names); model and card have their own
-FIELDSETS = (
-    (
-        "web.plan.group_training",
-        ("method", "dtype", "autocast", "optimizer", "batch", "seq", "grad_accum", "checkpointing", "attention"),
-    ),
-    ("web.plan.group_lora", ("lora_rank", "lora_alpha", "lora_targets", "quant", "double_quant")),
-    # the trainer's recipe and loss kernel, and the memory savers (issue 11)
-    # (and the transformers line the run uses: cabe.transformers_line)
-    (
-        "web.plan.group_recipe",
-        ("recipe", "loss", "loss_chunks", "checkpoint_every", "offload_activations", "packing", "transformers"),
-    ),
-    # images in each sequence, for a vision-language model (issue 13: cabe.vision)
-    ("web.plan.group_images", ("images", "image_size")),
+# the form (its fields, widgets and state) lives in cabe.web.form; its names stay importable from here
+from cabe.web.form import (  # noqa: F401
+    EXAMPLE,
+    FIELDSETS,
+    FORM_FIELDS,
+    PLAN_FIELDS,
+    QUERY_KEYS,
+    SEED_DEFAULTS,
+    SEED_PRESETS,
+    UNITS,
+    dependent_defaults,
+    form_text,
+    plan_request,
+    state,
+    widget,
 )
-PLAN_FIELDS = ("model",) + tuple(n for _, names in FIELDSETS for n in names) + ("gpu",)
-UNITS = schema.field("units", "api.estimate")
+from cabe.web.form import has as _has
+from cabe.web.form import num_text as _num_text
+from cabe.web.form import request_value as _request_value
+
 SEQ_SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 BATCH_SWEEP = (1, 2, 4, 8, 16, 32, 64)
-#: Keys the page understands in its query string (anything else is ignored).
-#: every schema field of the form: the planner's and those of the other questions (cabe.web.modes)
-FORM_FIELDS = PLAN_FIELDS + modes.EXTRA_KEYS
-QUERY_KEYS = tuple(SEED_DEFAULTS) + FORM_FIELDS + ("lang", "units", "view")
-_ON = ("1", "on", "true")
-
-
-def _field(name: str) -> schema.Field:
-    """The schema field behind a form key (a serving field's key may carry ``i_``: cabe.web.modes)."""
-    return modes.field_of(name)[0]
-
-
-def _has(key: str, lang: str) -> bool:
-    return key in i18n.catalog(lang) or key in i18n.catalog(i18n.DEFAULT_LANG)
-
-
-def _num_text(text: str) -> str:
-    """Accept both decimal marks: '7,5' and '7.5'."""
-    s = text.strip().replace(" ", "")
-    if s.count(",") == 1 and "." not in s:
-        s = s.replace(",", ".")
-    return s
-
-
-def form_text(f: schema.Field, value: Any) -> str:
-    """A schema value as the form shows it (a check box or yes/no: "1" / "" or "0"; 16.0: "16")."""
-    if f.type is bool:
-        return "1" if value else ("0" if f.default else "")
-    if isinstance(value, tuple):
-        return ",".join(value)
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return "" if value is None else str(value)
-
-
-def state(q: Mapping[str, str]) -> dict[str, str]:
-    """The full form state: the query string over the page's example and the schema's defaults
-    (:func:`cabe.schema.resolve_defaults`: the precision follows the method). A missing check box is
-    off once the form was submitted."""
-    out = {k: str(q.get(k, SEED_DEFAULTS[k])) for k in SEED_DEFAULTS}
-    given = {k: str(q[k]) for k in FORM_FIELDS if k in q}
-    if "model" in q or "method" in q:  # a submitted form: its unchecked boxes are off
-        for k in FORM_FIELDS:
-            f = _field(k)
-            if f.type is bool and not f.default and k not in q:
-                given[k] = ""
-    training = {k: v for k, v in given.items() if k in PLAN_FIELDS or k in modes.SHARDING + modes.PARALLEL}
-    resolved = {**EXAMPLE, **schema.resolve_defaults({**EXAMPLE, **training})}
-    for k in FORM_FIELDS:
-        default = resolved[k] if k in resolved else _field(k).default
-        out[k] = given[k] if k in given else form_text(_field(k), default)
-    out["view"] = modes.view_of(q)
-    units = q.get("units", UNITS.default)
-    out["units"] = units if units in (UNITS.choices or ()) else str(UNITS.default)
-    return out
-
-
-def dependent_defaults() -> dict[str, dict[str, Any]]:
-    """For the script: each form field whose default depends on another, and that default for each
-    value of the other (from :func:`cabe.schema.resolve_defaults`)."""
-    out: dict[str, dict[str, Any]] = {}
-    for name in PLAN_FIELDS:
-        f = _field(name)
-        for on in f.depends_on:
-            # a field with no default (the recipe) also has the form's empty choice: none given
-            choices = (("",) if _field(on).default is None else ()) + tuple(_field(on).allowed() or ())
-            values = {v: form_text(f, schema.resolve_defaults({on: v})[name]) for v in choices}
-            out[name] = {"depends_on": on, "values": values}
-    return out
 
 
 def seed_request(s: Mapping[str, str]) -> dict[str, Any] | None:
@@ -129,34 +55,6 @@ def seed_request(s: Mapping[str, str]) -> dict[str, Any] | None:
     if not n or not b:
         return None
     return {"params": n, "bytes_per_param": b, "activations_gb": a or "0"}
-
-
-def _request_value(f: schema.Field, text: str) -> Any:
-    """The form's text as the request's value (bad text goes as is: the core names the error)."""
-    if f.type is bool:
-        return text in _ON
-    v = text.strip()
-    if f.type is int:
-        return int(v) if v.lstrip("-").isdigit() and len(v) < 30 else v
-    if f.type is float:
-        return _num_text(v)
-    return text if f.type is tuple else v
-
-
-def plan_request(s: Mapping[str, str], config: Any = None) -> dict[str, Any]:
-    body: dict[str, Any] = {}
-    for k in PLAN_FIELDS:
-        f = _field(k)
-        text = s.get(k, "")
-        if f.type is bool or text.strip():
-            body[k] = _request_value(f, text)
-    body.update(modes.extra_request(s, s.get("view", modes.DEFAULT_VIEW), _request_value))
-    if config is not None:
-        body.pop("model", None)
-        body["config"] = config
-    # the form holds every field; those the chosen method does not use are not sent (the API would
-    # refuse them: schema.inapplicable)
-    return {k: v for k, v in body.items() if k not in PLAN_FIELDS or schema.applies(k, body)}
 
 
 # ------------------------------------------------------------------------------ formatting
@@ -263,55 +161,6 @@ def _seed_view(s: Mapping[str, str], lang: str) -> dict[str, Any]:
         "gb": i18n.fmt_number(out["total_gb"], lang, 2),
         "gib": i18n.fmt_number(out["total_gib"], lang, 2),
         "rows": rows,
-    }
-
-
-# ------------------------------------------------------------------------------ planner form
-
-
-def _choice_labels(f: schema.Field, lang: str) -> list[tuple[str, str]]:
-    prefix = "web." + f.name
-    # a field with no default (recipe, loss) starts with the empty choice: not given (``web.<name>.none``)
-    empty = [("", i18n.t(f"{prefix}.none", lang))] if f.default is None and _has(f"{prefix}.none", lang) else []
-    return empty + [(v, i18n.t(f"{prefix}.{v}", lang) if _has(f"{prefix}.{v}", lang) else v) for v in f.allowed() or ()]
-
-
-def widget(name: str, lang: str) -> dict[str, Any]:
-    """How the form shows a schema field: a select of its choices, a check box (a flag that is off
-    by default: an unchecked box is not sent), a yes/no select (a flag that is on by default), or
-    a text box (numeric, decimal or free text)."""
-    f = _field(name)
-    hint = f"web.plan.{name}_hint"
-    out: dict[str, Any] = {"name": name, "label": f"web.plan.{name}", "hint": hint if _has(hint, lang) else None}
-    if f.type is bool and not f.default:
-        return {**out, "kind": "checkbox"}
-    if f.type is bool:
-        return {**out, "kind": "select", "choices": [("1", i18n.t("web.yes", lang)), ("0", i18n.t("web.no", lang))]}
-    if f.allowed() is not None and f.type is not tuple:  # a list of choices (solve) is typed as a comma list
-        return {**out, "kind": "select", "choices": _choice_labels(f, lang)}
-    mode = {int: "numeric", float: "decimal"}.get(f.type, "text")
-    return {**out, "kind": "input", "mode": mode}
-
-
-def _plan_form(lang: str) -> dict[str, Any]:
-    return {
-        "views": modes.VIEWS,
-        # the questions' own fieldsets first (several GPUs, serving), then the training setup
-        "fieldsets": [
-            (legend, [{**widget(n, lang), "engine": modes.ENGINE_KNOBS.get(n)} for n in keys], views)
-            for legend, keys, views in modes.FIELDSETS
-        ]
-        + [(legend, [widget(n, lang) for n in names], modes.TRAINING_VIEWS) for legend, names in FIELDSETS],
-        "models": [(n, str(models.preset(n).meta.get("display", n))) for n in models.preset_names()],
-        "gpu": {
-            **widget("gpu", lang),
-            "kind": "select",
-            "choices": [
-                (g.name, f"{g.display} · {i18n.fmt_number(g.memory_gb_nominal or g.memory_bytes / GB, lang, 0)} GB")
-                for g in gpu_catalog.all_gpus()
-            ],
-        },
-        "units": list(UNITS.choices or ()),
     }
 
 
@@ -464,6 +313,30 @@ def _curves(body: Mapping[str, Any], out: Mapping[str, Any], fit: Any, card: Any
     return _markup("".join(charts_html))
 
 
+def _host(out: Mapping[str, Any], u: Units, lang: str) -> list[str]:
+    """The host RAM the run needs, as the estimate's JSON gives it (not recomputed): per node on several GPUs
+    (``distributed``: while training, at the loading peak, the page cache), and the pinned RAM of offloaded
+    activations (``host``)."""
+    lines = []
+    dist = out.get("distributed")
+    if dist:
+        key = "web.res.host_ram" if dist.get("host_ram_bytes_per_node") else "web.res.host_ram_none"
+        lines.append(
+            i18n.t(
+                key,
+                lang,
+                host=u.of(dist.get("host_ram_bytes_per_node", 0)),
+                load=u.of(dist.get("host_ram_load_peak_bytes_per_node", 0)),
+                cache=u.of(dist.get("host_page_cache_load_bytes_per_node", 0)),
+                unit=u.name,
+            )
+        )
+    host = out.get("host") or {}
+    if host.get("pinned_bytes"):
+        lines.append(i18n.t("web.res.host_offload", lang, host=u.of(host["pinned_bytes"]), unit=u.name))
+    return lines
+
+
 def _plan_view(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
     u = Units(s.get("units", "GB"), lang)
     body = plan_request(s, config)
@@ -481,6 +354,8 @@ def _plan_view(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
         "total": u.label(out["total_bytes"]),
         "model_name": model.get("display") or model.get("name") or "",
         "verdict": _verdict(fit, u),
+        "per_gpu": (out.get("distributed") or {}).get("world_size", 1) > 1,
+        "host": _host(out, u, lang),
         "bar": _bar(out, fit, card, u, lang),
         "steps": _steps(out, u, lang),
         "notes": _notes(out, lang),
@@ -550,14 +425,20 @@ def _link(s: Mapping[str, str], **changes: str) -> str:
     return "?" + urlencode(q)
 
 
-def render_fragments(q: Mapping[str, str], lang: str, config: Any = None) -> dict[str, str]:
+def render_fragments(q: Mapping[str, str], lang: str, config: Any = None) -> dict[str, Any]:
     """The two result panels, as the page shows them (what the script swaps in)."""
     s = state(q)
-    return {"seed": render_seed_results(s, lang), "plan": render_plan_results(s, lang, config)}
+    return {
+        "seed": render_seed_results(s, lang),
+        "plan": render_plan_results(s, lang, config),
+        # the form's fields that would not act in this request (app.js hides them)
+        "not_applying": form.not_applying(s),
+    }
 
 
 def render_page(q: Mapping[str, str], lang: str) -> str:
     s = state(q)
+    hidden = form.not_applying(s)
     other = "en" if lang == "es" else "es"
     return _render(
         "page.html",
@@ -567,7 +448,9 @@ def render_page(q: Mapping[str, str], lang: str) -> str:
         t_other=lambda key: i18n.t(key, other),
         switch_href=_link(s, lang=other),
         seed_presets=SEED_PRESETS,
-        plan=_plan_form(lang),
+        plan=form.plan_form(lang),
+        shown=lambda w, st: form.shown(w, st, hidden),
+        rules=form.rules(),
         defaults=dependent_defaults(),
         seed_results=_markup(render_seed_results(s, lang)),
         plan_results=_markup(render_plan_results(s, lang)),
