@@ -23,7 +23,7 @@ from cabe.errors import CabeError
 from cabe.inference import infer_json
 from cabe.solver import plan_json
 from cabe.units import GB, GiB
-from cabe.web import charts, fit_view, modes
+from cabe.web import charts, compare, fit_view, modes, timeline
 
 # ------------------------------------------------------------------------------ form fields
 
@@ -52,10 +52,10 @@ PLAN_FIELDS = ("model",) + tuple(n for _, names in FIELDSETS for n in names) + (
 UNITS = schema.field("units", "api.estimate")
 SEQ_SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 BATCH_SWEEP = (1, 2, 4, 8, 16, 32, 64)
-#: Keys the page understands in its query string (anything else is ignored).
 #: every schema field of the form: the planner's and those of the other questions (cabe.web.modes)
 FORM_FIELDS = PLAN_FIELDS + modes.EXTRA_KEYS
-QUERY_KEYS = tuple(SEED_DEFAULTS) + FORM_FIELDS + ("lang", "units", "view")
+#: Keys the page understands in its query string (anything else is ignored); the setups kept to compare with
+QUERY_KEYS = tuple(SEED_DEFAULTS) + FORM_FIELDS + ("lang", "units", "view") + compare.KEYS
 _ON = ("1", "on", "true")
 
 
@@ -103,7 +103,7 @@ def state(q: Mapping[str, str]) -> dict[str, str]:
     for k in FORM_FIELDS:
         default = resolved[k] if k in resolved else _field(k).default
         out[k] = given[k] if k in given else form_text(_field(k), default)
-    out["view"] = modes.view_of(q)
+    out.update(view=modes.view_of(q), **compare.slots(q))
     units = q.get("units", UNITS.default)
     out["units"] = units if units in (UNITS.choices or ()) else str(UNITS.default)
     return out
@@ -486,6 +486,8 @@ def _plan_view(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
         "notes": _notes(out, lang),
         "fits_on": _fits_on(out, u),
         "curves": _curves(body, out, fit, card, u, lang),
+        "timeline": timeline.view(out, u, lang, component_label),
+        **compare.view(s, out, u, lang, state, plan_request, _components, _link),
     }
 
 

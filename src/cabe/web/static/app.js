@@ -116,7 +116,10 @@
     if (e.target.name === "view" || e.target.name === "engine") showFor();
     schedule();
   });
-  form.addEventListener("submit", function (e) { e.preventDefault(); clearTimeout(timer); update(); });
+  form.addEventListener("submit", function (e) {
+    if (e.submitter && e.submitter.name === "pin") return;  // "Compare": the server keeps the setup (a new address)
+    e.preventDefault(); clearTimeout(timer); update();
+  });
 
   var hint = document.getElementById("upload-hint");
   if (file) {
