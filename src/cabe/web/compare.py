@@ -68,6 +68,8 @@ def pin(q: Mapping[str, str], state: Callable[[Mapping[str, str]], dict[str, str
     taken = [s[k] for k in KEYS if s.get(k)]
     taken = taken[: len(KEYS) - 1] + [minimal(s, state)]
     out = {k: v for k, v in s.items() if k in keys and k not in KEYS and k != PIN}
+    if str(q.get("lang", "")) in i18n.LANGS:  # (the state has no language: the page's is the address's)
+        out["lang"] = str(q["lang"])
     return "?" + urlencode(out | dict(zip(KEYS, taken)))
 
 
@@ -175,7 +177,7 @@ def view(
             "rows": rows,
             "svg": Markup(svg),
             "legend": [(f"c{colour_index(k)}", lbl) for k, lbl in legend.items()],
-            "clear": link(_bare(s), lang=lang),
+            "stop": link(_bare(s), lang=lang),
             "first": LETTERS[0],
         }
     }
@@ -286,7 +288,7 @@ def compare_json(body: Any, estimate: Callable[[Mapping[str, Any]], dict[str, An
     for i, one in enumerate(setups):
         try:
             if not isinstance(one, Mapping):
-                raise InvalidValueError("body_not_object", None)
+                raise InvalidValueError("compare_setup_not_object", "setups")
             outs.append(estimate({**one, **({"lang": body["lang"]} if "lang" in body and "lang" not in one else {})}))
         except CabeError as err:
             raise SetupError(i, err) from None
