@@ -8,18 +8,31 @@ real size on a phone and a desktop. Screenshots go to $CABE_SHOTS (default artif
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
-
-from tests.web.test_browser import ARGS, CHART_TEXT, CHROMIUM, SHOTS, browser, settle  # noqa: F401 (fixture)
+from tests.web.test_browser import ARGS, CHART_TEXT, CHROMIUM, SHOTS, settle
 from tests.web.test_modes import cli_json
+
+from cabe.web.timeline import chronological
 
 pytestmark = pytest.mark.browser
 
 OUT = Path(os.environ.get("CABE_SHOTS") or SHOTS)
 START = "/?lang=en&model=llama-3.1-8b&method=lora&seq=2048&gpu=rtx-4090"
 METHODS = ("lora", "qlora", "full")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
 
 
 def shot(pg, name: str, full: bool = False) -> None:
@@ -44,6 +57,12 @@ def _tab_to_compare(pg) -> None:
         if pg.evaluate("document.activeElement.id") == "compare-pin":
             return
     raise AssertionError(pg.evaluate("document.activeElement.outerHTML"))
+
+
+def _show(pg, selector: str) -> None:
+    """Scroll ``selector`` to the middle of the screen: clear of the answer that stays in view (sticky on a
+    desktop, at the bottom of a phone)."""
+    pg.locator(selector).evaluate("e => e.scrollIntoView({block: 'center'})")
 
 
 def _totals(pg) -> list[int]:
@@ -86,8 +105,7 @@ def test_compare_lora_qlora_full_by_keyboard_share_and_switch_language(browser, 
     assert pg.locator("#compare svg g.setup").count() == 3
     assert pg.locator("#plan-total").get_attribute("data-bytes") == str(cli[2]["total_bytes"])
     _readable(pg, 1280)
-    pg.locator("#compare").scroll_into_view_if_needed()
-    pg.evaluate("window.scrollBy(0, -8)")
+    _show(pg, "#compare svg")
     shot(pg, "compare-desktop-1280-en")
     url = pg.url
 
@@ -106,7 +124,7 @@ def test_compare_lora_qlora_full_by_keyboard_share_and_switch_language(browser, 
     assert _totals(pg) == [c["total_bytes"] for c in cli]
     assert pg.locator("#compare tr.form-setup th").inner_text().startswith("C · Fine-tuning completo")
     _readable(pg, 1280)
-    pg.locator("#compare").scroll_into_view_if_needed()
+    _show(pg, "#compare svg")
     shot(pg, "compare-desktop-1280-es")
     es_url = pg.url
     ctx.close()
@@ -118,9 +136,9 @@ def test_compare_lora_qlora_full_by_keyboard_share_and_switch_language(browser, 
         pg.goto(address)
         assert _totals(pg) == [c["total_bytes"] for c in cli]
         _readable(pg, 390)
-        pg.locator("#compare svg").scroll_into_view_if_needed()
+        _show(pg, "#compare svg")
         shot(pg, f"compare-phone-390-{lang}")
-        pg.locator("#compare table").scroll_into_view_if_needed()
+        _show(pg, "#compare table")
         shot(pg, f"compare-table-phone-390-{lang}")
         # remove B: A and the form are left
         with pg.expect_navigation():
@@ -138,11 +156,11 @@ def test_the_timeline_is_readable_and_its_peak_is_the_total(browser, server, lan
     cli = cli_json("estimate", "--model", "llama-3.1-8b", "--method", "full", "--seq", "2048", "--gpu", "h100-sxm",
                    "--gpus", "8", "--shard", "fsdp")  # fmt: skip
     columns = pg.locator("#timeline g.moment").evaluate_all("els => els.map(e => [e.dataset.phase, +e.dataset.bytes])")
-    assert columns == [[m["phase"], m["total_bytes"]] for m in cli["moments"]]
+    assert columns == [[m["phase"], m["total_bytes"]] for m in chronological(cli["moments"])]
     assert pg.locator("#timeline g.moment.peak").get_attribute("data-bytes") == str(cli["total_bytes"])
     assert pg.locator("#plan-total").get_attribute("data-bytes") == str(cli["total_bytes"])
     _readable(pg, width)
-    pg.locator("#timeline-h").scroll_into_view_if_needed()
+    _show(pg, "#timeline")
     shot(pg, f"timeline-{width}-{lang}")
     ctx.close()
     assert not errors, errors

@@ -36,4 +36,7 @@ def test_the_components_of_a_sharded_step_have_colours_of_their_own(setup, metho
 
 def test_a_long_axis_label_goes_on_two_lines():
     assert _wrap("sequence length (tokens, log scale)", 40) == ["sequence length (tokens, log scale)"]
-    assert _wrap("longitud de secuencia (tokens, escala log.)", 36) == ["longitud de secuencia", "(tokens, escala log.)"]
+    assert _wrap("longitud de secuencia (tokens, escala log.)", 36) == [
+        "longitud de secuencia",
+        "(tokens, escala log.)",
+    ]

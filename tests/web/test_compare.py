@@ -38,7 +38,7 @@ def test_a_kept_setup_is_short_and_reopens_as_the_same_state(fields):
     s = page.state({**BASE, **fields})
     kept = compare.minimal(s, page.state)
     again = page.state(dict(parse_qsl(kept)))
-    setup = [k for k in page.FORM_FIELDS + ("view",)]
+    setup = (*page.FORM_FIELDS, "view")
     assert {k: again[k] for k in setup} == {k: s[k] for k in setup}
     assert len(kept) < 200 and "units" not in kept and "n=" not in kept
     assert kept.startswith(urlencode({"model": "llama-3.1-8b", "method": fields["method"]}))
@@ -94,7 +94,9 @@ def test_the_page_compares_lora_qlora_and_full_with_the_core_numbers(client, lan
     # the differences from A, in the page's units and words
     u = page.Units("GB", lang)
     diffs = re.findall(r'</td><td class="num">([^<]+)</td>', html)
-    expect = ["—"] + [("+" if d > 0 else "−") + u.of(abs(d)) for d in (c["total_bytes"] - cores[0]["total_bytes"] for c in cores[1:])]
+    expect = ["—"] + [
+        ("+" if d > 0 else "−") + u.of(abs(d)) for d in (c["total_bytes"] - cores[0]["total_bytes"] for c in cores[1:])
+    ]
     assert diffs == expect
     # one bar per setup, on one axis: each as long as what its setup needs on the card (the page's own bar)
     svg = ET.fromstring(html[html.index("<svg") : html.index("</svg>") + 6])
@@ -108,7 +110,7 @@ def test_the_page_compares_lora_qlora_and_full_with_the_core_numbers(client, lan
     # the setups are named by what tells them apart (the method), the form's last
     names = {"en": ["LoRA", "QLoRA (4-bit frozen base + LoRA)", "Full fine-tuning"]}
     if lang in names:
-        assert [t.text for t in svg.iter(SVG + "text") if t.get("class") == "setup-label"][0] == "A · LoRA"
+        assert next(t.text for t in svg.iter(SVG + "text") if t.get("class") == "setup-label") == "A · LoRA"
         assert re.findall(r"<strong>[ABC]</strong> · ([^<]+?) *<span", html) == names[lang]
     assert 'class="form-setup"' in html and html.count('data-setup="') == 3
 
@@ -119,9 +121,17 @@ def test_remove_and_edit_links_keep_the_others(client):
     rows = [dict(parse_qsl(x)) for x in links]
     # A: edit (the form becomes A, the form's setup kept last), remove; B: edit, remove; C (the form): remove; clear
     edit_a, remove_a, edit_b, remove_b, remove_c = rows[:5]
-    assert edit_a["method"] == "lora" and edit_a["cmp1"] == _kept(method="qlora") and edit_a["cmp2"] == _kept(method="full")
+    assert (
+        edit_a["method"] == "lora"
+        and edit_a["cmp1"] == _kept(method="qlora")
+        and edit_a["cmp2"] == _kept(method="full")
+    )
     assert remove_a["method"] == "full" and remove_a["cmp1"] == _kept(method="qlora") and "cmp2" not in remove_a
-    assert edit_b["method"] == "qlora" and edit_b["cmp1"] == _kept(method="lora") and edit_b["cmp2"] == _kept(method="full")
+    assert (
+        edit_b["method"] == "qlora"
+        and edit_b["cmp1"] == _kept(method="lora")
+        and edit_b["cmp2"] == _kept(method="full")
+    )
     assert remove_b["cmp1"] == _kept(method="lora") and "cmp2" not in remove_b
     assert remove_c["method"] == "qlora" and remove_c["cmp1"] == _kept(method="lora") and "cmp2" not in remove_c
     clear = dict(parse_qsl(re.search(r'id="compare-clear" href="\?([^"]+)"', html).group(1)))

@@ -25,7 +25,7 @@ def _columns(root):
 
 
 def _texts(root):
-    return [t for t in root.iter(SVG + "text")]
+    return list(root.iter(SVG + "text"))
 
 
 @pytest.mark.parametrize(
@@ -42,16 +42,22 @@ def test_each_moment_is_a_column_with_the_json_numbers_and_the_peak_is_marked(re
     out = api.estimate_json(request_)
     moments = out["moments"]
     _, root = _svg(out)
-    cols = _columns(root)
-    # one column per moment, in the step's order, with the JSON's phase, place and total
-    assert [(g.get("data-phase"), g.get("data-where"), int(g.get("data-bytes"))) for g in cols] == [
-        (m["phase"], m["where"], m["total_bytes"]) for m in moments
-    ]
-    # the peak: the first of the largest moments, whose total is the estimate's
-    peaks = [i for i, g in enumerate(cols) if "peak" in g.get("class").split()]
-    totals = [m["total_bytes"] for m in moments]
-    assert peaks == [totals.index(max(totals))]
-    assert int(cols[peaks[0]].get("data-bytes")) == out["total_bytes"]
+    cols = [(g.get("data-phase"), g.get("data-where"), int(g.get("data-bytes"))) for g in _columns(root)]
+    # one column per moment of the JSON (a moment listed twice, once), with its phase, place and total
+    assert sorted(cols) == sorted({(m["phase"], m["where"], m["total_bytes"]) for m in moments})
+    # in the order of the step: forward, backward, optimizer; the backward from the head down to the bottom layer
+    phases = [p for p, _, _ in cols]
+    assert phases == sorted(phases, key=["forward", "backward", "optimizer"].index)
+    assert cols[0][1] in ("start", "vision_tower") or phases.count("forward") == 1
+    backward = [w for p, w, _ in cols if p == "backward"]
+    assert backward[0] == "head"
+    layers = [w.partition(".")[0] for w in backward if "layer" in w]
+    assert layers[0] == "top_layer" and layers[-1] == "bottom_layer"
+    depth = [int(w.split("_")[1]) for w in layers if w.startswith("layer_")]
+    assert depth == sorted(depth)
+    # the peak: the moment the estimate names, whose total is the estimate's
+    peaks = [c for c, g in zip(cols, _columns(root)) if "peak" in g.get("class").split()]
+    assert peaks == [(out["peak_phase"], out["peak_at"], out["total_bytes"])]
     label = next(t.text for t in _texts(root) if t.get("class") == "peak-label")
     assert label == f"peak · {page.Units('GB', 'en').of(out['total_bytes'])} GB"
     assert root.find(f"{SVG}rect[@class='peak-outline']") is not None
@@ -64,14 +70,16 @@ def test_the_components_of_each_moment_sum_to_its_total_and_the_columns_are_to_s
     peak = max(out["moments"], key=lambda m: m["total_bytes"])
     assert {k: v for k, v in peak["components"].items() if v} == {k: v for k, v in out["components"].items() if v}
     _, root = _svg(out)
+    by_place = {(m["phase"], m["where"]): m for m in out["moments"]}
+    shown = [by_place[g.get("data-phase"), g.get("data-where")] for g in _columns(root)]
     heights = [sum(float(r.get("height")) for r in g.iter(SVG + "rect")) for g in _columns(root)]
-    for h, m in zip(heights, out["moments"]):
+    for h, m in zip(heights, shown):
         # drawn height / bytes: one scale for every column (each stacked rect rounded to 0.1, at least 0.3)
-        assert h / m["total_bytes"] == pytest.approx(heights[0] / out["moments"][0]["total_bytes"], rel=0.01)
+        assert h / m["total_bytes"] == pytest.approx(heights[0] / shown[0]["total_bytes"], rel=0.01)
     # the stacked colours are the components' own (charts.COMPONENT_COLOURS)
     first = _columns(root)[0]
     fills = [r.get("fill") for r in first.iter(SVG + "rect")]
-    keys = timeline.order([k for k, v in out["moments"][0]["components"].items() if v > 0])
+    keys = timeline.order([k for k, v in shown[0]["components"].items() if v > 0])
     from cabe.web.charts import PALETTE, colour_index
 
     assert fills == [PALETTE[colour_index(k)] for k in keys]
@@ -101,7 +109,7 @@ def test_no_text_is_small_or_outside_the_chart(lang):
         px = 14 if t.get("class") == "peak-label" else 13
         w, x = 0.6 * px * len(t.text), float(t.get("x"))
         left = {"start": x, "middle": x - w / 2, "end": x - w}[t.get("text-anchor", "start")]
-        assert 0 <= left and left + w <= width, (t.text, left, w)
+        assert left >= 0 and left + w <= width, (t.text, left, w)
 
 
 def test_the_style_sheet_keeps_chart_text_at_13_px_or_more():
@@ -123,7 +131,12 @@ def test_several_gpus_say_per_gpu_and_the_seed_calculator_has_no_timeline():
     out = api.estimate_json({"model": "llama-3.1-8b", "method": "full", "gpus": 8, "shard": "fsdp", "gpu": "h100-sxm"})
     view, root = _svg(out)
     assert view["per_gpu"] and "one GPU" in root.find(SVG + "title").text
-    assert timeline.view(api.estimate_json({"params": 7, "bytes_per_param": 16}), page.Units("GB", "en"), "en", page.component_label) is None
+    assert (
+        timeline.view(
+            api.estimate_json({"params": 7, "bytes_per_param": 16}), page.Units("GB", "en"), "en", page.component_label
+        )
+        is None
+    )
 
 
 def test_the_page_shows_the_timeline_with_its_table(client):
@@ -132,4 +145,4 @@ def test_the_page_shows_the_timeline_with_its_table(client):
     assert 'class="chart timeline"' in html and "El paso, momento a momento" in html
     for m in out["moments"]:
         assert f'data-bytes="{m["total_bytes"]}"' in html
-    assert '<tr data-bytes="%d" class="peak">' % out["total_bytes"] in html
+    assert f'<tr data-bytes="{out["total_bytes"]}" class="peak">' in html

@@ -129,7 +129,9 @@ def view(
     outs.append(current)
     names = captions(states, lang)
     first = outs[0].get("total_bytes") if "total_bytes" in outs[0] else None
-    rows, bars, cards = [], [], {}
+    rows: list[dict[str, Any]] = []
+    bars: list[tuple[str, list[tuple[str, str, float]], float]] = []
+    cards: dict[str, tuple[str, float]] = {}
     for i, (st, out) in enumerate(zip(states, outs)):
         others = [p for j, p in enumerate(pinned) if j != i]
         # remove this one (the form's: the last kept one takes the form's place); open a kept one in the form (the

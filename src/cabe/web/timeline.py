@@ -3,7 +3,7 @@ optimizer, stacked by component, with the peak marked (issue 32 item 3).
 
 The moments are the estimate's own (``moments`` of the JSON: :func:`cabe.step.timeline`, each with its phase, where
 in the step, its total and its components); on several GPUs they are one GPU's (the estimate is per GPU). The
-columns are the moments in the order the step reaches them, not a time scale. Server-rendered SVG like
+columns are the moments in the order the step reaches them (:func:`chronological`), not a time scale. Server-rendered SVG like
 :mod:`cabe.web.charts` (the same palette: one colour per component), 360 units wide so that its 13 px text is at
 least 12 px on a phone's column; the page shows the same numbers in a table beside it.
 """
@@ -29,10 +29,55 @@ def order(keys: Sequence[str]) -> list[str]:
     return sorted(keys, key=lambda k: (rank.get(k, len(rank)), k))
 
 
-def peak_index(moments: Sequence[Mapping[str, Any]]) -> int:
-    """The first of the largest moments, as the estimate picks its peak (cabe.analytic.estimate)."""
+def peak_index(moments: Sequence[Mapping[str, Any]], at: str | None = None) -> int:
+    """The largest moment: the one the estimate names (``peak_at``) among the largest, else the first of them."""
     totals = [int(m["total_bytes"]) for m in moments]
-    return totals.index(max(totals))
+    top = [i for i, t in enumerate(totals) if t == max(totals)]
+    return next((i for i in top if moments[i]["where"] == at), top[0])
+
+
+#: the step's moments in the order they happen (cabe.step.timeline lists them in the order it works them out): the
+#: forward's (the vision tower, the first unit gathered, the top layer, the loss), the backward's (the head, its
+#: weight's gradient, the flush after it, the layers from the top down, each layer's parts in the order autograd
+#: runs them, then the vision tower, the embedding and the end), the optimizer's step
+_PHASES = ("forward", "backward", "optimizer")
+_FORWARD = {"vision_tower": 0, "start": 1, "top_layer": 2, "loss": 4}
+_BACKWARD_FIRST = {"head": 0, "lm_head": 1, "lm_head_chunks": 2, "head.flush": 3}
+_BACKWARD_LAST = {"vision_tower": 0, "embedding": 1, "end_of_backward": 2}
+_PART = {"recompute": 0, "experts": 1, "flush": 2, "": 3, "attention": 4}
+
+
+def _when(m: Mapping[str, Any]) -> tuple[int, int, float, int]:
+    phase, where = str(m["phase"]), str(m["where"])
+    if phase != "backward":
+        return (_PHASES.index(phase), 0, _FORWARD.get(where, 3), 0)
+    if where in _BACKWARD_FIRST:
+        return (1, 0, _BACKWARD_FIRST[where], 0)
+    if where in _BACKWARD_LAST:
+        return (1, 2, _BACKWARD_LAST[where], 0)
+    base, _, part = where.partition(".")
+    layer = _LAYER.fullmatch(base)
+    index = 0.0 if base == "top_layer" else float("inf") if base == "bottom_layer" else None
+    if layer:
+        index = float(layer.group(1))
+    return (1, 1, float("inf") if index is None else index, _PART.get(part, 3))
+
+
+def chronological(moments: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The moments in the order the step reaches them, each once (a run of one layer is its top and its bottom: the
+    same moment twice); as given when a phase is not the three of a supervised step."""
+    if any(m["phase"] not in _PHASES for m in moments):
+        return list(moments)
+    out: list[Mapping[str, Any]] = []
+    for m in sorted(moments, key=_when):
+        if out and (out[-1]["phase"], out[-1]["where"], out[-1]["total_bytes"]) == (
+            m["phase"],
+            m["where"],
+            m["total_bytes"],
+        ):
+            continue
+        out.append(m)
+    return out
 
 
 def phase_label(phase: str, lang: str) -> str:
@@ -99,18 +144,18 @@ def timeline_chart(
     div: float,
     fmt: Callable[[float], str],
     peak_text: str,
+    peak: int,
     labels: Mapping[str, str],
     phases: Mapping[str, str],
     wheres: Sequence[str],
     width: int = 360,
 ) -> str:
     """One column per moment (its components stacked, in ``unit`` = bytes / ``div``), the phases as bands
-    labelled under the axis, the peak's column outlined and labelled ``peak_text`` with its total.
+    labelled under the axis, the peak's column (index ``peak``) outlined and labelled ``peak_text`` with its total.
     ``labels``: component -> its name; ``phases``: phase -> its name; ``wheres``: each moment's place, in words."""
     if not moments:
         return ""
     n = len(moments)
-    peak = peak_index(moments)
     totals = [int(m["total_bytes"]) / div for m in moments]
     top = _nice_max(max(totals) * 1.04)
     left, right, pad_top, plot_h = 46, 8, 40, 170
@@ -171,7 +216,7 @@ def timeline_chart(
         f'text-anchor="{anchor}">{escape(text)}</text>'
     )
     parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{y0}" y2="{y0}" class="axis"/>')
-    for (phase, a, b), (lx, row, label) in zip(bands, placed):  # the phases' names, under their columns
+    for (_phase, a, b), (lx, row, label) in zip(bands, placed):  # the phases' names, under their columns
         ly = y0 + 18 + 18 * row
         parts.append(
             f'<line x1="{sx(a) + 2:.1f}" x2="{sx(b) - 2:.1f}" y1="{y0 + 4}" y2="{y0 + 4}" class="phase-rule"/>'
@@ -182,10 +227,12 @@ def timeline_chart(
     return "".join(parts)
 
 
-def view(out: Mapping[str, Any], u: Any, lang: str, component_label: Callable[[str, str], str]) -> dict[str, Any] | None:
+def view(
+    out: Mapping[str, Any], u: Any, lang: str, component_label: Callable[[str, str], str]
+) -> dict[str, Any] | None:
     """What timeline.html shows of an estimate: the chart, its legend and the moments as a table (None when the
     estimate has no moments: the seed calculator's, a lesson's). ``u``: the page's units (cabe.web.page.Units)."""
-    moments = out.get("moments") or []
+    moments = chronological(out.get("moments") or [])
     if not moments:
         return None
     from markupsafe import Markup
@@ -195,7 +242,7 @@ def view(out: Mapping[str, Any], u: Any, lang: str, component_label: Callable[[s
     phases = {m["phase"]: phase_label(m["phase"], lang) for m in moments}
     wheres = [where_label(str(m["where"]), lang) for m in moments]
     per_gpu = bool(out.get("distributed"))
-    peak = peak_index(moments)
+    peak = peak_index(moments, out.get("peak_at"))
     svg = timeline_chart(
         moments,
         title=i18n.t("web.timeline.title_gpu" if per_gpu else "web.timeline.title", lang),
@@ -203,6 +250,7 @@ def view(out: Mapping[str, Any], u: Any, lang: str, component_label: Callable[[s
         div=u.div,
         fmt=u.num,
         peak_text=i18n.t("web.timeline.peak", lang),
+        peak=peak,
         labels=labels,
         phases=phases,
         wheres=wheres,
