@@ -80,6 +80,11 @@ def _value_text(name: str, value: str, lang: str) -> str:
     f = modes.field_of(name)[0]
     if f.type is bool:
         return i18n.t("web.yes" if value in ("1", "on", "true") else "web.no", lang)
+    if name == "gpu":
+        try:
+            return gpu_catalog.gpu(value).display
+        except CabeError:
+            return value
     key = f"web.{name}.{value}"
     return i18n.t(key, lang) if key in i18n.catalog(i18n.DEFAULT_LANG) else value
 
@@ -223,8 +228,8 @@ def compare_chart(
     for i, (name, segs, need) in enumerate(bars):
         y = first + row_h * i
         value = f"{fmt(need / div)} {unit}"
-        room = int((plot_w - 0.6 * 13 * len(value) - 10) / (0.6 * 13))  # characters left for the name
-        shown = name if len(name) <= room else name[: max(room - 1, 1)] + "…"
+        room = int((plot_w - 0.6 * 13 * len(value) - 16) / (0.66 * 13))  # characters left for the (bold) name
+        shown = _shorten(name, room)
         parts.append(
             f'<g class="setup" data-bytes="{int(need)}"><title>{escape(name)}: {escape(value)}</title>'
             f'<text x="{left}" y="{y + 14}" class="setup-label">{escape(shown)}</text>'
@@ -255,6 +260,14 @@ def compare_chart(
         )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _shorten(name: str, room: int) -> str:
+    """``name`` in ``room`` characters: without its last parenthesis ("QLoRA (4-bit frozen base + LoRA)" -> "QLoRA"),
+    else cut with an ellipsis (the table beside the chart has it whole)."""
+    if len(name) > room and name.endswith(")") and " (" in name:
+        name = name[: name.rindex(" (")]
+    return name if len(name) <= room else name[: max(room - 1, 1)] + "…"
 
 
 # ------------------------------------------------------------------------------ POST /api/compare
