@@ -52,9 +52,9 @@ PLAN_FIELDS = ("model",) + tuple(n for _, names in FIELDSETS for n in names) + (
 UNITS = schema.field("units", "api.estimate")
 SEQ_SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 BATCH_SWEEP = (1, 2, 4, 8, 16, 32, 64)
+#: Keys the page understands in its query string (anything else is ignored).
 #: every schema field of the form: the planner's and those of the other questions (cabe.web.modes)
 FORM_FIELDS = PLAN_FIELDS + modes.EXTRA_KEYS
-#: Keys the page understands in its query string (anything else is ignored); the setups kept to compare with
 QUERY_KEYS = tuple(SEED_DEFAULTS) + FORM_FIELDS + ("lang", "units", "view") + compare.KEYS
 _ON = ("1", "on", "true")
 
@@ -409,7 +409,7 @@ def _bar(out: Mapping[str, Any], fit: Any, card: Any, u: Units, lang: str) -> di
     rows = [
         (f"c{charts.colour_index(k)}", lbl, u.of(v), i18n.fmt_number(100 * v / whole, lang, 1)) for k, lbl, v in comps
     ]
-    return {"svg": _markup(svg), "rows": rows}
+    return {"svg": _markup(svg), "rows": rows, "timeline": timeline.view(out, u, lang, component_label)}
 
 
 def _steps(out: Mapping[str, Any], u: Units, lang: str) -> list[tuple[str, str, str]]:
@@ -486,7 +486,6 @@ def _plan_view(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
         "notes": _notes(out, lang),
         "fits_on": _fits_on(out, u),
         "curves": _curves(body, out, fit, card, u, lang),
-        "timeline": timeline.view(out, u, lang, component_label),
         **compare.view(s, out, u, lang, state, plan_request, _components, _link),
     }
 
