@@ -198,3 +198,34 @@ def test_the_openapi_document_describes_it(client):
     assert {"200", "422", "413"} <= set(post["responses"])
     example = req["examples"][0]
     assert client.post("/api/compare", json=example).status_code == 200
+
+
+# ------------------------------------------------------------------------------ any address
+
+
+@pytest.mark.parametrize(
+    "kept",
+    ["x", "%%%", "view=serve&method=full", "view=gpus&gpus=8&shard=zero3", "batch=99999999999999999999999", "a" * 3999],
+)
+@pytest.mark.parametrize("view", ["train", "gpus", "serve", "fit"])
+def test_odd_kept_setups_never_break_the_page(client, kept, view):
+    q = urlencode({"model": "gpt2", "view": view, "cmp1": kept, "cmp2": "view=gpus&method=full"})
+    assert client.get("/?" + q).status_code == 200
+    assert client.post("/fragment", json={"query": q}).status_code == 200
+    assert client.get("/?" + q + "&pin=1", follow_redirects=False).status_code == 303
+
+
+def test_any_kept_values_never_break_the_page(client):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    keys = st.sampled_from((*page.FORM_FIELDS, "view", "cmp1", "lang"))
+    setups = st.dictionaries(keys, st.text(max_size=12), max_size=5).map(urlencode)
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(first=setups, second=setups)
+    def run(first, second):  # (a Hugging Face id: refused, the app has no Hub)
+        r = client.post("/fragment", json={"query": urlencode({"model": "gpt2", "cmp1": first, "cmp2": second})})
+        assert r.status_code == 200, (first, second, r.text[:300])
+
+    run()

@@ -77,6 +77,8 @@ def pin(q: Mapping[str, str], state: Callable[[Mapping[str, str]], dict[str, str
 
 
 def _value_text(name: str, value: str, lang: str) -> str:
+    if name == "view":  # the question (train on one card, several GPUs): the page's own key, not the schema's
+        return i18n.t(f"web.view.{value}", lang) if value in modes.VIEWS else value
     f = modes.field_of(name)[0]
     if f.type is bool:
         return i18n.t("web.yes" if value in ("1", "on", "true") else "web.no", lang)
@@ -90,7 +92,7 @@ def _value_text(name: str, value: str, lang: str) -> str:
 
 
 def _field_text(name: str, lang: str) -> str:
-    key = f"web.plan.{name}"
+    key = "web.view.legend" if name == "view" else f"web.plan.{name}"
     return i18n.t(key, lang) if key in i18n.catalog(i18n.DEFAULT_LANG) else name
 
 
