@@ -101,7 +101,8 @@ def _estimate_sft(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[str
         totals.append(t)
         if t > phase_peaks.get(m.phase, -1):
             phase_peaks[m.phase] = t
-        moments_json.append({"phase": m.phase, "where": m.where, "total_bytes": t})
+        # (the moment's own dict, not a copy: what is live then, for the page's stacked timeline, cabe.web.timeline)
+        moments_json.append({"phase": m.phase, "where": m.where, "total_bytes": t, "components": m.components})
     peak = moments[totals.index(max(totals))]  # the first of the largest, as max() picks it
     components = dict(peak.components)
     for k in ("weights", "gradients", "optimizer", "activations"):

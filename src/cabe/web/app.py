@@ -19,6 +19,7 @@ from cabe.errors import CabeError, HubError, InvalidValueError, MissingDependenc
 from cabe.hub import ServerHub
 from cabe.inference import infer_json
 from cabe.solver import plan_json
+from cabe.web import compare as comparison
 from cabe.web import config_upload as up
 from cabe.web import page
 from cabe.web.body import MAX_BODY_BYTES, BadJson, BodyTimeout, BodyTooLarge, read_body, read_json
@@ -92,9 +93,12 @@ def _web_error(code: str, lang: str, http_status: int, field: str | None = None,
     )
 
 
-def _needs_thread(body: Mapping[str, Any]) -> bool:
+def _needs_thread(body: Mapping[str, Any], top: bool = True) -> bool:
     """A Hugging Face id means a network fetch, a config no family module reads a trace (seconds, in the
     trace worker: :mod:`cabe.via_trace`): keep both off the event loop."""
+    setups = body.get("setups") if top else None  # /api/compare: any of its setups
+    if isinstance(setups, list):
+        return any(isinstance(one, Mapping) and _needs_thread(one, False) for one in setups[: comparison.MAX_SETUPS])
     m = body.get("model")
     if isinstance(m, str) and "/" in m and m.strip().lower() not in models.preset_names():
         return True
@@ -170,6 +174,12 @@ async def fit(request: Any) -> Any:
 async def infer(request: Any) -> Any:
     """Inference / serving memory: weights by format, KV cache, concurrent sequences (cabe.inference)."""
     return await _guarded(request, _checked("api.infer", infer_json))
+
+
+async def compare(request: Any) -> Any:
+    """Two or three estimates side by side (cabe.web.compare): each what /api/estimate answers for it."""
+    one = _checked("api.estimate", lambda body: api.estimate_json(body, allow_files=False, trace="worker"))
+    return await _guarded(request, lambda body: comparison.compare_json(body, one))
 
 
 async def lora(request: Any) -> Any:
@@ -249,6 +259,10 @@ async def index(request: Any) -> Any:
 
     lang = lang_from(request)
     query = dict(request.query_params)
+    if comparison.PIN in query:  # "Compare": keep the form's setup in the address, and go there
+        from starlette.responses import RedirectResponse
+
+        return RedirectResponse("/" + comparison.pin(query, page.state, page.QUERY_KEYS), status_code=303)
     html = await _call(lambda q: page.render_page(q, lang), query)
     return HTMLResponse(html, headers=_PAGE_HEADERS)
 
@@ -418,6 +432,7 @@ def create_app(*, hub: Any = None, allowed_hosts: Any = None) -> Any:
         Route("/favicon.ico", favicon, methods=["GET"]),
         Route("/api/estimate", estimate, methods=["POST"]),
         Route("/api/lora", lora, methods=["POST"]),
+        Route("/api/compare", compare, methods=["POST"]),
         Route("/api/fit", fit, methods=["POST"]),
         Route("/api/infer", infer, methods=["POST"]),
         Route("/api/from-config", from_config, methods=["POST"]),

@@ -12,6 +12,10 @@ from html import escape
 PALETTE = (
     "#2f6db5", "#d9822b", "#3a9a5b", "#b8475a", "#7c5cbf", "#8c6d3f", "#c05fa8", "#5f7f8f", "#a3a3a3", "#4d4d4d",
     "#1f9e9e", "#9e8f1f",
+    # the buffers of several GPUs (cabe.parallel): the parameters' in blues, the gradients' in greens and yellows,
+    # the buckets' in reds and browns
+    "#a1caf1", "#0b3c6b", "#6fd3e0", "#98df8a", "#8db600", "#2b3d26", "#0f7a52", "#c5e1a5", "#b5bd89", "#f3c300",
+    "#f99379", "#e25822", "#c2b280", "#882d17", "#e68fac", "#17becf", "#5254a3",
 )  # fmt: skip
 #: one colour per component everywhere (training and serving, bar and table): its index in PALETTE
 COMPONENT_COLOURS = {
@@ -27,6 +31,24 @@ COMPONENT_COLOURS = {
     "cuda_context": 9,
     "kv_cache": 10,
     "comm": 11,
+    # on several GPUs: the components a sharded step adds (each run's moments hold up to 16 at once)
+    "master_weights": 12,
+    "gathered_params": 13,
+    "prefetched_params": 14,
+    "unsharded_grads": 15,
+    "reduce_scatter_input": 16,
+    "grads_in_partition": 17,
+    "grad_partitions": 18,
+    "fp32_grad_partition": 19,
+    "whole_grad": 20,
+    "whole_grad_reduced": 21,
+    "ipg_buckets": 22,
+    "ddp_buckets": 23,
+    "reduce_flat": 24,
+    "reduce_cast": 25,
+    "grad_norm_or_flatten": 26,
+    "p2p_buffers": 27,
+    "gathered_experts": 28,
 }
 #: the smallest text of a chart, in CSS px at the chart's narrowest (style.css: svg.chart text)
 MIN_TEXT_PX = 12
@@ -62,6 +84,14 @@ def _label_x(cx: float, text: str, width: int, px: float) -> tuple[float, str]:
     if cx - 4 - w >= 2:
         return cx - 4, "end"
     return width - 2, "end"
+
+
+def _wrap(text: str, chars: int) -> list[str]:
+    """``text`` as one line, or two split at the space nearest its middle when longer than ``chars``."""
+    if len(text) <= chars or " " not in text:
+        return [text]
+    cut = min((i for i, c in enumerate(text) if c == " "), key=lambda i: abs(i - len(text) / 2))
+    return [text[:cut], text[cut + 1 :]]
 
 
 def stacked_bar(
@@ -153,6 +183,8 @@ def line_chart(
     sx = lambda lx: left + pw * (lx - x0) / (x1 - x0)  # noqa: E731
     sy = lambda v: top_pad + ph * (1 - v / ymax)  # noqa: E731
     tid = f"{chart_id}-title"
+    x_lines = _wrap(x_label, int((width - 8) / (0.6 * 13)))  # a long axis label on two lines (a language's words)
+    height += 16 * (len(x_lines) - 1)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {width} {height}" role="img" '
         f'aria-labelledby="{tid}"><title id="{tid}">{escape(title)}</title>'
@@ -168,10 +200,12 @@ def line_chart(
             f'<text x="{sx(lx):.1f}" y="{top_pad + ph + 14}" class="tick" text-anchor="middle">'
             f"{escape(fmt_x(xv))}</text>"
         )
-    parts.append(
-        f'<text x="{left + pw / 2:.1f}" y="{height - 6}" class="axis-label" text-anchor="middle">'
-        f"{escape(x_label)}</text>"
-    )
+    for j, line in enumerate(x_lines):
+        x_mid = min(max(left + pw / 2, 4 + 0.3 * 13 * len(line)), width - 4 - 0.3 * 13 * len(line))
+        parts.append(
+            f'<text x="{x_mid:.1f}" y="{height - 6 - 16 * (len(x_lines) - 1 - j)}" class="axis-label" '
+            f'text-anchor="middle">{escape(line)}</text>'
+        )
     parts.append(f'<text x="4" y="12" class="axis-label">{escape(y_label)}</text>')
     if limit:
         ly = sy(limit)

@@ -26,7 +26,7 @@ from cabe.errors import CabeError
 from cabe.optimizer import ACCEPTED as OPTIMIZERS
 from cabe.optimizer import LOW_RANK_NAMES
 from cabe.units import GB
-from cabe.web import modes
+from cabe.web import compare, modes
 
 #: the seed calculator's example (its fields are the page's own: n = params, b = bytes per parameter)
 SEED_DEFAULTS = {"n": "7", "b": "16", "bc": "", "a": "0"}
@@ -134,7 +134,7 @@ UNITS = schema.field("units", "api.estimate")
 #: every schema field of the form: the planner's and those of the other questions (cabe.web.modes)
 FORM_FIELDS = PLAN_FIELDS + modes.EXTRA_KEYS
 #: Keys the page understands in its query string (anything else is ignored).
-QUERY_KEYS = tuple(SEED_DEFAULTS) + FORM_FIELDS + ("lang", "units", "view")
+QUERY_KEYS = tuple(SEED_DEFAULTS) + FORM_FIELDS + ("lang", "units", "view") + compare.KEYS
 #: the GaLore optimizers (the only ones that read ``galore_rank`` / ``galore_targets``)
 LOW_RANK = tuple(sorted(n for n in LOW_RANK_NAMES if n in OPTIMIZERS))
 _ON = ("1", "on", "true")
@@ -211,7 +211,7 @@ def state(q: Mapping[str, str]) -> dict[str, str]:
     for k in FORM_FIELDS:
         default = resolved[k] if k in resolved else field_of(k).default
         out[k] = given[k] if k in given else form_text(field_of(k), default)
-    out["view"] = modes.view_of(q)
+    out.update(view=modes.view_of(q), **compare.slots(q))
     units = q.get("units", UNITS.default)
     out["units"] = units if units in (UNITS.choices or ()) else str(UNITS.default)
     return out

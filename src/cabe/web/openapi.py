@@ -89,6 +89,7 @@ def _json_response(description: str, ref: str) -> dict[str, Any]:
 def _schemas() -> dict[str, Any]:
     schemas: dict[str, Any] = {name: request_schema(name) for name in REQUESTS}
     schemas["FromConfigRequest"] = from_config_schema()
+    schemas.update(_COMPARE)
     schemas.update(_RESPONSES)
     return schemas
 
@@ -162,6 +163,47 @@ def _from_config_post() -> dict[str, Any]:
             },
         }
     }
+
+
+#: /api/compare (cabe.web.compare): a list of estimate requests, each answered as /api/estimate answers it
+_COMPARE: dict[str, Any] = {
+    "CompareRequest": {
+        "type": "object",
+        "description": "Two or three estimate requests, compared on one axis (the page's \"Compare\"). A setup's error "
+        "names the setup (`setup`: its index; the sentence starts with its letter, A to C).",
+        "required": ["setups"],
+        "additionalProperties": False,
+        "properties": {
+            "setups": {
+                "type": "array",
+                "minItems": 2,
+                "maxItems": 3,
+                "items": {"$ref": "#/components/schemas/EstimateRequest"},
+            },
+            "lang": {"type": "string", "description": "Language of error messages (each setup's own `lang` first)."},
+        },
+        "examples": [
+            {
+                "setups": [
+                    {"model": "llama-3.1-8b", "method": m, "seq": 2048, "gpu": "rtx-4090"}
+                    for m in ("lora", "qlora", "full")
+                ]
+            }
+        ],
+    },
+    "CompareResponse": {
+        "type": "object",
+        "required": ["setups", "difference_bytes"],
+        "properties": {
+            "setups": {"type": "array", "items": {"$ref": "#/components/schemas/Report"}},
+            "difference_bytes": {
+                "type": "array",
+                "items": {"type": "integer"},
+                "description": "Each setup's total_bytes minus the first's.",
+            },
+        },
+    },
+}
 
 
 _RESPONSES: dict[str, Any] = {
@@ -287,6 +329,13 @@ _POSTS = {
         "LoraRequest",
         "Adapter sizes.",
         "LoraResponse",
+    ),
+    "/api/compare": (
+        "compare",
+        "Two or three training estimates side by side, each as /api/estimate answers it, and their differences.",
+        "CompareRequest",
+        "Each setup's report, in order, and each total's difference from the first's.",
+        "CompareResponse",
     ),
     "/api/fit": (
         "fit",

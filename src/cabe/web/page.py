@@ -23,7 +23,7 @@ from cabe.errors import CabeError
 from cabe.inference import infer_json
 from cabe.solver import plan_json
 from cabe.units import GB, GiB
-from cabe.web import charts, fit_view, form, modes
+from cabe.web import charts, compare, fit_view, form, modes, timeline
 
 # the form (its fields, widgets and state) lives in cabe.web.form; its names stay importable from here
 from cabe.web.form import (  # noqa: F401
@@ -258,7 +258,7 @@ def _bar(out: Mapping[str, Any], fit: Any, card: Any, u: Units, lang: str) -> di
     rows = [
         (f"c{charts.colour_index(k)}", lbl, u.of(v), i18n.fmt_number(100 * v / whole, lang, 1)) for k, lbl, v in comps
     ]
-    return {"svg": _markup(svg), "rows": rows}
+    return {"svg": _markup(svg), "rows": rows, "timeline": timeline.view(out, u, lang, component_label)}
 
 
 def _steps(out: Mapping[str, Any], u: Units, lang: str) -> list[tuple[str, str, str]]:
@@ -361,6 +361,7 @@ def _plan_view(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
         "notes": _notes(out, lang),
         "fits_on": _fits_on(out, u),
         "curves": _curves(body, out, fit, card, u, lang),
+        **compare.view(s, out, u, lang, state, plan_request, _components, _link),
     }
 
 

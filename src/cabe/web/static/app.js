@@ -135,7 +135,10 @@
     if (SHOWS.indexOf(e.target.name) >= 0) showFor();
     schedule();
   });
-  form.addEventListener("submit", function (e) { e.preventDefault(); clearTimeout(timer); update(); });
+  form.addEventListener("submit", function (e) {
+    if (e.submitter && e.submitter.name === "pin") return;  // "Compare": the server keeps the setup (a new address)
+    e.preventDefault(); clearTimeout(timer); update();
+  });
 
   // Your own files: a model's config.json is sent with each request as data (never stored); a run's configs
   // (TrainingArguments, adapter_config.json, DeepSpeed, accelerate, axolotl, LLaMA-Factory, torchtune ...) go
