@@ -1,0 +1,273 @@
+"""What each memory knob of a request does to its peak: saves, costs, or nothing (issue 32 item 4).
+
+A knob is a field people set to save memory (the solver's changes, :mod:`cabe.solver`, and the schema's memory
+savers, :mod:`cabe.schema`): checkpointing, selective checkpointing, activation offload, LoRA / QLoRA / freeze against
+the method they replace, the weights' dtype and autocast, an 8-bit / paged / low-rank optimizer, its implementation,
+the optimizer in backward, packing, a chunked or fused loss, DoRA, modules_to_save, gradient accumulation, sharding,
+offload and FSDP's mixed precision. For each one the request sets, the same request is estimated again without it
+(:data:`KNOBS`: the field at its default, or the method it replaces) and the two peaks are compared; which components
+grew or fell says why, and the explained steps that grew (:data:`REASON_STEPS`) say how, in the report's own figures.
+Nothing here is a special case: a knob that costs memory is found by its counterfactual, never listed.
+
+Not on the estimate's path (one estimate per knob): only when asked (``cabe estimate --explain``, ``explain=true`` on
+``POST /api/estimate`` and :func:`cabe.estimate`, the page's result). Pure: no torch, codes and numbers only; the
+words are the catalogs' (``i18n/<lang>/knobs.json``, :func:`lines`). Proved by tests/test_knob_effects.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cabe import schema
+from cabe.architecture import ModelSpec
+from cabe.errors import CabeError
+from cabe.i18n import fill, t
+from cabe.report import Report
+from cabe.training import TrainingSetup
+from cabe.units import fmt_bytes
+
+#: the method a method replaces, to save memory (the solver's "lora" from full, "qlora" from LoRA)
+REPLACES = {"lora": "full", "qlora": "lora", "freeze": "full", "prompt-tuning": "full"}
+
+
+def _method(s: TrainingSetup, r: Mapping[str, Any]) -> dict[str, Any] | None:
+    return {"method": REPLACES[s.method]} if s.method in REPLACES else None
+
+
+def _dtype(s: TrainingSetup, r: Mapping[str, Any]) -> dict[str, Any] | None:
+    """16-bit weights (as loaded: ``auto`` resolved to the checkpoint's dtype, the report's setup) against fp32."""
+    return {"dtype": "fp32"} if r.get("dtype") in ("bf16", "fp16") else None
+
+
+def _off(name: str, off: Any = False) -> Callable[[TrainingSetup, Mapping[str, Any]], dict[str, Any] | None]:
+    """A knob that is on when the field is not ``off``; without it: ``off``."""
+
+    def without(s: TrainingSetup, r: Mapping[str, Any]) -> dict[str, Any] | None:
+        return None if getattr(s, name) == off else {name: off}
+
+    return without
+
+
+def _default(name: str) -> Callable[[TrainingSetup, Mapping[str, Any]], dict[str, Any] | None]:
+    """A knob set away from its schema default; without it: the default."""
+    return _off(name, schema.field(name).default)
+
+
+def _loss(s: TrainingSetup, r: Mapping[str, Any]) -> dict[str, Any] | None:
+    return None if s.resolved_loss == "hf" else {"loss": "hf"}
+
+
+def _checkpoint_every(s: TrainingSetup, r: Mapping[str, Any]) -> dict[str, Any] | None:
+    return {"checkpoint_every": 1} if s.checkpointing and s.checkpoint_every > 1 else None
+
+
+def _optimizer_impl(s: TrainingSetup, r: Mapping[str, Any]) -> dict[str, Any] | None:
+    return {"optimizer_impl": None} if s.optimizer_impl not in (None, "foreach") else None
+
+
+def _shard(s: TrainingSetup, r: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Sharded states over several GPUs, against each GPU holding them whole (DDP); with an offload, that knob's."""
+    if s.gpus > 1 and s.shard not in ("none", "ddp") and s.offload == "none":
+        return {"shard": "ddp", "param_dtype": "none", "reshard_after_forward": True}
+    return None
+
+
+def _reshard(s: TrainingSetup, r: Mapping[str, Any]) -> dict[str, Any] | None:
+    return {"reshard_after_forward": True} if s.shard.startswith("fsdp") and not s.reshard_after_forward else None
+
+
+def _tp_knob(name: str) -> Callable[[TrainingSetup, Mapping[str, Any]], dict[str, Any] | None]:
+    def without(s: TrainingSetup, r: Mapping[str, Any]) -> dict[str, Any] | None:
+        return {name: False} if s.tp > 1 and getattr(s, name) else None
+
+    return without
+
+
+def _attention(s: TrainingSetup, r: Mapping[str, Any]) -> dict[str, Any] | None:
+    return {"attention": "sdpa"} if s.attention == "flash" else None
+
+
+#: (field, the request's change without the knob, or None when the request does not set it), in the order shown
+KNOBS: tuple[tuple[str, Callable[[TrainingSetup, Mapping[str, Any]], dict[str, Any] | None]], ...] = (
+    ("method", _method),
+    ("dtype", _dtype),
+    ("autocast", _off("autocast", "none")),
+    ("adapter_dtype", _default("adapter_dtype")),
+    ("optimizer", _default("optimizer")),
+    ("optimizer_impl", _optimizer_impl),
+    ("optimizer_in_backward", _off("optimizer_in_backward")),
+    ("checkpointing", _off("checkpointing")),
+    ("checkpoint_every", _checkpoint_every),
+    ("offload_activations", _off("offload_activations")),
+    ("attention", _attention),
+    ("packing", _default("packing")),
+    ("loss", _loss),
+    ("grad_accum", _default("grad_accum")),
+    ("dora", _off("dora")),
+    ("modules_to_save", _off("modules_to_save", ())),
+    ("shard", _shard),
+    ("offload", _default("offload")),
+    ("param_dtype", _default("param_dtype")),
+    ("reshard_after_forward", _reshard),
+    ("sequence_parallel", _tp_knob("sequence_parallel")),
+    ("loss_parallel", _tp_knob("loss_parallel")),
+)
+
+#: explained steps whose growth the catalogs put in words (``knob.step.<key>``): how a knob made a component grow
+REASON_STEPS = ("activations.frozen_inputs", "weight_copies", "activations.selective", "optimizer_temporaries")
+
+#: a difference under a thousandth of the peak is no effect worth a word (display rule, not a model figure)
+NEGLIGIBLE = 1e-3
+
+
+def _cleaned(setup: TrainingSetup, change: dict[str, Any]) -> dict[str, Any]:
+    """``change`` with the fields that act only beside the knob's value back at their defaults (LoRA's rank without
+    LoRA, GaLore's without GaLore), as a request without the knob would leave them."""
+    out = dict(change)
+    method = out.get("method", setup.method)
+    for f in schema.SETUP_FIELDS:
+        if f.name in out:
+            continue
+        if (f.methods and method not in f.methods) or (f.low_rank_only and "optimizer" in out):
+            if getattr(setup, f.name) != f.default:
+                out[f.name] = f.default
+    if "optimizer" in out and setup.optimizer_impl is not None:
+        out["optimizer_impl"] = None  # an HF name's implementation (adamw_torch_fused) goes with it
+    return out
+
+
+def effects(spec: ModelSpec, setup: TrainingSetup, report: Report, estimate: Callable[..., Report]) -> list[dict]:
+    """Each knob the request sets, with the peak without it: ``field``, ``value`` (as set), ``without`` (the value
+    estimated instead), ``with_bytes`` / ``without_bytes`` (the two peaks), ``delta_bytes`` (with − without),
+    ``effect`` (``saves`` / ``costs`` / ``nothing``), ``components`` (each component's change, bytes) and ``reasons``
+    (the explained steps among :data:`REASON_STEPS` that grew: key, bytes with and without, the step's params). A
+    knob whose counterfactual is itself refused (a combination that cannot run) is left out.
+
+    ``estimate``: :func:`cabe.analytic.estimate_model` (passed in: this module sits above the analytic path)."""
+    out: list[dict] = []
+    resolved = report.setup
+    for name, without in KNOBS:
+        change = without(setup, resolved)
+        if change is None:
+            continue
+        try:
+            other = estimate(spec, setup.with_(**_cleaned(setup, change)))
+        except CabeError:
+            continue
+        out.append(_effect(name, resolved.get(name, getattr(setup, name)), change[name], report, other))
+    return out
+
+
+def _effect(name: str, value: Any, without: Any, report: Report, other: Report) -> dict[str, Any]:
+    delta = report.total_bytes - other.total_bytes
+    if abs(delta) < NEGLIGIBLE * max(report.total_bytes, other.total_bytes):
+        effect = "nothing"
+    else:
+        effect = "costs" if delta > 0 else "saves"
+    names = list(report.components) + [k for k in other.components if k not in report.components]
+    components = {
+        k: d for k in names if (d := report.components.get(k, 0) - other.components.get(k, 0)) != 0
+    }
+    return {
+        "field": name,
+        "value": list(value) if isinstance(value, tuple) else value,
+        "without": list(without) if isinstance(without, tuple) else without,
+        "with_bytes": report.total_bytes,
+        "without_bytes": other.total_bytes,
+        "delta_bytes": delta,
+        "effect": effect,
+        "components": dict(sorted(components.items(), key=lambda kv: -abs(kv[1]))),
+        "reasons": _reasons(report, other, NEGLIGIBLE * max(report.total_bytes, other.total_bytes)),
+    }
+
+
+def _step_bytes(report: Report) -> dict[str, tuple[int, dict[str, Any]]]:
+    out: dict[str, tuple[int, dict[str, Any]]] = {}
+    for s in report.steps:
+        key = "optimizer_temporaries" if s.key.startswith("optimizer_temporaries.") else s.key
+        if key in REASON_STEPS and s.bytes:
+            out[key] = (s.bytes, {k: v for k, v in s.params.items() if isinstance(v, (int, float, str))})
+    return out
+
+
+def _reasons(report: Report, other: Report, least: float) -> list[dict[str, Any]]:
+    """The explained steps of :data:`REASON_STEPS` that are larger with the knob than without it (by ``least``
+    bytes at least: a growth worth a word)."""
+    mine, theirs = _step_bytes(report), _step_bytes(other)
+    out = []
+    for key, (nbytes, params) in mine.items():
+        before = theirs.get(key, (0, {}))[0]
+        if nbytes - before >= least:
+            out.append({"key": key, "with_bytes": nbytes, "without_bytes": before, "params": params})
+    return out
+
+
+# ---- words ------------------------------------------------------------------------------------------------------
+def _value(v: Any, lang: str) -> str:
+    if isinstance(v, bool):
+        return t("knob.on" if v else "knob.off", lang)
+    if isinstance(v, (list, tuple)):
+        return ", ".join(str(x) for x in v) or t("knob.none", lang)
+    return t("knob.none", lang) if v is None else str(v)
+
+
+def _signed(nbytes: int, lang: str, units: str) -> str:
+    return ("+" if nbytes > 0 else "−") + fmt_bytes(abs(nbytes), lang, units, both=False)
+
+
+def knob_line(k: Mapping[str, Any], lang: str, units: str = "GB") -> str:
+    """One knob's sentence: what it is set to, its effect in bytes, and the two peaks."""
+    params = {
+        "field": k["field"],
+        "value": _value(k["value"], lang),
+        "without": _value(k["without"], lang),
+        "amount": fmt_bytes(abs(k["delta_bytes"]), lang, units, both=False),
+        "with": fmt_bytes(k["with_bytes"], lang, units, both=False),
+        "before": fmt_bytes(k["without_bytes"], lang, units, both=False),
+    }
+    return fill(t("knob.effect." + k["effect"], lang), params, lang)
+
+
+def components_line(k: Mapping[str, Any], lang: str, units: str = "GB") -> str:
+    """Which components grew and fell (the largest changes first, at most four)."""
+    parts = [
+        f"{t('component.' + name, lang)} {_signed(d, lang, units)}"
+        for name, d in list(k["components"].items())[:4]
+        if abs(d) >= NEGLIGIBLE * max(k["with_bytes"], 1)
+    ]
+    return t("knob.components", lang, list="; ".join(parts)) if parts else ""
+
+
+def reason_lines(k: Mapping[str, Any], lang: str, units: str = "GB") -> list[str]:
+    """How the components grew, in the report's own figures (``knob.step.<key>``)."""
+    out = []
+    for r in k.get("reasons", []):
+        p = dict(r["params"])
+        params = {
+            **p,
+            "bytes": fmt_bytes(r["with_bytes"], lang, units, both=False),
+            "before": fmt_bytes(r["without_bytes"], lang, units, both=False),
+        }
+        text = fill(t("knob.step." + r["key"], lang), params, lang)
+        if r["key"] == "weight_copies" and p.get("experts"):
+            text += " " + fill(
+                t("knob.step.weight_copies.experts", lang),
+                {"experts": fmt_bytes(int(p["experts"]), lang, units, both=False)},
+                lang,
+            )
+        out.append(text)
+    return out
+
+
+def lines(knobs: list[Mapping[str, Any]], lang: str, units: str = "GB") -> list[str]:
+    """The section ``--explain`` prints: a title, then each knob, its components and how they grew."""
+    if not knobs:
+        return []
+    out = [t("knob.title", lang) + ":"]
+    for k in knobs:
+        out.append("· " + knob_line(k, lang, units))
+        comp = components_line(k, lang, units)
+        if comp:
+            out.append("    " + comp)
+        out += ["    " + r for r in reason_lines(k, lang, units)]
+    return out
