@@ -39,6 +39,8 @@ def gather(args: argparse.Namespace) -> tuple[Any, Any]:
     body = dict(combined.request)
     if args.gpu:
         body["gpu"] = args.gpu
+    if args.explain:  # each memory knob against the request without it (cabe.knob_effects)
+        body["explain"] = True
     return combined, api.build(body, allow_files=True, trace="process")  # unknown architectures: traced
 
 

@@ -23,7 +23,7 @@ from cabe.errors import CabeError
 from cabe.inference import infer_json
 from cabe.solver import plan_json
 from cabe.units import GB, GiB
-from cabe.web import charts, fit_view, modes
+from cabe.web import charts, fit_view, knobs_view, modes
 
 # ------------------------------------------------------------------------------ form fields
 
@@ -468,7 +468,7 @@ def _plan_view(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
     u = Units(s.get("units", "GB"), lang)
     body = plan_request(s, config)
     try:
-        out = api.estimate_json(body)
+        out = api.estimate_json({**body, "explain": True})  # with each memory knob's effect (cabe.knob_effects)
     except CabeError as err:
         return {"error": _error(err, lang)}
     fit = out.get("gpu")
@@ -483,6 +483,7 @@ def _plan_view(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
         "verdict": _verdict(fit, u),
         "bar": _bar(out, fit, card, u, lang),
         "steps": _steps(out, u, lang),
+        "knobs": knobs_view.rows(out, u.name, lang),
         "notes": _notes(out, lang),
         "fits_on": _fits_on(out, u),
         "curves": _curves(body, out, fit, card, u, lang),
