@@ -1,0 +1,131 @@
+"""Each memory knob against the same request without it (cabe.knob_effects, issue 32 item 4): saves, costs or
+nothing, in bytes, and why, in both languages; the same on ``--explain``'s text and ``--json``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import cabe
+from cabe import knob_effects
+from cabe.cli import main
+from cabe.report.knobs import knob_line, lines
+
+#: the issue's solver example: llama-3.1-70b, one trained layer (freeze's default), bf16 weights, no autocast
+FREEZE_70B = dict(method="freeze", precision="bf16", optimizer="paged-adamw-8bit", batch=8, seq=1024)
+#: Llama 4 Scout loaded in fp32, LoRA under bf16 autocast (its dense dispatch runs every expert through torch.bmm)
+SCOUT_FP32 = dict(method="lora", dtype="fp32", autocast="bf16", batch=1, seq=1024)
+
+
+def _knob(report, name):
+    return next(k for k in report.extra["knobs"] if k["field"] == name)
+
+
+@pytest.fixture(scope="module")
+def freeze_ckpt():
+    return cabe.estimate("llama-3.1-70b", checkpointing=True, explain=True, **FREEZE_70B)
+
+
+def test_checkpointing_costs_on_a_freeze_run(freeze_ckpt):
+    k = _knob(freeze_ckpt, "checkpointing")
+    assert k["effect"] == "costs"
+    assert (k["value"], k["without"]) == (True, False)
+    assert k["with_bytes"] == freeze_ckpt.total_bytes
+    assert k["without_bytes"] == cabe.estimate("llama-3.1-70b", **FREEZE_70B).total_bytes
+    # the 79 frozen layers keep their inputs (79 × 8 × 1,024 tokens × 2 B × h 8,192 = 10,603,200,512 B), while the one
+    # trained layer keeps its input instead of its 397,576 B/token ((397,576 − 16,384) × 8,192 = 3,122,724,864 B):
+    # +7,480,475,648 B, less the allocator's 512 B rounding of the tensors the top layer saves
+    assert abs(k["delta_bytes"] - (10_603_200_512 - 3_122_724_864)) < 4096
+    assert list(k["components"]) == ["activations"]
+    (reason,) = k["reasons"]
+    assert reason["key"] == "activations.frozen_inputs"
+    assert reason["params"]["layers"] == 79 and reason["with_bytes"] == 79 * 8 * 1024 * 2 * 8192
+    assert reason["without_bytes"] == 0
+
+
+@pytest.mark.parametrize(
+    ("lang", "words"),
+    [("en", ("costs 7.48 GB", "157.3 GB", "164.8 GB", "frozen")), ("es", ("cuesta 7,48 GB", "157,3 GB", "164,8 GB"))],
+)
+def test_checkpointing_cost_in_words(freeze_ckpt, lang, words):
+    text = "\n".join(lines(freeze_ckpt.extra["knobs"], lang))
+    line = next(x for x in text.splitlines() if x.startswith("· checkpointing"))
+    for w in words[:3]:
+        assert w in line
+    assert "enable_input_require_grads" in text
+    assert text == "\n".join(lines(freeze_ckpt.extra["knobs"], lang))  # deterministic
+
+
+def test_explain_step_names_the_frozen_inputs(freeze_ckpt):
+    """The worked steps agree with the activations: the frozen layers' inputs are a step of their own."""
+    (step,) = [s for s in freeze_ckpt.steps if s.key == "activations.frozen_inputs"]
+    assert step.bytes == 79 * 134_217_728 and step.params["checkpointed"] == 79
+
+
+def test_autocast_on_an_fp32_moe_keeps_every_expert():
+    r = cabe.estimate("llama-4-scout-17b-16e", explain=True, **SCOUT_FP32)
+    k = _knob(r, "autocast")
+    assert k["effect"] == "costs" and k["without"] == "none"
+    assert k["without_bytes"] == cabe.estimate("llama-4-scout-17b-16e", **{**SCOUT_FP32, "autocast": "none"}).total_bytes
+    assert next(iter(k["components"])) == "weight_copies"  # the largest change
+    (reason,) = k["reasons"]
+    # every expert's 16-bit copy: 48 layers × 16 experts × (2 × 8,192 × 5,120 + 5,120 × 8,192) × 2 B
+    assert reason["params"]["experts"] == 48 * 16 * 3 * 8192 * 5120 * 2 == 193_273_528_320
+    en, es = ("\n".join(lines([k], lang)) for lang in ("en", "es"))
+    assert "costs" in en and "expert" in en and "193.3 GB" in en
+    assert "cuesta" in es and "experto" in es and "193,3 GB" in es
+
+
+def test_grouped_experts_get_no_copy_named():
+    """Mixtral's grouped_mm runs the experts in their own dtype, outside autocast: no expert copy is claimed."""
+    r = cabe.estimate("mixtral-8x7b", explain=True, **SCOUT_FP32)
+    k = _knob(r, "autocast")
+    assert all("experts" not in x["params"] for x in k["reasons"])
+
+
+def test_plain_lora_checkpointing_saves():
+    r = cabe.estimate("llama-3.1-8b", method="lora", checkpointing=True, batch=4, seq=2048, explain=True)
+    k = _knob(r, "checkpointing")
+    assert k["effect"] == "saves" and k["delta_bytes"] < 0 and k["reasons"] == []
+    assert knob_line(k, "en").startswith("checkpointing = on: saves ")
+    assert knob_line(k, "es").startswith("checkpointing = sí: ahorra ")
+    assert _knob(r, "method")["effect"] == "saves" and _knob(r, "method")["without"] == "full"
+
+
+def test_nothing_when_the_knob_changes_nothing():
+    """bf16 weights under bf16 autocast, every layer checkpointed: autocast casts no weight, and the one layer
+    recomputed at a time keeps the same tensors either way."""
+    r = cabe.estimate("llama-3.1-8b", method="lora", checkpointing=True, batch=4, seq=2048, explain=True)
+    k = _knob(r, "autocast")
+    assert k["effect"] == "nothing" and abs(k["delta_bytes"]) < knob_effects.NEGLIGIBLE * r.total_bytes
+
+
+def test_only_the_knobs_set():
+    r = cabe.estimate("llama-3.1-8b", method="full", dtype="fp32", autocast="none", explain=True)
+    assert r.extra["knobs"] == []
+    r = cabe.estimate("llama-3.1-8b", method="qlora", optimizer="adamw-8bit", grad_accum=4, explain=True)
+    fields = [k["field"] for k in r.extra["knobs"]]
+    assert fields[0] == "method" and r.extra["knobs"][0]["without"] == "lora"
+    assert "optimizer" in fields and "grad_accum" in fields and "checkpointing" not in fields
+
+
+def test_not_computed_unless_asked():
+    assert "knobs" not in cabe.estimate("llama-3.1-8b", method="lora").to_json()
+    with pytest.raises(cabe.InvalidValueError) as e:
+        cabe.estimate("llama-3.1-8b", explain="yes")
+    assert e.value.code == "not_bool" and e.value.field == "explain"
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_cli_explain_text_and_json_agree(capsys, lang):
+    argv = ["estimate", "--model", "llama-3.1-70b", "--method", "freeze", "--precision", "bf16", "--optimizer"]
+    argv += ["paged-adamw-8bit", "--batch", "8", "--seq", "1024", "--checkpointing", "--explain", "--lang", lang]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert main([*argv, "--json"]) == 0
+    knobs = json.loads(capsys.readouterr().out)["knobs"]
+    assert "\n".join(lines(knobs, lang)) in text
+    assert [k["effect"] for k in knobs if k["field"] == "checkpointing"] == ["costs"]
+    assert main(argv[:-3] + ["--json"]) == 0  # without --explain: no knobs
+    assert "knobs" not in json.loads(capsys.readouterr().out)
