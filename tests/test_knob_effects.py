@@ -67,7 +67,9 @@ def test_autocast_on_an_fp32_moe_keeps_every_expert():
     r = cabe.estimate("llama-4-scout-17b-16e", explain=True, **SCOUT_FP32)
     k = _knob(r, "autocast")
     assert k["effect"] == "costs" and k["without"] == "none"
-    assert k["without_bytes"] == cabe.estimate("llama-4-scout-17b-16e", **{**SCOUT_FP32, "autocast": "none"}).total_bytes
+    assert (
+        k["without_bytes"] == cabe.estimate("llama-4-scout-17b-16e", **{**SCOUT_FP32, "autocast": "none"}).total_bytes
+    )
     assert next(iter(k["components"])) == "weight_copies"  # the largest change
     (reason,) = k["reasons"]
     # every expert's 16-bit copy: 48 layers × 16 experts × (2 × 8,192 × 5,120 + 5,120 × 8,192) × 2 B

@@ -128,9 +128,9 @@ def _cleaned(setup: TrainingSetup, change: dict[str, Any]) -> dict[str, Any]:
     for f in schema.SETUP_FIELDS:
         if f.name in out:
             continue
-        if (f.methods and method not in f.methods) or (f.low_rank_only and "optimizer" in out):
-            if getattr(setup, f.name) != f.default:
-                out[f.name] = f.default
+        moot = (f.methods and method not in f.methods) or (f.low_rank_only and "optimizer" in out)
+        if moot and getattr(setup, f.name) != f.default:
+            out[f.name] = f.default
     if "optimizer" in out and setup.optimizer_impl is not None:
         out["optimizer_impl"] = None  # an HF name's implementation (adamw_torch_fused) goes with it
     return out
@@ -165,9 +165,7 @@ def _effect(name: str, value: Any, without: Any, report: Report, other: Report) 
     else:
         effect = "costs" if delta > 0 else "saves"
     names = list(report.components) + [k for k in other.components if k not in report.components]
-    components = {
-        k: d for k in names if (d := report.components.get(k, 0) - other.components.get(k, 0)) != 0
-    }
+    components = {k: d for k in names if (d := report.components.get(k, 0) - other.components.get(k, 0)) != 0}
     return {
         "field": name,
         "value": list(value) if isinstance(value, tuple) else value,

@@ -172,7 +172,9 @@ def _expert_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, layer: Lay
     Llama 4's dense dispatch casts every expert)."""
     if not dt.autocast:
         return 0
-    return sum(round_alloc(lin.weight_count * 2) for lin in _cast_linears(spec, setup, dt, layer) if lin.slot == "experts")
+    return sum(
+        round_alloc(lin.weight_count * 2) for lin in _cast_linears(spec, setup, dt, layer) if lin.slot == "experts"
+    )
 
 
 def _head_adapter_copies(spec: ModelSpec, setup: TrainingSetup) -> int:

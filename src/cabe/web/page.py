@@ -23,7 +23,7 @@ from cabe.errors import CabeError
 from cabe.inference import infer_json
 from cabe.solver import plan_json
 from cabe.units import GB, GiB
-from cabe.web import charts, fit_view, knobs_view, modes
+from cabe.web import charts, fit_view, knobs_view, modes, prose
 
 # ------------------------------------------------------------------------------ form fields
 
@@ -572,4 +572,5 @@ def render_page(q: Mapping[str, str], lang: str) -> str:
         defaults=dependent_defaults(),
         seed_results=_markup(render_seed_results(s, lang)),
         plan_results=_markup(render_plan_results(s, lang)),
+        d=prose.details(EXAMPLE, lang),  # the article's figures, computed (details.html)
     )
