@@ -112,6 +112,19 @@ def test_only_the_knobs_set():
     assert "optimizer" in fields and "grad_accum" in fields and "checkpointing" not in fields
 
 
+def test_a_cost_is_instead_of_a_saving_only_for_savers(freeze_ckpt):
+    """Checkpointing is set to save memory: its cost is "instead of saving it". A LoRA rank above PEFT's 8 and
+    gradient accumulation are not set to save memory against the request without them: their cost is plain."""
+    k = _knob(freeze_ckpt, "checkpointing")
+    assert k["saver"] and "instead of saving it" in knob_line(k, "en") and "en vez de ahorrar" in knob_line(k, "es")
+    r = cabe.estimate("llama-3.1-8b", method="lora", lora_rank=64, grad_accum=4, explain=True)
+    for name in ("lora_rank", "grad_accum"):
+        k = _knob(r, name)
+        assert k["effect"] == "costs" and not k["saver"]
+        assert "instead" not in knob_line(k, "en") and knob_line(k, "en").startswith(f"{name} = ")
+    assert _knob(cabe.estimate("llama-3.1-8b", method="lora", lora_rank=4, explain=True), "lora_rank")["saver"]
+
+
 def test_not_computed_unless_asked():
     assert "knobs" not in cabe.estimate("llama-3.1-8b", method="lora").to_json()
     with pytest.raises(cabe.InvalidValueError) as e:

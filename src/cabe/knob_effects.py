@@ -2,16 +2,18 @@
 
 A knob is a field people set to save memory (the solver's changes, :mod:`cabe.solver`, and the schema's memory
 savers, :mod:`cabe.schema`): checkpointing, selective checkpointing, activation offload, LoRA / QLoRA / freeze against
-the method they replace, the weights' dtype and autocast, an 8-bit / paged / low-rank optimizer, its implementation,
-the optimizer in backward, packing, a chunked or fused loss, DoRA, modules_to_save, gradient accumulation, sharding,
-offload and FSDP's mixed precision. For each one the request sets, the same request is estimated again without it
-(:data:`KNOBS`: the field at its default, or the method it replaces) and the two peaks are compared; which components
-grew or fell says why, and the explained steps that grew (:data:`REASON_STEPS`) say how, in the report's own figures.
-Nothing here is a special case: a knob that costs memory is found by its counterfactual, never listed.
+the method they replace, LoRA's rank against PEFT's default, the weights' dtype and autocast, an 8-bit / paged /
+low-rank optimizer, its implementation, the optimizer in backward, flash attention, packing, a chunked or fused loss,
+DoRA, modules_to_save, gradient accumulation, sharding, offload and FSDP's mixed precision. For each one the request
+sets, the same request is estimated again without it (:data:`KNOBS`: the field at its default, or the method it
+replaces) and the two peaks are compared; which components grew or fell says why, and the explained steps that grew
+(:data:`REASON_STEPS`) say how, in the report's own figures. Nothing here is a special case: a knob that costs memory
+is found by its counterfactual, never listed.
 
 Not on the estimate's path (one estimate per knob): only when asked (``cabe estimate --explain``, ``explain=true`` on
 ``POST /api/estimate`` and :func:`cabe.estimate`, the page's result). Pure: no torch, codes and numbers only; the
-words are the catalogs' (``i18n/<lang>/knobs.json``), written by :mod:`cabe.report.knobs`. Proved by tests/test_knob_effects.py."""
+words are the catalogs' (``i18n/<lang>/knobs.json``), written by :mod:`cabe.report.knobs`. Proved by
+tests/test_knob_effects.py."""
 
 from __future__ import annotations
 
@@ -87,11 +89,25 @@ def _attention(s: TrainingSetup, r: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"attention": "sdpa"} if s.attention == "flash" else None
 
 
+#: knobs whose cost is no surprise: gradient accumulation against the same micro-batch without it (it keeps the
+#: gradients between micro-batches; what it saves is against a larger micro-batch). (A LoRA rank is a saver below
+#: PEFT's default only, the solver's "lower_rank": :func:`_saver`.)
+NOT_SAVERS = ("grad_accum",)
+
+
+def _saver(name: str, value: Any) -> bool:
+    """Is this knob, at this value, one people set to save memory (so that a cost is a cost "instead of saving")?"""
+    if name == "lora_rank":
+        return bool(value < schema.field("lora_rank").default)
+    return name not in NOT_SAVERS
+
+
 #: (field, the request's change without the knob, or None when the request does not set it), in the order shown
 KNOBS: tuple[tuple[str, Callable[[TrainingSetup, Mapping[str, Any]], dict[str, Any] | None]], ...] = (
     ("method", _method),
     ("dtype", _dtype),
     ("autocast", _off("autocast", "none")),
+    ("lora_rank", _default("lora_rank")),
     ("adapter_dtype", _default("adapter_dtype")),
     ("optimizer", _default("optimizer")),
     ("optimizer_impl", _optimizer_impl),
@@ -139,7 +155,8 @@ def _cleaned(setup: TrainingSetup, change: dict[str, Any]) -> dict[str, Any]:
 def effects(spec: ModelSpec, setup: TrainingSetup, report: Report, estimate: Callable[..., Report]) -> list[dict]:
     """Each knob the request sets, with the peak without it: ``field``, ``value`` (as set), ``without`` (the value
     estimated instead), ``with_bytes`` / ``without_bytes`` (the two peaks), ``delta_bytes`` (with − without),
-    ``effect`` (``saves`` / ``costs`` / ``nothing``), ``components`` (each component's change, bytes) and ``reasons``
+    ``effect`` (``saves`` / ``costs`` / ``nothing``), ``saver`` (set to save memory: a cost is one instead of a
+    saving, :func:`_saver`), ``components`` (each component's change, bytes) and ``reasons``
     (the explained steps among :data:`REASON_STEPS` that grew: key, bytes with and without, the step's params). A
     knob whose counterfactual is itself refused (a combination that cannot run) is left out.
 
@@ -174,6 +191,7 @@ def _effect(name: str, value: Any, without: Any, report: Report, other: Report) 
         "without_bytes": other.total_bytes,
         "delta_bytes": delta,
         "effect": effect,
+        "saver": _saver(name, value),
         "components": dict(sorted(components.items(), key=lambda kv: -abs(kv[1]))),
         "reasons": _reasons(report, other, NEGLIGIBLE * max(report.total_bytes, other.total_bytes)),
     }

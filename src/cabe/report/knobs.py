@@ -34,7 +34,8 @@ def knob_line(k: Mapping[str, Any], lang: str, units: str = "GB") -> str:
         "with": fmt_bytes(k["with_bytes"], lang, units, both=False),
         "before": fmt_bytes(k["without_bytes"], lang, units, both=False),
     }
-    return fill(t("knob.effect." + k["effect"], lang), params, lang)
+    key = "knob.effect." + k["effect"] + ("_saver" if k["effect"] == "costs" and k.get("saver", True) else "")
+    return fill(t(key, lang), params, lang)
 
 
 def components_line(k: Mapping[str, Any], lang: str, units: str = "GB") -> str:
