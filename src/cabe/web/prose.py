@@ -39,8 +39,8 @@ def _details(example: tuple[tuple[str, Any], ...], lang: str) -> tuple[tuple[str
     b = BYTES_PER_PARAM_PRESETS["adam-mixed"]
     bare = estimate_simple(EXAMPLE_PARAMS, b, 0.0)
     with_act = estimate_simple(EXAMPLE_PARAMS, b, EXAMPLE_ACTIVATIONS)
-    counted = {
-        name: estimate_lesson(EXAMPLE_PARAMS, TrainingSetup(optimizer=name, precision="bf16-amp")).lesson
+    counted = {  # the lesson mode's correct figure (its breakdown with the fp32 master copy kept)
+        name: (estimate_lesson(EXAMPLE_PARAMS, TrainingSetup(optimizer=name, precision="bf16-amp")).lesson or {})
         for name in ("adamw", "adamw-8bit", "sgd-momentum")
     }
     req = dict(example)
