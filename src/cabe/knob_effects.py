@@ -130,7 +130,16 @@ KNOBS: tuple[tuple[str, Callable[[TrainingSetup, Mapping[str, Any]], dict[str, A
 )
 
 #: explained steps whose growth the catalogs put in words (``knob.step.<key>``): how a knob made a component grow
-REASON_STEPS = ("activations.frozen_inputs", "weight_copies", "activations.selective", "optimizer_temporaries")
+#: each with the steps that hold the same tensors under another name, weighed together: a trained layer's checkpointed
+#: input is a frozen layer's under freeze (freeze against full fine-tuning moves inputs from one step to the other;
+#: it adds none)
+REASON_STEPS: dict[str, tuple[str, ...]] = {
+    "activations.frozen_inputs": ("activations.frozen_inputs", "activations.checkpointed"),
+    "weight_copies": ("weight_copies",),
+    "activations.selective": ("activations.selective",),
+    "optimizer_temporaries": ("optimizer_temporaries",),
+}
+_WEIGHED = {k for keys in REASON_STEPS.values() for k in keys}
 
 #: a difference under a thousandth of the peak is no effect worth a word (display rule, not a model figure)
 NEGLIGIBLE = 1e-3
@@ -201,18 +210,23 @@ def _step_bytes(report: Report) -> dict[str, tuple[int, dict[str, Any]]]:
     out: dict[str, tuple[int, dict[str, Any]]] = {}
     for s in report.steps:
         key = "optimizer_temporaries" if s.key.startswith("optimizer_temporaries.") else s.key
-        if key in REASON_STEPS and s.bytes:
+        if key in _WEIGHED and s.bytes:
             out[key] = (s.bytes, {k: v for k, v in s.params.items() if isinstance(v, (int, float, str))})
     return out
 
 
 def _reasons(report: Report, other: Report, least: float) -> list[dict[str, Any]]:
-    """The explained steps of :data:`REASON_STEPS` that are larger with the knob than without it (by ``least``
-    bytes at least: a growth worth a word)."""
+    """The explained steps of :data:`REASON_STEPS` that are larger with the knob than without it, with the steps that
+    hold the same tensors (by ``least`` bytes at least: a growth worth a word)."""
     mine, theirs = _step_bytes(report), _step_bytes(other)
     out = []
-    for key, (nbytes, params) in mine.items():
-        before = theirs.get(key, (0, {}))[0]
-        if nbytes - before >= least:
-            out.append({"key": key, "with_bytes": nbytes, "without_bytes": before, "params": params})
+    for key, same in REASON_STEPS.items():
+        if key not in mine:
+            continue
+        grown = sum(mine.get(k, (0, {}))[0] - theirs.get(k, (0, {}))[0] for k in same)
+        if grown >= least:
+            nbytes, params = mine[key]
+            out.append(
+                {"key": key, "with_bytes": nbytes, "without_bytes": theirs.get(key, (0, {}))[0], "params": params}
+            )
     return out
