@@ -57,6 +57,13 @@ def test_checkpointing_cost_in_words(freeze_ckpt, lang, words):
     assert text == "\n".join(lines(freeze_ckpt.extra["knobs"], lang))  # deterministic
 
 
+def test_freeze_against_full_moves_inputs_and_adds_none(freeze_ckpt):
+    """Full fine-tuning checkpoints all 80 layers' inputs (activations.checkpointed); freeze keeps the same 80, one
+    trained and 79 frozen (activations.frozen_inputs): the frozen layers' inputs are no reason for the method."""
+    k = _knob(freeze_ckpt, "method")
+    assert k["without"] == "full" and k["effect"] == "saves" and k["reasons"] == []
+
+
 def test_explain_step_names_the_frozen_inputs(freeze_ckpt):
     """The worked steps agree with the activations: the frozen layers' inputs are a step of their own."""
     (step,) = [s for s in freeze_ckpt.steps if s.key == "activations.frozen_inputs"]
