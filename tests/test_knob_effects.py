@@ -153,3 +153,17 @@ def test_cli_explain_text_and_json_agree(capsys, lang):
     assert [k["effect"] for k in knobs if k["field"] == "checkpointing"] == ["costs"]
     assert main(argv[:-3] + ["--json"]) == 0  # without --explain: no knobs
     assert "knobs" not in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.trace
+def test_a_traced_architecture_says_why_it_has_no_knobs():
+    """An architecture answered from a trace (cabe.via_trace): a comparison per knob would be a trace each, so the
+    report says it does not compare them, rather than leaving them out without a word."""
+    for name in ("torch", "transformers", "peft"):
+        pytest.importorskip(name)
+    from pathlib import Path
+
+    olmo3 = json.loads((Path(__file__).resolve().parent / "configs/files/olmo3_tiny_config.json").read_text())
+    rep = cabe.estimate(olmo3, batch=1, seq=64, checkpointing=True, explain=True)
+    assert "knobs" not in rep.extra and "knobs_not_traced" in rep.notes
+    assert "traced step" in rep.text(lang="en") and "paso trazado" in rep.text(lang="es")

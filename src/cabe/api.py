@@ -89,6 +89,8 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False, trace: str | No
             report = via_trace.report(src.config, setup, name=src.name, meta=meta, where=trace)
             limit = (report.model or {}).get("max_positions")
             report = _with(report, notes=report.notes + beyond_limits(_Limit(limit or 0), setup.seq))
+            if explain:  # a counterfactual per knob would be a trace each: said, not skipped without a word
+                report = _with(report, notes=report.notes + ("knobs_not_traced",))
         else:
             spec = src.spec  # unsupported_architecture when no family module reads it and no trace is asked
             report = estimate_model(spec, setup, model_meta=meta)

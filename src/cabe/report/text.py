@@ -84,6 +84,7 @@ REPORT_NOTES = (
     "transformers4_dtype_default",
     "transformers4_moe_modules",
     "transformers4_reentrant",
+    "knobs_not_traced",
 )
 #: Width of the component-label column.
 WIDTH = 44
