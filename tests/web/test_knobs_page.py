@@ -67,3 +67,14 @@ def test_api_explain_field(client):
     assert "knobs" not in client.post("/api/estimate", json=body).json()
     r = client.post("/api/estimate", json={**body, "explain": "yes"})
     assert r.status_code == 422 and r.json()["error"]["code"] == "not_bool"
+
+
+def test_openapi_documents_the_knobs_and_the_explain_field():
+    from cabe.web.openapi import openapi_document
+
+    doc = openapi_document()
+    schemas = doc["components"]["schemas"]
+    item = schemas["Report"]["properties"]["knobs"]["items"]["properties"]
+    out = api.estimate_json({"model": "llama-3.1-8b", "method": "lora", "explain": True})
+    assert all(set(k) == set(item) for k in out["knobs"]) and out["knobs"]
+    assert any("explain" in s.get("properties", {}) for s in schemas.values())
