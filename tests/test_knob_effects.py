@@ -167,3 +167,40 @@ def test_a_traced_architecture_says_why_it_has_no_knobs():
     rep = cabe.estimate(olmo3, batch=1, seq=64, checkpointing=True, explain=True)
     assert "knobs" not in rep.extra and "knobs_not_traced" in rep.notes
     assert "traced step" in rep.text(lang="en") and "paso trazado" in rep.text(lang="es")
+
+
+#: knobs of the schema's and the solver's lists, each set in a request where its direction is the mechanism's: what
+#: it keeps or drops (the field, the request, the expected effect, the value estimated instead)
+EACH_KNOB = [
+    # PEFT's DoRA saves the adapted modules' extra tensors for backward (its weight norm, the scaled output): more
+    # activations than plain LoRA (under checkpointing, only the magnitude vectors and their state: nothing worth a word)
+    ("dora", dict(method="lora", dora=True, batch=4, seq=2048), "costs", False),
+    ("dora", dict(method="lora", dora=True, checkpointing=True), "nothing", False),
+    # a trainable copy of the lm_head with its gradient and AdamW state
+    ("modules_to_save", dict(method="lora", modules_to_save="lm_head"), "costs", []),
+    # selective checkpointing: the layers left out keep everything (against every layer checkpointed)
+    ("checkpoint_every", dict(method="lora", checkpointing=True, checkpoint_every=4, batch=4, seq=2048), "costs", 1),
+    # the checkpointed inputs on the host
+    ("offload_activations", dict(method="lora", checkpointing=True, offload_activations=True, batch=4), "saves", False),
+    # torchtune's chunked cross-entropy: the fp32 logits a chunk at a time
+    ("loss", dict(method="lora", loss="chunked", batch=4, seq=2048), "saves", "hf"),
+    # each gradient freed as its parameter steps, inside backward
+    ("optimizer_in_backward", dict(method="full", optimizer_in_backward=True), "saves", False),
+    # ZeRO-3 over 8 GPUs against each holding the states whole
+    ("shard", dict(method="full", gpus=8, shard="zero3"), "saves", "ddp"),
+    # ZeRO-Offload: the optimizer state in host memory
+    ("offload", dict(method="full", gpus=8, shard="zero2", offload="optimizer"), "saves", "none"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "request_", "effect", "without"), EACH_KNOB, ids=[f"{k[0]}-{k[2]}" for k in EACH_KNOB]
+)
+def test_each_knob_against_the_request_without_it(name, request_, effect, without):
+    r = cabe.estimate("llama-3.1-8b", explain=True, **request_)
+    k = _knob(r, name)
+    assert (k["effect"], k["without"]) == (effect, without)
+    # the counterfactual is the same request with the field at its value without the knob, as cabe.estimate gives it
+    alone = cabe.estimate("llama-3.1-8b", **{**request_, name: without})
+    assert k["without_bytes"] == alone.total_bytes and k["with_bytes"] == r.total_bytes
+    assert sum(k["components"].values()) == k["delta_bytes"]
