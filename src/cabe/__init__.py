@@ -74,7 +74,9 @@ def estimate(model: Any = None, **options: Any) -> Report:
             :mod:`cabe.via_trace`).
         **options: the request fields of :mod:`cabe.schema` (``docs/options.md``) in snake_case, as
             ``POST /api/estimate`` takes them: ``method``, ``precision``, ``optimizer``, ``batch``, ``seq``,
-            ``checkpointing``, ``lora_rank``, ``gpus``, ``shard``, ``gpu`` ...; ``lang`` and ``units`` for ``str()``.
+            ``checkpointing``, ``lora_rank``, ``gpus``, ``shard``, ``gpu`` ...; ``lang`` and ``units`` for ``str()``;
+            ``explain=True`` adds each memory knob's effect against the request without it (``knobs`` in
+            ``to_json()``, printed by ``explain()``: :mod:`cabe.knob_effects`; one more estimate per knob).
 
     Returns:
         A :class:`Report`: ``total_bytes`` (peak allocated, bytes), ``components`` (name -> bytes,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cabe import gpus as gpu_catalog
-from cabe import models, schema, via_trace
+from cabe import knob_effects, models, schema, via_trace
 from cabe.analytic import estimate_lesson, estimate_model, estimate_simple
 from cabe.errors import CabeError, InvalidValueError
 from cabe.method import LoraTarget, lora_parameters
@@ -69,9 +69,12 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False, trace: str | No
     ``process`` here, ``worker`` in the trace worker); None refuses it (``unsupported_architecture``)."""
     if not isinstance(body, Mapping):
         raise InvalidValueError("body_not_object", None)
-    unknown = [k for k in body if k not in REQUEST_FIELDS and k not in ("lang", "units")]
+    unknown = [k for k in body if k not in REQUEST_FIELDS and k not in ("lang", "units", "explain")]
     if unknown:
         raise InvalidValueError("unknown_field", unknown[0], allowed=", ".join(REQUEST_FIELDS))
+    explain = body.get("explain")
+    if explain not in (None, False, True):
+        raise InvalidValueError("not_bool", "explain", value=explain)
     setup = setup_from(body)
     src = model_source(body, allow_files=allow_files)
     params = body.get("params")
@@ -86,10 +89,15 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False, trace: str | No
             report = via_trace.report(src.config, setup, name=src.name, meta=meta, where=trace)
             limit = (report.model or {}).get("max_positions")
             report = _with(report, notes=report.notes + beyond_limits(_Limit(limit or 0), setup.seq))
+            if explain:  # a counterfactual per knob would be a trace each: said, not skipped without a word
+                report = _with(report, notes=report.notes + ("knobs_not_traced",))
         else:
             spec = src.spec  # unsupported_architecture when no family module reads it and no trace is asked
             report = estimate_model(spec, setup, model_meta=meta)
             report = _with(report, notes=report.notes + beyond_limits(spec, setup.seq))
+            if explain:  # each memory knob against the request without it: one estimate each, only when asked
+                knobs = knob_effects.effects(spec, setup, report, estimate_model)
+                report = _with(report, extra={**report.extra, "knobs": knobs})
     elif params not in (None, ""):
         bpp = body.get("bytes_per_param")
         act = body.get("activations_gb") or 0.0

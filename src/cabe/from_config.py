@@ -23,11 +23,16 @@ def read(
     return configs.from_files(items, fmt=fmt, overrides=overrides)
 
 
-def build(combined: configs.Combined, *, gpu: str | None, allow_files: bool, trace: str | None) -> Any:
-    """The report of the request the files make (the card is not in them: it is added here)."""
+def build(
+    combined: configs.Combined, *, gpu: str | None, allow_files: bool, trace: str | None, explain: bool = False
+) -> Any:
+    """The report of the request the files make (the card is not in them: it is added here); ``explain``: with each
+    memory knob against the request without it (:mod:`cabe.knob_effects`)."""
     body = dict(combined.request)
     if gpu:
         body["gpu"] = gpu
+    if explain:
+        body["explain"] = True
     return api.build(body, allow_files=allow_files, trace=trace)
 
 
@@ -39,9 +44,10 @@ def gather(
     gpu: str | None = None,
     allow_files: bool = True,
     trace: str | None = "process",
+    explain: bool = False,
 ) -> tuple[configs.Combined, Any]:
     combined = read(items, fmt=fmt, overrides=overrides)
-    return combined, build(combined, gpu=gpu, allow_files=allow_files, trace=trace)
+    return combined, build(combined, gpu=gpu, allow_files=allow_files, trace=trace, explain=explain)
 
 
 def sets(combined: configs.Combined, lang: str = "en") -> list[dict[str, Any]]:

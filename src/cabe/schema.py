@@ -934,6 +934,9 @@ _ALL_INTERFACES = tuple(c for c in COMMANDS if c != "api.lora")
 _OUTPUT: tuple[Field, ...] = (
     _choice("lang", "output", COMMANDS, None, ("en", "es"), flags=_flag("lang")),
     _choice("units", "output", _ALL_INTERFACES, "GB", ("GB", "GiB"), flags=_flag("units"), cli_default=True),
+    # each memory knob against the request without it (cabe.knob_effects): one more estimate per knob, so only when
+    # asked; the command line's ``--explain`` (which prints the worked steps too) asks for it there
+    Field("explain", bool, "output", ("api.estimate",), False),
 )
 
 #: every field, once

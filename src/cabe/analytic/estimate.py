@@ -23,7 +23,7 @@ from cabe.analytic.notes import (
 )
 from cabe.analytic.parts import _step_parts
 from cabe.analytic.runs import _layer_activations, _row_shape
-from cabe.analytic.states import _logit_width, _model_states, _weight_copies
+from cabe.analytic.states import _expert_copies, _logit_width, _model_states, _weight_copies
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.optimizer import get as optimizer_entry
@@ -114,8 +114,14 @@ def _estimate_sft(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[str
         copies_fwd = (
             sum(r.copies * r.count + r.copies_cached * r.cached_count for r in parts.layer_runs()) + parts.copies_head
         )
+        # of them, every routed expert's (whole layers' copies, one GPU: the sharded figures are the plan's)
+        experts = sum(
+            r.count * _expert_copies(spec, setup, dt, r.group)
+            for r in parts.layer_runs()
+            if r.copies and r.group is not None and not setup.distributed
+        )
         steps = [_precision_step(setup, source)] + _packing_steps(spec, given, setup)
-        return steps + _explain_model(spec, setup, dt, states, act, copies_fwd, head, peak, total)
+        return steps + _explain_model(spec, setup, dt, states, act, (copies_fwd, experts), head, peak, total)
 
     return Report(
         mode="architecture",

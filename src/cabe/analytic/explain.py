@@ -11,7 +11,7 @@ from cabe.activations import (
     HeadActivations,
     LayerActivations,
 )
-from cabe.analytic.parts import _temporaries_key
+from cabe.analytic.parts import _frozen_copies, _frozen_inputs, _temporaries_key
 from cabe.analytic.runs import _Activations, _packed_mask
 from cabe.analytic.states import _States
 from cabe.architecture import ModelSpec
@@ -52,7 +52,7 @@ def _explain_model(
     dt: Dtypes,
     states: _States,
     act: _Activations,
-    copies: int,
+    copies: tuple[int, int],
     head: HeadActivations,
     peak: Any,
     total: int,
@@ -64,10 +64,12 @@ def _explain_model(
 
 
 # NOTE: long but flat (radon C or better): one Step literal per explained figure, read top to bottom.
-def _explain_states(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _States, copies: int) -> list[Step]:
+def _explain_states(
+    spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _States, copies: tuple[int, int]
+) -> list[Step]:
     """The model states' steps, one kind of state after the other: the parameter count, the weights, the gradients,
     the optimizer's state and step, the weight copies."""
-    return [*_states_steps(spec, setup, dt, states), *_copies_steps(copies)]
+    return [*_states_steps(spec, setup, dt, states), *_copies_steps(*copies)]
 
 
 def _states_steps(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, states: _States) -> tuple[Step, ...]:
@@ -221,18 +223,14 @@ def _optimizer_steps(setup: TrainingSetup, states: _States) -> list[Step]:
     return steps
 
 
-def _copies_steps(copies: int) -> list[Step]:
-    """The 16-bit weight copies a step makes, when it makes any."""
+def _copies_steps(copies: int, experts: int = 0) -> list[Step]:
+    """The 16-bit weight copies a step makes, when it makes any (``experts``: of them, the routed experts')."""
     steps: list[Step] = []
     if copies:
-        steps.append(
-            Step(
-                "weight_copies",
-                "2 B × {n} = {bytes} B = {gib} GiB",
-                copies,
-                {"n": copies // 2, "bytes": copies, "gib": copies / GiB},
-            )
-        )
+        params: dict[str, Any] = {"n": copies // 2, "bytes": copies, "gib": copies / GiB}
+        if experts:
+            params["experts"] = experts
+        steps.append(Step("weight_copies", "2 B × {n} = {bytes} B = {gib} GiB", copies, params))
     return steps
 
 
@@ -259,6 +257,34 @@ def _checkpointed_steps(spec: ModelSpec, dt: Dtypes, act: _Activations) -> list[
             )
         )
     return steps
+
+
+def _frozen_steps(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, act: _Activations) -> list[Step]:
+    """Checkpointing with layers below the gradient's path (freeze's frozen bottom): what they keep, as
+    :func:`cabe.analytic.parts._frozen_inputs` and ``_frozen_copies`` count it (transformers'
+    ``enable_input_require_grads`` puts them in autograd's graph: a checkpointed one keeps its input, one left out of
+    selective checkpointing what it saves, with autocast's copies of its frozen weights). Without checkpointing they
+    keep nothing: no input of theirs requires grad."""
+    if not act.first:
+        return []
+    kept = _frozen_inputs(spec, setup, dt, act) + _frozen_copies(spec, setup, dt, act)
+    ckpt = sum(1 for i in range(act.first) if act.checkpointed(i))
+    per_input = 0 if act.offload else act.runs[0].saved_layer_bytes
+    return [
+        Step(
+            "activations.frozen_inputs",
+            "{checkpointed} × {per_input} B + {plain} B = {bytes} B = {gib} GiB",
+            kept,
+            {
+                "layers": act.first,
+                "checkpointed": ckpt,
+                "per_input": per_input,
+                "plain": kept - ckpt * per_input,
+                "bytes": kept,
+                "gib": kept / GiB,
+            },
+        )
+    ]
 
 
 _PER_LAYER_STEPS: dict[tuple[Any, ...], Step] = {}
@@ -305,7 +331,7 @@ def _explain_activations(
     sfx = [""] if len(kinds) == 1 else [f"_{i}" for i in range(len(kinds))]
     steps = [_per_layer_step(per_layer, count if len(kinds) > 1 else None) for per_layer, count in kinds.items()]
     if setup.checkpointing:
-        steps += _checkpointed_steps(spec, dt, act)
+        steps += _checkpointed_steps(spec, dt, act) + _frozen_steps(spec, setup, dt, act)
     else:
         terms = " + ".join(f"{{layers{x}}} × {{tokens}} tokens × {{per_token{x}}} B" for x in sfx)
         per_kind = {f"layers{x}": n for x, n in zip(sfx, kinds.values())}

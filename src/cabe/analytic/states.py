@@ -112,20 +112,7 @@ def _compute_weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, ru
     if not dt.autocast:
         return _Copies()
     layer = run or spec.runs[-1]
-    # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast when
-    # it is not in the autocast dtype already
-    # The 3-D experts get no copy when transformers' grouped_mm runs them in their own dtype, outside autocast
-    # (activations._moe); Llama 4's dense dispatch runs them through torch.bmm, which autocast casts
-    experts_cast = spec.expert_dispatch == "dense"
-    # nor are a Mamba-2 mixer's conv1d, dt_bias, A_log, D and norm weights: the fused kernel reads them as they are
-    # nor DeepSeek-V4's bare fp32 vectors (norm weights, hyper-connections' base and scale, position biases), which
-    # only element-wise ops read
-    uncast = ("ssm", "vector") if experts_cast else ("ssm", "experts", "vector")
-    base = sum(
-        round_alloc(lin.weight_count * 2)
-        for lin in layer.linears
-        if dt.weight_copies and not (setup.method == "qlora" and lin.quantized_by_bnb) and lin.slot not in uncast
-    )
+    base = sum(round_alloc(lin.weight_count * 2) for lin in _cast_linears(spec, setup, dt, layer))
     adapters = 0
     if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
         adapters = sum(
@@ -158,6 +145,36 @@ def _compute_weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, ru
         # is not a trained fp32 leaf anew on each call (cached_cast), and each chunk's mm saves its own copy
         head *= len(loss_chunk_positions(setup))
     return _Copies(base + adapters, cached, trained, head)
+
+
+def _cast_linears(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, layer: LayerGroup) -> list[Any]:
+    """The matmul weights of one layer autocast casts to 16 bits (under autocast)."""
+    if not dt.weight_copies:
+        return []
+    # QLoRA's 4-bit layers dequantize per use and keep nothing; every other matmul weight is cast when
+    # it is not in the autocast dtype already
+    # The 3-D experts get no copy when transformers' grouped_mm runs them in their own dtype, outside autocast
+    # (activations._moe); Llama 4's dense dispatch runs them through torch.bmm, which autocast casts
+    experts_cast = spec.expert_dispatch == "dense"
+    # nor are a Mamba-2 mixer's conv1d, dt_bias, A_log, D and norm weights: the fused kernel reads them as they are
+    # nor DeepSeek-V4's bare fp32 vectors (norm weights, hyper-connections' base and scale, position biases), which
+    # only element-wise ops read
+    uncast = ("ssm", "vector") if experts_cast else ("ssm", "experts", "vector")
+    return [
+        lin
+        for lin in layer.linears
+        if not (setup.method == "qlora" and lin.quantized_by_bnb) and lin.slot not in uncast
+    ]
+
+
+def _expert_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, layer: LayerGroup) -> int:
+    """Of one layer's copies (:func:`_weight_copies` ``.layer``), the routed experts' (what the explanation names:
+    Llama 4's dense dispatch casts every expert)."""
+    if not dt.autocast:
+        return 0
+    return sum(
+        round_alloc(lin.weight_count * 2) for lin in _cast_linears(spec, setup, dt, layer) if lin.slot == "experts"
+    )
 
 
 def _head_adapter_copies(spec: ModelSpec, setup: TrainingSetup) -> int:

@@ -23,7 +23,10 @@ def gather(args: argparse.Namespace) -> Any:
     from cabe import api
 
     # an architecture the analytic path does not know is answered from the trace (cabe.via_trace)
-    return api.build(options.request(args, COMMAND), allow_files=True, trace="process")
+    body = options.request(args, COMMAND)
+    if args.explain:  # each memory knob against the request without it (cabe.knob_effects), in the text and the JSON
+        body["explain"] = True
+    return api.build(body, allow_files=True, trace="process")
 
 
 def render(report: Any, args: argparse.Namespace, lang: str, units: str) -> str:

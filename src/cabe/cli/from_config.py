@@ -44,6 +44,7 @@ def gather(args: argparse.Namespace) -> tuple[Any, Any]:
         gpu=args.gpu,
         allow_files=True,
         trace="process",
+        explain=bool(args.explain),  # each memory knob against the request without it (cabe.knob_effects)
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from cabe.i18n import fill, fmt_number, t
 from cabe.report.data import ReportData
+from cabe.report.knobs import lines as knob_lines
 from cabe.units import check_output, fmt_bytes
 
 
@@ -37,6 +38,8 @@ def format_report(report: ReportData, *, lang: str = "en", units: str = "GB", ex
     if explain:
         lines.append("")
         lines.append(format_explain(report, lang=lang))
+        if report.extra.get("knobs"):  # each memory knob against the request without it (cabe.knob_effects)
+            lines += ["", *knob_lines(report.extra["knobs"], lang, units)]
     return "\n".join(lines)
 
 
@@ -81,6 +84,7 @@ REPORT_NOTES = (
     "transformers4_dtype_default",
     "transformers4_moe_modules",
     "transformers4_reentrant",
+    "knobs_not_traced",
 )
 #: Width of the component-label column.
 WIDTH = 44
@@ -274,8 +278,12 @@ def format_explain(report: ReportData, *, lang: str = "en") -> str:
 
 
 def render_explain(report: ReportData, *, lang: str = "en", units: str = "GB") -> str:
+    """``Report.explain()``: the worked steps, then (a report asked with ``explain=True``) each knob's effect."""
     check_output(units, lang)
-    return format_explain(report, lang=lang)
+    text = format_explain(report, lang=lang)
+    if report.extra.get("knobs"):
+        text += "\n\n" + "\n".join(knob_lines(report.extra["knobs"], lang, units))
+    return text
 
 
 def _round_params(params: dict[str, Any]) -> dict[str, Any]:

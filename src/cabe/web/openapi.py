@@ -233,6 +233,25 @@ _RESPONSES: dict[str, Any] = {
             },
             "gpu": {"type": "object"},
             "fits_on": {"type": "array", "items": {"type": "string"}},
+            # with ``explain: true`` only (cabe.knob_effects): each memory knob against the request without it
+            "knobs": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "field": {"type": "string"},
+                        "value": {},
+                        "without": {},
+                        "with_bytes": {"type": "integer"},
+                        "without_bytes": {"type": "integer"},
+                        "delta_bytes": {"type": "integer"},
+                        "effect": {"type": "string", "enum": ["saves", "costs", "nothing"]},
+                        "saver": {"type": "boolean"},
+                        "components": {"type": "object", "additionalProperties": {"type": "integer"}},
+                        "reasons": {"type": "array", "items": {"type": "object"}},
+                    },
+                },
+            },
         },
     },
     "LoraResponse": {

@@ -23,7 +23,7 @@ from cabe.errors import CabeError
 from cabe.inference import infer_json
 from cabe.solver import plan_json
 from cabe.units import GB, GiB
-from cabe.web import charts, compare, fit_view, form, modes, timeline
+from cabe.web import charts, compare, fit_view, form, knobs_view, modes, prose, timeline
 
 # the form (its fields, widgets and state) lives in cabe.web.form; its names stay importable from here
 from cabe.web.form import (  # noqa: F401
@@ -341,7 +341,7 @@ def _plan_view(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
     u = Units(s.get("units", "GB"), lang)
     body = plan_request(s, config)
     try:
-        out = api.estimate_json(body)
+        out = api.estimate_json({**body, "explain": True})  # with each memory knob's effect (cabe.knob_effects)
     except CabeError as err:
         return {"error": _error(err, lang)}
     fit = out.get("gpu")
@@ -358,6 +358,7 @@ def _plan_view(s: Mapping[str, str], lang: str, config: Any) -> dict[str, Any]:
         "host": _host(out, u, lang),
         "bar": _bar(out, fit, card, u, lang),
         "steps": _steps(out, u, lang),
+        "knobs": knobs_view.rows(out, u.name, lang),
         "notes": _notes(out, lang),
         "fits_on": _fits_on(out, u),
         "curves": _curves(body, out, fit, card, u, lang),
@@ -455,4 +456,5 @@ def render_page(q: Mapping[str, str], lang: str) -> str:
         defaults=dependent_defaults(),
         seed_results=_markup(render_seed_results(s, lang)),
         plan_results=_markup(render_plan_results(s, lang)),
+        d=prose.details(EXAMPLE, lang),  # the article's figures, computed (details.html)
     )
