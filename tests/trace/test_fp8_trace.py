@@ -4,9 +4,9 @@ torch._scaled_mm's meta kernel), against the analytic estimate (cabe.fp8); Trans
 import pytest
 
 import cabe.trace  # noqa: F401  (before torch)
+from cabe.analytic import estimate_model
 from cabe.errors import InvalidValueError
 from cabe.families import from_config as spec_from_config
-from cabe.analytic import estimate_model
 from cabe.training import TrainingSetup
 
 pytest.importorskip("torchao")

@@ -100,7 +100,9 @@ def _fp8_moments(layer: LayerState) -> tuple[int, int]:
     recipe, facts = layer.facts.setup.fp8, layer.facts
     if not fp8.is_torchao(recipe) or not facts.base_trainable:
         return 0, 0
-    downs = [lin for lin in facts.group.linears if lin.slot in ("down", "shared_down") and fp8.converted(facts.spec, lin)]
+    downs = [
+        lin for lin in facts.group.linears if lin.slot in ("down", "shared_down") and fp8.converted(facts.spec, lin)
+    ]
     fwd = bwd = 0
     for lin in downs:
         i, o, p = lin.in_features, lin.out_features, lin.weight_count
