@@ -40,15 +40,13 @@ TE quantization.py:149-159 ``_compute_fp8_support``); MXFP8 needs 10.x (:162-168
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cabe.errors import InvalidValueError
 
 if TYPE_CHECKING:
     from cabe.architecture import ModelSpec
-    from cabe.gpus import Gpu
     from cabe.layers import Linear
-    from cabe.training import TrainingSetup
 
 #: ``--fp8`` choices (schema), cabe's names; torchao's recipe name where it has one
 RECIPES = ("none", "tensorwise", "rowwise", "rowwise-gw-hp", "te-delayed", "te-current", "te-mxfp8")
@@ -84,7 +82,7 @@ def converted(spec: ModelSpec, lin: Linear) -> bool:
     )
 
 
-def setup_refusal(setup: TrainingSetup) -> None:
+def setup_refusal(setup: Any) -> None:
     """fp8 where it does not apply, as a typed error. QLoRA's base is bitsandbytes' 4-bit ``Linear4bit`` (an
     ``nn.Linear`` subclass that ``convert_to_float8_training`` would swap away with its packed weight); under LoRA the
     recipe swaps the frozen base layers and the rank-r adapters alike (float8_linear_utils.py:72-80: no test of
@@ -102,8 +100,10 @@ def setup_refusal(setup: TrainingSetup) -> None:
         raise InvalidValueError("fp8_distributed", "fp8", value=setup.fp8)
 
 
-def card_refusal(recipe: str, card: Gpu, compute_capability: tuple[int, int] | None) -> None:
-    """The card cannot run the recipe: a typed error naming the card and what the recipe needs."""
+def card_refusal(recipe: str, card: Any, compute_capability: tuple[int, int] | None) -> None:
+    """The card (a :class:`cabe.gpus.Gpu`) cannot run the recipe: a typed error naming it and what the recipe
+    needs. (``setup_refusal`` takes a :class:`cabe.training.TrainingSetup`: both typed loosely, since both modules
+    import this one.)"""
     if recipe == "none":
         return
     if is_te(recipe) and card.vendor.lower() != "nvidia":

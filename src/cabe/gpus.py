@@ -13,6 +13,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from cabe import fp8
 from cabe.errors import CabeError, UnknownPresetError
 from cabe.report import Report
 
@@ -103,8 +104,6 @@ def runs_fp8(card: Gpu, recipe: str) -> bool:
 
 def check_fp8(card: Gpu, recipe: str) -> None:
     """A typed error when ``card`` cannot run the fp8 ``recipe`` (cabe.fp8.card_refusal)."""
-    from cabe import fp8
-
     fp8.card_refusal(recipe, card, card.compute_capability)
 
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from cabe import optimizer, schema, transformers_line
+from cabe import fp8, optimizer, schema, transformers_line
 from cabe.errors import InvalidValueError
 from cabe.schema import MAX_BATCH, MAX_RANK, MAX_SEQ
 from cabe.vision.images import parse_image_size
@@ -218,8 +218,6 @@ class TrainingSetup:
         elif (short := schema.precision_name(self.dtype, self.autocast)) is not None:
             object.__setattr__(self, "precision", short)
         if self.fp8 != "none":  # the methods, dtypes and plans fp8 training is modelled for (cabe.fp8)
-            from cabe import fp8
-
             fp8.setup_refusal(self)
         if self.optimizer_in_backward and self.autocast == "fp16" and not optimizer.get(self.optimizer).layerwise:
             # fp16 autocast runs the Trainer's GradScaler, which unscales and steps every gradient after backward
