@@ -139,7 +139,8 @@ def _step_parts(
         saved_layer=act.saved_layer_bytes,
         recompute_layer=act.mean(lambda r: r.recompute_bytes) if ckpt else 0,
         recompute_transient_layer=act.mean(lambda r: _recompute_transient(r.per_layer, tokens)) if ckpt else 0,
-        dispatch_workspace_layer=max((_first_backward(r.per_layer, tokens) for r in act.runs), default=0),
+        dispatch_workspace_layer=max((tokens * r.per_layer.dispatch_workspace_per_token for r in act.runs), default=0),
+        fp8_workspace_layer=max((r.per_layer.fp8_backward_bytes for r in act.runs), default=0),
         workspace_layer=act.mean(
             lambda r: tokens * r.per_layer.mlp_workspace_per_token + r.per_layer.mlp_workspace_constant
         ),
@@ -234,13 +235,6 @@ def _counted(run: LayerRun, count: int, cached_count: int) -> LayerRun:
     if run.count == count and run.cached_count == cached_count:
         return run
     return evolve(run, count=count, cached_count=cached_count)
-
-
-def _first_backward(per_layer: Any, tokens: int) -> int:
-    """A layer's first backward moment, beside everything it saved and before any MLP gradient: the routed experts'
-    dispatch (activations.moe), or torchao's fp8 casts in the MLP's output projection (activations.compose
-    ``_fp8_moments``: its grad_weight is made only after them)."""
-    return max(tokens * per_layer.dispatch_workspace_per_token, per_layer.fp8_backward_bytes)
 
 
 def _forward_transient(act: _Activations) -> int:
@@ -360,7 +354,8 @@ def _layer_run(
         stray_grads_mlp=r.per_layer.stray_grad_mlp_bytes,
         accum_grad_mlp=largest_mlp if accum else 0,
         accum_grad_attention=largest_attention if accum else 0,
-        dispatch_workspace=_first_backward(r.per_layer, tokens),
+        dispatch_workspace=tokens * r.per_layer.dispatch_workspace_per_token,
+        fp8_workspace=r.per_layer.fp8_backward_bytes,  # torchao's casts (activations.compose _fp8_moments)
         experts_freed=tokens * r.per_layer.experts_freed_per_token,
         checkpointed=ckpt,
         **(_tp_run(act, r, ckpt) if setup.tp > 1 else {}),
