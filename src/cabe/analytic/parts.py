@@ -397,9 +397,11 @@ def _recompute_transient(per_layer: LayerActivations, tokens: int) -> int:
     """A checkpointed layer's largest transient while it is recomputed: PEFT's casts of an adapted module's input
     (at the end of the recompute, all the layer saves is back), DeepSeek-V3.2's indexer or a DoRA module's output
     arithmetic (inside it: less what the layer saves after it), beside the gradient of the layer's output that waits
-    for it (``LayerActivations.output_grad_per_token``)."""
+    for it (``LayerActivations.output_grad_per_token``); torchao's fp8 casts of the MLP's output projection, run again
+    (its last GEMM: all the layer saves is back)."""
     per_token = max(per_layer.lora_forward_transient_per_token, per_layer.indexer_moment_per_token)
-    return max(tokens * per_token, per_layer.dora_result_bytes) + tokens * per_layer.output_grad_per_token
+    moment = max(tokens * per_token, per_layer.dora_result_bytes, per_layer.fp8_forward_bytes)
+    return moment + tokens * per_layer.output_grad_per_token
 
 
 def _temporaries_key(setup: TrainingSetup) -> str:
