@@ -29,7 +29,10 @@ What each keeps (one converted linear ``y = x W^T``, x of T tokens × i, W of o 
   (linear.py:598-617 ``update_usage(rowwise_usage=False, columnwise_usage=True)``): 1 byte per element where
   ``nn.Linear`` saves the 16-bit input; and it saves the fp8 weight it made (``wt_save = weightmat``, :640-645),
   row-wise and column-wise (:460-476: the transpose is kept for the dgrad GEMM on Hopper and Ada), 2 bytes per
-  parameter, until that layer's backward. MXFP8 adds one E8M0 scale byte per 32 elements of each. Delayed scaling
+  parameter, until that layer's backward. (On Blackwell every fp8 GEMM layout runs, so TE's Float8 quantizers make
+  no transpose: pytorch/csrc/quantizer.cpp:361-375 ``with_transpose = columnwise_usage &&
+  !is_non_tn_fp8_gemm_supported``, 1 byte per parameter for te-delayed / te-current there. The estimate does not
+  know the card: it counts Hopper's, an over-estimate of P bytes per layer on B200 / B300.) MXFP8 adds one E8M0 scale byte per 32 elements of each. Delayed scaling
   keeps an amax history of ``amax_history_len`` = 1024 fp32 per quantized tensor (common/recipe/__init__.py:255):
   a few kB per module, left out.
 
