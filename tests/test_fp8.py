@@ -149,3 +149,12 @@ def test_accelerate_fp8_config(tmp_path):
     assert read(None) == {"precision": "bf16-amp", "fp8": "tensorwise"}
     assert read({"backend": "TE"})["fp8"] == "te-delayed"
     assert read({"backend": "TE", "use_mxfp8_block_scaling": True})["fp8"] == "te-mxfp8"
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "te-delayed"])
+def test_falcon_parallel_block_refused(recipe):
+    # modeling_falcon.py:432-433 ``mlp_output += attention_output`` on the fp8 linear's view output (traced: autograd's
+    # "Output 0 of matmul_with_hp_or_float8_args is a view and is being modified inplace", differential seed 733034)
+    with pytest.raises(InvalidValueError) as e:
+        estimate_model(preset("falcon-7b").spec, TrainingSetup(precision="bf16", fp8=recipe, batch=1, seq=128))
+    assert e.value.code == "fp8_inplace_output"

@@ -103,6 +103,20 @@ def setup_refusal(setup: Any) -> None:
         raise InvalidValueError("fp8_distributed", "fp8", value=setup.fp8)
 
 
+def model_refusal(spec: ModelSpec, recipe: str) -> None:
+    """A model whose forward cannot run torchao's ``Float8Linear``, as a typed error: Falcon's parallel block adds the
+    attention's output into the MLP's in place (transformers 5.25 models/falcon/modeling_falcon.py:432-433,
+    ``mlp_output += attention_output``), and without a bias the MLP's output is ``matmul_with_hp_or_float8_args``'s
+    own output reshaped (float8_linear.py:90, a view of the 2-D GEMM's result): autograd refuses an in-place change of
+    a custom Function's view output ("is a view and is being modified inplace"), on a GPU as in the trace.
+    Transformer Engine's ``_Linear`` returns ``out.view(...)`` from its forward too (linear.py:586), bias or not."""
+    if recipe == "none" or spec.model_type != "falcon" or not spec.parallel_block:
+        return
+    downs = [lin for lin in spec.runs[0].linears if lin.slot == "down" and converted(spec, lin)]
+    if any(is_te(recipe) or not lin.bias for lin in downs):
+        raise InvalidValueError("fp8_inplace_output", "fp8", value=recipe, model_type=spec.model_type)
+
+
 def card_refusal(recipe: str, card: Any, compute_capability: tuple[int, int] | None) -> None:
     """The card (a :class:`cabe.gpus.Gpu`) cannot run the recipe: a typed error naming it and what the recipe
     needs. (``setup_refusal`` takes a :class:`cabe.training.TrainingSetup`: both typed loosely, since both modules
