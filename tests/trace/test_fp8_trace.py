@@ -36,6 +36,7 @@ def test_recipe_traced_within_3_percent(recipe):
     traced = _trace(setup)
     plain = _trace(setup.with_(fp8="none"))
     assert traced.peak_bytes > plain.peak_bytes  # the casts' temporaries (the saved tensors are nn.Linear's)
+    assert "trace_fp8_torchao" in traced.notes and "trace_fp8_torchao" not in plain.notes
     est = estimate_model(spec_from_config(LLAMA), setup).total_bytes
     assert abs(est - traced.peak_bytes) / traced.peak_bytes < 0.03
 

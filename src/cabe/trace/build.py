@@ -142,7 +142,8 @@ def build_model(
     if setup.fp8 != "none":  # torchao's Float8Linear swap, after the method (cabe.trace.fp8)
         from cabe.trace import fp8
 
-        fp8.convert(model, setup)
+        if fp8.convert(model, setup):
+            notes.append("trace_fp8_torchao")
     if has_documents(setup) and setup.attention == "flash":
         notes.append("trace_packed_flash_dense")  # flash-attn's varlen kernel is not on this machine
     unmatched = _unmatched_targets(model) if setup.adapters else ()
