@@ -277,7 +277,24 @@ def sample(rng: random.Random, *, small: bool = False, models: list[str] | None 
     _modules_to_save(model, spec, kw)
     _trainable_fp32(model, kw)
     _session37_knobs(model, kw)
+    _fp8(model, spec, kw)
     return model, kw
+
+
+def _fp8(model: str, spec: Any, kw: dict[str, Any]) -> None:
+    """fp8 training (issue 33): one of torchao's recipes, which the trace runs for real (cabe.trace.fp8), from the
+    configuration's own generator after every other knob's (earlier draws stay). Only where cabe models it (full and
+    freeze, no fp16: cabe.fp8.setup_refusal) and on a decoder without a vision tower (torchao would swap the tower's
+    linears too, which cabe's filter leaves alone). Transformer Engine's recipes are modelled, not traced: never drawn."""
+    prec = kw.get("precision")
+    dtype, autocast = PRECISION_PAIRS[prec] if prec else (kw.get("dtype", "auto"), kw.get("autocast", "bf16"))
+    if kw["method"] not in ("full", "freeze") or spec.vision is not None or "fp16" in (dtype, autocast):
+        return
+    if dtype == "auto" and spec.dtype == "fp16":
+        return
+    rng = random.Random(f"fp8 {model} {sorted(kw.items())}")
+    if rng.random() < 0.3:
+        kw["fp8"] = rng.choice(["tensorwise", "tensorwise", "rowwise", "rowwise-gw-hp"])
 
 
 def _session37_knobs(model: str, kw: dict[str, Any]) -> None:

@@ -112,6 +112,7 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False, trace: str | No
         if not isinstance(card_name, str):  # a card is named (10**5000 would fail str() itself)
             raise InvalidValueError("not_string", "gpu", value=card_name)
         card = gpu_catalog.gpu(card_name)
+        gpu_catalog.check_fp8(card, setup.fp8)  # a card without the recipe's fp8 GEMMs: a typed error
         if report.mode == "architecture":
             report = _with(report, cuda_context_bytes=card.cuda_context_bytes)
         bf16 = src is not None and gpu_catalog.needs_bf16(report)

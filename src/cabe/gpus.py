@@ -13,7 +13,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from cabe.errors import UnknownPresetError
+from cabe import fp8
+from cabe.errors import CabeError, UnknownPresetError
 from cabe.report import Report
 
 
@@ -33,6 +34,8 @@ class Gpu:
     memory_gb_nominal: float
     #: 4-bit floating-point tensor cores (NVFP4 / MXFP4): Blackwell and CDNA4.
     fp4: bool = False
+    #: CUDA compute capability (major, minor); for AMD, what torch reports on ROCm; None where the catalog has none
+    compute_capability: tuple[int, int] | None = None
 
     @property
     def usable_bytes(self) -> int:
@@ -77,8 +80,31 @@ def _catalog() -> tuple[dict[str, Gpu], dict[str, str]]:
             memory_bandwidth_gbs=float(g.get("memory_bandwidth_gbs") or 0.0),
             memory_gb_nominal=float(g.get("memory_gb_nominal") or 0.0),
             fp4=bool(g.get("fp4", False)),
+            compute_capability=_capability(g.get("compute_capability")),
         )
     return gpus, dict(raw.get("aliases", {}))
+
+
+def _capability(text: Any) -> tuple[int, int] | None:
+    """``"10.0"`` -> (10, 0)."""
+    if not text:
+        return None
+    major, _, minor = str(text).partition(".")
+    return int(major), int(minor or 0)
+
+
+def runs_fp8(card: Gpu, recipe: str) -> bool:
+    """Whether ``card`` can run the fp8 ``recipe`` (cabe.fp8.card_refusal says why not)."""
+    try:
+        check_fp8(card, recipe)
+    except CabeError:
+        return False
+    return True
+
+
+def check_fp8(card: Gpu, recipe: str) -> None:
+    """A typed error when ``card`` cannot run the fp8 ``recipe`` (cabe.fp8.card_refusal)."""
+    fp8.card_refusal(recipe, card, card.compute_capability)
 
 
 def all_gpus() -> list[Gpu]:
@@ -139,4 +165,9 @@ def needs_bf16(report: Report) -> bool:
 def fits_on(report: Report) -> list[str]:
     """Names of the cards the run fits on, smallest first; bf16 setups skip cards without bf16."""
     bf16 = needs_bf16(report)
-    return [g.name for g in all_gpus() if (g.bf16 or not bf16) and fit(report, g)["fits"]]
+    recipe = (report.setup or {}).get("fp8") or "none"  # an fp8 run: only the cards that run its recipe
+    return [
+        g.name
+        for g in all_gpus()
+        if (g.bf16 or not bf16) and (recipe == "none" or runs_fp8(g, recipe)) and fit(report, g)["fits"]
+    ]

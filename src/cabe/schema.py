@@ -294,6 +294,18 @@ _SETUP: tuple[Field, ...] = (
         states=True,
         flags=_flag("precision"),
     ),
+    # fp8 training (issue 33): torchao's float8 linear recipes (Float8LinearConfig.from_recipe_name: tensorwise,
+    # rowwise, rowwise_with_gw_hp) or Transformer Engine's te.Linear under DelayedScaling, Float8CurrentScaling or
+    # MXFP8BlockScaling (modelled from source, not traced); what each keeps in fp8 and which cards run it: cabe.fp8
+    _choice(
+        "fp8",
+        "setup",
+        _TRAINING + ("from-config",),
+        "none",
+        ("none", "tensorwise", "rowwise", "rowwise-gw-hp", "te-delayed", "te-current", "te-mxfp8"),
+        states=True,
+        flags=_flag("fp8"),
+    ),
     # NOTE: cabe's names, then the HF Trainer's ``optim`` names (transformers OptimizerNames): those map to an
     # entry (and the implementation they imply) in TrainingSetup, or are refused by name (optimizer_not_modelled)
     _choice("optimizer", "setup", _TRAINING, "adamw", OPTIMIZER_NAMES, states=True, flags=_flag("optimizer")),

@@ -452,6 +452,7 @@ def plan_json(body: Mapping[str, Any], *, allow_files: bool = False) -> dict[str
         raise InvalidValueError("missing_model", "model")
     setup = api.setup_from(body)
     card = gpu_catalog.gpu(card_name)
+    gpu_catalog.check_fp8(card, setup.fp8)  # a card without the recipe's fp8 GEMMs: a typed error
     out = solve(src.spec, setup, card, tuple(what))
     if timing:
         out["time"] = timed(src.spec, setup, card, out, **timing)

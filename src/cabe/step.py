@@ -299,6 +299,8 @@ def _layer_moments(
             ]
             if r.dispatch_workspace:  # the routed experts' first backward nodes, before any MLP gradient
                 moments_of_layer.insert(0, (".experts", before, acts + r.dispatch_workspace, stray))
+            if r.fp8_workspace:  # torchao's fp8 casts in the MLP's output projection, before its weight's gradient
+                moments_of_layer.insert(0, (".fp8", before, acts + r.fp8_workspace, stray))
             if r.recompute_transient:
                 # the recomputed forward's end, before this layer's first gradient: all it saves is back, and
                 # its last adapted module's transient (cabe.activations.adapters.note_lora_input)
@@ -338,7 +340,7 @@ def _layer_moments(
                             **_pending(
                                 p,
                                 runs,
-                                extras[top, suffix not in (".experts", ".recompute"), bottom],
+                                extras[top, suffix not in (".experts", ".fp8", ".recompute"), bottom],
                                 layers_above + from_top,
                             ),
                             **(flush or {}),

@@ -55,6 +55,9 @@ class LayerRun:
     # the routed experts' backward before any MLP gradient is made (cabe.activations _dispatch_workspace): a
     # transient beside everything the layer saved; 0: no such moment
     dispatch_workspace: int = 0
+    # torchao's fp8 casts in the MLP's output projection's backward, beside everything the layer saved and before any
+    # MLP gradient (cabe.activations.compose ``_fp8_moments``); 0: no such moment
+    fp8_workspace: int = 0
     # the MLP block's gradient moment: what the routed experts' backward released before their last weight gradient
     # (cabe.activations LayerActivations.experts_freed_per_token)
     experts_freed: int = 0
@@ -214,6 +217,8 @@ class StepParts:
     # the routed experts' first backward nodes beside everything a layer saved (LayerRun.dispatch_workspace): the
     # largest over the runs, for plans that walk a mean layer (a MoE layer among dense ones holds it)
     dispatch_workspace_layer: int = 0
+    # torchao's fp8 casts in a layer's first backward (LayerRun.fp8_workspace)
+    fp8_workspace_layer: int = 0
     # images (cabe.vision.training): what the vision tower saves for backward, alive from its forward (before the first
     # decoder layer) until its own backward (after the bottom layer's), and the gradients of its weights. Its
     # backward runs from the merger down to the bottom block, releasing each block's saved tensors and making its
@@ -248,5 +253,6 @@ class StepParts:
                 self.attention_workspace_layer,
                 self.recompute_transient_layer,
                 dispatch_workspace=self.dispatch_workspace_layer,
+                fp8_workspace=self.fp8_workspace_layer,
             ),
         )

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from cabe import optimizer, schema, transformers_line
+from cabe import fp8, optimizer, schema, transformers_line
 from cabe.errors import InvalidValueError
 from cabe.schema import MAX_BATCH, MAX_RANK, MAX_SEQ
 from cabe.vision.images import parse_image_size
@@ -21,6 +21,7 @@ __all__ = ["MAX_BATCH", "MAX_RANK", "MAX_SEQ", "TrainingSetup", "number", "parse
 # equal, tests/test_schema.py).
 Method = Literal["full", "lora", "qlora", "freeze", "prompt-tuning"]
 Precision = Literal["fp32", "fp16-amp", "bf16-amp", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
+Fp8 = Literal["none", "tensorwise", "rowwise", "rowwise-gw-hp", "te-delayed", "te-current", "te-mxfp8"]
 Dtype = Literal["auto", "fp32", "bf16", "fp16"]
 Autocast = Literal["none", "bf16", "fp16"]
 # NOTE: the optimizer field also takes the HF Trainer's ``optim`` names (cabe.optimizer.ACCEPTED); __post_init__
@@ -91,6 +92,8 @@ class TrainingSetup:
         trainable_layers: for ``freeze``, how many of the last decoder layers train.
         prompt_tokens: for ``prompt-tuning``, the number of virtual tokens.
         recipe: the trainer whose defaults the request takes (:mod:`cabe.recipes`), or ``None``.
+        fp8: fp8 training of the linear layers: torchao's ``tensorwise`` / ``rowwise`` / ``rowwise-gw-hp`` recipes or
+            Transformer Engine's ``te-delayed`` / ``te-current`` / ``te-mxfp8`` (:mod:`cabe.fp8`); ``none``.
         objective: ``sft`` (next-token cross-entropy), or TRL's ``dpo`` / ``orpo`` / ``kto`` / ``grpo`` trainer,
             whose phases :mod:`cabe.objectives` walks.
         loss: the loss kernel: ``hf`` (transformers' ForCausalLMLoss: whole logits upcast to fp32),
@@ -149,6 +152,7 @@ class TrainingSetup:
     dtype: Dtype = _D["dtype"]
     autocast: Autocast = _D["autocast"]
     precision: Precision | None = _D["precision"]
+    fp8: Fp8 = _D["fp8"]
     optimizer: Optimizer = _D["optimizer"]
     optimizer_impl: OptimizerImpl | None = _D["optimizer_impl"]
     batch: int = _D["batch"]
@@ -213,6 +217,8 @@ class TrainingSetup:
                 object.__setattr__(self, name, implied)
         elif (short := schema.precision_name(self.dtype, self.autocast)) is not None:
             object.__setattr__(self, "precision", short)
+        if self.fp8 != "none":  # the methods, dtypes and plans fp8 training is modelled for (cabe.fp8)
+            fp8.setup_refusal(self)
         if self.optimizer_in_backward and self.autocast == "fp16" and not optimizer.get(self.optimizer).layerwise:
             # fp16 autocast runs the Trainer's GradScaler, which unscales and steps every gradient after backward
             # (torch/amp/grad_scaler.py, unscale_ / step over optimizer.param_groups): an optimizer that already

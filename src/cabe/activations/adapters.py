@@ -13,6 +13,7 @@ test_kbit_prep_trace.py (the fake-CUDA trace) and tests/core_torch/test_saved_te
 
 from __future__ import annotations
 
+from cabe import fp8
 from cabe.activations import state
 from cabe.activations.state import LayerState
 from cabe.architecture import ModelSpec
@@ -37,10 +38,34 @@ def linear_inputs(
             layer.gathered_mlp += layer.saved - before
 
 
+def te_saves_fp8(layer: LayerState, name: str) -> bool:
+    """Transformer Engine's te.Linear ``name`` of a trained layer keeps its input as column-wise fp8 for backward,
+    not the 16-bit input (cabe.fp8.te_input_bytes; modelled from source)."""
+    if not (fp8.is_te(layer.facts.setup.fp8) and layer.facts.base_trainable):
+        return False
+    return any(lin.name == name and fp8.converted(layer.facts.spec, lin) for lin in layer.facts.group.linears)
+
+
+def _te_inputs(layer: LayerState, group: str, names: list[tuple[str, int]], shared_bytes: int, formula: str) -> bool:
+    """te.Linear's saved inputs (one fp8 copy per linear, 1 byte per element); the shared 16-bit input stays saved
+    only for the linears that are not swapped. False when the recipe is not Transformer Engine's."""
+    if not fp8.is_te(layer.facts.setup.fp8) or not layer.facts.base_trainable:
+        return False
+    spec, recipe = layer.facts.spec, layer.facts.setup.fp8
+    for n, inf in names:
+        if te_saves_fp8(layer, n):
+            layer.add(f"{group}.{n}.input_fp8", fp8.te_input_bytes(recipe, inf), f"1·{state.sym(inf, spec)}")
+    if any(not te_saves_fp8(layer, n) for n, _ in names):
+        layer.add(f"{group}.input", shared_bytes, formula)
+    return True
+
+
 def _linear_inputs(
     layer: LayerState, group: str, names: list[tuple[str, int]], shared_bytes: int, shared_formula: str
 ) -> None:
     spec, targets, adapter_cast = layer.facts.spec, layer.facts.targets, layer.facts.adapter_cast
+    if _te_inputs(layer, group, names, shared_bytes, shared_formula):
+        return
     four_bit = layer.facts.four_bit
     for n, inf in names:
         note_lora_input(layer, n, inf, shared_bytes // inf if inf else 0)

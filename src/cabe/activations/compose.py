@@ -9,6 +9,7 @@ trace test under tests/trace/."""
 
 from __future__ import annotations
 
+from cabe import fp8
 from cabe.activations import attention, attention_block, compressed, deltanet, latent, mamba, mlp, moe
 from cabe.activations.latent import BEFORE_INDEXER
 from cabe.activations.state import LayerState
@@ -58,6 +59,7 @@ def layer_activations(
     rng = 2 * 512 if attn in ("flash", "efficient") and layer.facts.group.mixer == "attention" else 0
     if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
         layer.constant += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
+    fwd8, bwd8 = _fp8_moments(layer)
     return LayerActivations(
         tuple(layer.terms),
         bwd,
@@ -83,9 +85,30 @@ def layer_activations(
         output_grad_per_token=layer.output_grad,
         gathered_input_per_token=layer.gathered,
         mlp_gathered_per_token=layer.gathered_mlp,
+        fp8_forward_bytes=fwd8,
+        fp8_backward_bytes=bwd8,
         stream_at=tuple(layer.stream_at),
         mlp_from=layer.mlp_from,
     )
+
+
+def _fp8_moments(layer: LayerState) -> tuple[int, int]:
+    """torchao's fp8 casts in a trained layer: the forward moment of its MLP's output projection (the layer's last
+    GEMM, every tensor of the layer saved) and the backward moment of the same projection (the first backward of
+    the layer), in bytes (cabe.fp8.torchao_forward_moment / torchao_backward_moment). The attention's projections
+    cast smaller inputs (h, not f) after the MLP's saved tensors are released: not the layer's peak."""
+    recipe, facts = layer.facts.setup.fp8, layer.facts
+    if not fp8.is_torchao(recipe) or not facts.base_trainable:
+        return 0, 0
+    downs = [
+        lin for lin in facts.group.linears if lin.slot in ("down", "shared_down") and fp8.converted(facts.spec, lin)
+    ]
+    fwd = bwd = 0
+    for lin in downs:
+        i, o, p = lin.in_features, lin.out_features, lin.weight_count
+        fwd = max(fwd, fp8.torchao_forward_moment(recipe, i, p, facts.tokens))
+        bwd = max(bwd, fp8.torchao_backward_moment(recipe, i, o, p, facts.tokens, facts.a, facts.rho))
+    return fwd, bwd
 
 
 def rms_norm_block(layer: LayerState) -> int:

@@ -6,6 +6,7 @@ Proved by tests/core_torch/test_saved_tensors.py and tests/trace/test_lora_saved
 
 from __future__ import annotations
 
+from cabe import fp8
 from cabe.activations import adapters, moe, norms
 from cabe.activations.state import LayerState
 
@@ -45,6 +46,8 @@ def _gated(layer: LayerState, mlp_in_bytes: int) -> None:
         if quantized and layer.facts.autocast:
             if down_name in targets:
                 layer.add(f"mlp.{down_name}.input_cast", 2 * f, "2·f")
+        elif adapters.te_saves_fp8(layer, down_name):  # te.Linear keeps an fp8 copy; the product is freed
+            layer.add(f"mlp.{down_name}.input_fp8", fp8.te_input_bytes(layer.facts.setup.fp8, f), "1·f")
         elif base_trainable or (down_name in targets and not adapter_cast):
             layer.add("mlp.product", a * f, f"{a}·f")
             layer.product_saved = (not layer.facts.autocast or layer.facts.adapter_native) and not layer.facts.dropout

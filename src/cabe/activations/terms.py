@@ -77,6 +77,10 @@ class LayerActivations:
     # the stream: LayerState.add_stream), and of that the MLP block's. Tensor parallelism without sequence parallelism
     # leaves them whole on every GPU, as it does the gathered inputs above; sequence parallelism splits them by
     # position (cabe.parallel.activations)
+    # fp8 training with torchao's Float8Linear (cabe.fp8): the largest moment of the layer's forward and of its MLP
+    # backward while its casts run, in bytes for the setup's tokens, beyond everything the layers saved (0: none)
+    fp8_forward_bytes: int = 0
+    fp8_backward_bytes: int = 0
     stream_at: tuple[int, ...] = ()  # (the indices of those terms: read under TP only, summed when read)
     mlp_from: int = 0  # (the index of the MLP block's first term)
 

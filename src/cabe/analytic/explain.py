@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cabe import memo
+from cabe import fp8, memo
 from cabe.activations import (
     HeadActivations,
     LayerActivations,
@@ -46,6 +46,24 @@ def _precision_step(setup: TrainingSetup, source: str) -> Step:
     )
 
 
+def _fp8_step(setup: TrainingSetup, act: _Activations) -> list[Step]:
+    """fp8 training: torchao's largest cast moment of a layer (forward or backward, beyond what the layers saved:
+    cabe.activations.compose ``_fp8_moments``), or Transformer Engine's saved fp8 inputs (the ``input_fp8`` terms)."""
+    if setup.fp8 == "none":
+        return []
+    if fp8.is_torchao(setup.fp8):
+        fwd = max((r.per_layer.fp8_forward_bytes for r in act.runs), default=0)
+        bwd = max((r.per_layer.fp8_backward_bytes for r in act.runs), default=0)
+        formula = f"max({fwd:,}, {bwd:,})"
+        return [Step("fp8", formula, max(fwd, bwd), {"fp8": setup.fp8})]
+    per_token = max(
+        (sum(t.bytes_per_token for t in r.per_layer.terms if t.name.endswith(".input_fp8")) for r in act.runs),
+        default=0,
+    )
+    formula = f"{per_token:,} × {act.tokens:,}"
+    return [Step("fp8", formula, per_token * act.tokens, {"fp8": setup.fp8})]
+
+
 def _explain_model(
     spec: ModelSpec,
     setup: TrainingSetup,
@@ -58,8 +76,10 @@ def _explain_model(
     total: int,
 ) -> list[Step]:
     """The report's explanation, figure by figure: model states, then activations and the peak."""
-    return _explain_states(spec, setup, dt, states, copies) + _explain_activations(
-        spec, setup, dt, act, head, peak, total
+    return (
+        _explain_states(spec, setup, dt, states, copies)
+        + _fp8_step(setup, act)
+        + _explain_activations(spec, setup, dt, act, head, peak, total)
     )
 
 

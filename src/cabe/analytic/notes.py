@@ -35,6 +35,8 @@ def _compute_model_notes(spec: ModelSpec, setup: TrainingSetup, states: _States)
         notes.append("sdpa_gqa_math")
     if states.opt.paged_bytes:
         notes.append("paged_outside_allocator")
+    if setup.fp8 != "none":  # what the recipe keeps in fp8 and in high precision (cabe.fp8)
+        notes.append("fp8_te" if setup.fp8.startswith("te-") else "fp8_torchao")
     opt = optimizer_entry(setup.optimizer)
     if opt.modelled:
         notes.append("optimizer_modelled")

@@ -140,6 +140,7 @@ def _step_parts(
         recompute_layer=act.mean(lambda r: r.recompute_bytes) if ckpt else 0,
         recompute_transient_layer=act.mean(lambda r: _recompute_transient(r.per_layer, tokens)) if ckpt else 0,
         dispatch_workspace_layer=max((tokens * r.per_layer.dispatch_workspace_per_token for r in act.runs), default=0),
+        fp8_workspace_layer=max((r.per_layer.fp8_backward_bytes for r in act.runs), default=0),
         workspace_layer=act.mean(
             lambda r: tokens * r.per_layer.mlp_workspace_per_token + r.per_layer.mlp_workspace_constant
         ),
@@ -249,6 +250,7 @@ def _forward_transient(act: _Activations) -> int:
             r.per_layer.dora_norm_bytes,
             act.tokens * r.per_layer.indexer_moment_per_token,
             r.per_layer.dora_result_bytes,  # an adapted module's forward (PEFT's copies, the output arithmetic)
+            r.per_layer.fp8_forward_bytes,  # torchao's casts of the MLP's output projection (activations.compose)
         )
         best = max(best, moment - above)
         above += n * act.kept(r, ck)
@@ -353,6 +355,7 @@ def _layer_run(
         accum_grad_mlp=largest_mlp if accum else 0,
         accum_grad_attention=largest_attention if accum else 0,
         dispatch_workspace=tokens * r.per_layer.dispatch_workspace_per_token,
+        fp8_workspace=r.per_layer.fp8_backward_bytes,  # torchao's casts (activations.compose _fp8_moments)
         experts_freed=tokens * r.per_layer.experts_freed_per_token,
         checkpointed=ckpt,
         **(_tp_run(act, r, ckpt) if setup.tp > 1 else {}),
@@ -394,9 +397,11 @@ def _recompute_transient(per_layer: LayerActivations, tokens: int) -> int:
     """A checkpointed layer's largest transient while it is recomputed: PEFT's casts of an adapted module's input
     (at the end of the recompute, all the layer saves is back), DeepSeek-V3.2's indexer or a DoRA module's output
     arithmetic (inside it: less what the layer saves after it), beside the gradient of the layer's output that waits
-    for it (``LayerActivations.output_grad_per_token``)."""
+    for it (``LayerActivations.output_grad_per_token``); torchao's fp8 casts of the MLP's output projection, run again
+    (its last GEMM: all the layer saves is back)."""
     per_token = max(per_layer.lora_forward_transient_per_token, per_layer.indexer_moment_per_token)
-    return max(tokens * per_token, per_layer.dora_result_bytes) + tokens * per_layer.output_grad_per_token
+    moment = max(tokens * per_token, per_layer.dora_result_bytes, per_layer.fp8_forward_bytes)
+    return moment + tokens * per_layer.output_grad_per_token
 
 
 def _temporaries_key(setup: TrainingSetup) -> str:

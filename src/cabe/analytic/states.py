@@ -9,14 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cabe import memo
+from cabe import fp8, memo
 from cabe.activations import (
     dora_stray_parameter,
     loss_chunk_positions,
 )
 from cabe.architecture import ModelSpec
 from cabe.frozen import quick
-from cabe.layers import LayerGroup
+from cabe.layers import LayerGroup, Linear
 from cabe.method import VISION_PREFIX, head_targets, lora_targets, running_lora_targets
 from cabe.optimizer_memory import optimizer_memory
 from cabe.parameters import parameter_tensors, quantized_bytes, stored_bytes
@@ -98,6 +98,11 @@ class _Copies:
     head: int = 0
 
 
+def _fp8_linears(spec: ModelSpec, layer: LayerGroup) -> list[Linear]:
+    """The matrices of one layer that an fp8 recipe swaps (cabe.fp8.converted)."""
+    return [lin for lin in layer.linears if fp8.converted(spec, lin)]
+
+
 def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: LayerGroup | None = None) -> _Copies:
     """The copies of one layer of ``run`` (the top run's when None): once per model, request less its shape, dtypes
     and run (cabe.memo; the run and the dtypes by identity, kept alive by the entry)."""
@@ -109,9 +114,16 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
 
 
 def _compute_weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: LayerGroup | None) -> _Copies:
+    layer = run or spec.runs[-1]
+    if fp8.is_te(setup.fp8):
+        # te.Linear saves the fp8 weight it made (row-wise and its transpose) until its backward, autocast or not
+        # (cabe.fp8.te_weight_bytes, modelled from source); the lm_head stays an nn.Linear, cast as ever
+        saved = sum(round_alloc(fp8.te_weight_bytes(setup.fp8, lin.weight_count)) for lin in _fp8_linears(spec, layer))
+        head = sum(round_alloc(n * 2) for n in _head_matrices(spec)) if dt.weight_copies else 0
+        trained = spec.num_layers if setup.method == "full" else min(setup.trainable_layers, spec.num_layers)
+        return _Copies(saved, 0, trained, head)
     if not dt.autocast:
         return _Copies()
-    layer = run or spec.runs[-1]
     base = sum(round_alloc(lin.weight_count * 2) for lin in _cast_linears(spec, setup, dt, layer))
     adapters = 0
     if setup.adapters:  # the fp32 LoRA matrices are cast too (r × in and out × r per target)
@@ -163,7 +175,11 @@ def _cast_linears(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, layer: Laye
     return [
         lin
         for lin in layer.linears
-        if not (setup.method == "qlora" and lin.quantized_by_bnb) and lin.slot not in uncast
+        if not (setup.method == "qlora" and lin.quantized_by_bnb)
+        and lin.slot not in uncast
+        # torchao's Float8Linear casts only its input to autocast's dtype (float8_linear.py:258-262); its fp8 weight
+        # is a temporary, re-wrapped by autocast without a copy (float8_ops.py:442-463): no 16-bit copy
+        and not (fp8.is_torchao(setup.fp8) and fp8.converted(spec, lin))
     ]
 
 

@@ -24,7 +24,7 @@ STRATEGIES = {
     "3": "ddp",
     "4": "fsdp-hybrid",
 }
-PRECISION = {"bf16": "bf16-amp", "fp16": "fp16-amp", "no": "fp32", "fp8": None}
+PRECISION = {"bf16": "bf16-amp", "fp16": "fp16-amp", "no": "fp32"}
 
 
 def read(path_or_dict: Any) -> Mapping[str, Any]:
@@ -99,7 +99,35 @@ def _num_machines(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -
 
 
 def _mixed_precision(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    if str(value).lower() == "fp8":
+        # accelerate 1.16 always runs fp8 under bf16 autocast (accelerator.py:572-573 "We always enable native_amp
+        # for FP8"; utils/modeling.py:2068) with the recipe of fp8_config's backend: AO, or unnamed with torchao
+        # installed (accelerator.py:459-466), is AORecipeKwargs' default Float8LinearConfig, tensorwise; TE is
+        # TERecipeKwargs: DelayedScaling, or MXFP8BlockScaling with use_mxfp8_block_scaling
+        # (utils/transformer_engine.py:161-177)
+        c.set("precision", "bf16-amp", key)
+        block = data.get("fp8_config")
+        block = block if isinstance(block, Mapping) else {}
+        backend = str(block.get("backend") or "AO").upper()
+        mx = _base.as_bool(block.get("use_mxfp8_block_scaling", False), "fp8_config.use_mxfp8_block_scaling")
+        recipe = {"AO": "tensorwise", "TE": "te-mxfp8" if mx else "te-delayed"}.get(backend)
+        c.set_known("fp8", recipe, "fp8_config.backend" if "backend" in block else key)
+        return
     c.set_known("precision", PRECISION.get(str(value).lower()), key)
+
+
+def _fp8_config(c: Collector, key: str, value: Any, data: Mapping[str, Any]) -> None:
+    """``fp8_config``: its backend (and MXFP8 switch) read with ``mixed_precision: fp8``; the rest changes
+    numerics or speed, not memory (margin, interval, amax_compute_algo, pad_inner_dim...)."""
+    if not isinstance(value, Mapping):
+        _unmapped(c, key, value)
+        return
+    fp8_on = str(data.get("mixed_precision", "")).lower() == "fp8"
+    for k in value:
+        if fp8_on and k in ("backend", "use_mxfp8_block_scaling"):
+            c.use(f"{key}.{k}")
+        else:
+            c.ignore(f"{key}.{k}", "no_effect")
 
 
 def _block(kind: str, read: Callable[[Collector, Mapping[str, Any]], None]) -> Handler:
@@ -222,6 +250,7 @@ HANDLERS: dict[str, Handler] = {
     "num_processes": _num_processes,
     "num_machines": _num_machines,
     "mixed_precision": _mixed_precision,
+    "fp8_config": _fp8_config,
     "fsdp_config": _block("FSDP", _fsdp),
     "deepspeed_config": _block("DEEPSPEED", _deepspeed),
     "parallelism_config": lambda c, key, value, data: _parallelism(c, key, value),

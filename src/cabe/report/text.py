@@ -71,6 +71,8 @@ REPORT_NOTES = (
     "lora_target_unmatched",
     "gated_deltanet_kernels_modelled",
     "loss_assumed_hf",
+    "fp8_torchao",  # what an fp8 recipe keeps in fp8 and in high precision (cabe.fp8)
+    "fp8_te",
     "loss_modelled",
     "seq_beyond_max_positions",
     "packing_modelled",

@@ -139,6 +139,11 @@ def build_model(
     if setup.attention == "flash":
         _set_flash_dtype(model, setup)
     model = _METHODS[setup.method](model, cfg, setup, dtype, notes)
+    if setup.fp8 != "none":  # torchao's Float8Linear swap, after the method (cabe.trace.fp8)
+        from cabe.trace import fp8
+
+        if fp8.convert(model, setup):
+            notes.append("trace_fp8_torchao")
     if has_documents(setup) and setup.attention == "flash":
         notes.append("trace_packed_flash_dense")  # flash-attn's varlen kernel is not on this machine
     unmatched = _unmatched_targets(model) if setup.adapters else ()

@@ -40,6 +40,10 @@ def import_deps(setup: TrainingSetup | None = None) -> None:
             __import__(name)
         except ImportError:
             raise MissingDependencyError("missing_extra", None, extra="trace", package=name) from None
+    if setup is not None and setup.fp8 != "none":  # torchao for its recipes; Transformer Engine refused
+        from cabe.trace import fp8
+
+        fp8.refusal(setup)
 
 
 #: import name -> distribution name, where they differ
