@@ -55,6 +55,7 @@ FIELDSETS = (
             "prompt_tokens",
             "trainable_fp32",
             "precision",
+            "fp8",
             "optimizer_impl",
             "optimizer_in_backward",
             "galore_rank",
@@ -90,6 +91,7 @@ FIELDSETS = (
 MORE = frozenset(
     (
         "precision",
+        "fp8",
         "optimizer_impl",
         "optimizer_in_backward",
         "trainable_fp32",
