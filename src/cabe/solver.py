@@ -26,6 +26,7 @@ from cabe.analytic import estimate_model
 from cabe.architecture import ModelSpec
 from cabe.errors import CabeError, InvalidValueError
 from cabe.gpus import Gpu
+from cabe.objectives import grpo
 from cabe.report import Report
 from cabe.training import MAX_BATCH, MAX_SEQ, TrainingSetup, number
 
@@ -471,9 +472,10 @@ def plan_json(body: Mapping[str, Any], *, allow_files: bool = False) -> dict[str
         raise InvalidValueError("missing_model", "model")
     setup = api.setup_from(body)
     card = gpu_catalog.gpu(card_name)
-    out = solve(src.spec, setup, card, tuple(what))
-    if timing:
-        out["time"] = timed(src.spec, setup, card, out, **timing)
+    with grpo.on_card(card):  # a colocated vLLM's pool is a share of the card
+        out = solve(src.spec, setup, card, tuple(what))
+        if timing:
+            out["time"] = timed(src.spec, setup, card, out, **timing)
     return out
 
 
