@@ -133,6 +133,10 @@ def run_trace(
         notes: list[str] = []
         facts: dict[str, Any] = {}
         model, cfg = build_model(config, setup, notes, facts)
+        if setup.objective == "grpo":  # a separate reference model, built beside the policy (cabe.trace.grpo)
+            from cabe.trace.grpo import reference_model
+
+            hooks = {**(hooks or {}), "grpo_reference": reference_model(config, setup)}
         if kind in ("fake", "meta"):  # (real tensors have the router's values)
             compat.refuse_moe_loop(model, (model_types(config) or ("?",))[0])
         result = _traced(model, cfg, setup, steps, kind, inventory, device, astate, hooks or {})
