@@ -46,14 +46,16 @@ from cabe.objectives.grpo_head import STATS, scored_tokens, tile_bytes
 from cabe.precision import dtypes_for, resolve
 from cabe.report import Report, Step
 from cabe.training import TrainingSetup
-from cabe.units import CUBLAS_WORKSPACE, round_alloc
+from cabe.units import round_alloc
 
 #: the card a request names (``gpu``): a colocated engine's pool is a share of its memory
 _CARD: ContextVar[Any] = ContextVar("grpo_card", default=None)
 #: the phases of a GRPO step, in the order they run
 PHASES = ("generation", "reference", "forward", "backward", "optimizer")
-#: what stays from one optimizer step to the next (the rest of the policy's peak is the step's own)
-_STATES = ("weights", "master_weights", "optimizer")
+#: what stays from one optimizer step to the next (the rest of the policy's peak is the step's own): the states and
+#: cuBLAS's workspaces (one per handle: the forward's, the backward's), which ``generate`` and the no-grad passes
+#: reuse (they run on the forward's stream and handle)
+_STATES = ("weights", "master_weights", "optimizer", "cuda_workspaces")
 #: trainer/utils.py / vllm_generation.py:359: TRL starts the colocated engine with max_num_batched_tokens=4096
 VLLM_BATCHED_TOKENS = 4096
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -225,7 +227,7 @@ def hf_generate(spec: ModelSpec, sh: Shape, act: str) -> dict[str, int]:
         act_dtype=act,
         kv_per_token=per_layer_token_bytes(spec, act),
     )
-    return comps
+    return {k: v for k, v in comps.items() if k != "cuda_workspaces"}  # (the forward's, resident)
 
 
 def no_grad_pass(spec: ModelSpec, setup: TrainingSetup, sh: Shape, a: int, act: str) -> dict[str, int]:
@@ -246,7 +248,6 @@ def no_grad_pass(spec: ModelSpec, setup: TrainingSetup, sh: Shape, a: int, act: 
     )["prefill"]["activations"]
     return {
         "activations": max(layer, head) + 2 * round_alloc(8 * sh.g * s),
-        "cuda_workspaces": CUBLAS_WORKSPACE,
     }
 
 

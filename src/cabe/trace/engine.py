@@ -129,6 +129,10 @@ def run_trace(
             raise ConfigError("mode_unsupported", "inventory", mode=kind, why="distributed_inventory")
         return distributed.trace(config, setup, steps, kind)
     device = torch.device(_DEVICES[kind])
+    if setup.objective == "grpo":  # generate traced in its own run, before this one's environment (cabe.trace.grpo)
+        from cabe.trace.grpo import traced_generation
+
+        hooks = {**(hooks or {}), "grpo_generation": traced_generation(config, setup, kind)}
     with state.active(AttentionState(device)) as astate, trace_environment(kind, setup, model_types(config)):
         notes: list[str] = []
         facts: dict[str, Any] = {}

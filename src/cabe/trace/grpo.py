@@ -329,3 +329,44 @@ class Runner:
             else:
                 loss.backward()
             del loss, inputs
+
+
+def traced_generation(config: dict[str, Any], setup: TrainingSetup, kind: str) -> dict[str, Any] | None:
+    """``generate`` on the G rows of a generation batch, traced in its own run (:mod:`cabe.trace.generate`: the
+    policy's weights in their dtype, ``prompt_length`` tokens then ``max_completion_length`` new ones, every row to
+    the end): what it holds beside the weights. None where it cannot run here (real tensors; QLoRA's 4-bit
+    weights, whose kernels are CUDA-only)."""
+    if kind not in ("fake",) or setup.method == "qlora" or setup.use_vllm:
+        return None
+    from cabe.trace.build import load_dtype
+    from cabe.trace.generate import handle_request, request
+
+    sh = shape(setup)
+    dtype = {4: "fp32", 2: "bf16"}.get(load_dtype(setup).itemsize, "bf16")
+    dtype = "fp16" if str(load_dtype(setup)) == "torch.float16" else dtype
+    req = request(config, weights=dtype, kv_dtype=dtype, prompt=sh.p, new_tokens=sh.c, batch=sh.g)
+    out = handle_request(req)
+    comps = dict(out["trace_components"])
+    # the weights are the policy's, and cuBLAS's workspace the training forward's: generate runs on its stream
+    # and handle, so neither is new
+    comps.pop("weights", None)
+    comps.pop("cuda_workspaces", None)
+    return {k: v for k, v in comps.items() if v}
+
+
+def join_generation(res: Any, tracker: Any, step_starts: list[int], generated: dict[str, int] | None) -> None:
+    """The generation phase of the last step: what is live when it begins (the policy's states, the reference's
+    weights, the previous rollout) beside what ``generate`` holds beyond the weights (:func:`traced_generation`);
+    the step's peak when it is the largest."""
+    from cabe.trace.analysis import _components
+
+    if generated is None or not step_starts or step_starts[-1] == 0:
+        return
+    live = tracker.replay(step_starts[-1] - 1) - tracker.ignored
+    comps = {k: v for k, v in _components(tracker, live).items() if v}
+    for k, v in generated.items():
+        comps[k] = comps.get(k, 0) + v
+    total = sum(comps.values())
+    res.phase_peaks = {"generation": total, **res.phase_peaks}
+    if total > res.peak_bytes:
+        res.peak_bytes, res.peak_phase, res.components = total, "generation", comps

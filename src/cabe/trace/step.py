@@ -208,6 +208,10 @@ def train(
                 h.remove()
     tracker.set_phase("setup")
     res = analyse(tracker, steps, step_starts)
+    if setup.objective == "grpo":
+        from cabe.trace.grpo import join_generation
+
+        join_generation(res, tracker, step_starts, (hooks or {}).get("grpo_generation"))
     res.micro_batches_per_step = micro
     res.steps = steps
     res.notes = notes
