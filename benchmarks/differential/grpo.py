@@ -61,6 +61,7 @@ def sample(rng: random.Random) -> tuple[str, dict[str, Any]]:
         "max_completion_length": rng.choice([32, 64, 128, 256]),
         "beta": rng.choice([0.0, 0.0, 0.04]),
     }
+    kw["seq"] = kw["prompt_length"] + kw["max_completion_length"]  # (what the policy step runs; run.py's invariants)
     if rng.random() < 0.5:
         kw["grad_accum"] = rng.choice([1, 2, 4])
     else:

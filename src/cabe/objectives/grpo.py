@@ -48,6 +48,10 @@ from cabe.report import Report, Step
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
 
+#: the caching allocator's slack beside the peak (cabe.analytic.lesson.ALLOCATOR_SLACK_FRACTION; not imported:
+#: cabe.analytic dispatches here)
+ALLOCATOR_SLACK_FRACTION = 0.05
+
 #: the card a request names (``gpu``): a colocated engine's pool is a share of its memory
 _CARD: ContextVar[Any] = ContextVar("grpo_card", default=None)
 #: the phases of a GRPO step, in the order they run
@@ -192,7 +196,9 @@ def estimate(spec: ModelSpec, setup: TrainingSetup, sft: Any, model_meta: dict[s
         model=policy.model,
         paged_bytes=policy.paged_bytes,
         cuda_context_bytes=policy.cuda_context_bytes,
-        allocator_slack_bytes=policy.allocator_slack_bytes,
+        # (the SFT estimate's larger slack is 4 B per logit of the batch: this head makes no logits; the engine's pool
+        # is vLLM's, made in one piece when it starts)
+        allocator_slack_bytes=round((total - components.get("vllm_engine", 0)) * ALLOCATOR_SLACK_FRACTION),
         notes=notes,
         extra={**{k: v for k, v in policy.extra.items() if k == "peak_at"}, "loss": loss, "grpo": info},
     )
