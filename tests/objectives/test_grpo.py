@@ -87,7 +87,9 @@ def test_colocated_engine_is_a_share_of_the_card():
     assert all(c["vllm_engine"] == pool for c in comps.values())
     assert r.extra["grpo"]["vllm"]["pool_bytes"] == pool
     # sleep mode (level 2): the pool only while generating
-    slept = _build(method="lora", use_vllm=True, gpu="h100", vllm_gpu_memory_utilization=0.4, vllm_enable_sleep_mode=True)
+    slept = _build(
+        method="lora", use_vllm=True, gpu="h100", vllm_gpu_memory_utilization=0.4, vllm_enable_sleep_mode=True
+    )
     comps = slept.extra["grpo"]["phase_components"]
     assert comps["generation"]["vllm_engine"] == pool
     assert all("vllm_engine" not in comps[p] for p in ("reference", "forward", "backward", "optimizer"))

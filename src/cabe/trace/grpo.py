@@ -100,7 +100,7 @@ def kernels(kind: str) -> Iterator[None]:
     try:
         chunked_logprob._use_triton = trl_utils._use_triton = lambda device: True
         chunked_logprob._forward_kernel = chunked_logprob._backward_kernel = _Launch()
-        chunked_logprob.triton = types.SimpleNamespace(cdiv=lambda a, b: -(-a // b))  # type: ignore[attr-defined]
+        chunked_logprob.triton = types.SimpleNamespace(cdiv=lambda a, b: -(-a // b))
         yield
     finally:
         for (mod, name), value in saved.items():
@@ -310,7 +310,7 @@ class Runner:
             **logps,
         }
         self.buffer = []  # (the previous generation's buffer is replaced: l.1545-1547)
-        self.buffer = split_tensor_dict(shuffle_sequence_dict(batch), self.sh.steps)
+        self.buffer = split_tensor_dict(shuffle_sequence_dict(batch), self.sh.steps)  # type: ignore[arg-type]
         self.used = 0
         del batch, prompt_ids, prompt_mask, completion_ids, completion_mask, advantages, logps, num_items
 
