@@ -130,7 +130,7 @@ def run_trace(
         return distributed.trace(config, setup, steps, kind)
     device = torch.device(_DEVICES[kind])
     if setup.objective == "grpo":  # generate traced in its own run, before this one's environment (cabe.trace.grpo)
-        from cabe.trace.grpo import traced_generation
+        from cabe.trace.grpo_generate import traced_generation
 
         hooks = {**(hooks or {}), "grpo_generation": traced_generation(config, setup, kind)}
     with state.active(AttentionState(device)) as astate, trace_environment(kind, setup, model_types(config)):

@@ -157,7 +157,12 @@ def _grpo(model: Any, cfg: Any, setup: TrainingSetup, device: Any, tracker: Any,
         return contextlib.nullcontext()
     from cabe.trace.grpo import Runner
 
-    return Runner(model, cfg, setup, device, tracker, kind, hooks.get("grpo_reference"))
+    ref = hooks.get("grpo_reference")  # a separate reference model (cabe.trace.grpo.reference_model)
+    if ref is not None:
+        materialize(ref, device)
+        if kind in ("cpu", "cuda"):
+            fill_random(ref)
+    return Runner(model, cfg, setup, device, tracker, kind, ref)
 
 
 def train(
