@@ -47,6 +47,21 @@ FIELDSETS = (
     ),
     # images in each sequence, for a vision-language model (issue 13: cabe.vision)
     ("web.plan.group_images", ("images", "image_size")),
+    # the objective, and TRL's GRPOTrainer knobs (issue 33: cabe.objectives.grpo)
+    (
+        "web.plan.group_grpo",
+        (
+            "objective",
+            "num_generations",
+            "max_completion_length",
+            "prompt_length",
+            "beta",
+            "use_vllm",
+            "vllm_mode",
+            "vllm_gpu_memory_utilization",
+            "vllm_enable_sleep_mode",
+        ),
+    ),
 )
 PLAN_FIELDS = ("model",) + tuple(n for _, names in FIELDSETS for n in names) + ("gpu",)
 UNITS = schema.field("units", "api.estimate")
