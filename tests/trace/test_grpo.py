@@ -54,3 +54,11 @@ def test_vllm_is_refused_by_the_trace_command(capsys):
 
     assert main(["trace", "--model", "Qwen/Qwen3-0.6B", "--objective", "grpo", "--batch", "8", "--use-vllm"]) == 2
     assert "fake tensors" in capsys.readouterr().err
+
+
+def test_several_gpus_are_estimated_not_traced():
+    from cabe.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        trace_step(LLAMA, TrainingSetup(**GRPO, gpus=2, shard="ddp"))
+    assert e.value.code == "trace_grpo_one_gpu"

@@ -122,6 +122,8 @@ def run_trace(
     if kind == "fake" and not torch.cuda.is_available() and not _native.available():
         # without the shim, autograd on fake CUDA tensors aborts the process: refuse instead
         raise ConfigError("mode_unsupported", "mode", mode="fake", why=_native.reason(), detail=_native.detail())
+    if setup.objective == "grpo" and setup.distributed:  # cabe.trace.grpo runs TRL's step on one GPU
+        raise ConfigError("trace_grpo_one_gpu", "gpus", value=setup.gpus)
     if setup.distributed:  # rank 0 of the real engine on a fake process group
         from cabe.trace import distributed
 
