@@ -426,6 +426,10 @@ def solve(spec: ModelSpec, setup: TrainingSetup, card: Gpu, what: tuple[str, ...
     for w in what:
         if w not in SOLVES:
             raise InvalidValueError("bad_choice", "solve", value=w, allowed=", ".join(SOLVES))
+    if setup.objective == "grpo":
+        # GRPO's micro-batch holds completions in whole groups and its sequence is prompt_length +
+        # max_completion_length (cabe.objectives.grpo): the batch and seq sweeps do not apply
+        what = tuple(w for w in what if w not in ("batch", "seq"))
     t0 = time.perf_counter()
     now = estimate_model(spec, setup)
     out: dict[str, Any] = {"gpu": card.to_json(), "setup": setup.to_dict(), "now": _fig(now, card)}

@@ -119,3 +119,11 @@ def test_slack_is_the_analytic_fraction():
     v = _build(method="lora", use_vllm=True, gpu="h100")
     pool = v.components["vllm_engine"]
     assert v.allocator_slack_bytes == round((v.total_bytes - pool) * ALLOCATOR_SLACK_FRACTION)  # vLLM's own pool
+
+
+def test_fit_skips_the_batch_and_seq_sweeps():
+    from cabe.solver import plan_json
+
+    out = plan_json({**BASE, "max_completion_length": 64, "gpu": "h100", "method": "lora", "use_vllm": True})
+    assert "batch" not in out and "seq" not in out and "changes" in out  # the pool is the named card's (on_card)
+    assert out["now"]["fits"]
