@@ -27,6 +27,7 @@ from cabe import knob_effects, models, schema, via_trace
 from cabe.analytic import estimate_lesson, estimate_model, estimate_simple
 from cabe.errors import CabeError, InvalidValueError
 from cabe.method import LoraTarget, lora_parameters
+from cabe.objectives import grpo
 from cabe.report import Report
 from cabe.training import TrainingSetup, parse_targets
 
@@ -93,7 +94,8 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False, trace: str | No
                 report = _with(report, notes=report.notes + ("knobs_not_traced",))
         else:
             spec = src.spec  # unsupported_architecture when no family module reads it and no trace is asked
-            report = estimate_model(spec, setup, model_meta=meta)
+            with grpo.on_card(_card(body)):  # a colocated vLLM's pool is a share of the named card
+                report = estimate_model(spec, setup, model_meta=meta)
             report = _with(report, notes=report.notes + beyond_limits(spec, setup.seq))
             if explain:  # each memory knob against the request without it: one estimate each, only when asked
                 knobs = knob_effects.effects(spec, setup, report, estimate_model)
@@ -119,6 +121,16 @@ def build(body: Mapping[str, Any], *, allow_files: bool = False, trace: str | No
         fit = gpu_catalog.fit(report, card, precision="bf16" if bf16 else None)
         report = _with(report, gpu=fit)
     return report
+
+
+def _card(body: Mapping[str, Any]) -> Any:
+    """The card a request names, or None."""
+    name = body.get("gpu")
+    if not name:
+        return None
+    if not isinstance(name, str):
+        raise InvalidValueError("not_string", "gpu", value=name)
+    return gpu_catalog.gpu(name)
 
 
 def check_applicable(body: Mapping[str, Any]) -> None:

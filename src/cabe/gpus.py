@@ -166,8 +166,11 @@ def fits_on(report: Report) -> list[str]:
     """Names of the cards the run fits on, smallest first; bf16 setups skip cards without bf16."""
     bf16 = needs_bf16(report)
     recipe = (report.setup or {}).get("fp8") or "none"  # an fp8 run: only the cards that run its recipe
+    # a colocated vLLM's pool is a share of the card it was sized on (cabe.objectives.grpo): that card only
+    engine = (report.extra.get("grpo") or {}).get("vllm")
+    cards = [gpu(engine["gpu"])] if engine else all_gpus()
     return [
         g.name
-        for g in all_gpus()
+        for g in cards
         if (g.bf16 or not bf16) and (recipe == "none" or runs_fp8(g, recipe)) and fit(report, g)["fits"]
     ]

@@ -419,6 +419,90 @@ _SETUP: tuple[Field, ...] = (
     # NOTE: a recipe only sets defaults (cabe/data/recipes/<name>.json, applied by resolve_defaults);
     # every field it sets can be given explicitly. ``loss`` None: the recipe's, else transformers' own (hf).
     _choice("recipe", "setup", _TRAINING + ("from-config",), None, RECIPES, flags=_flag("recipe")),
+    # ---- GRPO: TRL's GRPOTrainer (issue 33), its GRPOConfig names (trl 1.16.0 trainer/grpo_config.py) ----
+    # ``batch`` is per_device_train_batch_size and counts completions; the generation batch (completions generated
+    # at once) is generation_batch_size, else batch x gpus x steps_per_generation (steps_per_generation defaults to
+    # grad_accum: grpo_config.py:1097-1112); the phases are cabe.objectives.grpo. Act with --objective grpo only.
+    _int(
+        "num_generations",
+        "setup",
+        _TRAINING + ("from-config",),
+        8,
+        2,
+        MAX_BATCH,
+        unit="completions",
+        flags=_flag("num_generations"),
+    ),  # grpo_config.py:480 (8); below 2 TRL refuses (:1132)
+    _int(
+        "max_completion_length",
+        "setup",
+        _TRAINING + ("from-config",),
+        512,
+        1,
+        MAX_SEQ,
+        unit="tokens",
+        flags=_flag("max_completion_length"),
+    ),  # grpo_config.py:494 (512)
+    # TRL 1.16's GRPOConfig has no max_prompt_length (prompts are not truncated, left-padded to the longest of the
+    # batch: grpo_trainer.py:1815-1826): the longest prompt of a generation batch, in tokens
+    _int(
+        "prompt_length",
+        "setup",
+        _TRAINING + ("from-config",),
+        512,
+        1,
+        MAX_SEQ,
+        unit="tokens",
+        flags=_flag("prompt_length"),
+    ),
+    _int(
+        "generation_batch_size",
+        "setup",
+        _TRAINING + ("from-config",),
+        None,
+        1,
+        MAX_BATCH,
+        unit="completions",
+        flags=_flag("generation_batch_size"),
+    ),
+    _int(
+        "steps_per_generation",
+        "setup",
+        _TRAINING + ("from-config",),
+        None,
+        1,
+        MAX_BATCH,
+        unit="steps",
+        flags=_flag("steps_per_generation"),
+    ),
+    # vLLM generation (grpo_config.py:587-671): colocate runs the engine in the training process on the same card,
+    # its pool vllm_gpu_memory_utilization x the card's memory (needs --gpu); server runs it on another GPU
+    Field("use_vllm", bool, "setup", _TRAINING + ("from-config",), False, flags=_flag("use_vllm"), negatable=True),
+    _choice(
+        "vllm_mode", "setup", _TRAINING + ("from-config",), "colocate", ("colocate", "server"), flags=_flag("vllm_mode")
+    ),
+    Field(
+        "vllm_gpu_memory_utilization",
+        float,
+        "setup",
+        _TRAINING + ("from-config",),
+        0.3,
+        minimum=0,
+        maximum=1,
+        exclusive_minimum=True,
+        flags=_flag("vllm_gpu_memory_utilization"),
+    ),
+    Field(
+        "vllm_enable_sleep_mode",
+        bool,
+        "setup",
+        _TRAINING + ("from-config",),
+        False,
+        flags=_flag("vllm_enable_sleep_mode"),
+        negatable=True,
+    ),
+    # the KL coefficient (grpo_config.py:681, default 0.0): 0 loads no reference model (grpo_trainer.py:984-1003)
+    Field("beta", float, "setup", _TRAINING + ("from-config",), 0.0, minimum=0, maximum=1e6, flags=_flag("beta")),
     _choice(
         "loss",
         "setup",
@@ -1125,10 +1209,37 @@ def _companions(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any
             if entry is not None and not (entry.temporaries or entry.impl_flags):
                 out.append(("optimizer_impl", "impl_not_read", {"optimizer": name}))
     out += _per_node(values)
+    out += _grpo_only(values)
     out += _tp_only(values)
     out += _cp_only(values)
     out += _fsdp_loading(values)
     return out
+
+
+#: GRPOTrainer's knobs (cabe.objectives.grpo): they act with ``objective="grpo"`` only; the vLLM ones with use_vllm
+GRPO_FIELDS = (
+    "num_generations",
+    "max_completion_length",
+    "prompt_length",
+    "generation_batch_size",
+    "steps_per_generation",
+    "use_vllm",
+    "beta",
+)
+VLLM_FIELDS = ("vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
+
+
+def _grpo_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """GRPO's fields with another objective (``grpo_only``), the vLLM ones without ``use_vllm`` (``vllm_only``)."""
+    objective = values.get("objective") if _sent(values.get("objective")) else field("objective").default
+    given = [n for n in GRPO_FIELDS + VLLM_FIELDS if _sent(values.get(n)) and not _is_default(field(n), values[n])]
+    if objective != "grpo":
+        return [(n, "grpo_only", {"objective": objective}) for n in given]
+    vllm = values.get("use_vllm") is True
+    out: list[tuple[str, str, dict[str, Any]]] = [(n, "vllm_only", {}) for n in given if n in VLLM_FIELDS and not vllm]
+    # GRPOTrainer scores with TRL's fused log-prob head (cabe.objectives.grpo_head), never an SFT loss kernel
+    fused = [n for n in ("loss", "loss_chunks") if _sent(values.get(n)) and not _is_default(field(n), values[n])]
+    return out + [(n, "grpo_fused_head", {}) for n in fused]
 
 
 def _tp_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:

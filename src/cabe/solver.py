@@ -26,6 +26,7 @@ from cabe.analytic import estimate_model
 from cabe.architecture import ModelSpec
 from cabe.errors import CabeError, InvalidValueError
 from cabe.gpus import Gpu
+from cabe.objectives import grpo
 from cabe.report import Report
 from cabe.training import MAX_BATCH, MAX_SEQ, TrainingSetup, number
 
@@ -406,6 +407,10 @@ def solve(spec: ModelSpec, setup: TrainingSetup, card: Gpu, what: tuple[str, ...
     for w in what:
         if w not in SOLVES:
             raise InvalidValueError("bad_choice", "solve", value=w, allowed=", ".join(SOLVES))
+    if setup.objective == "grpo":
+        # GRPO's micro-batch holds completions in whole groups and its sequence is prompt_length +
+        # max_completion_length (cabe.objectives.grpo): the batch and seq sweeps do not apply
+        what = tuple(w for w in what if w not in ("batch", "seq"))
     t0 = time.perf_counter()
     now = estimate_model(spec, setup)
     out: dict[str, Any] = {"gpu": card.to_json(), "setup": setup.to_dict(), "now": _fig(now, card)}
@@ -453,9 +458,10 @@ def plan_json(body: Mapping[str, Any], *, allow_files: bool = False) -> dict[str
     setup = api.setup_from(body)
     card = gpu_catalog.gpu(card_name)
     gpu_catalog.check_fp8(card, setup.fp8)  # a card without the recipe's fp8 GEMMs: a typed error
-    out = solve(src.spec, setup, card, tuple(what))
-    if timing:
-        out["time"] = timed(src.spec, setup, card, out, **timing)
+    with grpo.on_card(card):  # a colocated vLLM's pool is a share of the card
+        out = solve(src.spec, setup, card, tuple(what))
+        if timing:
+            out["time"] = timed(src.spec, setup, card, out, **timing)
     return out
 
 

@@ -38,6 +38,7 @@ Offload = Literal["none", "optimizer", "parameters", "both"]
 Recipe = Literal["hf-trainer", "trl-sft", "axolotl", "llama-factory", "torchtune", "unsloth", "litgpt"]
 Loss = Literal["hf", "chunked", "liger", "cce", "litgpt"]
 Objective = Literal["sft", "dpo", "orpo", "kto", "grpo"]
+VllmMode = Literal["colocate", "server"]
 ParamDtype = Literal["none", "bf16", "fp16"]
 AdapterDtype = Literal["fp32", "model"]
 CpImpl = Literal["allgather", "alltoall", "ulysses"]
@@ -169,6 +170,16 @@ class TrainingSetup:
     trainable_layers: int = _D["trainable_layers"]
     prompt_tokens: int = _D["prompt_tokens"]
     recipe: Recipe | None = _D["recipe"]
+    num_generations: int = _D["num_generations"]
+    max_completion_length: int = _D["max_completion_length"]
+    prompt_length: int = _D["prompt_length"]
+    generation_batch_size: int | None = _D["generation_batch_size"]
+    steps_per_generation: int | None = _D["steps_per_generation"]
+    use_vllm: bool = _D["use_vllm"]
+    vllm_mode: VllmMode = _D["vllm_mode"]
+    vllm_gpu_memory_utilization: float = _D["vllm_gpu_memory_utilization"]
+    vllm_enable_sleep_mode: bool = _D["vllm_enable_sleep_mode"]
+    beta: float = _D["beta"]
     loss: Loss | None = _D["loss"]
     objective: Objective = _D["objective"]
     loss_chunks: int = _D["loss_chunks"]
@@ -409,7 +420,7 @@ def _check_group(setup: TrainingSetup, group: str) -> None:
         if f.group == group and f.type is str and f.choices is not None:
             _check_choice(f, getattr(setup, f.name))
     for f in schema.SETUP_FIELDS:
-        if f.group == group and f.type is int:
+        if f.group == group and f.type is int and not (f.default is None and getattr(setup, f.name) is None):
             _int_range(f.name, getattr(setup, f.name), int(f.minimum or 0), int(f.maximum or 0))
 
 

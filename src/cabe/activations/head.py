@@ -14,6 +14,7 @@ from cabe.activations import compressed
 from cabe.activations.terms import HeadActivations
 from cabe.architecture import ModelSpec
 from cabe.facts import head_facts
+from cabe.objectives import grpo_head
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -45,6 +46,8 @@ def _lm_head(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadActivatio
         final_norm += compressed.head_saved(spec, rho, dt.autocast, full)
     # Gemma 2's final soft-capping (logits / cap, tanh, × cap) saves tanh's 16-bit output
     softcap = a * v if spec.final_logit_softcapping else 0
+    if setup.objective == "grpo":  # TRL's fused log-prob head: no logits (cabe.objectives.grpo_head)
+        return grpo_head.fused_head(final_norm - (rho * h if full else 0), spec, setup, dt)
     loss = setup.resolved_loss
     if loss == "chunked":
         return _chunked_loss(final_norm, softcap, v, a, setup)

@@ -150,6 +150,9 @@ def _compute_weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, ru
     head_cast = dt.weight_copies and not (
         setup.trainable_fp32 and setup.method == "freeze" and setup.dtype == setup.autocast
     )
+    # (GRPO's fused log-prob head reads the lm_head's weight tile by tile, each cast apart and freed: no whole copy,
+    # cabe.objectives.grpo_head)
+    head_cast = head_cast and setup.objective != "grpo"
     head = sum(round_alloc(n * 2) for n in _head_matrices(spec)) if head_cast else 0
     head += _head_adapter_copies(spec, setup)
     if setup.resolved_loss in ("chunked", "litgpt") and not (setup.method == "full" and dt.cached_copies):

@@ -8,7 +8,7 @@ from typing import Any
 
 from cabe import jsonio, schema
 from cabe.cli import options
-from cabe.errors import InvalidValueError, MissingDependencyError
+from cabe.errors import ConfigError, InvalidValueError, MissingDependencyError
 from cabe.i18n import t
 from cabe.via_trace import NOTE
 
@@ -30,6 +30,8 @@ def inputs(args: argparse.Namespace, command: str) -> tuple[dict[str, Any], Any]
     if src is None:
         raise InvalidValueError("missing_model", "model")
     setup = api.setup_from(body)
+    if setup.objective == "grpo" and setup.use_vllm:  # vLLM's kernels do not run on fake tensors
+        raise ConfigError("trace_grpo_vllm", "use_vllm", value=True)
     one_gpu(setup)
     return dict(src.config), setup
 

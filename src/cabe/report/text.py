@@ -20,6 +20,7 @@ def format_report(report: ReportData, *, lang: str = "en", units: str = "GB", ex
     lines.append("")
     lines += _components(report, lang, units)
     lines += _beside_peak(report, lang, units)
+    lines += _phases(report, lang, units)
     lines += _distributed(report, lang, units)
     if (host := report.extra.get("host")) and host.get("offloaded_activations_bytes"):
         lines.append(fill(t("ui.host_offload", lang), {"host": fmt_bytes(host["pinned_bytes"], lang, units)}, lang))
@@ -155,6 +156,23 @@ def _components(report: ReportData, lang: str, units: str) -> list[str]:
         lines.append(f"  {label:<{WIDTH}} {fmt_bytes(nbytes, lang, units):>28}  {share:>6}")
     lines.append(f"  {'─' * (WIDTH + 36)}")
     lines.append(f"  {t('ui.total', lang):<{WIDTH}} {fmt_bytes(report.total_bytes, lang, units):>28}")
+    return lines
+
+
+#: the phases of an SFT step; a report with others (GRPO's generation and reference) lists each phase's peak
+SFT_PHASES = ("forward", "backward", "optimizer")
+
+
+def _phases(report: ReportData, lang: str, units: str) -> list[str]:
+    """A step of several phases (cabe.objectives): each phase's peak, the largest marked."""
+    if set(report.phase_peaks) <= set(SFT_PHASES):
+        return []
+    lines = ["", t("ui.phase_peaks", lang) + ":"]
+    for name, nbytes in report.phase_peaks.items():
+        mark = "  ← " + t("ui.peak", lang) if name == report.peak_phase else ""
+        lines.append(f"  {t('phase.' + name, lang):<{WIDTH}} {fmt_bytes(nbytes, lang, units):>28}{mark}")
+    if (grpo := report.extra.get("grpo")) is not None:
+        lines.append(fill(t("ui.grpo_shape." + grpo["generator"], lang), grpo, lang))
     return lines
 
 

@@ -62,6 +62,8 @@ def _last_step_peak(tracker: Any, curve: list[int], step_starts: list[int]) -> t
     peak_i = last_start - 1
     phase_peaks = dict.fromkeys(("forward", "backward", "optimizer"), 0)
     ev_phase = tracker.event_phase
+    if any(PHASES[ev_phase[i]] == "reference" for i in range(last_start, len(curve))):
+        phase_peaks = {"reference": 0, **phase_peaks}  # GRPO's no-grad passes (cabe.trace.grpo)
     for i in range(last_start, len(curve)):
         v = curve[i]
         if v > peak:

@@ -33,8 +33,12 @@ def import_deps(setup: TrainingSetup | None = None) -> None:
         needed.append("bitsandbytes")
     if setup is not None and needs_galore(setup):
         needed.append("galore_torch")
+    if setup is not None and setup.objective == "grpo":
+        # TRL's trainer module, imported here, before the trace's environment: it imports bitsandbytes, which picks
+        # its CUDA backend when CUDA looks available (cabe.trace.grpo runs TRL's GRPO code)
+        needed += ["peft", "trl", "trl.trainer.grpo_trainer"]
     # the supported window, read from the packages' metadata before any import (cabe.trace.compat)
-    compat.check_window([_DISTRIBUTIONS.get(n, n) for n in needed] + ["accelerate"])
+    compat.check_window([_DISTRIBUTIONS.get(n, n) for n in needed if "." not in n] + ["accelerate"])
     for name in needed:
         try:
             __import__(name)

@@ -122,6 +122,8 @@ def run_trace(
     if kind == "fake" and not torch.cuda.is_available() and not _native.available():
         # without the shim, autograd on fake CUDA tensors aborts the process: refuse instead
         raise ConfigError("mode_unsupported", "mode", mode="fake", why=_native.reason(), detail=_native.detail())
+    if setup.objective == "grpo" and setup.distributed:  # cabe.trace.grpo runs TRL's step on one GPU
+        raise ConfigError("trace_grpo_one_gpu", "gpus", value=setup.gpus)
     if setup.distributed:  # rank 0 of the real engine on a fake process group
         from cabe.trace import distributed
 
@@ -129,10 +131,18 @@ def run_trace(
             raise ConfigError("mode_unsupported", "inventory", mode=kind, why="distributed_inventory")
         return distributed.trace(config, setup, steps, kind)
     device = torch.device(_DEVICES[kind])
+    if setup.objective == "grpo":  # generate traced in its own run, before this one's environment (cabe.trace.grpo)
+        from cabe.trace.grpo_generate import traced_generation
+
+        hooks = {**(hooks or {}), "grpo_generation": traced_generation(config, setup, kind)}
     with state.active(AttentionState(device)) as astate, trace_environment(kind, setup, model_types(config)):
         notes: list[str] = []
         facts: dict[str, Any] = {}
         model, cfg = build_model(config, setup, notes, facts)
+        if setup.objective == "grpo":  # a separate reference model, built beside the policy (cabe.trace.grpo)
+            from cabe.trace.grpo import reference_model
+
+            hooks = {**(hooks or {}), "grpo_reference": reference_model(config, setup)}
         if kind in ("fake", "meta"):  # (real tensors have the router's values)
             compat.refuse_moe_loop(model, (model_types(config) or ("?",))[0])
         result = _traced(model, cfg, setup, steps, kind, inventory, device, astate, hooks or {})

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -150,6 +151,20 @@ def _optimizer_step(opt: Any, tracker: Any, scaler: Any) -> None:
     opt.zero_grad(set_to_none=True)
 
 
+def _grpo(model: Any, cfg: Any, setup: TrainingSetup, device: Any, tracker: Any, kind: str, hooks: dict) -> Any:
+    """TRL's GRPO step (:mod:`cabe.trace.grpo`) for ``objective="grpo"``, else nothing."""
+    if setup.objective != "grpo":
+        return contextlib.nullcontext()
+    from cabe.trace.grpo import Runner
+
+    ref = hooks.get("grpo_reference")  # a separate reference model (cabe.trace.grpo.reference_model)
+    if ref is not None:
+        materialize(ref, device)
+        if kind in ("cpu", "cuda"):
+            fill_random(ref)
+    return Runner(model, cfg, setup, device, tracker, kind, ref)
+
+
 def train(
     model: Any,
     cfg: Any,
@@ -177,20 +192,31 @@ def train(
         p.register_post_accumulate_grad_hook(lambda p: tracker.tag_tensor(p.grad, "gradients"))
     handles = _install_logits_hooks(model, tracker)
     step_starts: list[int] = []
-    try:
-        for step in range(1, steps + 1):
-            if hooks and "on_step_start" in hooks:
-                hooks["on_step_start"](step)
-            tracker.step = step
-            step_starts.append(len(tracker.events))
-            for _mb in range(micro):
-                _micro_batch(model, cfg, setup, device, tracker, micro, scaler)
-            _optimizer_step(opt, tracker, scaler)
-    finally:
-        for h in handles:
-            h.remove()
+    with contextlib.ExitStack() as stack:
+        grpo = stack.enter_context(_grpo(model, cfg, setup, device, tracker, kind, hooks or {}))
+        try:
+            for step in range(1, steps + 1):
+                if hooks and "on_step_start" in hooks:
+                    hooks["on_step_start"](step)
+                tracker.step = step
+                step_starts.append(len(tracker.events))
+                if grpo is not None:  # TRL's GRPOTrainer: the rollout's log-probs, then its micro-batches
+                    grpo.rollout(step_start=True)
+                for _mb in range(micro):
+                    if grpo is not None:
+                        grpo.micro_batch(micro, scaler)
+                    else:
+                        _micro_batch(model, cfg, setup, device, tracker, micro, scaler)
+                _optimizer_step(opt, tracker, scaler)
+        finally:
+            for h in handles:
+                h.remove()
     tracker.set_phase("setup")
     res = analyse(tracker, steps, step_starts)
+    if setup.objective == "grpo":
+        from cabe.trace.grpo import join_generation
+
+        join_generation(res, tracker, step_starts, (hooks or {}).get("grpo_generation"))
     res.micro_batches_per_step = micro
     res.steps = steps
     res.notes = notes

@@ -53,7 +53,8 @@ CUBLAS_OPS = frozenset(
     getattr(torch.ops.aten, n).default for n in ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "addmv", "mv")
 )
 
-PHASES = ("setup", "forward", "backward", "optimizer")
+#: (``reference``: GRPO's no-grad log-prob passes before the policy step, cabe.trace.grpo)
+PHASES = ("setup", "forward", "backward", "optimizer", "reference")
 
 
 def round_up(n: int) -> int:
@@ -288,7 +289,7 @@ class AllocationTracker(TorchDispatchMode):
         phase = PHASES[self.phase_of[aid]]
         if phase == "optimizer":
             return "optimizer_temporaries"
-        if phase in ("forward", "backward"):
+        if phase in ("forward", "backward", "reference"):
             return "activations"
         return "other"
 

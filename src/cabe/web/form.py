@@ -86,6 +86,20 @@ FIELDSETS = (
     ),
     # images in each sequence, for a vision-language model (issue 13: cabe.vision)
     ("web.plan.group_images", ("images", "image_size")),
+    # TRL's GRPOTrainer knobs (issue 33: cabe.objectives.grpo); the objective itself is in the training group
+    (
+        "web.plan.group_grpo",
+        (
+            "num_generations",
+            "max_completion_length",
+            "prompt_length",
+            "beta",
+            "use_vllm",
+            "vllm_mode",
+            "vllm_gpu_memory_utilization",
+            "vllm_enable_sleep_mode",
+        ),
+    ),
 )
 #: the fields each fieldset keeps under "More options" (collapsed): the ones few runs change
 MORE = frozenset(
