@@ -1,5 +1,5 @@
 """cabe.objectives.grpo: a GRPOTrainer step's phases (trl 1.16.0), their arithmetic and their refusals. The trace
-of the same steps is tests/trace/test_grpo.py; the random sample, benchmarks/differential/grpo.py."""
+of the same steps is tests/trace/test_grpo_trace.py; the random sample, benchmarks/differential/grpo.py."""
 
 from __future__ import annotations
 

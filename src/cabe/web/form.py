@@ -93,6 +93,8 @@ FIELDSETS = (
             "num_generations",
             "max_completion_length",
             "prompt_length",
+            "generation_batch_size",
+            "steps_per_generation",
             "beta",
             "use_vllm",
             "vllm_mode",
@@ -119,6 +121,9 @@ MORE = frozenset(
         "loss_chunks",
         "checkpoint_every",
         "transformers",
+        # GRPO
+        "generation_batch_size",
+        "steps_per_generation",
         # several GPUs
         "param_dtype",
         "gpus_per_node",
