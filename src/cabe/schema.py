@@ -50,6 +50,15 @@ from cabe.recipes import NAMES as RECIPES
 # Upper bounds that catch typos (a batch of 10^9) without limiting real use.
 MAX_BATCH = 1 << 20
 MAX_SEQ = 1 << 24
+#: the reference of a preference trainer (cabe.objectives.preference)
+REF_MODELS = ("auto", "copy", "adapter-off")
+#: DPOConfig's loss types (trl 1.16.0 dpo_config.py:87-91), then KTOConfig's (kto_config.py:198-203)
+DPO_LOSS_TYPES = (
+    "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
+    "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm",
+)  # fmt: skip
+KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
+LOSS_TYPES = ("auto",) + DPO_LOSS_TYPES + KTO_LOSS_TYPES
 MAX_RANK = 1 << 16
 MAX_GPUS = 1 << 20
 MAX_LAYERS = 1 << 12
@@ -427,6 +436,33 @@ _SETUP: tuple[Field, ...] = (
         ("sft", "dpo", "orpo", "kto", "grpo"),
         flags=_flag("objective"),
     ),
+    # ---- TRL's preference trainers (DPOTrainer, KTOTrainer: trl 1.16.0; ORPOTrainer: trl.experimental.orpo) ----
+    # (cabe.objectives.preference walks their phases; given with another objective they are refused: objective_only)
+    # the reference: a separate frozen copy (DPOConfig has no flag: ``ref_model`` given, or made by the trainer for a
+    # full fine-tune, dpo_trainer.py:396-417), the policy's PEFT base with its adapters disabled (TRL's own with a
+    # peft_config, dpo_trainer.py:1320-1331); auto: the adapters off for LoRA / QLoRA, else a copy
+    _choice("ref_model", "setup", _TRAINING + ("from-config",), "auto", REF_MODELS, flags=_flag("ref_model")),
+    # DPOConfig / KTOConfig ``precompute_ref_log_probs`` (dpo_config.py:74-77): the reference's log-probabilities
+    # computed once before training, no reference during the step
+    Field(
+        "precompute_ref_log_probs",
+        bool,
+        "setup",
+        _TRAINING + ("from-config",),
+        False,
+        flags=_flag("precompute_ref_log_probs"),
+    ),
+    # of each row's ``seq`` tokens (TRL's max_length: the collator truncates prompt + completion to it,
+    # dpo_trainer.py:159-170), how many are prompt: TRL's fused LM head scores only the completion's positions
+    # (trl/trainer/utils.py:1629-1645); 0: every position
+    _int(
+        "prompt_length", "setup", _TRAINING + ("from-config",), 0, 0, MAX_SEQ, unit="tokens", flags=_flag("prompt_length")
+    ),
+    # DPOConfig.loss_type (dpo_config.py:232) / KTOConfig.loss_type (kto_config.py:198): KTO's ``kto`` runs the KL
+    # batch, ``apo_zero_unpaired`` does not (kto_trainer.py:815); DPO's are per-sequence scalars beside the log-probs
+    _choice("loss_type", "setup", _TRAINING + ("from-config",), "auto", LOSS_TYPES, flags=_flag("loss_type")),
+    # DPOConfig.use_weighting (WPO): the fused head also returns log(sum p^2) per position (dpo_trainer.py:957-959)
+    Field("use_weighting", bool, "setup", _TRAINING + ("from-config",), False, flags=_flag("use_weighting")),
     # torchtune's CEWithChunkedOutputLoss(num_output_chunks=8) (modules/loss/ce_chunked_output_loss.py)
     _int("loss_chunks", "setup", _TRAINING + ("from-config",), 8, 1, MAX_SEQ, flags=_flag("loss_chunks")),
     # GaLore's rank (the Trainer's optim_args "rank", default 128: trainer_optimizer.py:370) and targets (the

@@ -37,6 +37,7 @@ Offload = Literal["none", "optimizer", "parameters", "both"]
 Recipe = Literal["hf-trainer", "trl-sft", "axolotl", "llama-factory", "torchtune", "unsloth", "litgpt"]
 Loss = Literal["hf", "chunked", "liger", "cce", "litgpt"]
 Objective = Literal["sft", "dpo", "orpo", "kto", "grpo"]
+RefModel = Literal["auto", "copy", "adapter-off"]
 ParamDtype = Literal["none", "bf16", "fp16"]
 AdapterDtype = Literal["fp32", "model"]
 CpImpl = Literal["allgather", "alltoall", "ulysses"]
@@ -93,6 +94,12 @@ class TrainingSetup:
         recipe: the trainer whose defaults the request takes (:mod:`cabe.recipes`), or ``None``.
         objective: ``sft`` (next-token cross-entropy), or TRL's ``dpo`` / ``orpo`` / ``kto`` / ``grpo`` trainer,
             whose phases :mod:`cabe.objectives` walks.
+        ref_model: a preference trainer's reference: ``copy`` (a separate frozen model), ``adapter-off`` (the
+            policy's PEFT base with its adapters disabled), ``auto`` (TRL's: adapters off for LoRA / QLoRA, else a copy).
+        precompute_ref_log_probs: TRL's: the reference's log-probabilities computed before training, none kept.
+        prompt_length: of each row's ``seq`` tokens, the prompt's (TRL's fused LM head scores the completion only).
+        loss_type: TRL's DPO / KTO ``loss_type`` (``auto``: sigmoid for DPO, kto for KTO).
+        use_weighting: DPO's WPO weighting (one more per-position output of the fused LM head).
         loss: the loss kernel: ``hf`` (transformers' ForCausalLMLoss: whole logits upcast to fp32),
             ``chunked`` (torchtune's CEWithChunkedOutputLoss), ``liger`` (Liger's fused linear
             cross-entropy), ``cce`` (Apple's cut cross-entropy), ``litgpt`` (LitGPT's lm_head over chunks of 128
@@ -167,6 +174,11 @@ class TrainingSetup:
     recipe: Recipe | None = _D["recipe"]
     loss: Loss | None = _D["loss"]
     objective: Objective = _D["objective"]
+    ref_model: RefModel = _D["ref_model"]
+    precompute_ref_log_probs: bool = _D["precompute_ref_log_probs"]
+    prompt_length: int = _D["prompt_length"]
+    loss_type: str = _D["loss_type"]
+    use_weighting: bool = _D["use_weighting"]
     loss_chunks: int = _D["loss_chunks"]
     galore_rank: int = _D["galore_rank"]
     galore_targets: tuple[str, ...] = _D["galore_targets"]
@@ -246,6 +258,26 @@ class TrainingSetup:
     def transformers_line(self) -> int:
         """The transformers line the run uses: 4 or 5 (the installed one's, else 5, when not given)."""
         return transformers_line.major(self.transformers)
+
+    @property
+    def resolved_ref_model(self) -> str:
+        """The reference of a DPO / KTO step: ``precomputed``, ``adapter-off`` or ``copy`` (TRL's choice when
+        ``auto``: the adapters disabled with PEFT, else a copy, trl 1.16.0 dpo_trainer.py:396-417); ``none`` for
+        the objectives without one (SFT, ORPO)."""
+        if self.objective not in ("dpo", "kto"):
+            return "none"
+        if self.precompute_ref_log_probs:
+            return "precomputed"
+        if self.ref_model == "auto":
+            return "adapter-off" if self.adapters else "copy"
+        return self.ref_model
+
+    @property
+    def resolved_loss_type(self) -> str:
+        """TRL's ``loss_type``: the one given, else the trainer's default (DPOConfig ``sigmoid``, KTOConfig ``kto``)."""
+        if self.loss_type != "auto":
+            return self.loss_type
+        return {"dpo": "sigmoid", "kto": "kto"}.get(self.objective, "auto")
 
     @property
     def resolved_loss(self) -> str:

@@ -35,6 +35,8 @@ def import_deps(setup: TrainingSetup | None = None) -> None:
         needed.append("galore_torch")
     # the supported window, read from the packages' metadata before any import (cabe.trace.compat)
     compat.check_window([_DISTRIBUTIONS.get(n, n) for n in needed] + ["accelerate"])
+    if setup is not None and setup.objective != "sft":  # TRL's trainer code (cabe.trace.preference)
+        needed.append("trl")
     for name in needed:
         try:
             __import__(name)

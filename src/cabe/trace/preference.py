@@ -1,0 +1,322 @@
+"""A DPO step on fake CUDA tensors with TRL's own code (trl 1.16.0): the policy built as every trace builds it
+(:func:`cabe.trace.build.build_model`), the reference a second frozen copy (``ref_model``), the policy's PEFT base
+with its adapters disabled, or precomputed log-probabilities in the batch; TRL's fused LM head
+(``add_fused_lm_head``, trl/trainer/utils.py:1548) put on both as ``DPOTrainer.__init__`` does
+(trl/trainer/dpo_trainer.py:955-962), and every micro-batch run by ``DPOTrainer._compute_loss``
+(dpo_trainer.py:1285-1612) itself — the policy's forward over chosen and rejected rows concatenated (2B rows,
+``DataCollatorForPreference``, dpo_trainer.py:146-209), the reference's under ``torch.no_grad`` while the policy's
+graph is alive, the loss and TRL's metrics — then ``loss.backward()`` and the optimizer step of
+:mod:`cabe.trace.step`.
+
+What the fake device cannot run is stood in for, memory unchanged:
+
+* TRL's Triton kernels (``_forward_kernel`` / ``_backward_kernel``, trl/kernels/chunked_logprob.py:67,150) fold each
+  logits tile into per-token statistics in place: they allocate nothing, so they run as no-ops on the tiles
+  ``ChunkedLogProbFunction`` allocates itself (chunked_logprob.py:292-465); on a CUDA machine with Triton TRL scores
+  only the positions with a label (``compact``, trl/trainer/utils.py:1642), as here.
+* Boolean-mask indexing (``hidden_states[mask]``, trl/trainer/utils.py:1645; ``masked_select`` in
+  ``masked_scatter``'s backward; the metrics' ``chosen_mean_logits[chosen_mask.bool()]``) has a data-dependent
+  shape: the trace built the masks (every row the same prompt and completion lengths), so it knows how many
+  positions each selects, and the op returns that many rows, with CUDA's int64 ``nonzero`` indices as a transient.
+* Host reads of device values (``.item()`` in TRL's metrics) read 0, as every trace does
+  (:func:`cabe.trace.attention.intercept`).
+
+The batch holds the collator's all-ones ``attention_mask`` (TRL counts the step's tokens with it,
+dpo_trainer.py:1545), but hands the model none (:class:`Batch`): the trace's rows are all ``seq`` tokens long (a
+batch at ``max_length``), and transformers drops a mask of ones (masking_utils ``_ignore_causal_mask_sdpa``,
+``flash_attention_mask``) by reading its values, which fake tensors do not have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from cabe.errors import ConfigError
+from cabe.training import TrainingSetup
+
+#: the objectives whose step the trace runs with TRL's code
+TRACEABLE = ("dpo",)
+
+
+def check(setup: TrainingSetup) -> None:
+    """Refuse an objective the trace cannot run (never trace an SFT step in its place)."""
+    if setup.objective not in TRACEABLE:
+        raise ConfigError(
+            "objective_not_traceable", "objective", value=setup.objective, traceable=", ".join(("sft",) + TRACEABLE)
+        )
+
+
+def completion_positions(setup: TrainingSetup) -> int:
+    """Positions of a row whose next-token label is a completion token: the labels shifted by one
+    (trl/trainer/utils.py:1619-1620, ``labels[:, 1:]``) of a row of ``prompt_length`` prompt tokens then completion."""
+    return setup.seq - max(setup.prompt_length, 1)
+
+
+# ---- what the fake device cannot run ---------------------------------------------------------------------------
+class _InPlaceKernel:
+    """A Triton kernel launched as ``kernel[grid](...)`` that writes only into tensors it is given."""
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, **kwargs: None
+
+
+@contextlib.contextmanager
+def fused_head_on_gpu() -> Iterator[None]:
+    """TRL's fused LM head as it runs on a CUDA machine with Triton (``_use_triton``, chunked_logprob.py:48): the
+    compact path and the kernels' launches, which allocate nothing."""
+    from trl.kernels import chunked_logprob
+    from trl.trainer import utils as trl_utils
+
+    saved = {
+        (trl_utils, "_use_triton"): trl_utils._use_triton,
+        (chunked_logprob, "_use_triton"): chunked_logprob._use_triton,
+        (chunked_logprob, "_forward_kernel"): chunked_logprob._forward_kernel,
+        (chunked_logprob, "_backward_kernel"): chunked_logprob._backward_kernel,
+        (chunked_logprob, "triton"): getattr(chunked_logprob, "triton", None),
+    }
+
+    def on_cuda(device: Any) -> bool:
+        return bool(device.type in ("cuda", "xpu"))
+
+    shim = types.SimpleNamespace(cdiv=lambda a, b: -(-a // b))
+    trl_utils._use_triton = on_cuda
+    chunked_logprob._use_triton = on_cuda
+    chunked_logprob._forward_kernel = _InPlaceKernel()
+    chunked_logprob._backward_kernel = _InPlaceKernel()
+    chunked_logprob.triton = shim  # (triton.cdiv in the backward's launch grid)
+    try:
+        yield
+    finally:
+        for (module, name), value in saved.items():
+            setattr(module, name, value)
+
+
+def mask_intercept(setup: TrainingSetup, inner: Any) -> Any:
+    """The tracker's intercept with boolean-mask selection sized from the batch the trace built: a mask whose last
+    dimension is a row's shifted positions selects ``completion_positions`` of each row."""
+    import torch
+
+    aten = torch.ops.aten
+    width, picked = setup.seq - 1, completion_positions(setup)
+
+    def selected(mask: Any) -> int:
+        if mask.dim() == 0 or mask.shape[-1] != width:
+            raise ConfigError("trace_mask_unknown", "objective", shape=tuple(mask.shape))
+        return mask.numel() // width * picked
+
+    def intercept(tr: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+        if func is aten.index.Tensor:
+            src, indices = args[0], args[1]
+            masks = [i for i in indices if i is not None and i.dtype == torch.bool]
+            if not masks:
+                return inner(tr, func, args, kwargs)
+            mask = masks[0]
+            k = selected(mask)
+            idx = torch.empty((k, mask.dim()), dtype=torch.int64, device=src.device)  # CUDA's nonzero
+            tr.record(idx, "nonzero")
+            out = src.new_empty((k, *src.shape[mask.dim() :]))
+            tr.record(out, "index")
+            del idx
+            return out
+        if func is aten.masked_select.default:
+            src, mask = args[0], args[1]
+            k = selected(mask)
+            out = src.new_empty((k,))
+            tr.record(out, "masked_select")
+            return out
+        if func in (aten.index_put_.default, aten._index_put_impl_.default) and any(
+            i is not None and i.dtype == torch.bool for i in args[1]
+        ):
+            return args[0]  # in place (index's backward into its zeros)
+        if func is aten.index_put.default and any(i is not None and i.dtype == torch.bool for i in args[1]):
+            out = args[0].clone()
+            tr.record(out, "index_put")
+            return out
+        return inner(tr, func, args, kwargs)
+
+    return intercept
+
+
+# ---- the trainer and the batch -----------------------------------------------------------------------------------
+class _Accelerator:
+    """What ``DPOTrainer._compute_loss`` asks of accelerate's ``Accelerator`` on one process."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+
+    def gather_for_metrics(self, x: Any) -> Any:
+        return x
+
+    def gather(self, x: Any) -> Any:
+        return x
+
+    def unwrap_model(self, model: Any) -> Any:
+        return model
+
+
+def trainer(model: Any, ref: Any, setup: TrainingSetup, device: Any) -> Any:
+    """A ``DPOTrainer`` with the attributes ``_compute_loss`` reads, set as ``DPOTrainer.__init__`` sets them from a
+    ``DPOConfig`` (dpo_trainer.py:780-800 and 955-990): no Trainer machinery (datasets, tokenizer) is built."""
+    from trl import DPOTrainer
+
+    t = DPOTrainer.__new__(DPOTrainer)
+    vars(t).update(
+        accelerator=_Accelerator(device),
+        model=model,
+        ref_model=ref,
+        args=types.SimpleNamespace(gradient_checkpointing_kwargs=None, discopop_tau=0.05),
+        ld_alpha=None,
+        precompute_ref_logps=setup.precompute_ref_log_probs,
+        f_divergence_type="reverse_kl",
+        f_alpha_divergence_coef=0.5,
+        loss_types=[setup.resolved_loss_type],
+        loss_weights=[1.0],
+        beta=0.1,
+        label_smoothing=0.0,
+        use_weighting=setup.use_weighting,
+        aux_loss_enabled=False,
+        _metrics={"train": __import__("collections").defaultdict(list)},
+        _total_train_tokens=0,
+        _tp_size=1,
+    )
+    return t
+
+
+def add_heads(model: Any, ref: Any, setup: TrainingSetup) -> None:
+    """TRL's fused LM head on the policy (its PEFT base) and on a separate reference, with the outputs
+    ``DPOTrainer.__init__`` asks for (dpo_trainer.py:955-962)."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    outputs: tuple[str, ...] = ("log_probs", "entropy", "mean_logits", "is_top1")
+    if setup.use_weighting:
+        outputs += ("log_sum_sq_probs",)
+    add_fused_lm_head(model.get_base_model() if hasattr(model, "get_base_model") else model, outputs=outputs)
+    if ref is not None:
+        add_fused_lm_head(ref)
+
+
+class Batch(dict[str, Any]):
+    """The collator's batch; the model's keywords (``inputs.items()``, dpo_trainer.py:1290) leave out the all-ones
+    attention mask, which transformers would drop after reading it (module docstring)."""
+
+    def items(self) -> Any:
+        return [(k, v) for k, v in super().items() if k != "attention_mask"]
+
+
+def make_batch(cfg: Any, setup: TrainingSetup, device: Any) -> dict[str, Any]:
+    """``DataCollatorForPreference``'s batch (dpo_trainer.py:146-209): chosen rows then rejected rows, each
+    ``prompt_length`` prompt tokens then completion, ``completion_mask`` marking the completion; precomputed
+    reference log-probabilities (fp32, one per pair) when asked."""
+    import torch
+
+    vocab = int(getattr(cfg, "vocab_size", 32000) or 32000)
+    rows = 2 * setup.batch
+    ids = torch.randint(0, vocab, (rows, setup.seq), device=device)
+    completion = torch.ones((rows, setup.seq), dtype=torch.long, device=device)
+    completion[:, : setup.prompt_length] = 0
+    ones = torch.ones((rows, setup.seq), dtype=torch.long, device=device)
+    batch = Batch(input_ids=ids, attention_mask=ones, completion_mask=completion)
+    if setup.precompute_ref_log_probs:
+        batch["ref_chosen_logps"] = torch.zeros(setup.batch, device=device)
+        batch["ref_rejected_logps"] = torch.zeros(setup.batch, device=device)
+    return batch
+
+
+# ---- the step ----------------------------------------------------------------------------------------------------
+def phased(model: Any, tracker: Any) -> None:
+    """Mark the forwards run without gradients (the reference's, dpo_trainer.py:1320-1333) as the ``reference``
+    phase: the fused forward TRL set on ``model`` (an instance attribute) wrapped to switch the tracker's phase."""
+    import torch
+
+    fused = model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled():
+            return fused(*args, **kwargs)
+        tracker.set_phase("reference")
+        try:
+            return fused(*args, **kwargs)
+        finally:
+            tracker.set_phase("forward")
+
+    model.forward = forward
+
+
+def micro_batch(dpo: Any, cfg: Any) -> Any:
+    """One micro-batch as ``DPOTrainer.training_step`` runs it: ``compute_loss`` under autocast, the loss over
+    ``grad_accum`` when there are micro-batches, backward (cabe.trace.step's signature)."""
+    from cabe.trace.inputs import autocast
+
+    def run(model: Any, _cfg: Any, setup: TrainingSetup, device: Any, tracker: Any, micro: int, scaler: Any) -> None:
+        tracker.set_phase("setup")
+        tracker.region = None
+        batch = make_batch(cfg, setup, device)
+        tracker.set_phase("forward")
+        with autocast(setup):
+            loss = dpo._compute_loss(model, batch, False)
+        if micro > 1:
+            loss = loss / setup.grad_accum
+        tracker.set_phase("backward")
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        del loss, batch
+        tracker.region = None
+
+    return run
+
+
+def reference_model(config: dict[str, Any], setup: TrainingSetup) -> Any:
+    """The separate reference, as ``DPOTrainer.__init__`` loads it (dpo_trainer.py:396-417): the policy's config and
+    dtype, no method, frozen, in eval mode (``prepare_model(..., evaluation_mode=True)``); None when the reference is
+    the policy's base with its adapters disabled, or precomputed."""
+    from cabe.trace.build import build_model
+
+    if setup.resolved_ref_model != "copy":
+        return None
+    ref, _ = build_model(config, setup.with_(method="full", checkpointing=False), [])
+    ref.requires_grad_(False)
+    ref.eval()
+    return ref
+
+
+def _place(ref: Any, device: Any, tracker: Any) -> None:
+    """The reference materialised on the device (on meta until now), its tensors counted as weights."""
+    from cabe.trace.step import materialize
+
+    materialize(ref, device)
+    for p in ref.parameters():
+        tracker.tag_tensor(p, "weights")
+    for b in ref.buffers():
+        tracker.tag_tensor(b, "weights")
+
+
+def train(
+    ref: Any,
+    model: Any,
+    cfg: Any,
+    setup: TrainingSetup,
+    steps: int,
+    device: Any,
+    tracker: Any,
+    trainable: list[Any],
+    kind: str,
+) -> Any:
+    """``steps`` DPO steps under ``tracker`` (the policy materialised and tagged by the engine; ``ref`` the separate
+    reference on meta, or None)."""
+    from cabe.trace.step import train as train_steps
+
+    if ref is not None:
+        _place(ref, device, tracker)
+    add_heads(model, ref, setup)
+    phased(model.get_base_model() if hasattr(model, "get_base_model") else model, tracker)
+    if ref is not None:
+        phased(ref, tracker)
+    dpo = trainer(model, ref, setup, device)
+    tracker.intercept = mask_intercept(setup, tracker.intercept)
+    with fused_head_on_gpu():
+        return train_steps(model, cfg, setup, steps, device, tracker, trainable, kind, micro_batch=micro_batch(dpo, cfg))
