@@ -64,7 +64,9 @@ def fused_head(
     forward = max(loop, after) + round_alloc(16 * k)  # (CUDA's nonzero indices of the selection: K × 2 int64)
     trained_head = setup.method == "full"
     grads = round_alloc(4 * k * h) + (round_alloc(4 * v * h) if trained_head else 0) + round_alloc(4 * k)
-    backward = max(grads + buf + casts, grads + round_alloc(k * h * rho))
+    # the casts back (l. 453-454): grad_hidden to the hidden states' dtype, grad_weight to the head's, beside the fp32
+    weight_cast = round_alloc(v * h * dt.weight) if trained_head and dt.weight != 4 else 0
+    backward = max(grads + buf + casts, grads + round_alloc(k * h * rho) + weight_cast)
     rows_h = round_alloc(p * h * rho) + round_alloc(rows * setup.seq * h * rho)  # index's, then the slice's, zeros
     backward = max(backward, round_alloc(k * h * rho) + rows_h)
     return FusedHead(kept=kept, forward_transient=forward, backward_transient=backward)
