@@ -1146,10 +1146,28 @@ def _companions(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any
             if entry is not None and not (entry.temporaries or entry.impl_flags):
                 out.append(("optimizer_impl", "impl_not_read", {"optimizer": name}))
     out += _per_node(values)
+    out += _objective_only(values)
     out += _tp_only(values)
     out += _cp_only(values)
     out += _fsdp_loading(values)
     return out
+
+
+#: the preference trainers' options (cabe.objectives.preference), read with those objectives only
+PREFERENCE_FIELDS = ("ref_model", "precompute_ref_log_probs", "prompt_length", "loss_type", "use_weighting")
+PREFERENCE_OBJECTIVES = ("dpo", "orpo", "kto")
+
+
+def _objective_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """A preference trainer's option with another objective (``objective_only``): SFT and GRPO do not read it."""
+    objective = values.get("objective") if _sent(values.get("objective")) else field("objective").default
+    if objective in PREFERENCE_OBJECTIVES:
+        return []
+    return [
+        (name, "objective_only", {"objectives": ", ".join(PREFERENCE_OBJECTIVES), "objective": objective})
+        for name in PREFERENCE_FIELDS
+        if _sent(values.get(name)) and not _is_default(field(name), values.get(name))
+    ]
 
 
 def _tp_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
