@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cabe.architecture import ModelSpec
+from cabe.facts import head_facts
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -57,16 +58,34 @@ def fused_head(
     saved = round_alloc(p) + round_alloc(k * h * rho) + round_alloc(8 * k) + 2 * round_alloc(4 * k)
     kept = scattered + (saved if grad else round_alloc(p))
     buf = round_alloc(tile * VOCAB_TILE * cd)
-    casts = round_alloc(tile * h * cd) if rho != cd else 0  # hidden_chunk.to(compute_dtype), l. 345
-    casts += round_alloc(min(v, VOCAB_TILE) * h * cd) if dt.frozen != cd else 0  # weight[start:end].to(...), l. 349
-    loop = STATISTICS * round_alloc(4 * k) + buf + casts
+    # the head's weight trains (full fine-tuning, or PEFT's modules_to_save copy of it, cabe.method.saved_modules):
+    # its fp32 gradient is made in the head's backward (l. 405-407)
+    trained_head = setup.method == "full" or head_facts(spec, setup).lm_head_saved
+    w = dt.weight if trained_head else dt.frozen  # the head's weight as stored
+    # a 16-bit tensor in the load dtype under the other 16-bit autocast (fp16 weights, bf16 autocast) is cast too
+    other16 = dt.autocast and setup.dtype in ("bf16", "fp16") and setup.dtype != setup.autocast
+
+    def cast(nbytes: int) -> bool:
+        return nbytes != cd or (nbytes == 2 and other16)
+
+    hidden_cast = round_alloc(tile * h * cd) if cast(rho) else 0  # hidden_chunk.to(compute_dtype), l. 345 / 417
+    first, second = min(v, VOCAB_TILE), min(max(v - VOCAB_TILE, 0), VOCAB_TILE)
+    # weight[start:end].to(compute_dtype): in forward a temporary of the mm (l. 349); in backward bound to ``w_chunk``
+    # (l. 420), so the previous chunk's lives while the next is cast: two chunks at once
+    weight_cast = round_alloc(first * h * cd) if cast(w) else 0
+    weight_casts = weight_cast + (round_alloc(second * h * cd) if cast(w) else 0)
+    loop = STATISTICS * round_alloc(4 * k) + buf + hidden_cast + weight_cast
     after = (STATISTICS + 5) * round_alloc(4 * k) + buf + 3 * round_alloc(k)  # log_z, log-probs, entropy, mean, top-1
     forward = max(loop, after) + round_alloc(16 * k)  # (CUDA's nonzero indices of the selection: K × 2 int64)
-    trained_head = setup.method == "full"
     grads = round_alloc(4 * k * h) + (round_alloc(4 * v * h) if trained_head else 0) + round_alloc(4 * k)
-    # the casts back (l. 453-454): grad_hidden to the hidden states' dtype, grad_weight to the head's, beside the fp32
-    weight_cast = round_alloc(v * h * dt.weight) if trained_head and dt.weight != 4 else 0
-    backward = max(grads + buf + casts, grads + round_alloc(k * h * rho) + weight_cast)
+    # after the loop the last tile's buffers are still bound (mm_buf, hidden_chunk, w_chunk) while the return casts
+    # grad_hidden to the hidden states' dtype and then grad_weight to the head's (l. 453-454), beside the fp32 ones
+    last = v - VOCAB_TILE * ((v - 1) // VOCAB_TILE)
+    last_cast = round_alloc(last * h * cd) if cast(w) else 0
+    hidden_back = round_alloc(k * h * rho) if rho != 4 else 0
+    weight_back = round_alloc(v * h * dt.weight) if trained_head and dt.weight != 4 else 0
+    tail = grads + buf + hidden_cast + last_cast + hidden_back + weight_back
+    backward = max(grads + buf + hidden_cast + weight_casts, tail)
     rows_h = round_alloc(p * h * rho) + round_alloc(rows * setup.seq * h * rho)  # index's, then the slice's, zeros
     backward = max(backward, round_alloc(k * h * rho) + rows_h)
     return FusedHead(kept=kept, forward_transient=forward, backward_transient=backward)

@@ -19,11 +19,13 @@ trainer really runs, with TRL's fused LM head (:mod:`cabe.objectives.fused_head`
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from cabe import generation
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
+from cabe.facts import head_facts
 from cabe.objectives.fused_head import fused_head
 from cabe.objectives.phases import compose
 from cabe.precision import dtypes_for, resolve
@@ -33,7 +35,7 @@ from cabe.training import TrainingSetup
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
-def check(setup: TrainingSetup) -> None:
+def check(spec: ModelSpec, setup: TrainingSetup) -> None:
     """Refuse a combination TRL refuses or that would not act (one sentence each, cabe.errors)."""
     o = setup.objective
     if setup.loss_type != "auto":
@@ -55,6 +57,9 @@ def check(setup: TrainingSetup) -> None:
         raise InvalidValueError("dpo_only", "use_weighting", value=True, objective=o)
     if setup.prompt_length >= setup.seq:
         raise InvalidValueError("prompt_not_below_seq", "prompt_length", value=setup.prompt_length, seq=setup.seq)
+    if o in ("dpo", "kto") and head_facts(spec, setup).lm_head_adapted:
+        # TRL reads lm_head.weight itself: a LoRA on it would never train (dpo_trainer.py:834-841 refuses it)
+        raise InvalidValueError("lm_head_lora_fused_head", "lora_targets", value="lm_head", objective=o)
     if setup.loss is not None and setup.loss != "hf" and o in ("dpo", "kto"):
         # the trainer patches the model's forward with its own head (dpo_trainer.py:955-962): no other loss kernel
         raise InvalidValueError("loss_with_trl_head", "loss", value=setup.loss, objective=o)
@@ -86,7 +91,7 @@ def _copy_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
 
 def estimate(spec: ModelSpec, setup: TrainingSetup, sft: Any, model_meta: dict[str, Any] | None) -> Report:
     """The peak of one DPO / KTO / ORPO step (see the module docstring)."""
-    check(setup)
+    check(spec, setup)
     setup = resolve(setup, spec.dtype)
     policy_setup = setup.with_(batch=rows(setup))
     policy: Report = sft(spec, policy_setup, model_meta=model_meta)
@@ -107,7 +112,20 @@ def estimate(spec: ModelSpec, setup: TrainingSetup, sft: Any, model_meta: dict[s
             extra["kl"] = states + resident + _no_grad_forward(spec, setup, policy_setup, 3)
         if ref == "precomputed":  # before training: the policy's weights and a no-grad pass over the batch
             extra["precompute"] = policy.components.get("weights", 0) + _no_grad_forward(spec, setup, policy_setup, 4)
-    return compose(policy, resident, extra, notes=("objective_" + setup.objective,))
+    report = compose(policy, resident, extra, notes=("objective_" + setup.objective,))
+    return _as_requested(report, setup, rows(setup))
+
+
+def _as_requested(report: Report, setup: TrainingSetup, n_rows: int) -> Report:
+    """The report echoing the request (its batch: pairs or examples; the policy ran ``n_rows`` rows) and the loss
+    the trainer runs: TRL's fused LM head for DPO / KTO (not transformers' loss, so no note assumes it), the
+    ORPO trainer's whole logits."""
+    echo = {**report.setup, "batch": setup.batch, "effective_batch": setup.effective_batch, "rows": n_rows}
+    loss = dict(report.extra.get("loss") or {})
+    loss.update(loss="trl-fused-head" if setup.objective in ("dpo", "kto") else "orpo-logits", loss_chunks=None)
+    loss["assumed"] = [k for k in loss.get("assumed", []) if k != "loss"]
+    notes = tuple(n for n in report.notes if n != "loss_assumed_hf")
+    return replace(report, setup=echo, notes=notes, extra={**report.extra, "loss": loss})
 
 
 def _moment(report: Report, phase: str, where: str) -> int:
