@@ -456,7 +456,14 @@ _SETUP: tuple[Field, ...] = (
     # dpo_trainer.py:159-170), how many are prompt: TRL's fused LM head scores only the completion's positions
     # (trl/trainer/utils.py:1629-1645); 0: every position
     _int(
-        "prompt_length", "setup", _TRAINING + ("from-config",), 0, 0, MAX_SEQ, unit="tokens", flags=_flag("prompt_length")
+        "prompt_length",
+        "setup",
+        _TRAINING + ("from-config",),
+        0,
+        0,
+        MAX_SEQ,
+        unit="tokens",
+        flags=_flag("prompt_length"),
     ),
     # DPOConfig.loss_type (dpo_config.py:232) / KTOConfig.loss_type (kto_config.py:198): KTO's ``kto`` runs the KL
     # batch, ``apo_zero_unpaired`` does not (kto_trainer.py:815); DPO's are per-sequence scalars beside the log-probs

@@ -38,6 +38,11 @@ Recipe = Literal["hf-trainer", "trl-sft", "axolotl", "llama-factory", "torchtune
 Loss = Literal["hf", "chunked", "liger", "cce", "litgpt"]
 Objective = Literal["sft", "dpo", "orpo", "kto", "grpo"]
 RefModel = Literal["auto", "copy", "adapter-off"]
+#: TRL's DPO then KTO loss types (cabe.schema.LOSS_TYPES)
+LossType = Literal[
+    "auto", "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
+    "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm", "kto", "apo_zero_unpaired",
+]  # fmt: skip
 ParamDtype = Literal["none", "bf16", "fp16"]
 AdapterDtype = Literal["fp32", "model"]
 CpImpl = Literal["allgather", "alltoall", "ulysses"]
@@ -177,7 +182,7 @@ class TrainingSetup:
     ref_model: RefModel = _D["ref_model"]
     precompute_ref_log_probs: bool = _D["precompute_ref_log_probs"]
     prompt_length: int = _D["prompt_length"]
-    loss_type: str = _D["loss_type"]
+    loss_type: LossType = _D["loss_type"]
     use_weighting: bool = _D["use_weighting"]
     loss_chunks: int = _D["loss_chunks"]
     galore_rank: int = _D["galore_rank"]

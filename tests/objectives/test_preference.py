@@ -72,4 +72,6 @@ def test_bad_combinations_are_typed_errors(kw, code):
 def test_preference_options_refused_with_another_objective():
     out = schema.inapplicable({"prompt_length": 64})
     assert ("prompt_length", "objective_only") in [(n, c) for n, c, _ in out]
-    assert not [c for _, c, _ in schema.inapplicable({"prompt_length": 64, "objective": "dpo"}) if c == "objective_only"]
+    assert not [
+        c for _, c, _ in schema.inapplicable({"prompt_length": 64, "objective": "dpo"}) if c == "objective_only"
+    ]

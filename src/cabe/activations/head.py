@@ -14,6 +14,7 @@ from cabe.activations import compressed
 from cabe.activations.terms import HeadActivations
 from cabe.architecture import ModelSpec
 from cabe.facts import head_facts
+from cabe.objectives.fused_head import fused_head
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -253,8 +254,6 @@ def _trl_fused_head(
     """TRL's fused LM head (:mod:`cabe.objectives.fused_head`): no logits; what it keeps and its transients are
     bytes of the batch, not per token. The policy asks for log-probs, entropy, mean logits and top-1 (DPO,
     dpo_trainer.py:957; KTO's: log-probs and entropy, kto_trainer.py:967-970), DPO's WPO weighting one more."""
-    from cabe.objectives.fused_head import fused_head
-
     dpo = setup.objective == "dpo"
     f = fused_head(spec, setup, dt, 3 + (1 if dpo and setup.use_weighting else 0), top1=dpo)
     return HeadActivations(

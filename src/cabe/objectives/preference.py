@@ -30,6 +30,7 @@ from cabe.objectives.fused_head import fused_head
 from cabe.objectives.phases import compose
 from cabe.precision import dtypes_for, resolve
 from cabe.report import Report
+from cabe.schema import DPO_LOSS_TYPES, KTO_LOSS_TYPES
 from cabe.training import TrainingSetup
 
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -40,8 +41,6 @@ def check(spec: ModelSpec, setup: TrainingSetup) -> None:
     o = setup.objective
     if setup.loss_type != "auto":
         allowed = {"dpo": "DPO", "kto": "KTO"}.get(o)
-        from cabe.schema import DPO_LOSS_TYPES, KTO_LOSS_TYPES
-
         own = DPO_LOSS_TYPES if o == "dpo" else KTO_LOSS_TYPES if o == "kto" else ()
         if allowed is None or setup.loss_type not in own:
             raise InvalidValueError("loss_type_objective", "loss_type", value=setup.loss_type, objective=o)

@@ -127,7 +127,11 @@ def _header(report: ReportData, lang: str, units: str) -> list[str]:
 
 def _phase_line(report: ReportData, lang: str, units: str) -> list[str]:
     """A step of several phases (a preference trainer's, cabe.objectives): each phase's peak, in the step's order."""
-    if "reference" not in report.phase_peaks and "kl" not in report.phase_peaks and "precompute" not in report.phase_peaks:
+    if (
+        "reference" not in report.phase_peaks
+        and "kl" not in report.phase_peaks
+        and "precompute" not in report.phase_peaks
+    ):
         return []
     order = ("precompute", "kl", "forward", "reference", "backward", "optimizer")
     parts = [

@@ -319,4 +319,6 @@ def train(
     dpo = trainer(model, ref, setup, device)
     tracker.intercept = mask_intercept(setup, tracker.intercept)
     with fused_head_on_gpu():
-        return train_steps(model, cfg, setup, steps, device, tracker, trainable, kind, micro_batch=micro_batch(dpo, cfg))
+        return train_steps(
+            model, cfg, setup, steps, device, tracker, trainable, kind, micro_batch=micro_batch(dpo, cfg)
+        )
