@@ -278,7 +278,17 @@ def reference_model(config: dict[str, Any], setup: TrainingSetup) -> Any:
 
     if setup.resolved_ref_model != "copy":
         return None
-    ref, _ = build_model(config, setup.with_(method="full", checkpointing=False), [])
+    # the policy's model as loaded, with none of its training options (method, checkpointing, savers)
+    plain = TrainingSetup(
+        method="full",
+        dtype=setup.dtype,
+        autocast=setup.autocast,
+        attention=setup.attention,
+        transformers=setup.transformers,
+        batch=setup.batch,
+        seq=setup.seq,
+    )
+    ref, _ = build_model(config, plain, [])
     ref.requires_grad_(False)
     ref.eval()
     return ref
