@@ -84,8 +84,12 @@ def _no_grad_forward(spec: ModelSpec, setup: TrainingSetup, model_setup: Trainin
 
 
 def _copy_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
-    """A separate reference: the policy's parameters in its load dtype (dpo_trainer.py:412), frozen."""
-    return spec.parameter_count * _BYTES.get(setup.dtype, 2) + spec.buffer_bytes
+    """A separate reference: the policy's parameters in its load dtype (dpo_trainer.py:412), frozen, on each GPU:
+    sharded as the policy is under ZeRO-3 (trl/models/utils.py:285-286 keeps stage 3, every other stage becomes 0:
+    a whole copy) and FSDP (``prepare_fsdp``, l. 292-330, the plugin's sharding: within a node for hybrid)."""
+    whole = spec.parameter_count * _BYTES.get(setup.dtype, 2)
+    group = {"zero3": setup.gpus, "fsdp": setup.gpus, "fsdp-hybrid": min(setup.gpus, setup.gpus_per_node)}
+    return -(-whole // group.get(setup.shard, 1)) + spec.buffer_bytes
 
 
 def estimate(spec: ModelSpec, setup: TrainingSetup, sft: Any, model_meta: dict[str, Any] | None) -> Report:

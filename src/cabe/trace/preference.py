@@ -47,6 +47,8 @@ def check(setup: TrainingSetup) -> None:
         raise ConfigError(
             "objective_not_traceable", "objective", value=setup.objective, traceable=", ".join(("sft",) + TRACEABLE)
         )
+    if setup.distributed:  # the engines' rank 0 runs an SFT step (cabe.trace.distributed): no DPO step there
+        raise ConfigError("objective_one_gpu", "objective", value=setup.objective)
 
 
 def completion_positions(setup: TrainingSetup) -> int:
