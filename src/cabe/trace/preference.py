@@ -21,10 +21,10 @@ What the fake device cannot run is stood in for, memory unchanged:
 * Host reads of device values (``.item()`` in TRL's metrics) read 0, as every trace does
   (:func:`cabe.trace.attention.intercept`).
 
-The batch holds the collator's all-ones ``attention_mask`` (TRL counts the step's tokens with it,
-dpo_trainer.py:1545), but hands the model none (:class:`Batch`): the trace's rows are all ``seq`` tokens long (a
-batch at ``max_length``), and transformers drops a mask of ones (masking_utils ``_ignore_causal_mask_sdpa``,
-``flash_attention_mask``) by reading its values, which fake tensors do not have.
+* The collator's attention masks are all ones (the trace's rows are all ``seq`` tokens long: a batch at
+  ``max_length``); transformers drops such a mask after reading its values (masking_utils.py:329
+  ``_ignore_causal_mask_sdpa``, l. 658 ``flash_attention_mask``), which fake tensors do not have: those two are asked
+  with no mask, the answer they give for a mask of ones (:func:`ones_masks`).
 """
 
 from __future__ import annotations
@@ -94,6 +94,35 @@ def fused_head_on_gpu() -> Iterator[None]:
     finally:
         for (module, name), value in saved.items():
             setattr(module, name, value)
+
+
+@contextlib.contextmanager
+def ones_masks() -> Iterator[None]:
+    """transformers' mask functions asked as for a mask of ones (module docstring): SDPA's skip test and the
+    flash mask (cabe's ``cabe_fa2`` registration, :func:`cabe.trace.attention.register_flash`) given no mask."""
+    from cabe.trace import compat
+    from cabe.trace.attention import register_flash
+
+    every = compat.EVERY_FAMILY
+    mu = compat.module("masking_utils", every)
+    real_ignore = compat.require(mu, "_ignore_causal_mask_sdpa", every)
+    registry = compat.require(mu, "ALL_MASK_ATTENTION_FUNCTIONS", every)
+    name = register_flash()
+    real_flash = registry[name]
+
+    def ignore(padding_mask: Any, *args: Any, **kwargs: Any) -> Any:
+        return real_ignore(None, *args, **kwargs)
+
+    def flash(*args: Any, **kwargs: Any) -> Any:
+        return real_flash(*args, **{**kwargs, "attention_mask": None})
+
+    mu._ignore_causal_mask_sdpa = ignore
+    registry.register(name, flash)
+    try:
+        yield
+    finally:
+        mu._ignore_causal_mask_sdpa = real_ignore
+        registry.register(name, real_flash)
 
 
 def mask_intercept(setup: TrainingSetup, inner: Any) -> Any:
@@ -200,14 +229,6 @@ def add_heads(model: Any, ref: Any, setup: TrainingSetup) -> None:
         add_fused_lm_head(ref)
 
 
-class Batch(dict[str, Any]):
-    """The collator's batch; the model's keywords (``inputs.items()``, dpo_trainer.py:1290) leave out the all-ones
-    attention mask, which transformers would drop after reading it (module docstring)."""
-
-    def items(self) -> Any:
-        return [(k, v) for k, v in super().items() if k != "attention_mask"]
-
-
 def make_batch(cfg: Any, setup: TrainingSetup, device: Any) -> dict[str, Any]:
     """``DataCollatorForPreference``'s batch (dpo_trainer.py:146-209): chosen rows then rejected rows, each
     ``prompt_length`` prompt tokens then completion, ``completion_mask`` marking the completion; precomputed
@@ -220,7 +241,7 @@ def make_batch(cfg: Any, setup: TrainingSetup, device: Any) -> dict[str, Any]:
     completion = torch.ones((rows, setup.seq), dtype=torch.long, device=device)
     completion[:, : setup.prompt_length] = 0
     ones = torch.ones((rows, setup.seq), dtype=torch.long, device=device)
-    batch = Batch(input_ids=ids, attention_mask=ones, completion_mask=completion)
+    batch = {"input_ids": ids, "attention_mask": ones, "completion_mask": completion}
     if setup.precompute_ref_log_probs:
         batch["ref_chosen_logps"] = torch.zeros(setup.batch, device=device)
         batch["ref_rejected_logps"] = torch.zeros(setup.batch, device=device)
@@ -330,7 +351,7 @@ def train(
         phased(ref, tracker)
     dpo = trainer(model, ref, setup, device)
     tracker.intercept = mask_intercept(setup, tracker.intercept)
-    with fused_head_on_gpu():
+    with fused_head_on_gpu(), ones_masks():
         return train_steps(
             model, cfg, setup, steps, device, tracker, trainable, kind, micro_batch=micro_batch(dpo, cfg)
         )
