@@ -16,26 +16,37 @@ from cabe.training import TrainingSetup
 pytestmark = pytest.mark.trace
 
 
-def test_kto_trace_refused():
+def test_orpo_trace_refused():
     src = models.preset("qwen2.5-0.5b")
     with pytest.raises(ConfigError) as e:
-        trace_step(src.config, TrainingSetup(method="lora", objective="kto"))
+        trace_step(src.config, TrainingSetup(method="lora", objective="orpo"))
     assert e.value.code == "objective_not_traceable"
 
 
-# Traced 2026-12-07 (trl 1.16.0, transformers 5.25, torch 2.13): LoRA -0.08%, full -0.80%
+def test_several_gpus_refused():
+    src = models.preset("qwen2.5-0.5b")
+    with pytest.raises(ConfigError) as e:
+        trace_step(src.config, TrainingSetup(method="lora", objective="dpo", gpus=2, shard="ddp"))
+    assert e.value.code == "objective_one_gpu"
+
+
+# Traced 2026-12-07 (trl 1.16.0, transformers 5.25, torch 2.13): DPO LoRA 0.00%, full -0.80%; KTO LoRA -0.00%,
+# full (its KL rows first) -0.00%
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kw",
     [
         dict(method="lora", dtype="bf16", batch=2, seq=512, prompt_length=128),
         dict(method="full", dtype="bf16", batch=2, seq=256, prompt_length=64, optimizer="adamw"),
+        dict(method="lora", dtype="bf16", batch=2, seq=512, prompt_length=128, objective="kto"),
+        dict(method="full", dtype="bf16", batch=2, seq=256, prompt_length=64, optimizer="adamw", objective="kto"),
     ],
 )
-def test_dpo_estimate_matches_trace(kw):
+def test_preference_estimate_matches_trace(kw):
     src = models.preset("qwen2.5-0.5b")
-    setup = TrainingSetup(objective="dpo", **kw)
+    setup = TrainingSetup(**{"objective": "dpo", **kw})
     traced = trace_step(src.config, setup)
     est = estimate_model(src.spec, setup)
     assert "reference" in traced.phase_peaks and "reference" in est.phase_peaks
+    assert ("kl" in traced.phase_peaks) == ("kl" in est.phase_peaks) == (setup.objective == "kto")
     assert abs(est.total_bytes - traced.peak_bytes) / traced.peak_bytes < 0.015

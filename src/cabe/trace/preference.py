@@ -1,4 +1,4 @@
-"""A DPO step on fake CUDA tensors with TRL's own code (trl 1.16.0): the policy built as every trace builds it
+"""A DPO or KTO step on fake CUDA tensors with TRL's own code (trl 1.16.0): the policy built as every trace builds it
 (:func:`cabe.trace.build.build_model`), the reference a second frozen copy (``ref_model``), the policy's PEFT base
 with its adapters disabled, or precomputed log-probabilities in the batch; TRL's fused LM head
 (``add_fused_lm_head``, trl/trainer/utils.py:1548) put on both as ``DPOTrainer.__init__`` does
@@ -6,7 +6,9 @@ with its adapters disabled, or precomputed log-probabilities in the batch; TRL's
 (dpo_trainer.py:1285-1612) itself — the policy's forward over chosen and rejected rows concatenated (2B rows,
 ``DataCollatorForPreference``, dpo_trainer.py:146-209), the reference's under ``torch.no_grad`` while the policy's
 graph is alive, the loss and TRL's metrics — then ``loss.backward()`` and the optimizer step of
-:mod:`cabe.trace.step`.
+:mod:`cabe.trace.step`. KTO's micro-batch is ``KTOTrainer._compute_loss`` (kto_trainer.py:1370-1563): the unpaired
+rows, the KL rows through the policy without gradients first, the reference on both after the policy's forward.
+ORPO (trl.experimental) is not traced: :func:`check` refuses it.
 
 What the fake device cannot run is stood in for, memory unchanged:
 
@@ -38,7 +40,7 @@ from cabe.errors import ConfigError
 from cabe.training import TrainingSetup
 
 #: the objectives whose step the trace runs with TRL's code
-TRACEABLE = ("dpo",)
+TRACEABLE = ("dpo", "kto")
 
 
 def check(setup: TrainingSetup) -> None:
@@ -152,6 +154,12 @@ def mask_intercept(setup: TrainingSetup, inner: Any) -> Any:
             tr.record(out, "index")
             del idx
             return out
+        if func is aten.nonzero.default and args[0].dim() == 1 and args[0].dtype == torch.bool:
+            # KTO's desirable / undesirable split (kto_trainer.py:1409-1411): the trace's batch is half of each
+            # (one of each for a batch of one); per-example scalars, no memory of note
+            out = torch.empty((max(1, args[0].shape[0] // 2), 1), dtype=torch.int64, device=args[0].device)
+            tr.record(out, "nonzero")
+            return out
         if func is aten.masked_select.default:
             src, mask = args[0], args[1]
             k = selected(mask)
@@ -189,29 +197,46 @@ class _Accelerator:
 
 
 def trainer(model: Any, ref: Any, setup: TrainingSetup, device: Any) -> Any:
-    """A ``DPOTrainer`` with the attributes ``_compute_loss`` reads, set as ``DPOTrainer.__init__`` sets them from a
-    ``DPOConfig`` (dpo_trainer.py:780-800 and 955-990): no Trainer machinery (datasets, tokenizer) is built."""
-    from trl import DPOTrainer
+    """A ``DPOTrainer`` / ``KTOTrainer`` with the attributes ``_compute_loss`` reads, set as their ``__init__`` sets
+    them from a default ``DPOConfig`` / ``KTOConfig`` (dpo_trainer.py:780-800 and 955-990, kto_trainer.py:830-840):
+    no Trainer machinery (datasets, tokenizer) is built."""
+    import collections
 
-    t = DPOTrainer.__new__(DPOTrainer)
-    vars(t).update(
+    from trl import DPOTrainer, KTOTrainer
+
+    common = dict(
         accelerator=_Accelerator(device),
         model=model,
         ref_model=ref,
         args=types.SimpleNamespace(gradient_checkpointing_kwargs=None, discopop_tau=0.05),
-        ld_alpha=None,
         precompute_ref_logps=setup.precompute_ref_log_probs,
+        beta=0.1,
+        aux_loss_enabled=False,
+        router_aux_loss_coef=0.0,
+        _metrics={"train": collections.defaultdict(list)},
+        _total_train_tokens=0,
+        _tp_size=1,
+    )
+    if setup.objective == "kto":
+        t = KTOTrainer.__new__(KTOTrainer)
+        vars(t).update(
+            common,
+            loss_type=setup.resolved_loss_type,
+            calculate_KL=setup.resolved_loss_type != "apo_zero_unpaired",
+            desirable_weight=1.0,
+            undesirable_weight=1.0,
+        )
+        return t
+    t = DPOTrainer.__new__(DPOTrainer)
+    vars(t).update(
+        common,
+        ld_alpha=None,
         f_divergence_type="reverse_kl",
         f_alpha_divergence_coef=0.5,
         loss_types=[setup.resolved_loss_type],
         loss_weights=[1.0],
-        beta=0.1,
         label_smoothing=0.0,
         use_weighting=setup.use_weighting,
-        aux_loss_enabled=False,
-        _metrics={"train": __import__("collections").defaultdict(list)},
-        _total_train_tokens=0,
-        _tp_size=1,
     )
     return t
 
@@ -222,6 +247,8 @@ def add_heads(model: Any, ref: Any, setup: TrainingSetup) -> None:
     from trl.trainer.utils import add_fused_lm_head
 
     outputs: tuple[str, ...] = ("log_probs", "entropy", "mean_logits", "is_top1")
+    if setup.objective == "kto":  # kto_trainer.py:967-970
+        outputs = ("log_probs", "entropy", "mean_logits")
     if setup.use_weighting:
         outputs += ("log_sum_sq_probs",)
     add_fused_lm_head(model.get_base_model() if hasattr(model, "get_base_model") else model, outputs=outputs)
@@ -232,16 +259,30 @@ def add_heads(model: Any, ref: Any, setup: TrainingSetup) -> None:
 def make_batch(cfg: Any, setup: TrainingSetup, device: Any) -> dict[str, Any]:
     """``DataCollatorForPreference``'s batch (dpo_trainer.py:146-209): chosen rows then rejected rows, each
     ``prompt_length`` prompt tokens then completion, ``completion_mask`` marking the completion; precomputed
-    reference log-probabilities (fp32, one per pair) when asked."""
+    reference log-probabilities (fp32, one per pair) when asked. KTO's: the unpaired rows, the KL rows."""
     import torch
 
     vocab = int(getattr(cfg, "vocab_size", 32000) or 32000)
-    rows = 2 * setup.batch
-    ids = torch.randint(0, vocab, (rows, setup.seq), device=device)
-    completion = torch.ones((rows, setup.seq), dtype=torch.long, device=device)
-    completion[:, : setup.prompt_length] = 0
-    ones = torch.ones((rows, setup.seq), dtype=torch.long, device=device)
-    batch = {"input_ids": ids, "attention_mask": ones, "completion_mask": completion}
+    kto = setup.objective == "kto"
+    rows = setup.batch if kto else 2 * setup.batch
+
+    def sequences(prefix: str) -> dict[str, Any]:
+        ids = torch.randint(0, vocab, (rows, setup.seq), device=device)
+        completion = torch.ones((rows, setup.seq), dtype=torch.long, device=device)
+        completion[:, : setup.prompt_length] = 0
+        ones = torch.ones((rows, setup.seq), dtype=torch.long, device=device)
+        return {f"{prefix}input_ids": ids, f"{prefix}attention_mask": ones, f"{prefix}completion_mask": completion}
+
+    batch = sequences("")
+    if kto:  # DataCollatorForUnpairedPreference (kto_trainer.py:146-206): the KL rows and the labels
+        if setup.resolved_loss_type != "apo_zero_unpaired":
+            batch.update(sequences("KL_"))
+        batch["label"] = torch.ones(rows, dtype=torch.bool, device=device)
+        if setup.precompute_ref_log_probs:
+            batch["ref_logps"] = torch.zeros(rows, device=device)
+            if "KL_input_ids" in batch:
+                batch["ref_KL_logps"] = torch.zeros(rows, device=device)
+        return batch
     if setup.precompute_ref_log_probs:
         batch["ref_chosen_logps"] = torch.zeros(setup.batch, device=device)
         batch["ref_rejected_logps"] = torch.zeros(setup.batch, device=device)
@@ -249,17 +290,20 @@ def make_batch(cfg: Any, setup: TrainingSetup, device: Any) -> dict[str, Any]:
 
 
 # ---- the step ----------------------------------------------------------------------------------------------------
-def phased(model: Any, tracker: Any) -> None:
-    """Mark the forwards run without gradients (the reference's, dpo_trainer.py:1320-1333) as the ``reference``
-    phase: the fused forward TRL set on ``model`` (an instance attribute) wrapped to switch the tracker's phase."""
+def phased(model: Any, tracker: Any, seen: dict[str, bool]) -> None:
+    """Mark the forwards run without gradients: KTO's KL rows through the policy before its forward as ``kl``
+    (kto_trainer.py:1379), the reference's after it as ``reference`` (dpo_trainer.py:1320-1333, kto_trainer.py:
+    1426-1436). The fused forward TRL set on ``model`` (an instance attribute) is wrapped to switch the tracker's phase;
+    ``seen["grad"]``: the policy's forward ran in this micro-batch (reset by :func:`micro_batch`)."""
     import torch
 
     fused = model.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if torch.is_grad_enabled():
+            seen["grad"] = True
             return fused(*args, **kwargs)
-        tracker.set_phase("reference")
+        tracker.set_phase("reference" if seen["grad"] else "kl")
         try:
             return fused(*args, **kwargs)
         finally:
@@ -268,7 +312,7 @@ def phased(model: Any, tracker: Any) -> None:
     model.forward = forward
 
 
-def micro_batch(dpo: Any, cfg: Any) -> Any:
+def micro_batch(dpo: Any, cfg: Any, seen: dict[str, bool]) -> Any:
     """One micro-batch as ``DPOTrainer.training_step`` runs it: ``compute_loss`` under autocast, the loss over
     ``grad_accum`` when there are micro-batches, backward (cabe.trace.step's signature)."""
     from cabe.trace.inputs import autocast
@@ -276,10 +320,11 @@ def micro_batch(dpo: Any, cfg: Any) -> Any:
     def run(model: Any, _cfg: Any, setup: TrainingSetup, device: Any, tracker: Any, micro: int, scaler: Any) -> None:
         tracker.set_phase("setup")
         tracker.region = None
+        seen["grad"] = False
         batch = make_batch(cfg, setup, device)
         tracker.set_phase("forward")
         with autocast(setup):
-            loss = dpo._compute_loss(model, batch, False)
+            loss = dpo._compute_loss(model, batch, False)  # (DPOTrainer's or KTOTrainer's)
         if micro > 1:
             loss = loss / setup.grad_accum
         tracker.set_phase("backward")
@@ -346,12 +391,13 @@ def train(
     if ref is not None:
         _place(ref, device, tracker)
     add_heads(model, ref, setup)
-    phased(model.get_base_model() if hasattr(model, "get_base_model") else model, tracker)
+    seen = {"grad": False}
+    phased(model.get_base_model() if hasattr(model, "get_base_model") else model, tracker, seen)
     if ref is not None:
-        phased(ref, tracker)
+        phased(ref, tracker, seen)
     dpo = trainer(model, ref, setup, device)
     tracker.intercept = mask_intercept(setup, tracker.intercept)
     with fused_head_on_gpu(), ones_masks():
         return train_steps(
-            model, cfg, setup, steps, device, tracker, trainable, kind, micro_batch=micro_batch(dpo, cfg)
+            model, cfg, setup, steps, device, tracker, trainable, kind, micro_batch=micro_batch(dpo, cfg, seen)
         )

@@ -53,7 +53,7 @@ CUBLAS_OPS = frozenset(
     getattr(torch.ops.aten, n).default for n in ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "addmv", "mv")
 )
 
-PHASES = ("setup", "forward", "backward", "optimizer", "reference")  # reference: cabe.trace.preference
+PHASES = ("setup", "forward", "backward", "optimizer", "reference", "kl")  # the last two: cabe.trace.preference
 
 
 def round_up(n: int) -> int:
