@@ -52,6 +52,14 @@ def check(spec: ModelSpec, setup: TrainingSetup) -> None:
         raise InvalidValueError("ref_adapter_off_needs_adapter", "ref_model", value="adapter-off", method=setup.method)
     if setup.resolved_ref_model == "copy" and setup.method == "qlora":
         raise InvalidValueError("ref_copy_quantized", "ref_model", value="copy", method=setup.method)
+    saver = (
+        "checkpoint_every" if setup.checkpoint_every > 1 else "offload_activations" if setup.offload_activations else ""
+    )
+    if saver and setup.checkpointing and o in ("dpo", "kto") and setup.resolved_ref_model != "precomputed":
+        # the reference's forward runs inside disable_gradient_checkpointing (dpo_trainer.py:1318, kto_trainer.py:
+        # 1426), which re-enables it with gradient_checkpointing_enable(kwargs) (trl/models/utils.py:397-414): every
+        # layer checkpointed, nothing offloaded, from the first step's reference forward on
+        raise InvalidValueError("trl_checkpointing_reset", saver, value=getattr(setup, saver), objective=o)
     if setup.use_weighting and o != "dpo":
         raise InvalidValueError("dpo_only", "use_weighting", value=True, objective=o)
     if setup.prompt_length >= setup.seq:
@@ -62,6 +70,15 @@ def check(spec: ModelSpec, setup: TrainingSetup) -> None:
     if setup.loss is not None and setup.loss != "hf" and o in ("dpo", "kto"):
         # the trainer patches the model's forward with its own head (dpo_trainer.py:955-962): no other loss kernel
         raise InvalidValueError("loss_with_trl_head", "loss", value=setup.loss, objective=o)
+
+
+def without_dropout(spec: ModelSpec, setup: TrainingSetup) -> tuple[ModelSpec, TrainingSetup]:
+    """DPOConfig / KTOConfig / ORPOConfig ``disable_dropout=True``: every ``nn.Dropout`` of the model (PEFT's LoRA
+    dropout too) set to p=0 (``disable_dropout_in_model``, trl/trainer/utils.py:194-197; dpo_trainer.py:420-423,
+    kto_trainer.py:941-946): no dropout masks. NOTE: a family whose attention reads a float from its config rather
+    than an ``nn.Dropout`` keeps its attention dropout (the configs cabe knows set it to 0)."""
+    plain = replace(spec, attention_dropout=0.0, hidden_dropout=0.0, embedding_dropout=0.0)
+    return plain, setup.with_(lora_dropout=0.0) if setup.lora_dropout else setup
 
 
 def rows(setup: TrainingSetup) -> int:
@@ -96,6 +113,7 @@ def estimate(spec: ModelSpec, setup: TrainingSetup, sft: Any, model_meta: dict[s
     """The peak of one DPO / KTO / ORPO step (see the module docstring)."""
     check(spec, setup)
     setup = resolve(setup, spec.dtype)
+    spec, setup = without_dropout(spec, setup)
     policy_setup = setup.with_(batch=rows(setup))
     policy: Report = sft(spec, policy_setup, model_meta=model_meta)
     ref = setup.resolved_ref_model

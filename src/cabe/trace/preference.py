@@ -373,6 +373,17 @@ def _place(ref: Any, device: Any, tracker: Any) -> None:
         tracker.tag_tensor(b, "weights")
 
 
+def _bf16_adapters(model: Any, tracker: Any) -> None:
+    """``DPOTrainer.__init__`` / ``KTOTrainer.__init__`` on a quantized model: every trained parameter but DoRA's
+    magnitude to bf16, in place of PEFT's fp32 (dpo_trainer.py:720-729, kto_trainer.py:776-780)."""
+    import torch
+
+    for name, param in model.named_parameters():
+        if param.requires_grad and "lora_magnitude_vector" not in name:
+            param.data = param.data.to(torch.bfloat16)
+            tracker.tag_tensor(param, "weights")
+
+
 def train(
     ref: Any,
     model: Any,
@@ -390,6 +401,13 @@ def train(
 
     if ref is not None:
         _place(ref, device, tracker)
+    if setup.method == "qlora":
+        _bf16_adapters(model, tracker)
+    from trl.trainer.utils import disable_dropout_in_model
+
+    for m in (model, ref):  # DPOConfig / KTOConfig disable_dropout=True (dpo_trainer.py:420-423)
+        if m is not None:
+            disable_dropout_in_model(m)
     add_heads(model, ref, setup)
     seen = {"grad": False}
     phased(model.get_base_model() if hasattr(model, "get_base_model") else model, tracker, seen)
