@@ -218,15 +218,15 @@ def trainer(model: Any, ref: Any, setup: TrainingSetup, device: Any) -> Any:
         _tp_size=1,
     )
     if setup.objective == "kto":
-        t = KTOTrainer.__new__(KTOTrainer)
-        vars(t).update(
+        kto = KTOTrainer.__new__(KTOTrainer)
+        vars(kto).update(
             common,
             loss_type=setup.resolved_loss_type,
             calculate_KL=setup.resolved_loss_type != "apo_zero_unpaired",
             desirable_weight=1.0,
             undesirable_weight=1.0,
         )
-        return t
+        return kto
     t = DPOTrainer.__new__(DPOTrainer)
     vars(t).update(
         common,
