@@ -146,6 +146,12 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
     return hit
 
 
+def _trl_bf16_adapters(setup: TrainingSetup) -> bool:
+    """TRL's DPO and KTO trainers cast a quantized model's trained parameters to bf16 (but DoRA's magnitude), after
+    PEFT made them fp32 (trl 1.16.0 dpo_trainer.py:720-729, kto_trainer.py:776-780)."""
+    return setup.method == "qlora" and setup.objective in ("dpo", "kto")
+
+
 def _dtypes_for(setup: TrainingSetup) -> Dtypes:
     if setup.param_dtype != "none" and not setup.shard.startswith(("zero", "fsdp")):
         raise InvalidValueError("param_dtype_needs_sharding", "param_dtype", value=setup.param_dtype, shard=setup.shard)
@@ -154,7 +160,9 @@ def _dtypes_for(setup: TrainingSetup) -> Dtypes:
         # the compute dtype it was loaded in (cabe.trace.build.load_dtype), the adapters fp32 (PEFT's
         # autocast_adapter_dtype; unsloth's float32_mixed_precision, unsloth_zoo training_utils.py:391-399): the
         # dtypes of LoRA on a base in the compute dtype; the 4-bit weights are handled in cabe.method
-        return dtypes_for(setup.with_(method="lora", dtype=loaded_dtype(setup)))
+        # (TRL's preference trainers cast a quantized model's trained parameters to bf16: _trl_bf16_adapters)
+        adapters = "model" if _trl_bf16_adapters(setup) else setup.adapter_dtype
+        return dtypes_for(setup.with_(method="lora", dtype=loaded_dtype(setup), adapter_dtype=adapters))
     if setup.method == "qlora":
         # NOTE: QLoRA as transformers + PEFT run it: 4-bit linear weights, the rest of the model
         # cast to fp32 by prepare_model_for_kbit_training, compute in compute_dtype.
@@ -170,7 +178,7 @@ def _dtypes_for(setup: TrainingSetup) -> Dtypes:
             grad=FP32,
             compute=compute,
             residual=FP32,
-            adapter=FP32,
+            adapter=HALF if _trl_bf16_adapters(setup) else FP32,
             weight_copies=compute != FP32,
             autocast=compute != FP32,
             cached_copies=compute != FP32,

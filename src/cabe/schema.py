@@ -50,6 +50,15 @@ from cabe.recipes import NAMES as RECIPES
 # Upper bounds that catch typos (a batch of 10^9) without limiting real use.
 MAX_BATCH = 1 << 20
 MAX_SEQ = 1 << 24
+#: the reference of a preference trainer (cabe.objectives.preference)
+REF_MODELS = ("auto", "copy", "adapter-off")
+#: DPOConfig's loss types (trl 1.16.0 dpo_config.py:87-91), then KTOConfig's (kto_config.py:198-203)
+DPO_LOSS_TYPES = (
+    "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
+    "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm",
+)  # fmt: skip
+KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
+LOSS_TYPES = ("auto",) + DPO_LOSS_TYPES + KTO_LOSS_TYPES
 MAX_RANK = 1 << 16
 MAX_GPUS = 1 << 20
 MAX_LAYERS = 1 << 12
@@ -443,18 +452,6 @@ _SETUP: tuple[Field, ...] = (
         unit="tokens",
         flags=_flag("max_completion_length"),
     ),  # grpo_config.py:494 (512)
-    # TRL 1.16's GRPOConfig has no max_prompt_length (prompts are not truncated, left-padded to the longest of the
-    # batch: grpo_trainer.py:1815-1826): the longest prompt of a generation batch, in tokens
-    _int(
-        "prompt_length",
-        "setup",
-        _TRAINING + ("from-config",),
-        512,
-        1,
-        MAX_SEQ,
-        unit="tokens",
-        flags=_flag("prompt_length"),
-    ),
     _int(
         "generation_batch_size",
         "setup",
@@ -523,6 +520,43 @@ _SETUP: tuple[Field, ...] = (
         ("sft", "dpo", "orpo", "kto", "grpo"),
         flags=_flag("objective"),
     ),
+    # ---- TRL's preference trainers (DPOTrainer, KTOTrainer: trl 1.16.0; ORPOTrainer: trl.experimental.orpo) ----
+    # (cabe.objectives.preference walks their phases; given with another objective they are refused: objective_only)
+    # the reference: a separate frozen copy (DPOConfig has no flag: ``ref_model`` given, or made by the trainer for a
+    # full fine-tune, dpo_trainer.py:396-417), the policy's PEFT base with its adapters disabled (TRL's own with a
+    # peft_config, dpo_trainer.py:1320-1331); auto: the adapters off for LoRA / QLoRA, else a copy
+    _choice("ref_model", "setup", _TRAINING + ("from-config",), "auto", REF_MODELS, flags=_flag("ref_model")),
+    # DPOConfig / KTOConfig ``precompute_ref_log_probs`` (dpo_config.py:74-77): the reference's log-probabilities
+    # computed once before training, no reference during the step
+    Field(
+        "precompute_ref_log_probs",
+        bool,
+        "setup",
+        _TRAINING + ("from-config",),
+        False,
+        flags=_flag("precompute_ref_log_probs"),
+    ),
+    # the prompt's tokens, for TRL's trainers (TrainingSetup.resolved_prompt_length: None is the objective's default):
+    # DPO / ORPO / KTO: of each row's ``seq`` tokens (TRL's max_length: the collator truncates prompt + completion to
+    # it, dpo_trainer.py:159-170), how many are prompt: TRL's fused LM head scores only the completion's positions
+    # (trl/trainer/utils.py:1629-1645); default 0: every position. GRPO: TRL 1.16's GRPOConfig has no
+    # max_prompt_length (prompts are not truncated, left-padded to the longest of the batch:
+    # grpo_trainer.py:1815-1826): the longest prompt of a generation batch; default 512
+    _int(
+        "prompt_length",
+        "setup",
+        _TRAINING + ("from-config",),
+        None,
+        0,
+        MAX_SEQ,
+        unit="tokens",
+        flags=_flag("prompt_length"),
+    ),
+    # DPOConfig.loss_type (dpo_config.py:232) / KTOConfig.loss_type (kto_config.py:198): KTO's ``kto`` runs the KL
+    # batch, ``apo_zero_unpaired`` does not (kto_trainer.py:815); DPO's are per-sequence scalars beside the log-probs
+    _choice("loss_type", "setup", _TRAINING + ("from-config",), "auto", LOSS_TYPES, flags=_flag("loss_type")),
+    # DPOConfig.use_weighting (WPO): the fused head also returns log(sum p^2) per position (dpo_trainer.py:957-959)
+    Field("use_weighting", bool, "setup", _TRAINING + ("from-config",), False, flags=_flag("use_weighting")),
     # torchtune's CEWithChunkedOutputLoss(num_output_chunks=8) (modules/loss/ce_chunked_output_loss.py)
     _int("loss_chunks", "setup", _TRAINING + ("from-config",), 8, 1, MAX_SEQ, flags=_flag("loss_chunks")),
     # GaLore's rank (the Trainer's optim_args "rank", default 128: trainer_optimizer.py:370) and targets (the
@@ -1210,6 +1244,7 @@ def _companions(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any
                 out.append(("optimizer_impl", "impl_not_read", {"optimizer": name}))
     out += _per_node(values)
     out += _grpo_only(values)
+    out += _objective_only(values)
     out += _tp_only(values)
     out += _cp_only(values)
     out += _fsdp_loading(values)
@@ -1220,7 +1255,6 @@ def _companions(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any
 GRPO_FIELDS = (
     "num_generations",
     "max_completion_length",
-    "prompt_length",
     "generation_batch_size",
     "steps_per_generation",
     "use_vllm",
@@ -1240,6 +1274,33 @@ def _grpo_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]
     # GRPOTrainer scores with TRL's fused log-prob head (cabe.objectives.grpo_head), never an SFT loss kernel
     fused = [n for n in ("loss", "loss_chunks") if _sent(values.get(n)) and not _is_default(field(n), values[n])]
     return out + [(n, "grpo_fused_head", {}) for n in fused]
+
+
+#: the preference trainers' options (cabe.objectives.preference), read with those objectives only
+PREFERENCE_FIELDS = ("ref_model", "precompute_ref_log_probs", "loss_type", "use_weighting")
+PREFERENCE_OBJECTIVES = ("dpo", "orpo", "kto")
+#: the fields every TRL trainer reads (preference and GRPO alike); SFT does not
+TRL_FIELDS = ("prompt_length",)
+
+
+def _objective_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """A preference trainer's option with another objective (``objective_only``): SFT and GRPO do not read it."""
+    objective = values.get("objective") if _sent(values.get("objective")) else field("objective").default
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    if objective == "sft":
+        trl = ", ".join(PREFERENCE_OBJECTIVES + ("grpo",))
+        out += [
+            (name, "objective_only", {"objectives": trl, "objective": objective})
+            for name in TRL_FIELDS
+            if _sent(values.get(name)) and not _is_default(field(name), values.get(name))
+        ]
+    if objective in PREFERENCE_OBJECTIVES:
+        return out
+    return out + [
+        (name, "objective_only", {"objectives": ", ".join(PREFERENCE_OBJECTIVES), "objective": objective})
+        for name in PREFERENCE_FIELDS
+        if _sent(values.get(name)) and not _is_default(field(name), values.get(name))
+    ]
 
 
 def _tp_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:

@@ -39,6 +39,12 @@ Recipe = Literal["hf-trainer", "trl-sft", "axolotl", "llama-factory", "torchtune
 Loss = Literal["hf", "chunked", "liger", "cce", "litgpt"]
 Objective = Literal["sft", "dpo", "orpo", "kto", "grpo"]
 VllmMode = Literal["colocate", "server"]
+RefModel = Literal["auto", "copy", "adapter-off"]
+#: TRL's DPO then KTO loss types (cabe.schema.LOSS_TYPES)
+LossType = Literal[
+    "auto", "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
+    "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm", "kto", "apo_zero_unpaired",
+]  # fmt: skip
 ParamDtype = Literal["none", "bf16", "fp16"]
 AdapterDtype = Literal["fp32", "model"]
 CpImpl = Literal["allgather", "alltoall", "ulysses"]
@@ -97,6 +103,14 @@ class TrainingSetup:
             Transformer Engine's ``te-delayed`` / ``te-current`` / ``te-mxfp8`` (:mod:`cabe.fp8`); ``none``.
         objective: ``sft`` (next-token cross-entropy), or TRL's ``dpo`` / ``orpo`` / ``kto`` / ``grpo`` trainer,
             whose phases :mod:`cabe.objectives` walks.
+        ref_model: a preference trainer's reference: ``copy`` (a separate frozen model), ``adapter-off`` (the
+            policy's PEFT base with its adapters disabled), ``auto`` (TRL's: adapters off for LoRA / QLoRA, else a copy).
+        precompute_ref_log_probs: TRL's: the reference's log-probabilities computed before training, none kept.
+        prompt_length: the prompt's tokens: for DPO / ORPO / KTO, of each row's ``seq`` tokens (TRL's fused LM head
+            scores the completion only); for GRPO, the longest prompt of a generation batch; ``None``: the objective's
+            default (:attr:`resolved_prompt_length`).
+        loss_type: TRL's DPO / KTO ``loss_type`` (``auto``: sigmoid for DPO, kto for KTO).
+        use_weighting: DPO's WPO weighting (one more per-position output of the fused LM head).
         loss: the loss kernel: ``hf`` (transformers' ForCausalLMLoss: whole logits upcast to fp32),
             ``chunked`` (torchtune's CEWithChunkedOutputLoss), ``liger`` (Liger's fused linear
             cross-entropy), ``cce`` (Apple's cut cross-entropy), ``litgpt`` (LitGPT's lm_head over chunks of 128
@@ -172,7 +186,6 @@ class TrainingSetup:
     recipe: Recipe | None = _D["recipe"]
     num_generations: int = _D["num_generations"]
     max_completion_length: int = _D["max_completion_length"]
-    prompt_length: int = _D["prompt_length"]
     generation_batch_size: int | None = _D["generation_batch_size"]
     steps_per_generation: int | None = _D["steps_per_generation"]
     use_vllm: bool = _D["use_vllm"]
@@ -182,6 +195,11 @@ class TrainingSetup:
     beta: float = _D["beta"]
     loss: Loss | None = _D["loss"]
     objective: Objective = _D["objective"]
+    ref_model: RefModel = _D["ref_model"]
+    precompute_ref_log_probs: bool = _D["precompute_ref_log_probs"]
+    prompt_length: int | None = _D["prompt_length"]
+    loss_type: LossType = _D["loss_type"]
+    use_weighting: bool = _D["use_weighting"]
     loss_chunks: int = _D["loss_chunks"]
     galore_rank: int = _D["galore_rank"]
     galore_targets: tuple[str, ...] = _D["galore_targets"]
@@ -263,6 +281,34 @@ class TrainingSetup:
     def transformers_line(self) -> int:
         """The transformers line the run uses: 4 or 5 (the installed one's, else 5, when not given)."""
         return transformers_line.major(self.transformers)
+
+    @property
+    def resolved_ref_model(self) -> str:
+        """The reference of a DPO / KTO step: ``precomputed``, ``adapter-off`` or ``copy`` (TRL's choice when
+        ``auto``: the adapters disabled with PEFT, else a copy, trl 1.16.0 dpo_trainer.py:396-417); ``none`` for
+        the objectives without one (SFT, ORPO)."""
+        if self.objective not in ("dpo", "kto"):
+            return "none"
+        if self.precompute_ref_log_probs:
+            return "precomputed"
+        if self.ref_model == "auto":
+            return "adapter-off" if self.adapters else "copy"
+        return self.ref_model
+
+    @property
+    def resolved_loss_type(self) -> str:
+        """TRL's ``loss_type``: the one given, else the trainer's default (DPOConfig ``sigmoid``, KTOConfig ``kto``)."""
+        if self.loss_type != "auto":
+            return self.loss_type
+        return {"dpo": "sigmoid", "kto": "kto"}.get(self.objective, "auto")
+
+    @property
+    def resolved_prompt_length(self) -> int:
+        """The prompt's tokens: the one given, else the objective's default: GRPO's 512 (cabe.objectives.grpo: the
+        longest prompt of a generation batch), a preference trainer's 0 (every position of a row scored)."""
+        if self.prompt_length is not None:
+            return self.prompt_length
+        return 512 if self.objective == "grpo" else 0
 
     @property
     def resolved_loss(self) -> str:

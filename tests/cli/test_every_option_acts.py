@@ -34,6 +34,16 @@ from cabe.cli import main
             "at least one trainable",
         ),
         (["estimate", "--model", "llama-7b", "--ep", "4"], "ep: expert parallelism (4) needs a mixture-of-experts"),
+        # TRL's preference options with another objective, and what the preference trainers refuse (issue 33)
+        (["estimate", "--model", "llama-7b", "--prompt-length", "64"], "prompt-length is an option of TRL's"),
+        (
+            ["estimate", "--model", "llama-7b", "--objective", "orpo", "--precompute-ref-log-probs"],
+            "ORPO has no reference model",
+        ),
+        (
+            ["estimate", "--model", "llama-7b", "--objective", "dpo", "--ref-model", "adapter-off"],
+            "adapter-off is the PEFT base",
+        ),
         (
             ["estimate", "--model", "mixtral-8x7b", "--ep", "4"],
             "must divide the 8 experts and the data-parallel size 1",

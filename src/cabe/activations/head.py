@@ -15,6 +15,7 @@ from cabe.activations.terms import HeadActivations
 from cabe.architecture import ModelSpec
 from cabe.facts import head_facts
 from cabe.objectives import grpo_head
+from cabe.objectives.fused_head import fused_head
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -48,6 +49,8 @@ def _lm_head(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadActivatio
     softcap = a * v if spec.final_logit_softcapping else 0
     if setup.objective == "grpo":  # TRL's fused log-prob head: no logits (cabe.objectives.grpo_head)
         return grpo_head.fused_head(final_norm - (rho * h if full else 0), spec, setup, dt)
+    if setup.objective in ("dpo", "kto"):  # TRL's trainers score with their fused LM head (cabe.objectives.fused_head)
+        return _trl_fused_head(final_norm, rho * h if full else 0, spec, setup, dt)
     loss = setup.resolved_loss
     if loss == "chunked":
         return _chunked_loss(final_norm, softcap, v, a, setup)
@@ -245,6 +248,25 @@ def _fused_linear_loss(
         backward_peak_extra=rho * h,  # de
         forward_fixed=round_alloc(4 * v),  # logit_avg (fp32, V) for the gradient filter
         backward_fixed=0,
+    )
+
+
+def _trl_fused_head(
+    final_norm: int, head_input: int, spec: ModelSpec, setup: TrainingSetup, dt: Dtypes
+) -> HeadActivations:
+    """TRL's fused LM head (:mod:`cabe.objectives.fused_head`): no logits; what it keeps and its transients are
+    bytes of the batch, not per token. The policy asks for log-probs, entropy, mean logits and top-1 (DPO,
+    dpo_trainer.py:957; KTO's: log-probs and entropy, kto_trainer.py:967-970), DPO's WPO weighting one more."""
+    dpo = setup.objective == "dpo"
+    f = fused_head(spec, setup, dt, 3 + (1 if dpo and setup.use_weighting else 0), top1=dpo)
+    return HeadActivations(
+        final_norm=final_norm - head_input,
+        logits=0,
+        saved_logsoftmax=0,
+        forward_peak_extra=0,
+        backward_peak_extra=0,
+        forward_fixed=f.kept + f.forward_transient,
+        backward_fixed=f.kept + f.backward_transient,
     )
 
 

@@ -45,6 +45,7 @@ from cabe.kv_cache import per_layer_token_bytes
 from cabe.objectives.grpo_head import STATS, scored_tokens, tile_bytes
 from cabe.precision import dtypes_for, resolve
 from cabe.report import Report, Step
+from cabe.schema import MAX_SEQ
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
 
@@ -113,7 +114,7 @@ def shape(setup: TrainingSetup) -> Shape:
     old = setup.grad_accum % steps != 0 or setup.use_vllm
     peft = setup.method in ("lora", "qlora", "prompt-tuning")
     ref = "none" if setup.beta == 0 else ("adapter" if peft else "model")
-    return Shape(total // dp, steps, setup.prompt_length, setup.max_completion_length, old, ref)
+    return Shape(total // dp, steps, setup.resolved_prompt_length, setup.max_completion_length, old, ref)
 
 
 def check(setup: TrainingSetup, card: Any) -> None:
@@ -122,6 +123,8 @@ def check(setup: TrainingSetup, card: Any) -> None:
         # generation gathers sharded weights (ds3_gather_for_generation, summon_full_params): not modelled; TRL
         # refuses context parallelism itself (grpo_config.py:1064-1072)
         raise InvalidValueError("grpo_layout", "shard" if setup.shard != "none" else "tp", value=setup.shard)
+    if setup.resolved_prompt_length < 1:  # a prompt of no token: nothing to generate from (0 is a preference default)
+        raise InvalidValueError("out_of_range", "prompt_length", value=0, minimum=1, maximum=MAX_SEQ)
     if setup.use_vllm and setup.vllm_mode == "colocate" and card is None:
         raise InvalidValueError("grpo_colocate_needs_gpu", "vllm_mode", value="colocate")
 

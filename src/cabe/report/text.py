@@ -75,6 +75,9 @@ REPORT_NOTES = (
     "fp8_torchao",  # what an fp8 recipe keeps in fp8 and in high precision (cabe.fp8)
     "fp8_te",
     "loss_modelled",
+    "objective_dpo",
+    "objective_kto",
+    "objective_orpo",
     "seq_beyond_max_positions",
     "packing_modelled",
     "analytic_unknown_architecture",
@@ -125,7 +128,25 @@ def _header(report: ReportData, lang: str, units: str) -> list[str]:
             )
         )
         lines += _loss_line(report, lang)
+        lines += _phase_line(report, lang, units)
     return lines
+
+
+def _phase_line(report: ReportData, lang: str, units: str) -> list[str]:
+    """A step of several phases (a preference trainer's, cabe.objectives): each phase's peak, in the step's order."""
+    if (
+        "reference" not in report.phase_peaks
+        and "kl" not in report.phase_peaks
+        and "precompute" not in report.phase_peaks
+    ):
+        return []
+    order = ("precompute", "kl", "forward", "reference", "backward", "optimizer")
+    parts = [
+        f"{t('phase.' + ph, lang)} {fmt_bytes(report.phase_peaks[ph], lang, units)}"
+        for ph in order
+        if ph in report.phase_peaks
+    ]
+    return [t("ui.phases", lang, phases=" · ".join(parts))]
 
 
 def _loss_line(report: ReportData, lang: str) -> list[str]:

@@ -70,7 +70,7 @@ def _last_step_peak(tracker: Any, curve: list[int], step_starts: list[int]) -> t
             peak = v
             peak_i = i
         ph = PHASES[ev_phase[i]]
-        if ph in phase_peaks and v > phase_peaks[ph]:
+        if ph != "setup" and v > phase_peaks.get(ph, 0):  # (reference: a preference step's, cabe.trace.preference)
             phase_peaks[ph] = v
     return peak, peak_i, phase_peaks
 

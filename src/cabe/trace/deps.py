@@ -39,6 +39,8 @@ def import_deps(setup: TrainingSetup | None = None) -> None:
         needed += ["peft", "trl", "trl.trainer.grpo_trainer"]
     # the supported window, read from the packages' metadata before any import (cabe.trace.compat)
     compat.check_window([_DISTRIBUTIONS.get(n, n) for n in needed if "." not in n] + ["accelerate"])
+    if setup is not None and setup.objective in ("dpo", "orpo", "kto"):  # TRL's trainer code (cabe.trace.preference)
+        needed.append("trl")
     for name in needed:
         try:
             __import__(name)

@@ -145,7 +145,12 @@ def run_trace(
             hooks = {**(hooks or {}), "grpo_reference": reference_model(config, setup)}
         if kind in ("fake", "meta"):  # (real tensors have the router's values)
             compat.refuse_moe_loop(model, (model_types(config) or ("?",))[0])
-        result = _traced(model, cfg, setup, steps, kind, inventory, device, astate, hooks or {})
+        ref = None
+        if setup.objective != "sft":  # a separate reference, built as the policy is (cabe.trace.preference)
+            from cabe.trace import preference
+
+            ref = preference.reference_model(config, setup)
+        result = _traced(model, cfg, setup, steps, kind, inventory, device, astate, hooks or {}, ref)
     if inventory:
         return result
     result.attention_kernels = dict(astate.choices)
@@ -182,6 +187,7 @@ def _traced(
     device: Any,
     astate: Any,
     hooks: dict[str, Any],
+    ref: Any = None,
 ) -> Any:
     """Materialise ``model`` under the tracker, then run the steps (or collect the inventory)."""
     tracker = _tracker(setup, kind, device, astate, _gemm_4bit(setup))
@@ -208,7 +214,12 @@ def _traced(
             return collect(model, cfg, setup, device, tracker)
         if not trainable:
             raise ConfigError("nothing_to_train", "method", method=setup.method)
-        result = train(model, cfg, setup, steps, device, tracker, trainable, kind, hooks)
+        if setup.objective != "sft":  # TRL's DPO step (cabe.trace.preference)
+            from cabe.trace import preference
+
+            result = preference.train(ref, model, cfg, setup, steps, device, tracker, trainable, kind)
+        else:
+            result = train(model, cfg, setup, steps, device, tracker, trainable, kind, hooks)
     result.parameters = n_params
     result.trainable_parameters = n_train
     result.mode = kind
@@ -223,6 +234,10 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *, steps: int = 2, 
     :class:`~cabe.errors.MissingDependencyError` when the ``[trace]`` extra is missing.
     """
     setup = _check_setup(setup, config)
+    if setup.objective != "sft":  # TRL's step, or a typed refusal: never an SFT step in its place
+        from cabe.trace import preference
+
+        preference.check(setup)
     import_deps(setup)
     if not isinstance(steps, int) or isinstance(steps, bool) or not 2 <= steps <= 100:
         raise ConfigError("out_of_range", "steps", value=steps, minimum=2, maximum=100)

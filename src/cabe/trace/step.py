@@ -176,8 +176,10 @@ def train(
     kind: str,
     hooks: dict[str, Any] | None = None,
     optimizer: Any = None,
+    micro_batch: Any = None,
 ) -> TraceResult:
-    """Run ``steps`` training steps under ``tracker`` and analyse what it recorded."""
+    """Run ``steps`` training steps under ``tracker`` and analyse what it recorded (``micro_batch``: another
+    objective's forward and backward, :mod:`cabe.trace.preference`, in place of the SFT one)."""
     import torch
 
     notes: list[str] = []
@@ -206,7 +208,7 @@ def train(
                     if grpo is not None:
                         grpo.micro_batch(micro, scaler)
                     else:
-                        _micro_batch(model, cfg, setup, device, tracker, micro, scaler)
+                        (micro_batch or _micro_batch)(model, cfg, setup, device, tracker, micro, scaler)
                 _optimizer_step(opt, tracker, scaler)
         finally:
             for h in handles:

@@ -53,8 +53,9 @@ CUBLAS_OPS = frozenset(
     getattr(torch.ops.aten, n).default for n in ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "addmv", "mv")
 )
 
-#: (``reference``: GRPO's no-grad log-prob passes before the policy step, cabe.trace.grpo)
-PHASES = ("setup", "forward", "backward", "optimizer", "reference")
+#: (``reference``: the no-grad log-prob passes of GRPO and the preference trainers; ``kl``: KTO's KL rows;
+#: cabe.trace.grpo, cabe.trace.preference)
+PHASES = ("setup", "forward", "backward", "optimizer", "reference", "kl")
 
 
 def round_up(n: int) -> int:

@@ -86,13 +86,18 @@ FIELDSETS = (
     ),
     # images in each sequence, for a vision-language model (issue 13: cabe.vision)
     ("web.plan.group_images", ("images", "image_size")),
-    # TRL's GRPOTrainer knobs (issue 33: cabe.objectives.grpo); the objective itself is in the training group
+    # TRL's trainers' knobs (issue 33: cabe.objectives.preference, cabe.objectives.grpo), each shown with the
+    # objectives that read it (schema.inapplicable); the objective itself is in the training group
     (
-        "web.plan.group_grpo",
+        "web.plan.group_trl",
         (
+            "prompt_length",
+            "ref_model",
+            "precompute_ref_log_probs",
+            "loss_type",
+            "use_weighting",
             "num_generations",
             "max_completion_length",
-            "prompt_length",
             "generation_batch_size",
             "steps_per_generation",
             "beta",
