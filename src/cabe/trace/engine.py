@@ -146,7 +146,7 @@ def run_trace(
         if kind in ("fake", "meta"):  # (real tensors have the router's values)
             compat.refuse_moe_loop(model, (model_types(config) or ("?",))[0])
         ref = None
-        if setup.objective != "sft":  # a separate reference, built as the policy is (cabe.trace.preference)
+        if setup.objective in ("dpo", "kto"):  # a separate reference, built as the policy is (cabe.trace.preference)
             from cabe.trace import preference
 
             ref = preference.reference_model(config, setup)
@@ -214,7 +214,7 @@ def _traced(
             return collect(model, cfg, setup, device, tracker)
         if not trainable:
             raise ConfigError("nothing_to_train", "method", method=setup.method)
-        if setup.objective != "sft":  # TRL's DPO step (cabe.trace.preference)
+        if setup.objective in ("dpo", "kto"):  # TRL's DPO / KTO step (cabe.trace.preference)
             from cabe.trace import preference
 
             result = preference.train(ref, model, cfg, setup, steps, device, tracker, trainable, kind)
@@ -234,8 +234,8 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *, steps: int = 2, 
     :class:`~cabe.errors.MissingDependencyError` when the ``[trace]`` extra is missing.
     """
     setup = _check_setup(setup, config)
-    if setup.objective != "sft":  # TRL's step, or a typed refusal: never an SFT step in its place
-        from cabe.trace import preference
+    if setup.objective in ("dpo", "orpo", "kto"):  # TRL's step, or a typed refusal: never an SFT step in its place
+        from cabe.trace import preference  # (GRPO's own checks: cabe.trace.grpo)
 
         preference.check(setup)
     import_deps(setup)

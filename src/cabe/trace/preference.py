@@ -47,7 +47,10 @@ def check(setup: TrainingSetup) -> None:
     """Refuse an objective the trace cannot run (never trace an SFT step in its place)."""
     if setup.objective not in TRACEABLE:
         raise ConfigError(
-            "objective_not_traceable", "objective", value=setup.objective, traceable=", ".join(("sft",) + TRACEABLE)
+            "objective_not_traceable",
+            "objective",
+            value=setup.objective,
+            traceable=", ".join(("sft",) + TRACEABLE + ("grpo",)),
         )
     if setup.distributed:  # the engines' rank 0 runs an SFT step (cabe.trace.distributed): no DPO step there
         raise ConfigError("objective_one_gpu", "objective", value=setup.objective)
