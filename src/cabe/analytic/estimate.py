@@ -139,7 +139,9 @@ def _estimate_sft(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[str
         paged_bytes=states.opt.paged_bytes,
         cuda_context_bytes=DEFAULT_CUDA_CONTEXT_BYTES,
         allocator_slack_bytes=max(
-            round_alloc(4 * tokens * _logit_width(spec)), round(total * ALLOCATOR_SLACK_FRACTION)
+            # the logits' fp32 blocks the caching allocator keeps; TRL's fused LM head (DPO, KTO, GRPO) makes none
+            0 if setup.objective in ("dpo", "kto", "grpo") else round_alloc(4 * tokens * _logit_width(spec)),
+            round(total * ALLOCATOR_SLACK_FRACTION),
         ),
         notes=_model_notes(spec, setup, states)
         + (("transformers4_dtype_default",) if source == "transformers4" else ()),

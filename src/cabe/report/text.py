@@ -128,25 +128,7 @@ def _header(report: ReportData, lang: str, units: str) -> list[str]:
             )
         )
         lines += _loss_line(report, lang)
-        lines += _phase_line(report, lang, units)
     return lines
-
-
-def _phase_line(report: ReportData, lang: str, units: str) -> list[str]:
-    """A step of several phases (a preference trainer's, cabe.objectives): each phase's peak, in the step's order."""
-    if (
-        "reference" not in report.phase_peaks
-        and "kl" not in report.phase_peaks
-        and "precompute" not in report.phase_peaks
-    ):
-        return []
-    order = ("precompute", "kl", "forward", "reference", "backward", "optimizer")
-    parts = [
-        f"{t('phase.' + ph, lang)} {fmt_bytes(report.phase_peaks[ph], lang, units)}"
-        for ph in order
-        if ph in report.phase_peaks
-    ]
-    return [t("ui.phases", lang, phases=" · ".join(parts))]
 
 
 def _loss_line(report: ReportData, lang: str) -> list[str]:
@@ -182,6 +164,9 @@ def _components(report: ReportData, lang: str, units: str) -> list[str]:
 
 #: the phases of an SFT step; a report with others (GRPO's generation and reference) lists each phase's peak
 SFT_PHASES = ("forward", "backward", "optimizer")
+#: the order a preference trainer runs its phases in: it precomputes (before training) or runs KTO's KL rows before
+#: the policy's forward, its reference forward after it (cabe.objectives.preference)
+STEP_ORDER = ("precompute", "kl", "forward", "reference", "backward", "optimizer")
 
 
 def _phases(report: ReportData, lang: str, units: str) -> list[str]:
@@ -189,7 +174,11 @@ def _phases(report: ReportData, lang: str, units: str) -> list[str]:
     if set(report.phase_peaks) <= set(SFT_PHASES):
         return []
     lines = ["", t("ui.phase_peaks", lang) + ":"]
-    for name, nbytes in report.phase_peaks.items():
+    order = list(report.phase_peaks)  # GRPO lists its own in the order it runs them
+    if (report.setup or {}).get("objective") in ("dpo", "orpo", "kto"):
+        order = [p for p in STEP_ORDER if p in order] + [p for p in order if p not in STEP_ORDER]
+    for name in order:
+        nbytes = report.phase_peaks[name]
         mark = "  ← " + t("ui.peak", lang) if name == report.peak_phase else ""
         lines.append(f"  {t('phase.' + name, lang):<{WIDTH}} {fmt_bytes(nbytes, lang, units):>28}{mark}")
     if (grpo := report.extra.get("grpo")) is not None:
