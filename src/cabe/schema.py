@@ -1271,7 +1271,7 @@ def _grpo_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]
         return [(n, "grpo_only", {"objective": objective}) for n in given]
     vllm = values.get("use_vllm") is True
     out: list[tuple[str, str, dict[str, Any]]] = [(n, "vllm_only", {}) for n in given if n in VLLM_FIELDS and not vllm]
-    # GRPOTrainer scores with TRL's fused log-prob head (cabe.objectives.grpo_head), never an SFT loss kernel
+    # GRPOTrainer scores with TRL's fused log-prob head (cabe.objectives.fused_head), never an SFT loss kernel
     fused = [n for n in ("loss", "loss_chunks") if _sent(values.get(n)) and not _is_default(field(n), values[n])]
     return out + [(n, "grpo_fused_head", {}) for n in fused]
 

@@ -1,7 +1,7 @@
 """TRL's fused LM head (cabe.objectives.fused_head), its bytes worked out by hand from trl 1.16.0's source."""
 
 from cabe import models
-from cabe.objectives.fused_head import fused_head
+from cabe.objectives.fused_head import fused_head, policy_outputs, scored_tokens
 from cabe.precision import dtypes_for, resolve
 from cabe.training import TrainingSetup
 
@@ -33,3 +33,39 @@ def test_full_head_backward_holds_the_fp32_weight_gradient():
     lora = _head(method="lora", dtype="bf16", autocast="bf16", batch=4, seq=512, objective="dpo", prompt_length=128)
     full = _head(method="full", dtype="bf16", autocast="bf16", batch=4, seq=512, objective="dpo", prompt_length=128)
     assert full.backward_transient - lora.backward_transient == 151_936 * 896 * 4 + 151_936 * 896 * 2
+
+
+def test_grpo_policy_head_scores_every_completion_token():
+    """GRPO's policy asks for log-probs and entropy (grpo_trainer.py:1068-1073), no top-1; its rows are prompt +
+    completion (96 + 32 = 128 tokens) with every completion token labelled (``labels[:, :-logits_to_keep] = -100``,
+    grpo_trainer.py:1495-1496). 2 rows, LoRA, bf16 under bf16 autocast (nothing cast):
+    K = 2 × 32 = 64 scored positions, P = 2 × 127 = 254 shifted positions.
+    Kept: log-probs and entropy over P (2 × 1,016 B -> 2 × 1,024), the mask (254 -> 512), the compact hidden copy
+    (64 × 896 × 2 = 114,688), the int64 targets (512), log_z and entropy (2 × 512) = 118,784.
+    Forward: the [64, 32,768] bf16 tile (4,194,304) beside the 7 statistics, log_z, log-probs, entropy and its
+    temporary (11 × 512), then CUDA's nonzero indices (64 × 16 = 1,024): 4,200,960.
+    The final hidden states [2, 128, 896] bf16 (458,752) live beside it until the patched forward returns."""
+    setup = resolve(
+        TrainingSetup(
+            method="lora",
+            dtype="bf16",
+            autocast="bf16",
+            batch=2,
+            seq=128,
+            objective="grpo",
+            prompt_length=96,
+            max_completion_length=32,
+        ),
+        QWEN.dtype,
+    )
+    assert policy_outputs(setup) == (2, False)
+    assert scored_tokens(setup) == 64
+    f = fused_head(QWEN, setup, dtypes_for(setup), 2)
+    assert f.kept == 2 * 1024 + 512 + 114_688 + 512 + 2 * 512 == 118_784
+    assert f.forward_transient == 4_194_304 + 11 * 512 + 1024 == 4_200_960
+    assert f.hidden_states == 2 * 128 * 896 * 2 == 458_752
+    # under torch.no_grad (the old / reference log-probs): nothing saved, the mask returned (label_mask) kept;
+    # the kernel's inputs (hidden copy and targets) live through its forward instead
+    g = fused_head(QWEN, setup, dtypes_for(setup), 2, grad=False)
+    assert g.kept == 2 * 1024 + 512
+    assert g.forward_transient == f.forward_transient + 114_688 + 512

@@ -14,8 +14,7 @@ from cabe.activations import compressed
 from cabe.activations.terms import HeadActivations
 from cabe.architecture import ModelSpec
 from cabe.facts import head_facts
-from cabe.objectives import grpo_head
-from cabe.objectives.fused_head import fused_head
+from cabe.objectives.fused_head import fused_head, policy_outputs
 from cabe.precision import Dtypes
 from cabe.training import TrainingSetup
 from cabe.units import round_alloc
@@ -47,9 +46,8 @@ def _lm_head(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> HeadActivatio
         final_norm += compressed.head_saved(spec, rho, dt.autocast, full)
     # Gemma 2's final soft-capping (logits / cap, tanh, × cap) saves tanh's 16-bit output
     softcap = a * v if spec.final_logit_softcapping else 0
-    if setup.objective == "grpo":  # TRL's fused log-prob head: no logits (cabe.objectives.grpo_head)
-        return grpo_head.fused_head(final_norm - (rho * h if full else 0), spec, setup, dt)
-    if setup.objective in ("dpo", "kto"):  # TRL's trainers score with their fused LM head (cabe.objectives.fused_head)
+    # DPO, KTO and GRPO score with TRL's fused LM head (cabe.objectives.fused_head): no logits
+    if setup.objective in ("dpo", "kto", "grpo"):
         return _trl_fused_head(final_norm, rho * h if full else 0, spec, setup, dt)
     loss = setup.resolved_loss
     if loss == "chunked":
@@ -255,15 +253,16 @@ def _trl_fused_head(
     final_norm: int, head_input: int, spec: ModelSpec, setup: TrainingSetup, dt: Dtypes
 ) -> HeadActivations:
     """TRL's fused LM head (:mod:`cabe.objectives.fused_head`): no logits; what it keeps and its transients are
-    bytes of the batch, not per token. The policy asks for log-probs, entropy, mean logits and top-1 (DPO,
-    dpo_trainer.py:957; KTO's: log-probs and entropy, kto_trainer.py:967-970), DPO's WPO weighting one more."""
-    dpo = setup.objective == "dpo"
-    f = fused_head(spec, setup, dt, 3 + (1 if dpo and setup.use_weighting else 0), top1=dpo)
+    bytes of the batch, not per token, for the outputs the policy asks for
+    (:func:`cabe.objectives.fused_head.policy_outputs`); the lm_head's input is not saved (``head_input``), but the final hidden states live through the head's forward."""
+    outputs, top1 = policy_outputs(setup)
+    f = fused_head(spec, setup, dt, outputs, top1=top1)
     return HeadActivations(
         final_norm=final_norm - head_input,
         logits=0,
         saved_logsoftmax=0,
-        forward_peak_extra=0,
+        # the backbone's final hidden states, alive until the patched forward returns (trl/trainer/utils.py:1618)
+        forward_peak_extra=dt.residual * spec.hidden_size,
         backward_peak_extra=0,
         forward_fixed=f.kept + f.forward_transient,
         backward_fixed=f.kept + f.backward_transient,

@@ -150,14 +150,10 @@ def _compute_weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, ru
     head_cast = dt.weight_copies and not (
         setup.trainable_fp32 and setup.method == "freeze" and setup.dtype == setup.autocast
     )
-    # (GRPO's fused log-prob head reads the lm_head's weight tile by tile, each cast apart and freed: no whole copy,
-    # cabe.objectives.grpo_head)
-    head_cast = head_cast and setup.objective != "grpo"
+    # TRL's fused LM head (DPO, KTO, GRPO) never calls the lm_head module (trl/trainer/utils.py:1629-1654): no
+    # autocast cast of its weight; its own casts, tile by tile, are the head's transients (cabe.objectives.fused_head)
+    head_cast = head_cast and setup.objective not in ("dpo", "kto", "grpo")
     head = sum(round_alloc(n * 2) for n in _head_matrices(spec)) if head_cast else 0
-    if setup.objective in ("dpo", "kto"):
-        # TRL's fused LM head never calls the lm_head module (trl/trainer/utils.py:1629-1654): no autocast cast of its
-        # weight; its own casts, tile by tile, are the head's transients (cabe.objectives.fused_head)
-        head = 0
     head += _head_adapter_copies(spec, setup)
     if setup.resolved_loss in ("chunked", "litgpt") and not (setup.method == "full" and dt.cached_copies):
         # torchtune's chunked output (and LitGPT's) calls the lm_head once per chunk: autocast casts a weight that

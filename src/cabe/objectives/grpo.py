@@ -17,7 +17,7 @@ A step of ``GRPOTrainer`` (trainer/grpo_trainer.py) on one card, in the order it
    before are gone (``zero_grad``), the optimizer's state is there.
 2. ``reference`` (l.2631-2741, under ``torch.no_grad``): the log-probs of every completion, ``batch`` rows at a time
    (``batch_size = per_device_train_batch_size``, l.2505), through the fused log-prob head
-   (:mod:`cabe.objectives.grpo_head`): the policy's "old" log-probs when the generation is reused across optimizer
+   (:mod:`cabe.objectives.fused_head`): the policy's "old" log-probs when the generation is reused across optimizer
    steps or vLLM's importance sampling is on (l.2641-2656), the reference model's when ``beta`` > 0. The reference
    is a second model in the policy's dtype for full fine-tuning (l.992-1003); with a PEFT model it is the base with
    the adapter disabled (``use_adapter(model, None)``, l.2722-2735), no second copy.
@@ -42,8 +42,8 @@ from cabe.architecture import ModelSpec
 from cabe.engines import vllm
 from cabe.errors import InvalidValueError
 from cabe.kv_cache import per_layer_token_bytes
-from cabe.objectives.grpo_head import STATS, scored_tokens, tile_bytes
-from cabe.precision import dtypes_for, resolve
+from cabe.objectives.fused_head import fused_head, scored_tokens
+from cabe.precision import Dtypes, dtypes_for, resolve
 from cabe.report import Report, Step
 from cabe.schema import MAX_SEQ
 from cabe.training import TrainingSetup
@@ -153,7 +153,7 @@ def estimate(spec: ModelSpec, setup: TrainingSetup, sft: Any, model_meta: dict[s
     else:
         phases["generation"] = {**states, **beside, **hf_generate(spec, sh, act)}
     if sh.old or sh.ref != "none":
-        phases["reference"] = {**states, **beside, **resident_engine, **no_grad_pass(spec, setup, sh, dt.compute, act)}
+        phases["reference"] = {**states, **beside, **resident_engine, **no_grad_pass(spec, resolved, sh, dt, act)}
     for phase in ("forward", "backward", "optimizer"):
         rest = policy.phase_peaks.get(phase, 0) - sum(states.values())
         phases[phase] = {**states, **beside, **resident_engine, "policy_step": rest}
@@ -239,18 +239,15 @@ def hf_generate(spec: ModelSpec, sh: Shape, act: str) -> dict[str, int]:
     return {k: v for k, v in comps.items() if k != "cuda_workspaces"}  # (the forward's, resident)
 
 
-def no_grad_pass(spec: ModelSpec, setup: TrainingSetup, sh: Shape, a: int, act: str) -> dict[str, int]:
-    """One no-grad forward of ``batch`` rows of ``p + c`` tokens through the fused head (log-probs only), beside the
-    concatenated ids and mask of the whole generation batch (l.2501-2502) and the log-probs made so far."""
-    b, s, h = setup.batch, sh.p + sh.c, spec.hidden_size
-    n = b * min(sh.c, s - 1)
-    head = (
-        round_alloc(a * b * s * h)  # the final hidden states
-        + round_alloc(a * n * h)  # hidden_states[mask]
-        + round_alloc(8 * n)  # labels[mask]
-        + STATS * round_alloc(4 * n)
-        + tile_bytes(spec, n, a)
-    )
+def no_grad_pass(spec: ModelSpec, setup: TrainingSetup, sh: Shape, dt: Dtypes, act: str) -> dict[str, int]:
+    """One no-grad forward of ``batch`` rows of ``p + c`` tokens through the fused head, beside the concatenated ids
+    and mask of the whole generation batch (l.2501-2502) and the log-probs made so far. The policy's head asks for
+    log-probs and entropy (grpo_trainer.py:1068-1073), a separate reference's for log-probs only (l.1075-1077)."""
+    b, s = setup.batch, sh.p + sh.c
+    rows = setup.with_(seq=s)
+    outputs = 2 if sh.old or sh.ref == "adapter" else 1
+    f = fused_head(spec, rows, dt, outputs, grad=False)
+    head = f.hidden_states + f.kept + f.forward_transient
     # the top decoder layer at its MLP (cabe.generation's prefill moment, its cache apart: use_cache=False)
     layer = generation.moments(
         spec, prompt=s, new_tokens=1, batch=b, chunk=s, act_dtype=act, kv_per_token=per_layer_token_bytes(spec, act)

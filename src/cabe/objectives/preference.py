@@ -26,7 +26,7 @@ from cabe import generation
 from cabe.architecture import ModelSpec
 from cabe.errors import InvalidValueError
 from cabe.facts import head_facts
-from cabe.objectives.fused_head import fused_head
+from cabe.objectives.fused_head import fused_head, policy_outputs
 from cabe.objectives.phases import compose
 from cabe.precision import dtypes_for, resolve
 from cabe.report import Report
@@ -99,7 +99,7 @@ def _no_grad_forward(spec: ModelSpec, setup: TrainingSetup, model_setup: Trainin
     dt = dtypes_for(model_setup)
     layer = generation.layer_working(spec, model_setup.batch, model_setup.seq, dt.compute)
     head = fused_head(spec, model_setup, dt, outputs, top1=outputs > 1, grad=False)
-    return max(layer, head.kept + head.forward_transient)
+    return max(layer, head.hidden_states + head.kept + head.forward_transient)
 
 
 def _copy_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
@@ -124,7 +124,8 @@ def estimate(spec: ModelSpec, setup: TrainingSetup, sft: Any, model_meta: dict[s
     extra: dict[str, int] = {}
     if setup.objective in ("dpo", "kto"):
         # the policy's head forward transient is over by the time the reference runs: only what it keeps stays
-        own = fused_head(spec, policy_setup, dt, 3, top1=setup.objective == "dpo")
+        n_out, top1 = policy_outputs(setup)
+        own = fused_head(spec, policy_setup, dt, n_out, top1=top1)
         forward_end = _moment(policy, "forward", "loss") - own.forward_transient
         outputs = 1 if ref == "copy" else (4 if setup.objective == "dpo" else 3)  # a copy asks for log-probs only
         ref_rows = policy_setup.with_(batch=policy_setup.batch)
