@@ -185,7 +185,7 @@ def estimate(spec: ModelSpec, setup: TrainingSetup, sft: Any, model_meta: dict[s
     notes = tuple(n for n in policy.notes if n != "loss_assumed_hf") + (
         ("grpo_vllm_modelled",) if setup.use_vllm else ()
     )
-    loss: dict[str, Any] = {"loss": "trl-fused-logprob", "recipe": None, "assumed": [], "unmodelled": []}
+    loss: dict[str, Any] = {"loss": "trl-fused-head", "recipe": None, "assumed": [], "unmodelled": []}
     return Report(
         mode="architecture",
         total_bytes=total,
