@@ -4,6 +4,7 @@ fused LM head, the KL rows' and the reference's no-grad forwards), on configurat
 
     PYTHONPATH=src .venv/bin/python benchmarks/differential/objectives.py -n 8 -j 1          # a new seed
     PYTHONPATH=src .venv/bin/python benchmarks/differential/objectives.py -n 8 --seed 7      # reproduce a run
+    PYTHONPATH=src .venv/bin/python benchmarks/differential/objectives.py --rescore 7        # its traces, today's estimate
 
 Each configuration is the single-GPU sampler's (``run.sample``, models up to 1.6B) made a DPO run: the methods TRL
 trains a preference objective with (full, freeze, LoRA, QLoRA; prompt tuning, packing and images left out: TRL 1.16's
@@ -82,6 +83,35 @@ def draw(seed: int, n: int, objectives: tuple[str, ...] = ("dpo", "kto")) -> lis
     return out
 
 
+def rescore(seed: int, suffix: str = "-preference") -> int:
+    """Each configuration of ``results-<seed><suffix>.json`` estimated again with today's analytic code against the
+    trace recorded then (valid while the trace's code is unchanged: say so when quoting it)."""
+    rows = json.loads((single.RESULTS / f"results-{seed}{suffix}.json").read_text())["rows"]
+    errors = []
+    for r in rows:
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in r["setup"].items()}
+        if r.get("trace_bytes") is None:
+            print(f"{r['model']:24s} not traced then")
+            continue
+        try:
+            est = estimate_model(single.source(r["model"]).spec, TrainingSetup(**kw)).total_bytes
+        except CabeError as e:
+            print(f"{r['model']:24s} refused now: {e.code}")
+            continue
+        err = (est - r["trace_bytes"]) / r["trace_bytes"]
+        errors.append(abs(err))
+        then = r["relative_error"]
+        was = f"{100 * then:+7.2f}% -> " if then is not None else ""
+        print(f"{r['model']:24s} {was}{100 * err:+7.2f}%  {' '.join(f'{k}={v}' for k, v in kw.items())}")
+    errors.sort()
+    within = sum(e <= 0.03 for e in errors)
+    print(
+        f"seed {seed} rescored: {len(errors)} configurations, {within} within 3%, median "
+        f"{100 * errors[len(errors) // 2]:.2f}%, max {100 * errors[-1]:.2f}%"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=30)
@@ -89,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=1)
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--objectives", default="dpo,kto", help="dpo: the DPO-only draws of the first seeds")
+    ap.add_argument("--rescore", type=int, metavar="SEED", help="re-estimate a run's recorded traces with today's code")
     args = ap.parse_args(argv)
+    if args.rescore is not None:
+        return rescore(args.rescore, "-dpo" if args.objectives == "dpo" else "-preference")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
     print(f"seed {seed}", flush=True)
     objectives = tuple(o for o in args.objectives.split(",") if o)

@@ -167,25 +167,31 @@ def layer_working(
     attention: tuple[tuple[int, bool], ...] = (),
     decode: bool = False,
     half: bool = False,
+    mlp_bytes: int | None = None,
+    residual_bytes: int | None = None,
 ) -> int:
     """Bytes the largest decoder layer's forward holds over ``batch`` × ``queries`` tokens under ``torch.no_grad``:
     the hidden-size copies the model code keeps (:data:`HIDDEN_COPIES`, 4 for Llama-style code) beside the largest
-    of the MLP (:func:`_mlp_width`), the routed experts (:func:`_moe_width`) and the attention of each kind of layer
-    (:func:`_attention_width`; ``attention``: (keys, masked) of each, the queries' when empty); the rotary ``cos`` and
-    ``sin`` (b, s, head_dim) in the model's dtype live through the layers (modeling_llama.py:391)."""
+    of the MLP (:func:`_mlp_width`; its tensors ``mlp_bytes`` each, the hidden copies ``residual_bytes``: ``act_bytes`` when
+    None), the routed experts
+    (:func:`_moe_width`) and the attention of each kind of layer (:func:`_attention_width`; ``attention``: (keys,
+    masked) of each, the queries' when empty); the rotary ``cos`` and ``sin`` (b, s, head_dim) in the model's dtype
+    live through the layers (modeling_llama.py:391)."""
     h = spec.hidden_size
     wide = 0.0
-    for run in spec.runs:  # one layer runs at a time: the widest
+    mlp = act_bytes if mlp_bytes is None else mlp_bytes
+    for run in spec.runs:  # one layer runs at a time: the widest (in act_bytes units)
         if run.mlp == "moe" and spec.num_experts:
             wide = max(wide, _moe_width(spec, run, decode, act_bytes))
         else:
-            wide = max(wide, _mlp_width(spec, run))
+            wide = max(wide, _mlp_width(spec, run) * mlp / act_bytes)
     rotary = 2 * spec.head_dim if spec.position == "rotary" else 0
     # OLMo 2 normalises after the MLP, which reads the residual itself (models/olmo2/modeling_olmo2.py:309-310): no
     # normed copy beside it
     copies = HIDDEN_COPIES.get(spec.model_type, 3 if spec.norm_placement == "post" else 4)
     kinds = attention or ((queries, False),)
-    base = act_bytes * (copies * h + rotary) + _mask_bytes(spec, queries, kinds, act_bytes)
+    res = act_bytes if residual_bytes is None else residual_bytes
+    base = res * copies * h + act_bytes * rotary + _mask_bytes(spec, queries, kinds, act_bytes)
     per_token = base + act_bytes * wide
     if spec.sdpa_fallback == "eager" and spec.latent_attention is None:
         # eager attention returns its probabilities (b, H, q, t) beside its output, and the decoder layer keeps them in

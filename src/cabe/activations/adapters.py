@@ -91,7 +91,7 @@ def _linear_inputs(
             if layer.facts.dropout:  # lora_A saves the dropped copy nn.Dropout made, in x's 16-bit dtype
                 layer.add(f"{group}.{n}.lora_dropout_output", 2 * inf, f"2·{state.sym(inf, spec)}")
         elif adapter_cast:
-            layer.add(f"{group}.{n}.lora_input_fp32", 4 * inf, f"4·{state.sym(inf, spec)}")
+            lora_input_copy(layer, group, n, inf, state.sym(inf, spec))
         elif layer.facts.autocast and not native:
             # a 16-bit residual under autocast: PEFT casts it to the fp32 adapter's dtype, autocast
             # casts that back for lora_A, which saves the cast
@@ -99,6 +99,19 @@ def _linear_inputs(
         elif layer.facts.dropout:  # the dropped copy of the input, lora_A's own (nn.Dropout's output)
             nb = shared_bytes // layer.facts.h if shared_bytes else layer.facts.a
             layer.add(f"{group}.{n}.lora_dropout_output", nb * inf, f"{nb}·{state.sym(inf, spec)}")
+
+
+def lora_input_copy(layer: LayerState, group: str, n: str, inf: int, sym: str) -> None:
+    """What lora_A of adapted module ``n`` saves of its input without autocast when the adapters' dtype is not the
+    input's (``adapter_cast``): PEFT's ``x = self._cast_input_dtype(x, lora_A.weight.dtype)`` (peft 0.22
+    tuners/lora/layer.py:1203; bnb.py:563-566 for 4-bit layers) copies x in the adapters' dtype, then
+    ``lora_A(dropout(x))`` saves that copy (or the dropped copy nn.Dropout makes of it, in the same dtype): ``ad``
+    bytes per value. fp32 adapters on a 16-bit base (PEFT's autocast_adapter_dtype); bf16 adapters on QLoRA's fp32
+    residual under TRL's preference trainers, which cast a quantized model's trained parameters to bf16 (trl 1.16.0
+    dpo_trainer.py:720-729; cabe.precision._trl_bf16_adapters): qwen2.5-1.5b QLoRA DPO, bf16 without autocast,
+    b8 × 128 (TRL's disable_dropout sets the LoRA dropout to p=0): +16.8% with 4 bytes, the trace's copies are bf16."""
+    ad = layer.facts.ad
+    layer.add(f"{group}.{n}.lora_input_copy", ad * inf, f"{ad}·{sym}")
 
 
 def bnb_direct(layer: LayerState, n: str, x_bytes: int) -> bool:
@@ -168,7 +181,8 @@ def lora_mid(layer: LayerState, names: list[str]) -> None:
     with layer.adapter_owned():
         for n in names:
             if n in layer.facts.targets:
-                per = 2 * r if layer.facts.autocast else 4 * r
+                # lora_A's output: autocast's 16 bits, else the adapters' dtype (fp32, or TRL's bf16 on QLoRA)
+                per = (2 if layer.facts.autocast else layer.facts.ad) * r
                 layer.add(f"lora.{n}.A_output", per, f"{per // r}·r")
         lora_variants(layer, names)
     layer.joins(names)

@@ -97,14 +97,23 @@ def _o_proj_saved(layer: LayerState) -> None:
     if layer.facts.spec.attention_output_gate:  # o_proj(attn · sigmoid(gate)): Qwen3-Next (cabe.linear_attention)
         add_output_gate(layer, copies_output, output_counted)
     _dropout_copy(layer, o_name, copies_output)
-    if layer.facts.a_attn != a and not copies_output and (base_trainable or o_name in targets):
+    if layer.facts.a_attn != a and not copies_output and cast_back_saved(layer, o_name):
         layer.add("attn.output_cast_back", a * q, f"{a}·q")  # flash_attention_2's output, back to fp32
     if adapter_cast and o_name in targets:
-        layer.add(f"attn.{o_name}.lora_input_fp32", 4 * q, "4·q")
+        adapters.lora_input_copy(layer, "attn", o_name, q, "q")
     if adapters.auto_cast_input(layer) and o_name in targets and not copies_output:
         # PEFT's Linear casts lora_A's input to fp32 even under autocast (_cast_input_dtype; only its
         # bitsandbytes layers skip it), and autocast casts that back: lora_A saves a new 16-bit copy
         layer.add(f"attn.{o_name}.lora_input_cast", 2 * q, "2·q")
+
+
+def cast_back_saved(layer: LayerState, name: str) -> bool:
+    """Whether the output projection ``name`` saves the attention kernel's output cast back to the compute dtype: its
+    trained base does (mm saves its input only for its weight's gradient: torch's autograd codegen, derivatives.yaml
+    ``mm``), or its lora_A reading it as it is; not a lora_A that reads PEFT's copy in the adapters' dtype
+    (``adapter_cast``: TRL's bf16 adapters on QLoRA's fp32 residual; gpt2 QLoRA DPO without autocast, flash: the
+    trace keeps no fp32 copy, +0.5% with it)."""
+    return layer.facts.base_trainable or (name in layer.facts.targets and not layer.facts.adapter_cast)
 
 
 def _dropout_copy(layer: LayerState, name: str, copies_output: bool) -> None:
@@ -159,12 +168,12 @@ def _dense_saved(layer: LayerState) -> None:
     if copies_output and (base_trainable or (out_name in targets and not adapter_cast)):
         layer.add("attn.output_for_dense", a * q, f"{a}·q")  # (an fp32 LoRA saves its own cast instead)
     _dropout_copy(layer, out_name, copies_output)
-    if layer.facts.a_attn != a and not copies_output and (base_trainable or out_name in targets):
+    if layer.facts.a_attn != a and not copies_output and cast_back_saved(layer, out_name):
         layer.add("attn.output_cast_back", a * q, f"{a}·q")  # flash_attention_2's output, back to fp32
     if adapters.auto_cast_input(layer) and out_name in targets and not copies_output:
         layer.add(f"attn.{out_name}.lora_input_cast", 2 * q, "2·q")  # PEFT's fp32 cast, cast back
     if adapter_cast and out_name in targets:
-        layer.add(f"attn.{out_name}.lora_input_fp32", 4 * q, "4·q")
+        adapters.lora_input_copy(layer, "attn", out_name, q, "q")
     adapters.lora_mid(layer, [out_name])  # lora_A's output, saved by lora_B (peft tuners/lora/layer.py Linear.forward)
 
 

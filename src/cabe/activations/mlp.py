@@ -52,7 +52,7 @@ def _gated(layer: LayerState, mlp_in_bytes: int) -> None:
             layer.add("mlp.product", a * f, f"{a}·f")
             layer.product_saved = (not layer.facts.autocast or layer.facts.adapter_native) and not layer.facts.dropout
         if adapter_cast and down_name in targets:
-            layer.add(f"mlp.{down_name}.lora_input_fp32", 4 * f, "4·f")
+            adapters.lora_input_copy(layer, "mlp", down_name, f, "f")
     adapters.note_lora_input(layer, down_name, f, m)  # the product, in the MLP outputs' dtype
     adapters.lora_mid(layer, [down_name])
 
@@ -95,6 +95,7 @@ def ln_mlp(layer: LayerState) -> None:
         if base_trainable or down in targets:
             with layer.adapter_owned():
                 layer.add(f"mlp.{down}.input_cast", 2 * f, "2·f")
+                layer.down_input += 2 * f
     else:
         m = 4 if quantized else a  # Linear4bit returns its output in the input's dtype (fp32 here)
         layer.add("mlp.fc_output", m * f, f"{m}·f")
@@ -103,9 +104,11 @@ def ln_mlp(layer: LayerState) -> None:
         if base_trainable or (down in targets and not adapter_cast):
             with layer.adapter_owned():  # the input down (or its lora_A) saves
                 layer.add("mlp.act_output", a * f, f"{a}·f")
+                layer.down_input += a * f
     if adapter_cast and down in targets:
         with layer.adapter_owned():
-            layer.add(f"mlp.{down}.lora_input_fp32", 4 * f, "4·f")
+            adapters.lora_input_copy(layer, "mlp", down, f, "f")
+            layer.down_input += layer.facts.ad * f
     adapters.lora_mid(layer, [down])  # lora_A's output, saved by lora_B, as for every other adapted module
     if spec.hidden_dropout > 0:
         layer.add_stream("mlp.dropout_mask", h, "1·h")

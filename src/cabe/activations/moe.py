@@ -204,7 +204,7 @@ def _shared_expert(layer: LayerState, inputs: bool = True) -> None:
     if layer.facts.base_trainable or (down in layer.facts.targets and not layer.facts.adapter_cast):
         layer.add("shared.product", a * fs, f"{a}·{fs}")
     if layer.facts.adapter_cast and down in layer.facts.targets:
-        layer.add(f"shared.{down}.lora_input_fp32", 4 * fs, f"4·{fs}")
+        adapters.lora_input_copy(layer, "shared", down, fs, str(fs))
     adapters.lora_mid(layer, [down])
     if gate:  # (DeepSeek-V3's shared experts have no gate: their output is added as it is)
         layer.add("shared.output", m * h, f"{m}·h")  # saved by the multiply with the sigmoid gate

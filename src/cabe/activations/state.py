@@ -35,6 +35,7 @@ class LayerState:
         self.constant = 0  # saved bytes per layer that do not grow with tokens
         self.mlp_from = 0  # the first term of the MLP block
         self.product_saved = False
+        self.down_input = 0  # per token: what the MLP's output projection (its lora_A) alone saved of its input
         self.dense_experts_backward = 0  # the routed experts' own backward transient (expert_dispatch "dense")
         self.copy_before_shared = 0
         # a saved term that is the layer's input storage itself (see LayerActivations.input_alias_per_token)

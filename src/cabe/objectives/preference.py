@@ -97,7 +97,17 @@ def _no_grad_forward(spec: ModelSpec, setup: TrainingSetup, model_setup: Trainin
     """The peak of a forward under ``torch.no_grad`` over ``model_setup``'s rows: the largest decoder layer's working
     set (:func:`cabe.generation.layer_working`), or TRL's fused head with what it returns."""
     dt = dtypes_for(model_setup)
-    layer = generation.layer_working(spec, model_setup.batch, model_setup.seq, dt.compute)
+    # QLoRA's prepared model: bitsandbytes' Linear4bit returns its input's dtype (bitsandbytes 0.50.2
+    # nn/modules.py:626-637), the fp32 of the embeddings and norms prepare_model_for_kbit_training cast, so the
+    # residual stream, the MLP's outputs and the activation and product of them stay fp32 under autocast (no op of
+    # its lists): the hidden copies and the MLP's tensors are 4 bytes (gpt2 QLoRA under bf16 autocast, DPO b4 × 256:
+    # the reference's residual, c_fc output, pow and two products fp32 in the trace; its reference phase −10% with
+    # them 16-bit)
+    prepared = model_setup.method == "qlora" and model_setup.kbit_prep
+    wide = dt.residual if prepared else dt.compute
+    layer = generation.layer_working(
+        spec, model_setup.batch, model_setup.seq, dt.compute, mlp_bytes=wide, residual_bytes=wide
+    )
     head = fused_head(spec, model_setup, dt, outputs, top1=outputs > 1, grad=False)
     return max(layer, head.hidden_states + head.kept + head.forward_transient)
 
