@@ -403,8 +403,10 @@ def validate(setup: TrainingSetup) -> None:
     for f in schema.SETUP_FIELDS:
         if f.type is float:
             lo, hi = float(f.minimum or 0.0), float(f.maximum or 1e15)
-            x = number(f.name, getattr(setup, f.name), minimum=lo, maximum=hi, strict=f.exclusive_minimum)
-            object.__setattr__(setup, f.name, x)  # "0.05" (a form's text) is read as the number it names
+            given = getattr(setup, f.name)
+            x = number(f.name, given, minimum=lo, maximum=hi, strict=f.exclusive_minimum)
+            if isinstance(given, str):  # "0.05" (a form's text) is read as the number it names; 0 stays 0 (echoed)
+                object.__setattr__(setup, f.name, x)
     for f in schema.SETUP_FIELDS:
         if f.type is tuple:
             _coerce_list(setup, f)

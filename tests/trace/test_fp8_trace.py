@@ -2,6 +2,7 @@
 torch._scaled_mm's meta kernel), against the analytic estimate (cabe.fp8); Transformer Engine refused."""
 
 import pytest
+from conftest import fake_trace
 
 import cabe.trace  # noqa: F401  (before torch)
 from cabe.analytic import estimate_model
@@ -25,7 +26,6 @@ LLAMA = dict(
 
 
 def _trace(setup):
-    from conftest import fake_trace
 
     return fake_trace(dict(LLAMA), setup)
 
