@@ -64,8 +64,8 @@ def _linear_inputs(
     layer: LayerState, group: str, names: list[tuple[str, int]], shared_bytes: int, shared_formula: str
 ) -> None:
     spec, targets, adapter_cast = layer.facts.spec, layer.facts.targets, layer.facts.adapter_cast
-    if _te_inputs(layer, group, names, shared_bytes, shared_formula):
-        return
+    if layer.facts.setup.fp8 != "none" and _te_inputs(layer, group, names, shared_bytes, shared_formula):
+        return  # (the test first: no fp8 is the common case, on the estimate's hot path)
     four_bit = layer.facts.four_bit
     for n, inf in names:
         note_lora_input(layer, n, inf, shared_bytes // inf if inf else 0)

@@ -86,7 +86,11 @@ def _o_proj_saved(layer: LayerState) -> None:
     # an fp32 residual the attention output is already 16-bit: o_proj saves it without a cast; QLoRA's
     # bitsandbytes lora_A saves the 16-bit attention output itself, counted as attn.output.)
     # (the math kernel's output is a (b, heads, s, d) matmul result too)
-    if adapters.te_saves_fp8(layer, o_name) and not layer.facts.spec.attention_output_gate:
+    if (
+        layer.facts.setup.fp8 != "none"
+        and adapters.te_saves_fp8(layer, o_name)
+        and not layer.facts.spec.attention_output_gate
+    ):
         # te.Linear keeps an fp8 copy of its input (cabe.fp8.te_input_bytes); a contiguous copy is freed after it
         layer.add(f"attn.{o_name}.input_fp8", fp8.te_input_bytes(layer.facts.setup.fp8, q), "1·q")
         return

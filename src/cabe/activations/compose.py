@@ -59,7 +59,7 @@ def layer_activations(
     rng = 2 * 512 if attn in ("flash", "efficient") and layer.facts.group.mixer == "attention" else 0
     if spec.rotary_by_cat:  # NOTE: GPT-NeoX and Phi-3 cast cos and sin in every layer: (1, s, rotary_dim) each
         layer.constant += 2 * round_alloc(s * spec.rotary_dim * (4 if quantized else a))
-    fwd8, bwd8 = _fp8_moments(layer)
+    fwd8, bwd8 = _fp8_moments(layer) if layer.facts.setup.fp8 != "none" else (0, 0)
     return LayerActivations(
         tuple(layer.terms),
         bwd,

@@ -46,7 +46,9 @@ def _gated(layer: LayerState, mlp_in_bytes: int) -> None:
         if quantized and layer.facts.autocast:
             if down_name in targets:
                 layer.add(f"mlp.{down_name}.input_cast", 2 * f, "2·f")
-        elif adapters.te_saves_fp8(layer, down_name):  # te.Linear keeps an fp8 copy; the product is freed
+        elif layer.facts.setup.fp8 != "none" and adapters.te_saves_fp8(
+            layer, down_name
+        ):  # te.Linear keeps an fp8 copy; the product is freed
             layer.add(f"mlp.{down_name}.input_fp8", fp8.te_input_bytes(layer.facts.setup.fp8, f), "1·f")
         elif base_trainable or (down_name in targets and not adapter_cast):
             layer.add("mlp.product", a * f, f"{a}·f")

@@ -58,8 +58,9 @@ def _estimate_sft(spec: ModelSpec, setup: TrainingSetup, *, model_meta: dict[str
     source = dtype_source(setup, spec.dtype)
     optimizer_given = setup.optimizer_given  # an HF Trainer optim name, echoed beside the registry's
     setup = resolve(setup, spec.dtype)  # dtype="auto": the checkpoint's, as transformers 5 loads it
-    fp8.setup_refusal(setup)  # (again: dtype "auto" may have resolved to fp16)
-    fp8.model_refusal(spec, setup.fp8)
+    if setup.fp8 != "none":
+        fp8.setup_refusal(setup)  # (again: dtype "auto" may have resolved to fp16)
+        fp8.model_refusal(spec, setup.fp8)
     trains_fp16 = setup.method == "full" or (setup.method == "freeze" and not setup.trainable_fp32)
     trains_fp16 = trains_fp16 or (setup.method == "lora" and setup.adapter_dtype == "model")  # fp16 adapters
     if setup.dtype == "fp16" and setup.autocast == "fp16" and trains_fp16:

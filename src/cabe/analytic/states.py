@@ -115,7 +115,7 @@ def _weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: Layer
 
 def _compute_weight_copies(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, run: LayerGroup | None) -> _Copies:
     layer = run or spec.runs[-1]
-    if fp8.is_te(setup.fp8):
+    if setup.fp8 != "none" and fp8.is_te(setup.fp8):
         # te.Linear saves the fp8 weight it made (row-wise and its transpose) until its backward, autocast or not
         # (cabe.fp8.te_weight_bytes, modelled from source); the lm_head stays an nn.Linear, cast as ever
         saved = sum(round_alloc(fp8.te_weight_bytes(setup.fp8, lin.weight_count)) for lin in _fp8_linears(spec, layer))
@@ -175,6 +175,7 @@ def _cast_linears(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, layer: Laye
     # nor DeepSeek-V4's bare fp32 vectors (norm weights, hyper-connections' base and scale, position biases), which
     # only element-wise ops read
     uncast = ("ssm", "vector") if experts_cast else ("ssm", "experts", "vector")
+    torchao = fp8.is_torchao(setup.fp8)
     return [
         lin
         for lin in layer.linears
@@ -182,7 +183,7 @@ def _cast_linears(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, layer: Laye
         and lin.slot not in uncast
         # torchao's Float8Linear casts only its input to autocast's dtype (float8_linear.py:258-262); its fp8 weight
         # is a temporary, re-wrapped by autocast without a copy (float8_ops.py:442-463): no 16-bit copy
-        and not (fp8.is_torchao(setup.fp8) and fp8.converted(spec, lin))
+        and not (torchao and fp8.converted(spec, lin))
     ]
 
 
