@@ -1273,7 +1273,19 @@ def _grpo_only(values: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]
     out: list[tuple[str, str, dict[str, Any]]] = [(n, "vllm_only", {}) for n in given if n in VLLM_FIELDS and not vllm]
     # GRPOTrainer scores with TRL's fused log-prob head (cabe.objectives.fused_head), never an SFT loss kernel
     fused = [n for n in ("loss", "loss_chunks") if _sent(values.get(n)) and not _is_default(field(n), values[n])]
-    return out + [(n, "grpo_fused_head", {}) for n in fused]
+    out += [(n, "grpo_fused_head", {}) for n in fused]
+    # the policy's rows are prompt + completion tokens (cabe.objectives.grpo): any other --seq would be read by nothing
+    p = values["prompt_length"] if _sent(values.get("prompt_length")) else 512  # TrainingSetup.resolved_prompt_length
+    c = values["max_completion_length"] if _sent(values.get("max_completion_length")) else None
+    c = c if c is not None else field("max_completion_length").default
+    seq = values.get("seq")
+    if (
+        _sent(seq)
+        and not _is_default(field("seq"), seq)
+        and not (isinstance(p, int) and isinstance(c, int) and seq == p + c)
+    ):
+        out.append(("seq", "grpo_seq", {}))
+    return out
 
 
 #: the preference trainers' options (cabe.objectives.preference), read with those objectives only

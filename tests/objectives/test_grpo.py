@@ -127,3 +127,13 @@ def test_fit_skips_the_batch_and_seq_sweeps():
     out = plan_json({**BASE, "max_completion_length": 64, "gpu": "h100", "method": "lora", "use_vllm": True})
     assert "batch" not in out and "seq" not in out and "changes" in out  # the pool is the named card's (on_card)
     assert out["now"]["fits"]
+
+
+def test_a_seq_grpo_would_not_read_is_refused():
+    """The policy's rows are prompt + completion tokens: a --seq that says otherwise is refused (never ignored); the one
+    that agrees (96 + 32 = 128, what the differential sampler sends) is taken."""
+    with pytest.raises(CabeError) as e:
+        _build(seq=4096)
+    assert e.value.code == "grpo_seq" and e.value.field == "seq"
+    a = _build(seq=128, prompt_length=96, max_completion_length=32).total_bytes
+    assert a == _build(prompt_length=96, max_completion_length=32).total_bytes

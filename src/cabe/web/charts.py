@@ -16,6 +16,8 @@ PALETTE = (
     # the buckets' in reds and browns
     "#a1caf1", "#0b3c6b", "#6fd3e0", "#98df8a", "#8db600", "#2b3d26", "#0f7a52", "#c5e1a5", "#b5bd89", "#f3c300",
     "#f99379", "#e25822", "#c2b280", "#882d17", "#e68fac", "#17becf", "#5254a3",
+    # TRL's trainers (cabe.objectives): the reference model, the colocated vLLM pool, the rollout buffer
+    "#6b4c9a", "#d4a017", "#e7969c",
 )  # fmt: skip
 #: one colour per component everywhere (training and serving, bar and table): its index in PALETTE
 COMPONENT_COLOURS = {
@@ -49,6 +51,9 @@ COMPONENT_COLOURS = {
     "grad_norm_or_flatten": 26,
     "p2p_buffers": 27,
     "gathered_experts": 28,
+    "reference_weights": 29,
+    "vllm_engine": 30,
+    "rollout": 31,
 }
 #: the smallest text of a chart, in CSS px at the chart's narrowest (style.css: svg.chart text)
 MIN_TEXT_PX = 12
