@@ -128,7 +128,7 @@ def _fetch_once(repo_id: str, url: str, policy: Policy, deadline: _Deadline) -> 
     try:
         with _request(url, "HEAD", policy, deadline) as head:
             size = head.headers.get("X-Linked-Size") or head.headers.get("Content-Length")
-        if size is not None and size.isdigit() and int(size) > policy.max_bytes:
+        if size is not None and size.isascii() and size.isdigit() and int(size) > policy.max_bytes:
             raise HubError("hub_too_large", "model", repo=repo_id, limit=policy.max_bytes)
         chunks: list[bytes] = []
         got = 0

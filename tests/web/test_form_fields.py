@@ -187,3 +187,14 @@ def test_a_field_that_acts_only_beside_another_value_is_hidden_and_not_sent():
     assert "cp_impl" not in form.plan_request(form.state(q))
     assert 'class="error"' not in page.render_fragments(q, "en")["plan"]
     assert page.render_fragments(q, "en")["not_applying"] == form.not_applying(form.state(q))
+
+
+@pytest.mark.parametrize("text", ["²", "٣", "3"])
+def test_a_number_field_takes_only_ascii_digits(client, text):
+    """ "²".isdigit() is True but int("²") raises: such text goes to the core, which names the error (a 200 page
+    with the typed sentence, never a 500; found by the comparison's fuzz)."""
+    from urllib.parse import urlencode
+
+    assert form.request_value(schema.field("batch"), text) == (3 if text == "3" else text)
+    r = client.post("/fragment", json={"query": urlencode({"model": "gpt2", "batch": text})})
+    assert r.status_code == 200

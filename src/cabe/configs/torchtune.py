@@ -237,7 +237,7 @@ def _ac_option(c: Collector, key: str, value: Any, mode: Any) -> None:
     where transformers counts from 0 (the bottom layer first); cabe places them as transformers does."""
     if mode != "selective":
         c.ignore(key, "no_effect")  # read only under ac_mode: selective
-    elif str(value).isdigit():
+    elif str(value).isascii() and str(value).isdigit():  # ("²".isdigit() is True; int() refuses it)
         c.set("checkpoint_every", max(1, int(value)), key)
     else:
         c.ignore(key, "not_modeled")  # "op": per-operator selective checkpointing

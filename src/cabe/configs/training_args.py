@@ -308,7 +308,7 @@ def _galore_rank(c: Collector, key: str, value: Any) -> None:
     ``galore_rank``; the other keys change no memory (update_proj_gap, scale, proj_type "std")."""
     pairs = dict(p.split("=", 1) for p in str(value).replace(" ", "").split(",") if "=" in p)
     rank = pairs.get("rank", "")
-    if rank.isdigit():
+    if rank.isascii() and rank.isdigit():  # ("²".isdigit() is True; int() refuses it)
         c.set("galore_rank", int(rank), key)
     else:
         c.ignore(key, "unsupported_value")
